@@ -1,0 +1,107 @@
+"""Pieces every task config shares: argument parsing and the base config.
+
+A task config is `configs/<task>.py: get_config(arg)`, where `arg` is the text after the
+colon in `--config=configs/<task>.py:model=performer,runlocal`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+
+from configs import presets
+from lra.errors import ConfigError
+
+ATTENTION_IMPLS = ("dense", "blocksparse", "pallas")
+
+
+def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
+    """Parses 'model=performer,runlocal' into a ConfigDict, typed by the defaults.
+
+    A bare key (`runlocal`) means True. Unknown keys are an error that lists the known ones.
+    """
+    parsed = ml_collections.ConfigDict(defaults)
+    for item in filter(None, (arg or "").split(",")):
+        key, _, value = item.partition("=")
+        key = key.strip()
+        if key not in defaults:
+            raise ConfigError(
+                f"unknown config argument {key!r} in {arg!r}; known: {', '.join(sorted(defaults))}"
+            )
+        default = defaults[key]
+        if not _:
+            value = "true"
+        if isinstance(default, bool):
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ConfigError(f"config argument {key}={value!r} is not a boolean")
+            parsed[key] = value.lower() in ("true", "1")
+        elif isinstance(default, int):
+            parsed[key] = int(value)
+        else:
+            parsed[key] = value
+    return parsed
+
+
+def base_config(*, task: str, model: str) -> ml_collections.ConfigDict:
+    """Fields common to all tasks, with LRA's names. Task configs overwrite the values."""
+    c = ml_collections.ConfigDict()
+    c.task = task
+    c.model = model
+    # Variant hyperparameters (window, num_features, ...): from the shared presets, so
+    # `--config.model_hparams.<name>=...` works for exactly the fields the variant takes.
+    c.model_hparams = ml_collections.ConfigDict(presets.model_hparams(model, task))
+    c.attention_impl = "dense"
+    c.data_dir = f"data/{task}"
+    c.task_options = ml_collections.ConfigDict()  # reader options specific to one task
+
+    # Optimisation (LRA: Adam b2=0.98, eps=1e-9, decoupled weight decay).
+    c.batch_size = 32
+    c.learning_rate = 0.05
+    c.weight_decay = 0.1
+    c.adam_b1 = 0.9
+    c.adam_b2 = 0.98
+    c.adam_eps = 1e-9
+    c.grad_clip_norm = 0.0  # 0 = no clipping
+    c.factors = "constant * linear_warmup * rsqrt_decay"
+    c.warmup = 1000
+    c.steps_per_cycle = 0  # cosine_decay period; 0 = num_train_steps - warmup
+    c.num_train_steps = 5000
+
+    # Evaluation, checkpoints, logging.
+    c.eval_frequency = 200
+    c.num_eval_steps = -1  # validation batches per evaluation; -1 = the whole split
+    c.eval_batch_size = 0  # 0 = batch_size
+    c.checkpoint_freq = 500
+    c.log_every_steps = 50
+    c.random_seed = 0
+
+    # Model (LRA's field names).
+    c.max_length = 2000
+    c.emb_dim = 512
+    c.num_heads = 8
+    c.num_layers = 4
+    c.qkv_dim = 512
+    c.mlp_dim = 1024
+    c.dropout_rate = 0.1
+    c.attention_dropout_rate = 0.1
+    c.pooling = "CLS"
+    c.pos_emb = "learned"
+    c.causal = False
+    return c
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+    """Checks values that the config system cannot type-check. Raises ConfigError."""
+    if config.attention_impl not in ATTENTION_IMPLS:
+        raise ConfigError(
+            f"config.attention_impl={config.attention_impl!r}; choose one of {ATTENTION_IMPLS}"
+        )
+    for name in ("batch_size", "num_train_steps", "eval_frequency", "checkpoint_freq",
+                 "log_every_steps", "max_length"):
+        if config[name] <= 0:
+            raise ConfigError(f"config.{name} must be positive, got {config[name]}")
+    if config.emb_dim % config.num_heads or config.qkv_dim % config.num_heads:
+        raise ConfigError(
+            f"config.emb_dim ({config.emb_dim}) and config.qkv_dim ({config.qkv_dim}) must be "
+            f"divisible by config.num_heads ({config.num_heads})"
+        )

@@ -1,0 +1,37 @@
+r"""Train and evaluate one model on one LRA task.
+
+  python launch.py --config=configs/listops.py:model=transformer,runlocal \
+      --workdir=workdirs/listops_runlocal
+
+Any config field can be overridden: `--config.learning_rate=0.01`. Re-running the same
+command with the same workdir resumes from the last checkpoint.
+"""
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/listops.py:runlocal.",
+                                lock_config=True)
+flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and results.json.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    from lra import train  # after flag parsing, so --help is fast
+    from lra.errors import UserError
+    from models.registry import RegistryError
+
+    try:
+        train.train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir)
+    except (UserError, RegistryError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except train.Preempted:
+        sys.exit(143)  # 128 + SIGTERM, so schedulers see a preempted job
+
+
+if __name__ == "__main__":
+    app.run(main)

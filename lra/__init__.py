@@ -1,0 +1,1 @@
+"""Long Range Arena: tasks, input pipeline, training loop, benchmarks and reports."""

@@ -1,0 +1,16 @@
+"""Errors that mean "the user asked for something wrong", not "the code is broken".
+
+`launch.py` prints these as one line (what, where, what to do) instead of a traceback.
+"""
+
+
+class UserError(Exception):
+    """Base class: bad input, config or data that the user can fix."""
+
+
+class DataError(UserError):
+    """Missing, corrupt or out-of-range data. The message names the file (and line)."""
+
+
+class ConfigError(UserError):
+    """An unknown or invalid config field or value."""

@@ -1,0 +1,71 @@
+"""Task registry: name -> metadata and a reader.
+
+Every reader returns, for one split, a dict of numpy arrays:
+  inputs_NxL  int32  token ids, right-padded with 0 to `max_length`
+  mask_NxL    bool   True on real tokens (kept separate from token values: for
+                     images, token 0 is a black pixel, not padding)
+  targets_N   int32  class labels in [0, num_classes)
+Dual-input tasks (retrieval) add `inputs2` / `mask2`.
+Keys in the dict drop the shape suffixes: "inputs", "mask", "targets".
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, Callable
+
+import numpy as np
+
+from lra.errors import ConfigError
+
+SPLITS = ("train", "val", "test")
+
+# (data_dir, split, max_length, **options) -> {"inputs", "mask", "targets", ...}
+# `options` are task-specific reader settings (config.task_options), keyword-only.
+Reader = Callable[..., dict[str, np.ndarray]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    name: str
+    num_classes: int
+    vocab_size: int  # including the padding id 0
+    max_length: int  # LRA's default sequence length for this task
+    reader: Reader
+    dual_input: bool = False
+    default_data_dir: str = ""
+    how_to_get_data: str = ""  # one line, shown when data is missing
+
+    def load(self, data_dir: str, split: str, max_length: int,
+             **options: Any) -> dict[str, np.ndarray]:
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        accepted = [p.name for p in inspect.signature(self.reader).parameters.values()
+                    if p.kind == p.KEYWORD_ONLY]
+        for name in options:
+            if name not in accepted:
+                raise ConfigError(
+                    f"config.task_options.{name} is not an option of task {self.name!r}; "
+                    f"its options: {', '.join(accepted) or 'none'}"
+                )
+        return self.reader(data_dir, split, max_length, **options)
+
+
+_TASKS: dict[str, Task] = {}
+
+
+def register(task: Task) -> Task:
+    if task.name in _TASKS:
+        raise ValueError(f"task {task.name!r} is already registered")
+    _TASKS[task.name] = task
+    return task
+
+
+def available() -> list[str]:
+    return sorted(_TASKS)
+
+
+def get(name: str) -> Task:
+    if name not in _TASKS:
+        raise ConfigError(f"unknown task {name!r}; available tasks: {', '.join(available())}")
+    return _TASKS[name]

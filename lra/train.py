@@ -1,0 +1,417 @@
+"""The LRA training loop: `train_and_evaluate(config, workdir)`, top to bottom.
+
+One plain `jax.jit` train step over split NNX state (params, the rest of the model state
+such as RNG counters, optimizer state), donated, with explicit shardings over a `data`
+mesh axis even on one device. Evaluation every `eval_frequency` steps on the validation
+split; the test split is evaluated once, with the best-on-validation weights.
+
+A run is resumable: the same command with the same workdir restores the last checkpoint
+(model, optimizer, data-iterator position, best-so-far) and ends with the metrics an
+uninterrupted run gets. SIGTERM saves a checkpoint, then raises `Preempted`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import lra.tasks
+from configs import common
+from lra import checkpoint, input_pipeline
+from lra.errors import ConfigError, UserError
+from models import registry
+from models.encoder import Classifier
+
+# Fields that fix the shapes or the data order of a run; resuming with others is an error.
+RESUME_FIXED_FIELDS = (
+    "task", "model", "model_hparams", "max_length", "emb_dim", "num_heads", "num_layers",
+    "qkv_dim", "mlp_dim", "pooling", "pos_emb", "causal", "batch_size", "random_seed",
+    "task_options",
+)
+
+
+class Preempted(Exception):
+    """SIGTERM arrived; the state was saved. Re-run the same command to resume."""
+
+
+class TrainingDiverged(UserError):
+    """The training loss became NaN or infinite."""
+
+
+# ----------------------------------------------------------------------------- schedule
+
+
+def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
+    """LRA's `factors` string, e.g. 'constant * linear_warmup * rsqrt_decay'."""
+    factors = [f.strip() for f in config.factors.split("*")]
+    known = ("constant", "linear_warmup", "rsqrt_decay", "rsqrt_normalized_decay",
+             "cosine_decay")
+    for f in factors:
+        if f not in known:
+            raise ConfigError(f"config.factors: unknown factor {f!r}; known: {', '.join(known)}")
+    warmup = max(1, config.warmup)
+    cycle = config.steps_per_cycle or max(1, config.num_train_steps - config.warmup)
+
+    def schedule(step):
+        step = jnp.asarray(step, jnp.float32)
+        lr = jnp.float32(1.0)
+        for f in factors:
+            if f == "constant":
+                lr *= config.learning_rate
+            elif f == "linear_warmup":
+                lr *= jnp.minimum(1.0, step / warmup)
+            elif f == "rsqrt_decay":
+                lr /= jnp.sqrt(jnp.maximum(step, warmup))
+            elif f == "rsqrt_normalized_decay":
+                lr *= jnp.sqrt(warmup) / jnp.sqrt(jnp.maximum(step, warmup))
+            elif f == "cosine_decay":
+                progress = jnp.maximum(0.0, (step - config.warmup) / cycle)
+                lr *= jnp.maximum(0.0, 0.5 * (1.0 + jnp.cos(jnp.pi * (progress % 1.0))))
+        return lr
+
+    return schedule
+
+
+def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+    adamw = optax.adamw(learning_rate_schedule(config), b1=config.adam_b1, b2=config.adam_b2,
+                        eps=config.adam_eps, weight_decay=config.weight_decay)
+    if config.grad_clip_norm > 0:
+        return optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), adamw)
+    return adamw
+
+
+# ----------------------------------------------------------------------------- model
+
+
+def build_model(config: ml_collections.ConfigDict, task: lra.tasks.Task) -> Classifier:
+    return Classifier(
+        vocab_size=task.vocab_size, num_classes=task.num_classes, max_len=config.max_length,
+        model=config.model, model_hparams=config.model_hparams.to_dict(),
+        emb_dim=config.emb_dim, num_heads=config.num_heads, num_layers=config.num_layers,
+        qkv_dim=config.qkv_dim, mlp_dim=config.mlp_dim, dropout_rate=config.dropout_rate,
+        attention_dropout_rate=config.attention_dropout_rate, pooling=config.pooling,
+        pos_emb=config.pos_emb, causal=config.causal,
+        rngs=nnx.Rngs(params=config.random_seed, dropout=config.random_seed + 1),
+    )
+
+
+def _aux_loss(model: nnx.Module) -> jax.Array:
+    """Sum of every `aux_loss` a mixer sowed (adaptive span L1, commitment, ponder cost)."""
+    sown = nnx.pop(model, nnx.Intermediate)
+    total = jnp.float32(0.0)
+    for path, value in jax.tree_util.tree_leaves_with_path(sown):
+        if any(getattr(k, "key", None) == "aux_loss" for k in path):
+            total += jnp.sum(value)
+    return total
+
+
+def _cross_entropy(logits_BxC, targets_B, num_classes):
+    logp_BxC = jax.nn.log_softmax(logits_BxC.astype(jnp.float32))
+    return -jnp.sum(jax.nn.one_hot(targets_B, num_classes) * logp_BxC, axis=-1)
+
+
+def make_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, num_classes: int):
+    """The pure train and eval step functions (jitted by the caller)."""
+
+    def train_step(state, batch):
+        model = nnx.merge(graphdef, state["params"], state["rest"])
+
+        def loss_fn(model):
+            logits = model(batch["inputs"], batch["mask"], deterministic=False)
+            aux = _aux_loss(model)
+            ce = jnp.mean(_cross_entropy(logits, batch["targets"], num_classes))
+            return ce + aux, (ce, aux, logits)
+
+        # nnx.grad (not jax.grad): it carries the model's non-Param updates (dropout RNG
+        # counters) out of the differentiated function.
+        grad_fn = nnx.grad(loss_fn, argnums=nnx.DiffState(0, nnx.Param), has_aux=True)
+        grads, (ce, aux, logits) = grad_fn(model)
+        new_rest = nnx.state(model, nnx.Not(nnx.Param))
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        metrics = {
+            "loss": ce,
+            "aux_loss": aux,
+            "accuracy": jnp.mean(jnp.argmax(logits, -1) == batch["targets"]),
+            "grad_norm": optax.global_norm(grads),
+        }
+        new_state = {"step": state["step"] + 1, "params": params, "rest": new_rest,
+                     "opt_state": opt_state}
+        return new_state, metrics
+
+    def eval_step(weights, batch):
+        model = nnx.merge(graphdef, weights["params"], weights["rest"])
+        logits = model(batch["inputs"], batch["mask"], deterministic=True)
+        w = batch["weights"]
+        return {
+            "loss_sum": jnp.sum(w * _cross_entropy(logits, batch["targets"], num_classes)),
+            "correct": jnp.sum(w * (jnp.argmax(logits, -1) == batch["targets"])),
+            "count": jnp.sum(w),
+        }
+
+    return train_step, eval_step
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _load_data(config, task) -> dict[str, dict[str, np.ndarray]]:
+    return {split: task.load(config.data_dir, split, config.max_length,
+                             **config.task_options.to_dict())
+            for split in ("train", "val", "test")}
+
+
+def _to_global(batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
+    return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
+
+
+def _format_duration(seconds: float) -> str:
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def _log(msg: str) -> None:
+    if jax.process_index() == 0:
+        print(msg, flush=True)
+
+
+def _check_resume_compatible(saved: dict, config: ml_collections.ConfigDict, workdir: str):
+    for field in RESUME_FIXED_FIELDS:
+        old, new = saved.get(field), config.to_dict().get(field)
+        if old != new:
+            raise ConfigError(
+                f"{workdir} holds a run with {field}={old!r}, but this config has "
+                f"{field}={new!r}; use another --workdir to start a new run"
+            )
+
+
+def _write_json(path: str, obj: Any) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True, default=str)
+    os.replace(tmp, path)
+
+
+def results_table(results: dict) -> str:
+    """A one-row markdown table of a run's results."""
+    header = ("| task | model | params | steps | best val acc | test acc | majority baseline "
+              "| steps/s |\n|---|---|---|---|---|---|---|---|")
+    row = (f"| {results['task']} | {results['model']} | {results['num_params']:,} "
+           f"| {results['steps']} | {results['best_eval_accuracy']:.4f} "
+           f"| {results['test_accuracy']:.4f} | {results['majority_baseline_accuracy']:.4f} "
+           f"| {results['train_steps_per_sec']:.2f} |")
+    return header + "\n" + row
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+    """Trains, evaluates, tests with the best checkpoint; returns and writes results.json."""
+    # 1. Everything the user can get wrong is checked before anything is written.
+    common.validate(config)
+    task = lra.tasks.get(config.task)
+    if config.attention_impl != "dense":
+        raise ConfigError(
+            f"config.attention_impl={config.attention_impl!r} is not available yet for "
+            f"{config.model!r}; use 'dense'"
+        )
+    registry.capabilities(config.model)  # unknown model -> error listing the available ones
+    data = _load_data(config, task)
+    model = build_model(config, task)  # unknown hparams, impossible options -> clear errors
+
+    # 2. State, optimizer, shardings.
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    num_params = sum(x.size for x in jax.tree.leaves(params))
+    tx = make_optimizer(config)
+    state = {"step": jnp.int32(0), "params": params, "rest": rest,
+             "opt_state": tx.init(params)}
+    # Auto axes: XLA propagates shardings from the annotated inputs (GSPMD), so model code
+    # needs no sharding annotations of its own.
+    mesh = jax.make_mesh((jax.device_count(),), ("data",),
+                         axis_types=(jax.sharding.AxisType.Auto,))
+    replicated = NamedSharding(mesh, P())
+    batch_sharding = NamedSharding(mesh, P("data"))
+    if config.batch_size % jax.device_count():
+        raise ConfigError(f"config.batch_size={config.batch_size} is not divisible by the "
+                          f"{jax.device_count()} devices")
+    state = jax.device_put(state, replicated)
+
+    train_step, eval_step = make_steps(graphdef, tx, task.num_classes)
+    train_step = jax.jit(train_step, in_shardings=(replicated, batch_sharding),
+                         out_shardings=(replicated, replicated), donate_argnums=0)
+    eval_step = jax.jit(eval_step, in_shardings=(replicated, batch_sharding),
+                        out_shardings=replicated)
+
+    # 3. Resume from the last checkpoint, if there is one.
+    os.makedirs(workdir, exist_ok=True)
+    ckpts = checkpoint.Checkpoints(workdir)
+    train_iter = input_pipeline.train_iterator(
+        data["train"], global_batch_size=config.batch_size, seed=config.random_seed)
+    loop = {"best_eval_accuracy": -1.0, "best_step": -1, "eval_history": [],
+            "train_seconds": 0.0, "timed_steps": 0, "config": config.to_dict()}
+    if ckpts.last_step() is not None:
+        state, saved_loop = ckpts.restore_last(state)
+        _check_resume_compatible(saved_loop["config"], config, workdir)
+        train_iter.set_state(saved_loop.pop("train_iter"))
+        loop.update(saved_loop, config=config.to_dict())
+        _log(f"Resumed from {ckpts.directory}/last at step {int(state['step'])}.")
+    start_step = int(state["step"])
+
+    writer = None
+    if jax.process_index() == 0:
+        from tensorboardX import SummaryWriter  # imported late: slow, and process 0 only
+        writer = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+    def evaluate(weights, split: str, num_batches: int = -1) -> dict[str, float]:
+        eval_bs = config.eval_batch_size or config.batch_size
+        sums = None
+        for batch in input_pipeline.eval_batches(data[split], global_batch_size=eval_bs,
+                                                 num_batches=num_batches):
+            out = eval_step(weights, _to_global(batch, batch_sharding))
+            sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
+        sums = jax.device_get(sums)
+        count = max(float(sums["count"]), 1.0)
+        return {"accuracy": float(sums["correct"]) / count,
+                "loss": float(sums["loss_sum"]) / count}
+
+    def weights_of(s):
+        return {"params": s["params"], "rest": s["rest"]}
+
+    def save_last(s, step):
+        ckpts.save_last(step, s, {**loop, "train_iter": train_iter.get_state()})
+
+    # 4. Train.
+    preempted = []
+    previous_handler = None
+    try:
+        previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.append(True))
+    except ValueError:  # not the main thread (e.g. a notebook worker): no preemption hook
+        pass
+
+    pending: list[tuple[int, dict]] = []  # per-step metrics not yet fetched from the device
+    clock, steps_since_clock, first_step_of_segment = time.perf_counter(), 0, True
+    _log(f"Training {config.model} on {config.task}: {num_params:,} parameters, "
+         f"steps {start_step}..{config.num_train_steps}, {jax.device_count()} device(s).")
+
+    def flush() -> None:
+        """Fetch pending metrics, stop on a non-finite loss, log a progress line."""
+        if not pending:
+            return
+        fetched = jax.device_get([m for _, m in pending])
+        steps = [s for s, _ in pending]
+        pending.clear()
+        for s, m in zip(steps, fetched):
+            if not (math.isfinite(m["loss"]) and math.isfinite(m["aux_loss"])):
+                last = ckpts.last_step()
+                where = (f"the last good checkpoint (step {last}) is in {ckpts.directory}/last"
+                         if last is not None else "no checkpoint was written")
+                raise TrainingDiverged(
+                    f"training loss is {m['loss']} at step {s}; stopped, {where}; lower "
+                    f"config.learning_rate or set config.grad_clip_norm, then re-run"
+                )
+        mean = {k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]}
+        step = steps[-1]
+        rate = loop["timed_steps"] / loop["train_seconds"] if loop["train_seconds"] else 0.0
+        eta = (config.num_train_steps - step) / rate if rate else float("nan")
+        lr = float(learning_rate_schedule(config)(step - 1))
+        _log(f"step {step:>6}/{config.num_train_steps} | loss {mean['loss']:.4f} "
+             f"| acc {mean['accuracy']:.3f} | lr {lr:.2e} | {rate:6.2f} steps/s "
+             f"| ETA {_format_duration(eta) if math.isfinite(eta) else '?'}")
+        if writer:
+            for k, v in mean.items():
+                writer.add_scalar(f"train/{k}", v, step)
+            writer.add_scalar("train/learning_rate", lr, step)
+            writer.add_scalar("train/steps_per_sec", rate, step)
+
+    try:
+        for step in range(start_step + 1, config.num_train_steps + 1):
+            batch = _to_global(next(train_iter), batch_sharding)
+            state, metrics = train_step(state, batch)
+            pending.append((step, metrics))
+            is_last = step == config.num_train_steps
+            if first_step_of_segment:
+                # The first step of a process compiles: keep it out of steps/s.
+                jax.block_until_ready(metrics)
+                clock, first_step_of_segment = time.perf_counter(), False
+            else:
+                steps_since_clock += 1
+            do_eval = step % config.eval_frequency == 0 or is_last
+            do_save = do_eval or step % config.checkpoint_freq == 0 or is_last or preempted
+            if step % config.log_every_steps == 0 or do_save:
+                jax.block_until_ready(metrics)
+                loop["train_seconds"] += time.perf_counter() - clock
+                loop["timed_steps"] += steps_since_clock
+                steps_since_clock, clock = 0, time.perf_counter()
+                flush()
+            if do_eval:
+                result = evaluate(weights_of(state), "val", config.num_eval_steps)
+                loop["eval_history"].append({"step": step, **result})
+                _log(f"eval  {step:>6} | val loss {result['loss']:.4f} "
+                     f"| val acc {result['accuracy']:.4f}")
+                if writer:
+                    writer.add_scalar("eval/accuracy", result["accuracy"], step)
+                    writer.add_scalar("eval/loss", result["loss"], step)
+                    writer.flush()
+                if result["accuracy"] > loop["best_eval_accuracy"]:
+                    loop["best_eval_accuracy"], loop["best_step"] = result["accuracy"], step
+                    ckpts.save_best(step, weights_of(state),
+                                    {"step": step, "eval_accuracy": result["accuracy"]})
+            if do_save:
+                save_last(state, step)
+            if do_save:
+                clock = time.perf_counter()  # evaluation and saving are not training time
+            if preempted:
+                _log(f"SIGTERM: saved step {step} to {ckpts.directory}/last; "
+                     f"re-run the same command to resume.")
+                raise Preempted(step)
+        flush()
+    finally:
+        if previous_handler is not None:
+            signal.signal(signal.SIGTERM, previous_handler)
+        if writer:
+            writer.close()
+
+    # 5. Test with the best-on-validation weights.
+    best_weights, best_info = ckpts.restore_best(weights_of(state))
+    test = evaluate(best_weights, "test")
+    ckpts.close()
+    train_targets = data["train"]["targets"]
+    majority = int(np.bincount(train_targets, minlength=task.num_classes).argmax())
+    results = {
+        "task": config.task,
+        "model": config.model,
+        "num_params": int(num_params),
+        "steps": int(config.num_train_steps),
+        "best_eval_accuracy": loop["best_eval_accuracy"],
+        "best_step": best_info["step"],
+        "test_accuracy": test["accuracy"],
+        "test_loss": test["loss"],
+        "majority_class": majority,
+        "majority_baseline_accuracy": float(np.mean(data["test"]["targets"] == majority)),
+        "train_steps_per_sec": (loop["timed_steps"] / loop["train_seconds"]
+                                if loop["train_seconds"] else 0.0),
+        "eval_history": loop["eval_history"],
+        "num_devices": jax.device_count(),
+        "num_processes": jax.process_count(),
+        "jax_version": jax.__version__,
+        "config": config.to_dict(),
+    }
+    if jax.process_index() == 0:
+        _write_json(os.path.join(workdir, "results.json"), results)
+        _log(results_table(results))
+    return results

@@ -1,0 +1,236 @@
+"""The training loop end to end: results, resume after SIGKILL, SIGTERM, divergence, errors."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import REPO, tiny_listops_config
+from lra import train
+from lra.errors import ConfigError, DataError
+
+REQUIRED_RESULT_KEYS = ("task", "model", "num_params", "steps", "best_eval_accuracy",
+                        "test_accuracy", "train_steps_per_sec", "config")
+
+
+def _launch(workdir, *flags, devices=1, **popen):
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    cmd = [sys.executable, os.path.join(REPO, "launch.py"), f"--workdir={workdir}", *flags]
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **popen)
+
+
+def _run(workdir, *flags, devices=1, timeout=300):
+    proc = _launch(workdir, *flags, devices=devices)
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def _metrics(results):
+    keys = ("best_eval_accuracy", "best_step", "test_accuracy", "test_loss", "eval_history")
+    return {k: results[k] for k in keys}
+
+
+def test_train_and_evaluate_writes_results(listops_dir, tmp_path):
+    config = tiny_listops_config(listops_dir, num_train_steps=12, eval_frequency=4)
+    results = train.train_and_evaluate(config, str(tmp_path))
+    on_disk = json.load(open(tmp_path / "results.json"))
+    for key in REQUIRED_RESULT_KEYS:
+        assert key in on_disk, key
+    assert on_disk["test_accuracy"] == results["test_accuracy"]
+    assert on_disk["config"]["model"] == "transformer"
+    assert [h["step"] for h in on_disk["eval_history"]] == [4, 8, 12]
+    best = max(on_disk["eval_history"], key=lambda h: h["accuracy"])
+    assert on_disk["best_eval_accuracy"] == best["accuracy"]
+    assert on_disk["best_step"] == best["step"]
+    assert 0.0 <= on_disk["test_accuracy"] <= 1.0
+    assert os.listdir(tmp_path / "tensorboard")
+    # A finished run started again changes nothing.
+    again = train.train_and_evaluate(config, str(tmp_path))
+    assert _metrics(again) == _metrics(results)
+
+
+def test_test_accuracy_uses_best_checkpoint_not_last(listops_dir, tmp_path, monkeypatch):
+    """After the best step, destroy the weights: the test must still use the best ones."""
+    # The first 4 steps of both runs are identical: same data order, same learning rates.
+    reference = train.train_and_evaluate(
+        tiny_listops_config(listops_dir, num_train_steps=4, eval_frequency=4),
+        str(tmp_path / "a"))
+    config = tiny_listops_config(listops_dir, num_train_steps=8, eval_frequency=4)
+    real_schedule = train.learning_rate_schedule
+
+    def wrecking_schedule(cfg):
+        inner = real_schedule(cfg)
+        # Gradient ascent after step 4: the last weights are worse than the best.
+        return lambda step: inner(step) * jnp.where(step >= 4, -100.0, 1.0)
+
+    monkeypatch.setattr(train, "learning_rate_schedule", wrecking_schedule)
+    results = train.train_and_evaluate(config, str(tmp_path / "b"))
+    history = {h["step"]: h["accuracy"] for h in results["eval_history"]}
+    assert history[8] < history[4]
+    assert results["best_step"] == 4
+    assert history[4] == reference["eval_history"][0]["accuracy"]
+    assert results["test_accuracy"] == reference["test_accuracy"]
+
+
+def test_resume_after_sigkill_matches_uninterrupted(listops_dir, tmp_path):
+    flags = ["--config=configs/listops.py:runlocal", f"--config.data_dir={listops_dir}",
+             "--config.max_length=48", "--config.num_train_steps=300",
+             "--config.checkpoint_freq=20", "--config.eval_frequency=50",
+             "--config.log_every_steps=10", "--config.num_eval_steps=-1"]
+    # Two devices: the batch is sharded over a 2-device data mesh.
+    code, out, err = _run(tmp_path / "straight", *flags, devices=2)
+    assert code == 0, err
+    straight = json.load(open(tmp_path / "straight" / "results.json"))
+
+    workdir = tmp_path / "killed"
+    proc = _launch(workdir, *flags, devices=2)
+    last = workdir / "checkpoints" / "last"
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        steps = [int(d) for d in os.listdir(last) if d.isdigit()] if last.exists() else []
+        if steps and max(steps) >= 40:
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    assert not (workdir / "results.json").exists(), "the run finished before the kill"
+    code, out, err = _run(workdir, *flags, devices=2)
+    assert code == 0, err
+    assert "Resumed from" in out
+    resumed = json.load(open(workdir / "results.json"))
+    assert _metrics(resumed) == _metrics(straight)
+
+
+def test_sigterm_saves_and_resumes(listops_dir, tmp_path):
+    flags = ["--config=configs/listops.py:runlocal", f"--config.data_dir={listops_dir}",
+             "--config.max_length=48", "--config.num_train_steps=100000",
+             "--config.checkpoint_freq=100000", "--config.eval_frequency=100000",
+             "--config.log_every_steps=5"]
+    proc = _launch(tmp_path, *flags)
+    # Wait for training to be under way (a progress line), then preempt.
+    for line in proc.stdout:
+        if line.startswith("step"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "SIGTERM: saved step" in out
+    saved = [int(d) for d in os.listdir(tmp_path / "checkpoints" / "last") if d.isdigit()]
+    assert len(saved) == 1 and 5 <= saved[0] < 100000
+    assert not (tmp_path / "results.json").exists()
+
+
+def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(listops_dir, tmp_path,
+                                                             monkeypatch):
+    real_schedule = train.learning_rate_schedule
+
+    def poisoned_schedule(cfg):
+        inner = real_schedule(cfg)
+        return lambda step: inner(step) * jnp.where(step >= 12, jnp.nan, 1.0)
+
+    monkeypatch.setattr(train, "learning_rate_schedule", poisoned_schedule)
+    config = tiny_listops_config(listops_dir, num_train_steps=40, checkpoint_freq=5,
+                                 eval_frequency=1000, log_every_steps=5)
+    with pytest.raises(train.TrainingDiverged, match=r"step 1[34].*last good checkpoint "
+                                                     r"\(step 10\)"):
+        train.train_and_evaluate(config, str(tmp_path))
+    last = tmp_path / "checkpoints" / "last"
+    assert sorted(int(d) for d in os.listdir(last) if d.isdigit()) == [10]
+    # The kept checkpoint is finite and restorable: resuming without the poison finishes.
+    monkeypatch.setattr(train, "learning_rate_schedule", real_schedule)
+    results = train.train_and_evaluate(config, str(tmp_path))
+    assert np.isfinite(results["test_loss"])
+
+
+def test_learning_rate_schedule_matches_lra():
+    from configs import listops
+
+    config = listops.get_config()
+    schedule = train.learning_rate_schedule(config)
+    for step in (0, 1, 500, 1000, 4000):
+        expected = 0.05 * min(1.0, step / 1000) / np.sqrt(max(step, 1000))
+        np.testing.assert_allclose(float(schedule(step)), expected, rtol=1e-6)
+    config.factors = "constant * linear_warmup * cosine_decay"
+    config.warmup, config.num_train_steps = 10, 110
+    schedule = train.learning_rate_schedule(config)
+    np.testing.assert_allclose(float(schedule(60)), 0.05 * 0.5 * (1 + np.cos(np.pi * 0.5)),
+                               rtol=1e-6)
+    config.factors = "constant * warmup"
+    with pytest.raises(ConfigError, match="unknown factor 'warmup'"):
+        train.learning_rate_schedule(config)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def _assert_nothing_written(workdir):
+    assert not os.path.exists(os.path.join(workdir, "checkpoints"))
+
+
+def test_missing_data_dir(tmp_path):
+    config = tiny_listops_config(str(tmp_path / "nowhere"))
+    with pytest.raises(DataError, match="nowhere.*python -m lra.tasks.listops"):
+        train.train_and_evaluate(config, str(tmp_path / "w"))
+    _assert_nothing_written(tmp_path / "w")
+
+
+@pytest.mark.parametrize("bad_row, message", [
+    ("[MAX 1 2 ] 3", r"basic_val.tsv:3:"),  # no tab
+    ("( ( [MAX 1 ) 2 ) ] )\t12", r"basic_val.tsv:3: label 12 is outside \[0, 10\)"),
+])
+def test_bad_rows(listops_dir, tmp_path, bad_row, message):
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "val", "test"):
+        lines = open(os.path.join(listops_dir, f"basic_{split}.tsv")).read().splitlines()
+        if split == "val":
+            lines[2] = bad_row
+        (data / f"basic_{split}.tsv").write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=message):
+        train.train_and_evaluate(tiny_listops_config(str(data)), str(tmp_path / "w"))
+    _assert_nothing_written(tmp_path / "w")
+
+
+def test_unknown_model_lists_available():
+    from configs import listops
+
+    with pytest.raises(ConfigError, match="unknown model 'nope'; available: .*transformer"):
+        listops.get_config("model=nope")
+
+
+def test_unknown_task_option(listops_dir, tmp_path):
+    config = tiny_listops_config(listops_dir)
+    config.task_options.colour = "red"
+    with pytest.raises(ConfigError, match="task_options.colour"):
+        train.train_and_evaluate(config, str(tmp_path))
+    _assert_nothing_written(tmp_path)
+
+
+def test_resume_with_other_shapes_is_refused(listops_dir, tmp_path):
+    train.train_and_evaluate(tiny_listops_config(listops_dir, num_train_steps=2), str(tmp_path))
+    with pytest.raises(ConfigError, match="emb_dim=32.*emb_dim=16.*another --workdir"):
+        train.train_and_evaluate(
+            tiny_listops_config(listops_dir, num_train_steps=2, emb_dim=16, qkv_dim=16),
+            str(tmp_path))
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--config.no_such_field=1", "no_such_field"),
+    ("--config=configs/listops.py:model=nope", "unknown model 'nope'"),
+    ("--config.data_dir=/nonexistent/listops", "/nonexistent/listops"),
+])
+def test_launch_reports_errors_in_one_line(tmp_path, flag, message):
+    flags = ["--config=configs/listops.py:runlocal", flag]
+    code, out, err = _run(tmp_path / "w", *flags, timeout=120)
+    assert code != 0
+    lines = [l for l in err.splitlines() if l.strip() and "WARNING" not in l]
+    assert any(message in l for l in lines), err
+    assert "Traceback" not in err, err
+    _assert_nothing_written(tmp_path / "w")
