@@ -17,6 +17,22 @@ flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and result
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's parsing, with config mistakes reported in one line instead of a traceback."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        message = str(e)
+    except (AttributeError, KeyError) as e:  # --config.<field> that the config lacks
+        field = str(e).strip("'\"")
+        message = (f"unknown config field {field!r}; the fields are those of "
+                   f"configs/common.py:base_config and the task config")
+    except Exception as e:  # noqa: BLE001  (get_config errors, bad override values)
+        message = f"{type(e).__name__}: {e}" if type(e).__name__ != "ConfigError" else str(e)
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -34,4 +50,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

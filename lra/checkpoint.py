@@ -46,6 +46,11 @@ class Checkpoints:
             state=ocp.args.StandardSave(state), loop=ocp.args.JsonSave(loop)))
         self._last.wait_until_finished()
 
+    def last_loop(self) -> dict:
+        """The JSON part of the last checkpoint (cheap: no arrays are read)."""
+        step = self._last.latest_step()
+        return self._last.restore(step, args=ocp.args.Composite(loop=ocp.args.JsonRestore()))["loop"]
+
     def restore_last(self, template: Any) -> tuple[Any, dict]:
         step = self._last.latest_step()
         restored = self._last.restore(step, args=ocp.args.Composite(

@@ -265,8 +265,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     loop = {"best_eval_accuracy": -1.0, "best_step": -1, "eval_history": [],
             "train_seconds": 0.0, "timed_steps": 0, "config": config.to_dict()}
     if ckpts.last_step() is not None:
+        _check_resume_compatible(ckpts.last_loop()["config"], config, workdir)
         state, saved_loop = ckpts.restore_last(state)
-        _check_resume_compatible(saved_loop["config"], config, workdir)
         train_iter.set_state(saved_loop.pop("train_iter"))
         loop.update(saved_loop, config=config.to_dict())
         _log(f"Resumed from {ckpts.directory}/last at step {int(state['step'])}.")

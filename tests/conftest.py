@@ -1,12 +1,5 @@
 """Shared fixtures: tiny generated datasets and tiny configs."""
-import os
-import sys
-
 import pytest
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
 
 TINY_LISTOPS = dict(num_train_samples=256, num_valid_samples=64, num_test_samples=64,
                     min_length=5, max_length=40, max_depth=3, max_args=4, seed=0)
@@ -18,16 +11,21 @@ def listops_dir(tmp_path_factory):
     from lra.tasks import listops
 
     path = tmp_path_factory.mktemp("listops")
-    listops.generate(str(path), **TINY_LISTOPS)
+    listops.generate(str(path), verbose=False, **TINY_LISTOPS)
     return str(path)
 
 
-def tiny_listops_config(data_dir: str, **overrides):
+@pytest.fixture
+def tiny_listops_config():
+    """A factory: the `runlocal` ListOps config on `data_dir`, with overrides."""
     from configs import listops
 
-    config = listops.get_config("runlocal")
-    config.data_dir = data_dir
-    config.max_length = 48
-    for key, value in overrides.items():
-        config[key] = value
-    return config
+    def make(data_dir: str, **overrides):
+        config = listops.get_config("runlocal")
+        config.data_dir = data_dir
+        config.max_length = 48
+        for key, value in overrides.items():
+            config[key] = value
+        return config
+
+    return make

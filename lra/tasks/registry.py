@@ -11,6 +11,7 @@ Keys in the dict drop the shape suffixes: "inputs", "mask", "targets".
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 from typing import Any, Callable
 
@@ -52,6 +53,13 @@ class Task:
 
 
 _TASKS: dict[str, Task] = {}
+# Modules that register tasks; imported on first use of the registry.
+TASK_MODULES = ("lra.tasks.listops",)
+
+
+def _load_all() -> None:
+    for module in TASK_MODULES:
+        importlib.import_module(module)
 
 
 def register(task: Task) -> Task:
@@ -62,10 +70,12 @@ def register(task: Task) -> Task:
 
 
 def available() -> list[str]:
+    _load_all()
     return sorted(_TASKS)
 
 
 def get(name: str) -> Task:
+    _load_all()
     if name not in _TASKS:
         raise ConfigError(f"unknown task {name!r}; available tasks: {', '.join(available())}")
     return _TASKS[name]

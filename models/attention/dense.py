@@ -1,0 +1,131 @@
+"""Dense multi-head softmax attention: the `transformer` mixer and the reference
+that every other variant is tested against.
+
+`dot_product_attention` and `make_attention_mask` are pure functions so that
+variants can reuse them on their own (gathered, sorted, pooled) queries and keys.
+`MultiHeadAttention` owns the `query`, `key`, `value` and `out` projections;
+variants subclass or compose it and keep those names, so that the conformance
+suite can copy weights between a variant and `transformer`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models import layers, registry
+
+DropoutFn = Callable[[jax.Array], jax.Array]
+
+
+def make_attention_mask(padding_mask_BxL: jax.Array | None, *, causal: bool, q_len: int,
+                        kv_len: int) -> jax.Array | None:
+    """Bool mask broadcastable to BxHxQxKv (True = attend); None if nothing is masked.
+
+    Only keys are masked by padding: padded queries still see the real keys, so
+    no row is empty unless a sequence has no real token, and padded outputs stay
+    finite without influencing real positions. With causal, the queries are the
+    last q_len of the kv_len positions (the same positions in self-attention).
+    """
+    mask = None
+    if padding_mask_BxL is not None:
+        if padding_mask_BxL.shape[-1] != kv_len:
+            raise ValueError(
+                f"padding mask has length {padding_mask_BxL.shape[-1]}, keys have {kv_len}")
+        mask = padding_mask_BxL.astype(jnp.bool_)[:, None, None, :]
+    if causal:
+        q_pos_Qx1 = jnp.arange(q_len)[:, None] + (kv_len - q_len)
+        k_pos_1xKv = jnp.arange(kv_len)[None, :]
+        causal_1x1xQxKv = (k_pos_1xKv <= q_pos_Qx1)[None, None]
+        mask = causal_1x1xQxKv if mask is None else mask & causal_1x1xQxKv
+    return mask
+
+
+def dot_product_attention(q_BxHxQxK: jax.Array, k_BxHxKvxK: jax.Array, v_BxHxKvxD: jax.Array,
+                          *, mask: jax.Array | None = None,
+                          dropout_fn: DropoutFn | None = None) -> jax.Array:
+    """softmax(q k^T / sqrt(K)) v, softmax in float32; returns BxHxQxD in v's dtype.
+
+    `mask` is bool, broadcastable to BxHxQxKv, True = attend. A query with no key
+    to attend to gets output 0 (finite, with finite gradients).
+    """
+    scale = 1.0 / math.sqrt(q_BxHxQxK.shape[-1])
+    logits_BxHxQxKv = jnp.einsum("bhqk,bhsk->bhqs", q_BxHxQxK, k_BxHxKvxK,
+                                 preferred_element_type=jnp.float32) * scale
+    if mask is not None:
+        mask = mask.astype(jnp.bool_)
+        # A finite fill keeps fully-masked rows uniform instead of NaN (-inf - -inf).
+        logits_BxHxQxKv = jnp.where(mask, logits_BxHxQxKv, jnp.finfo(jnp.float32).min)
+    weights_BxHxQxKv = jax.nn.softmax(logits_BxHxQxKv, axis=-1)
+    if mask is not None:
+        # Zeroes the uniform weights of fully-masked rows; where() also stops their gradient.
+        weights_BxHxQxKv = jnp.where(mask, weights_BxHxQxKv, 0.0)
+    if dropout_fn is not None:
+        weights_BxHxQxKv = dropout_fn(weights_BxHxQxKv)
+    return jnp.einsum("bhqs,bhsd->bhqd", weights_BxHxQxKv.astype(v_BxHxKvxD.dtype), v_BxHxKvxD)
+
+
+class MultiHeadAttention(nnx.Module):
+    """Multi-head self-attention with `query`/`key`/`value`/`out` projections."""
+
+    def __init__(self, *, dim: int, num_heads: int, causal: bool = False,
+                 qkv_dim: int | None = None, attention_dropout: float = 0.1,
+                 use_bias: bool = True, rngs: nnx.Rngs):
+        qkv_dim = dim if qkv_dim is None else qkv_dim
+        if num_heads <= 0 or qkv_dim <= 0 or qkv_dim % num_heads:
+            raise ValueError(
+                f"qkv_dim ({qkv_dim}) must be a positive multiple of num_heads ({num_heads})")
+        self.num_heads = num_heads
+        self.head_dim = qkv_dim // num_heads
+        self.causal = causal
+        proj = dict(use_bias=use_bias, rngs=rngs)
+        self.query = layers.dense(dim, qkv_dim, ("embed", "qkv"), **proj)
+        self.key = layers.dense(dim, qkv_dim, ("embed", "qkv"), **proj)
+        self.value = layers.dense(dim, qkv_dim, ("embed", "qkv"), **proj)
+        self.out = layers.dense(qkv_dim, dim, ("qkv", "embed"), **proj)
+        self.attention_dropout = nnx.Dropout(attention_dropout, rngs=rngs)
+
+    def split_heads(self, x_BxLxF: jax.Array) -> jax.Array:
+        b, l, _ = x_BxLxF.shape
+        return x_BxLxF.reshape(b, l, self.num_heads, self.head_dim).transpose(0, 2, 1, 3)
+
+    def merge_heads(self, x_BxHxLxK: jax.Array) -> jax.Array:
+        b, h, l, k = x_BxHxLxK.shape
+        return x_BxHxLxK.transpose(0, 2, 1, 3).reshape(b, l, h * k)
+
+    def project_qkv(self, x_BxLxD: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Query, key and value of `x`, each BxHxLxK."""
+        return (self.split_heads(self.query(x_BxLxD)), self.split_heads(self.key(x_BxLxD)),
+                self.split_heads(self.value(x_BxLxD)))
+
+    def dropout_fn(self, deterministic: bool) -> DropoutFn | None:
+        """Attention-weight dropout, or None when deterministic."""
+        if deterministic:
+            return None
+        return lambda w: self.attention_dropout(w, deterministic=False)
+
+    def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None = None,
+                 deterministic: bool = True) -> jax.Array:
+        q_BxHxLxK, k_BxHxLxK, v_BxHxLxK = self.project_qkv(x_BxLxD)
+        seq_len = x_BxLxD.shape[1]
+        mask = make_attention_mask(padding_mask, causal=self.causal, q_len=seq_len,
+                                   kv_len=seq_len)
+        o_BxHxLxK = dot_product_attention(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, mask=mask,
+                                          dropout_fn=self.dropout_fn(deterministic))
+        return self.out(self.merge_heads(o_BxHxLxK))
+
+
+@registry.register("transformer", capabilities=registry.Capabilities(
+    description="softmax multi-head attention over all positions (the reference)",
+    causal=True, padding=True, variable_length=True, dense_equivalent={}))
+def build_transformer(*, dim: int, num_heads: int, max_len: int, causal: bool,
+                      rngs: nnx.Rngs, qkv_dim: int | None = None,
+                      attention_dropout: float = 0.1,
+                      use_bias: bool = True) -> MultiHeadAttention:
+    del max_len  # any length works
+    return MultiHeadAttention(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
+                              attention_dropout=attention_dropout, use_bias=use_bias,
+                              rngs=rngs)

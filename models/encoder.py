@@ -1,0 +1,195 @@
+"""Embeddings + a stack of EncoderBlocks + classifier head (LRA's TransformerEncoder).
+
+The pieces are separate so that a dual encoder (retrieval) can reuse `Encoder`,
+`pool` and `ClassifierHead` on its two towers.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models import layers, registry
+from models.blocks import EncoderBlock
+
+POOLINGS = ("CLS", "MEAN", "MAX", "SUM")
+POS_EMBS = ("learned", "sinusoidal")
+
+
+def sinusoidal_positions(length: int, dim: int) -> jax.Array:
+    """LRA's fixed table: even features sin(p / 10000^(2i/d)), odd features cos."""
+    pos_Lx1 = jnp.arange(length, dtype=jnp.float32)[:, None]
+    inv_freq_F = jnp.exp(jnp.arange(0, dim, 2, dtype=jnp.float32) * -(math.log(10000.0) / dim))
+    angles_LxF = pos_Lx1 * inv_freq_F
+    table_LxD = jnp.zeros((length, dim), jnp.float32)
+    table_LxD = table_LxD.at[:, 0::2].set(jnp.sin(angles_LxF))
+    return table_LxD.at[:, 1::2].set(jnp.cos(angles_LxF[:, :dim // 2]))
+
+
+class Embeddings(nnx.Module):
+    """Token embedding, optional prepended CLS vector, position embedding, dropout.
+
+    The CLS vector goes in before positions are added (as in LRA), so it takes
+    position 0 and the learned table has max_len + 1 rows.
+    """
+
+    def __init__(self, *, vocab_size: int, emb_dim: int, max_len: int,
+                 pos_emb: str = "learned", cls_token: bool = False,
+                 dropout_rate: float = 0.1, rngs: nnx.Rngs):
+        if pos_emb not in POS_EMBS:
+            raise ValueError(f"unknown pos_emb {pos_emb!r}; valid: {', '.join(POS_EMBS)}")
+        self.pos_emb = pos_emb
+        self.token = layers.embed(vocab_size, emb_dim, ("vocab", "embed"),
+                                  init=layers.normal(1.0), rngs=rngs)
+        self.cls = (layers.param(layers.zeros, (None, None, "embed"), (1, 1, emb_dim),
+                                 rngs=rngs) if cls_token else None)
+        table_len = max_len + int(cls_token)
+        self.position = (layers.param(layers.normal(0.02), ("length", "embed"),
+                                      (table_len, emb_dim), rngs=rngs)
+                         if pos_emb == "learned" else None)
+        self.dropout = nnx.Dropout(dropout_rate, rngs=rngs)
+
+    def __call__(self, inputs_BxL: jax.Array, *, deterministic: bool) -> jax.Array:
+        x_BxLxD = self.token(inputs_BxL)
+        if self.cls is not None:
+            cls_Bx1xD = jnp.broadcast_to(self.cls[...], (x_BxLxD.shape[0], 1, x_BxLxD.shape[2]))
+            x_BxLxD = jnp.concatenate([cls_Bx1xD, x_BxLxD], axis=1)
+        seq_len, dim = x_BxLxD.shape[1:]
+        if self.position is not None:
+            pos_LxD = self.position[:seq_len]
+        else:
+            pos_LxD = sinusoidal_positions(seq_len, dim)
+        return self.dropout(x_BxLxD + pos_LxD[None], deterministic=deterministic)
+
+
+class Encoder(nnx.Module):
+    """Embeddings -> num_layers EncoderBlocks -> LayerNorm.
+
+    Returns (encoded_BxLxD, mask_BxL); with cls_token both include the CLS
+    position first, and the mask is True there.
+    """
+
+    def __init__(self, *, vocab_size: int, max_len: int, model: str = "transformer",
+                 model_hparams: Mapping[str, Any] | None = None, emb_dim: int = 512,
+                 num_heads: int = 8, num_layers: int = 4, mlp_dim: int = 1024,
+                 dropout_rate: float = 0.1, pos_emb: str = "learned",
+                 cls_token: bool = False, causal: bool = False, rngs: nnx.Rngs):
+        self.max_len = max_len
+        self.cls_token = cls_token
+        self.embeddings = Embeddings(vocab_size=vocab_size, emb_dim=emb_dim, max_len=max_len,
+                                     pos_emb=pos_emb, cls_token=cls_token,
+                                     dropout_rate=dropout_rate, rngs=rngs)
+        # Mixers see the CLS position too, so fixed-length ones need max_len + 1.
+        seq_len = max_len + int(cls_token)
+        self.blocks = nnx.List([
+            EncoderBlock(dim=emb_dim, num_heads=num_heads, mlp_dim=mlp_dim, max_len=seq_len,
+                         model=model, model_hparams=model_hparams, causal=causal,
+                         dropout_rate=dropout_rate, rngs=rngs)
+            for _ in range(num_layers)])
+        self.norm = layers.layer_norm(emb_dim, rngs=rngs)
+
+    def __call__(self, inputs_BxL: jax.Array, mask_BxL: jax.Array | None = None, *,
+                 deterministic: bool) -> tuple[jax.Array, jax.Array]:
+        if inputs_BxL.ndim != 2:
+            raise ValueError(f"inputs must be [batch, length], got shape {inputs_BxL.shape}")
+        batch, length = inputs_BxL.shape
+        if length > self.max_len:
+            raise ValueError(f"input length {length} exceeds max_len {self.max_len}; "
+                             "build the model with a larger max_len or truncate the inputs")
+        if mask_BxL is None:
+            mask_BxL = jnp.ones((batch, length), jnp.bool_)
+        mask_BxL = mask_BxL.astype(jnp.bool_)
+        if self.cls_token:
+            mask_BxL = jnp.concatenate([jnp.ones((batch, 1), jnp.bool_), mask_BxL], axis=1)
+        x_BxLxD = self.embeddings(inputs_BxL, deterministic=deterministic)
+        for block in self.blocks:
+            x_BxLxD = block(x_BxLxD, mask_BxL, deterministic=deterministic)
+        return self.norm(x_BxLxD), mask_BxL
+
+
+def pool(encoded_BxLxD: jax.Array, mask_BxL: jax.Array, pooling: str) -> jax.Array:
+    """BxD summary of a sequence; 'CLS' takes position 0 (the prepended token)."""
+    if pooling == "CLS":
+        return encoded_BxLxD[:, 0]
+    # LRA averages over padding too; we pool real tokens only, so that logits do
+    # not depend on how much padding a batch happens to carry (padding invariance).
+    mask_BxLx1 = mask_BxL[..., None]
+    if pooling == "SUM":
+        return jnp.sum(jnp.where(mask_BxLx1, encoded_BxLxD, 0.0), axis=1)
+    if pooling == "MEAN":
+        count_Bx1 = jnp.maximum(jnp.sum(mask_BxLx1, axis=1), 1)
+        return jnp.sum(jnp.where(mask_BxLx1, encoded_BxLxD, 0.0), axis=1) / count_Bx1
+    if pooling == "MAX":
+        low = jnp.finfo(encoded_BxLxD.dtype).min
+        max_BxD = jnp.max(jnp.where(mask_BxLx1, encoded_BxLxD, low), axis=1)
+        return jnp.where(jnp.any(mask_BxL, axis=1, keepdims=True), max_BxD, 0.0)
+    raise ValueError(f"unknown pooling {pooling!r}; valid: {', '.join(POOLINGS)}")
+
+
+class ClassifierHead(nnx.Module):
+    """LRA's classifier_head: Dense(in -> mlp_dim) -> ReLU -> Dense(mlp_dim -> classes)."""
+
+    def __init__(self, *, in_dim: int, mlp_dim: int, num_classes: int, rngs: nnx.Rngs):
+        lecun = jax.nn.initializers.lecun_normal()  # flax Dense default, as in LRA
+        self.hidden = layers.dense(in_dim, mlp_dim, ("embed", "mlp"), kernel_init=lecun,
+                                   rngs=rngs)
+        self.logits = layers.dense(mlp_dim, num_classes, ("mlp", "classes"), kernel_init=lecun,
+                                   rngs=rngs)
+
+    def __call__(self, x_BxD: jax.Array) -> jax.Array:
+        return self.logits(jax.nn.relu(self.hidden(x_BxD))).astype(jnp.float32)
+
+
+def mixer_hparams(model: str, model_hparams: Mapping[str, Any] | None,
+                  **shared: Any) -> dict[str, Any]:
+    """model_hparams plus the shared settings (qkv_dim, ...) that `model` accepts.
+
+    A shared setting that model_hparams also sets to another value is an error:
+    silently preferring one would hide a config mistake.
+    """
+    merged = dict(model_hparams or {})
+    accepted = registry.accepted_hparams(model)
+    for key, value in shared.items():
+        if key not in accepted:
+            continue  # e.g. attention-free mixers have no qkv_dim
+        if key in merged and merged[key] != value:
+            raise ValueError(
+                f"model_hparams sets {key}={merged[key]!r} but the model argument gives "
+                f"{value!r}; set it in one place")
+        merged[key] = value
+    return merged
+
+
+class Classifier(nnx.Module):
+    """Sequence classifier: Encoder -> pool -> ClassifierHead. Returns float32 logits."""
+
+    def __init__(self, *, vocab_size: int, num_classes: int, max_len: int,
+                 model: str = "transformer", model_hparams: Mapping[str, Any] | None = None,
+                 emb_dim: int = 512, num_heads: int = 8, num_layers: int = 4,
+                 qkv_dim: int = 512, mlp_dim: int = 1024, dropout_rate: float = 0.1,
+                 attention_dropout_rate: float = 0.1, pooling: str = "CLS",
+                 pos_emb: str = "learned", causal: bool = False, rngs: nnx.Rngs):
+        if pooling not in POOLINGS:
+            raise ValueError(f"unknown pooling {pooling!r}; valid: {', '.join(POOLINGS)}")
+        if causal and pooling == "CLS":
+            raise ValueError("pooling='CLS' with causal=True: the CLS token comes first and "
+                             "would see only itself; use MEAN, MAX or SUM pooling")
+        self.pooling = pooling
+        hparams = mixer_hparams(model, model_hparams, qkv_dim=qkv_dim,
+                                attention_dropout=attention_dropout_rate)
+        self.encoder = Encoder(vocab_size=vocab_size, max_len=max_len, model=model,
+                               model_hparams=hparams, emb_dim=emb_dim, num_heads=num_heads,
+                               num_layers=num_layers, mlp_dim=mlp_dim,
+                               dropout_rate=dropout_rate, pos_emb=pos_emb,
+                               cls_token=pooling == "CLS", causal=causal, rngs=rngs)
+        self.head = ClassifierHead(in_dim=emb_dim, mlp_dim=mlp_dim, num_classes=num_classes,
+                                   rngs=rngs)
+
+    def __call__(self, inputs_BxL: jax.Array, mask_BxL: jax.Array | None = None, *,
+                 deterministic: bool) -> jax.Array:
+        encoded_BxLxD, mask_BxL = self.encoder(inputs_BxL, mask_BxL,
+                                               deterministic=deterministic)
+        return self.head(pool(encoded_BxLxD, mask_BxL, self.pooling))

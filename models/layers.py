@@ -1,0 +1,74 @@
+"""Parameter factories that attach logical axis names to every parameter.
+
+Logical axis names (mapped to mesh axes by the training loop; plain metadata
+without a mesh):
+
+  vocab    rows of the token-embedding table
+  length   rows of the learned position-embedding table
+  embed    model width (emb_dim): the residual stream
+  qkv      query/key/value width, heads x head_dim flattened head-major, so
+           sharding it shards whole heads when num_heads divides the mesh axis
+  heads    per-head parameters (e.g. a learned span per head)
+  mlp      hidden width of the feed-forward block and of the classifier head
+  classes  classifier outputs
+
+Names are attached with `nnx.with_partitioning(..., eager_sharding=False)`:
+the metadata is kept (`nnx.get_partition_spec` returns it) but Flax does not
+try to shard at creation, which would need a mesh whose axes are these names.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+AXIS_NAMES = ("vocab", "length", "embed", "qkv", "heads", "mlp", "classes")
+
+Initializer = jax.nn.initializers.Initializer
+Names = Sequence[str | None]
+
+# LRA's Transformer block initialisers (xavier kernels, tiny-normal MLP biases).
+xavier_uniform = jax.nn.initializers.xavier_uniform()
+zeros = jax.nn.initializers.zeros
+ones = jax.nn.initializers.ones
+normal = jax.nn.initializers.normal
+
+
+def named(init: Initializer, names: Names) -> Initializer:
+    """Wraps `init` so the Param it creates carries logical axis `names`."""
+    unknown = [n for n in names if n is not None and n not in AXIS_NAMES]
+    if unknown:
+        raise ValueError(f"unknown logical axis names {unknown}; known: {AXIS_NAMES}")
+    return nnx.with_partitioning(init, tuple(names), eager_sharding=False)
+
+
+def param(init: Initializer, names: Names, shape: Sequence[int], *,
+          rngs: nnx.Rngs) -> nnx.Param:
+    """A free-standing Param with logical axis names (one key from the 'params' stream)."""
+    if len(names) != len(shape):
+        raise ValueError(f"names {tuple(names)} do not match shape {tuple(shape)}")
+    return nnx.Param(named(init, names)(rngs.params(), tuple(shape), jnp.float32))
+
+
+def dense(in_features: int, out_features: int, names: tuple[str | None, str | None], *,
+          rngs: nnx.Rngs, use_bias: bool = True,
+          kernel_init: Initializer = xavier_uniform,
+          bias_init: Initializer = zeros) -> nnx.Linear:
+    """nnx.Linear whose kernel is named `names` and bias `names[1]`."""
+    return nnx.Linear(in_features, out_features, use_bias=use_bias,
+                      kernel_init=named(kernel_init, names),
+                      bias_init=named(bias_init, names[1:]), rngs=rngs)
+
+
+def layer_norm(dim: int, *, rngs: nnx.Rngs) -> nnx.LayerNorm:
+    """LayerNorm over the 'embed' axis (epsilon 1e-6, as LRA)."""
+    return nnx.LayerNorm(dim, epsilon=1e-6, scale_init=named(ones, ("embed",)),
+                         bias_init=named(zeros, ("embed",)), rngs=rngs)
+
+
+def embed(num_embeddings: int, features: int, names: tuple[str, str], *,
+          init: Initializer, rngs: nnx.Rngs) -> nnx.Embed:
+    """nnx.Embed with a named table."""
+    return nnx.Embed(num_embeddings, features, embedding_init=named(init, names), rngs=rngs)

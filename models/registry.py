@@ -1,0 +1,176 @@
+"""Token-mixer registry: name -> builder + capability flags.
+
+A builder is a callable
+
+    builder(*, dim, num_heads, max_len, causal, rngs, **hparams) -> nnx.Module
+
+whose module is called as
+
+    mixer(x_BxLxD, padding_mask=mask_BxL_or_None, deterministic=True) -> y_BxLxD
+
+with `padding_mask` bool, True on real tokens. Variable-length mixers accept any
+L <= max_len. The accepted hparams are the builder's extra keyword parameters;
+`build` rejects any other name (this is how config typos are reported).
+
+Auxiliary losses (adaptive span L1, routing commitment, ACT ponder cost) are sown
+by the mixer as `self.sow(nnx.Intermediate, 'aux_loss', value)` (a scalar); the
+training loop sums every `aux_loss` it finds.
+
+A variant declares in `Capabilities.dense_equivalent` the hparams under which it
+computes exactly what `transformer` computes with the same `query`, `key`, `value`
+and `out` parameters (top-level attribute names, `nnx.Linear`, as in
+`models.attention.dense.MultiHeadAttention`). The conformance suite
+(tests/models/test_conformance.py) builds both at dim 32, 2 heads, max_len 16 and
+L <= 16, so `test_hparams` and `dense_equivalent` must be valid at those sizes.
+
+Variant modules register themselves on import; `_load_all` imports the variant
+packages lazily, so `import models.registry` alone is enough to see every variant.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import inspect
+from typing import Any, Callable, Iterator
+
+from flax import nnx
+
+# Importing these registers every variant (each package imports its modules).
+_VARIANT_PACKAGES = ("models.attention",)
+
+# Keyword arguments every builder takes; everything else is an hparam.
+_BUILD_ARGS = ("dim", "num_heads", "max_len", "causal", "rngs")
+
+Builder = Callable[..., nnx.Module]
+
+
+class RegistryError(ValueError):
+    """An unknown variant, an unknown hparam, or a capability the variant lacks."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Capabilities:
+    """What a variant supports; the conformance suite tests exactly these claims."""
+
+    description: str  # one line
+    causal: bool  # supports causal=True
+    padding: bool  # padded keys never influence real positions
+    variable_length: bool  # works for any L <= max_len, not only L == max_len
+    # hparams under which the variant equals `transformer` with the same
+    # query/key/value/out weights; None when there is no such limit.
+    dense_equivalent: dict[str, Any] | None = None
+    test_hparams: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    builder: Builder
+    capabilities: Capabilities
+    hparams: dict[str, Any]  # accepted name -> default (inspect.Parameter.empty if none)
+    open_hparams: bool  # the builder takes **kwargs
+
+
+_REGISTRY: dict[str, _Entry] = {}
+
+
+def _signature_hparams(name: str, builder: Builder) -> tuple[dict[str, Any], bool]:
+    params = inspect.signature(builder).parameters
+    missing = [a for a in _BUILD_ARGS if a not in params]
+    if missing:
+        raise RegistryError(
+            f"builder for {name!r} must take keyword arguments {', '.join(_BUILD_ARGS)}; "
+            f"missing: {', '.join(missing)}")
+    hparams = {
+        p.name: p.default for p in params.values()
+        if p.name not in _BUILD_ARGS
+        and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+    }
+    open_hparams = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    return hparams, open_hparams
+
+
+def _check_hparams(name: str, entry: _Entry, given: dict[str, Any]) -> None:
+    if entry.open_hparams:
+        return
+    unknown = sorted(set(given) - set(entry.hparams))
+    if unknown:
+        accepted = ", ".join(sorted(entry.hparams)) or "(none)"
+        raise RegistryError(
+            f"unknown hparam {', '.join(map(repr, unknown))} for model {name!r}; "
+            f"accepted: {accepted}")
+
+
+def register(name: str, builder: Builder | None = None,
+             capabilities: Capabilities | None = None) -> Any:
+    """Registers `builder` under `name`.
+
+    Also usable as a decorator: `@register("local", capabilities=Capabilities(...))`.
+    """
+    if capabilities is None:
+        raise TypeError("register() needs capabilities=Capabilities(...)")
+    if builder is None:
+        return lambda fn: register(name, fn, capabilities)
+    if name in _REGISTRY:
+        raise RegistryError(f"model {name!r} is already registered")
+    hparams, open_hparams = _signature_hparams(name, builder)
+    entry = _Entry(builder, capabilities, hparams, open_hparams)
+    # A misspelt key in the flags fails at import, not deep inside the suite.
+    _check_hparams(name, entry, capabilities.test_hparams)
+    _check_hparams(name, entry, capabilities.dense_equivalent or {})
+    _REGISTRY[name] = entry
+    return builder
+
+
+def _unregister(name: str) -> None:
+    """Removes a variant (tests only)."""
+    del _REGISTRY[name]
+
+
+@contextlib.contextmanager
+def temporarily_registered(name: str, builder: Builder,
+                           capabilities: Capabilities) -> Iterator[None]:
+    """Registers a variant for the duration of a `with` block (tests only)."""
+    register(name, builder, capabilities)
+    try:
+        yield
+    finally:
+        _unregister(name)
+
+
+def _load_all() -> None:
+    for package in _VARIANT_PACKAGES:
+        importlib.import_module(package)
+
+
+def _entry(name: str) -> _Entry:
+    _load_all()
+    if name not in _REGISTRY:
+        raise RegistryError(f"unknown model {name!r}; available: {', '.join(available())}")
+    return _REGISTRY[name]
+
+
+def available() -> list[str]:
+    """Sorted names of all registered variants."""
+    _load_all()
+    return sorted(_REGISTRY)
+
+
+def capabilities(name: str) -> Capabilities:
+    return _entry(name).capabilities
+
+
+def accepted_hparams(name: str) -> dict[str, Any]:
+    """Accepted hparams of `name` and their defaults (`inspect.Parameter.empty` if required)."""
+    return dict(_entry(name).hparams)
+
+
+def build(name: str, *, dim: int, num_heads: int, max_len: int, causal: bool = False,
+          rngs: nnx.Rngs, **hparams: Any) -> nnx.Module:
+    """Builds the token mixer `name`; raises RegistryError on what it cannot do."""
+    entry = _entry(name)
+    if causal and not entry.capabilities.causal:
+        raise RegistryError(f"model {name!r} does not support causal=True")
+    _check_hparams(name, entry, hparams)
+    return entry.builder(dim=dim, num_heads=num_heads, max_len=max_len, causal=causal,
+                         rngs=rngs, **hparams)

@@ -1,0 +1,241 @@
+"""Conformance suite: every registered token mixer, checked against its capabilities.
+
+A variant joins by being registered. It is built at the sizes below with
+`capabilities(name).test_hparams`; `dense_equivalent`, `causal`, `padding` and
+`variable_length` switch on the tests that check those claims.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from models import registry
+
+BATCH, LEN, DIM, HEADS, MAX_LEN = 2, 16, 32, 2, 16
+SHORT_LEN = 12  # a length below max_len for variable-length variants
+NUM_PADDED = 5  # padded positions at the end of the second example
+TOL = dict(rtol=1e-5, atol=1e-5)
+DENSE_PARAMS = ("query", "key", "value", "out")
+
+VARIANTS = registry.available()
+
+
+def build(name: str, *, causal: bool = False, **overrides) -> nnx.Module:
+    hparams = {**registry.capabilities(name).test_hparams, **overrides}
+    return registry.build(name, dim=DIM, num_heads=HEADS, max_len=MAX_LEN, causal=causal,
+                          rngs=nnx.Rngs(params=0, dropout=1), **hparams)
+
+
+def normal(seed: int, shape: tuple[int, ...]) -> jax.Array:
+    # numpy draws: jax.random compiles a program per shape, slow on small CPUs.
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
+
+
+def random_x(seed: int = 0, length: int = LEN) -> jax.Array:
+    return normal(seed, (BATCH, length, DIM))
+
+
+def padding_mask(length: int = LEN) -> jax.Array:
+    lengths_Bx1 = jnp.array([[length], [length - NUM_PADDED]])
+    return jnp.arange(length)[None, :] < lengths_Bx1
+
+
+def mask_for(kind: str | None, length: int = LEN) -> jax.Array | None:
+    return padding_mask(length) if kind == "padding" else None
+
+
+def skip_unless(flag: bool, why: str) -> None:
+    if not flag:
+        pytest.skip(why)
+
+
+def assert_close(a, b, **tol) -> None:
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), **(tol or TOL))
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_capabilities_are_well_formed(name):
+    caps = registry.capabilities(name)
+    assert isinstance(caps.description, str) and caps.description and "\n" not in caps.description
+    assert isinstance(caps.test_hparams, dict)
+    assert caps.dense_equivalent is None or isinstance(caps.dense_equivalent, dict)
+
+
+@pytest.mark.parametrize("mask_kind", [None, "padding"])
+@pytest.mark.parametrize("name", VARIANTS)
+def test_shape_dtype_finite(name, mask_kind):
+    caps = registry.capabilities(name)
+    skip_unless(mask_kind is None or caps.padding, "no padding support")
+    lengths = [LEN, SHORT_LEN] if caps.variable_length else [LEN]
+    model = build(name)
+    for length in lengths:
+        y = model(random_x(length=length), padding_mask=mask_for(mask_kind, length),
+                  deterministic=True)
+        assert y.shape == (BATCH, length, DIM)
+        assert y.dtype == jnp.float32
+        assert np.isfinite(np.asarray(y)).all()
+
+
+@pytest.mark.parametrize("mask_kind", [None, "padding"])
+@pytest.mark.parametrize("name", VARIANTS)
+def test_jit_matches_eager(name, mask_kind):
+    skip_unless(mask_kind is None or registry.capabilities(name).padding, "no padding support")
+    model = build(name)
+    x, mask = random_x(), mask_for(mask_kind)
+    graphdef, state = nnx.split(model)
+    jitted = jax.jit(lambda s, x, m: nnx.merge(graphdef, s)(x, padding_mask=m,
+                                                            deterministic=True))
+    y_jit = jitted(state, x, mask)
+    y_eager = model(x, padding_mask=mask, deterministic=True)
+    assert_close(y_jit, y_eager)
+
+
+@pytest.mark.parametrize("mask_kind", [None, "padding"])
+@pytest.mark.parametrize("name", VARIANTS)
+def test_vmap_matches_batch(name, mask_kind):
+    skip_unless(mask_kind is None or registry.capabilities(name).padding, "no padding support")
+    model = build(name)
+    x = random_x()
+    mask = padding_mask() if mask_kind == "padding" else jnp.ones((BATCH, LEN), jnp.bool_)
+    graphdef, state = nnx.split(model)
+
+    def one_example(x_LxD, mask_L):
+        m_1xL = mask_L[None] if mask_kind == "padding" else None
+        return nnx.merge(graphdef, state)(x_LxD[None], padding_mask=m_1xL,
+                                          deterministic=True)[0]
+
+    y_vmap = jax.vmap(one_example)(x, mask)
+    y_batch = model(x, padding_mask=mask_for(mask_kind), deterministic=True)
+    assert_close(y_vmap, y_batch)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_gradients_finite_and_nonzero(name):
+    caps = registry.capabilities(name)
+    model = build(name)
+    mask = padding_mask() if caps.padding else None
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    w_BxLxD = normal(7, (BATCH, LEN, DIM))
+
+    def loss(params, x):
+        y = nnx.merge(graphdef, params, rest)(x, padding_mask=mask, deterministic=True)
+        return jnp.sum(y * w_BxLxD)
+
+    grads, grad_x = jax.grad(loss, argnums=(0, 1))(params, random_x())
+    leaves = jax.tree.leaves(grads)
+    assert leaves, "no parameters"
+    for leaf in leaves:
+        assert np.isfinite(np.asarray(leaf)).all()
+    assert any(np.abs(np.asarray(leaf)).max() > 0 for leaf in leaves)
+    assert np.isfinite(np.asarray(grad_x)).all()
+    assert np.abs(np.asarray(grad_x)).max() > 0
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_padding_invariance(name):
+    skip_unless(registry.capabilities(name).padding, "no padding support")
+    model = build(name)
+    mask = padding_mask()
+    x = random_x(0)
+    x_changed = jnp.where(mask[..., None], x, 3.0 * random_x(1))
+    y = model(x, padding_mask=mask, deterministic=True)
+    y_changed = model(x_changed, padding_mask=mask, deterministic=True)
+    real = np.asarray(mask)
+    assert_close(np.asarray(y)[real], np.asarray(y_changed)[real])
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_prefix_matches_padded(name):
+    caps = registry.capabilities(name)
+    skip_unless(caps.padding and caps.variable_length, "needs padding and variable length")
+    model = build(name)
+    x = random_x()
+    mask = jnp.broadcast_to(jnp.arange(LEN) < SHORT_LEN, (BATCH, LEN))
+    y_padded = model(x, padding_mask=mask, deterministic=True)
+    y_prefix = model(x[:, :SHORT_LEN], padding_mask=None, deterministic=True)
+    assert_close(y_padded[:, :SHORT_LEN], y_prefix)
+
+
+@pytest.mark.parametrize("t", [0, 6, LEN - 2])
+@pytest.mark.parametrize("name", VARIANTS)
+def test_causality(name, t):
+    skip_unless(registry.capabilities(name).causal, "not causal")
+    model = build(name, causal=True)
+    x = random_x(0)
+    future = (jnp.arange(LEN) > t)[None, :, None]
+    y = model(x, deterministic=True)
+    y_future = model(jnp.where(future, random_x(1), x), deterministic=True)
+    assert_close(y[:, :t + 1], y_future[:, :t + 1])
+    # Not vacuous: changing position t itself must reach the output at t.
+    at_t = (jnp.arange(LEN) == t)[None, :, None]
+    y_now = model(jnp.where(at_t, random_x(2), x), deterministic=True)
+    assert not np.allclose(np.asarray(y[:, t]), np.asarray(y_now[:, t]), **TOL)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_causal_rejected_when_unsupported(name):
+    skip_unless(not registry.capabilities(name).causal, "supports causal")
+    with pytest.raises(registry.RegistryError, match="causal"):
+        build(name, causal=True)
+
+
+def dense_twin(variant: nnx.Module, causal: bool) -> nnx.Module:
+    """`transformer` holding the variant's query/key/value/out weights."""
+    missing = [p for p in DENSE_PARAMS if not isinstance(getattr(variant, p, None), nnx.Linear)]
+    assert not missing, f"dense_equivalent needs nnx.Linear attributes {missing}"
+    dense = registry.build("transformer", dim=DIM, num_heads=HEADS, max_len=MAX_LEN,
+                           causal=causal, rngs=nnx.Rngs(params=99, dropout=99),
+                           qkv_dim=variant.query.out_features,
+                           use_bias=variant.query.use_bias, attention_dropout=0.0)
+    for p in DENSE_PARAMS:
+        nnx.update(getattr(dense, p), nnx.state(getattr(variant, p), nnx.Param))
+    return dense
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mask_kind", [None, "padding"])
+@pytest.mark.parametrize("name", VARIANTS)
+def test_reduces_to_dense(name, mask_kind, causal):
+    caps = registry.capabilities(name)
+    skip_unless(caps.dense_equivalent is not None, "no dense limit")
+    skip_unless(mask_kind is None or caps.padding, "no padding support")
+    skip_unless(not causal or caps.causal, "not causal")
+    variant = build(name, causal=causal, **caps.dense_equivalent)
+    dense = dense_twin(variant, causal)
+    x, mask = random_x(), mask_for(mask_kind)
+    y_variant = variant(x, padding_mask=mask, deterministic=True)
+    y_dense = dense(x, padding_mask=mask, deterministic=True)
+    if mask is None:
+        assert_close(y_variant, y_dense)
+    else:
+        real = np.asarray(mask)  # padded outputs are unspecified
+        assert_close(np.asarray(y_variant)[real], np.asarray(y_dense)[real])
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_dropout(name):
+    with_dropout = "attention_dropout" in registry.accepted_hparams(name)
+    model = build(name, **({"attention_dropout": 0.5} if with_dropout else {}))
+    x = random_x()
+    assert_close(model(x, deterministic=True), model(x, deterministic=True), rtol=0, atol=0)
+    y1 = model(x, deterministic=False)
+    y2 = model(x, deterministic=False)
+    if not with_dropout and np.allclose(np.asarray(y1), np.asarray(y2)):
+        pytest.skip("no dropout")
+    assert not np.allclose(np.asarray(y1), np.asarray(y2)), "rng did not advance"
+
+    # Under jit the rng lives in the split state, which the step must carry forward.
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    @jax.jit
+    def step(rest, x):
+        module = nnx.merge(graphdef, params, rest)
+        y = module(x, deterministic=False)
+        return y, nnx.state(module, nnx.Not(nnx.Param))
+
+    y1, rest = step(rest, x)
+    y2, rest = step(rest, x)
+    assert not np.allclose(np.asarray(y1), np.asarray(y2)), "rng state did not advance"
