@@ -8,7 +8,7 @@ command with the same workdir resumes from the last checkpoint.
 """
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/listops.py:runlocal.",
@@ -36,6 +36,9 @@ def parse_flags(argv: list[str]) -> list[str]:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if not flags.FLAGS["verbosity"].present:
+        # orbax logs every save/restore at INFO; the progress lines are what users read.
+        logging.set_verbosity(logging.WARNING)
     from lra import train  # after flag parsing, so --help is fast
     from lra.errors import UserError
     from models.registry import RegistryError

@@ -84,8 +84,9 @@ def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
     return schedule
 
 
-def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-    adamw = optax.adamw(learning_rate_schedule(config), b1=config.adam_b1, b2=config.adam_b2,
+def make_optimizer(config: ml_collections.ConfigDict,
+                   schedule: optax.Schedule) -> optax.GradientTransformation:
+    adamw = optax.adamw(schedule, b1=config.adam_b1, b2=config.adam_b2,
                         eps=config.adam_eps, weight_decay=config.weight_decay)
     if config.grad_clip_norm > 0:
         return optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), adamw)
@@ -122,7 +123,8 @@ def _cross_entropy(logits_BxC, targets_B, num_classes):
     return -jnp.sum(jax.nn.one_hot(targets_B, num_classes) * logp_BxC, axis=-1)
 
 
-def make_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, num_classes: int):
+def make_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
+               schedule: optax.Schedule, num_classes: int):
     """The pure train and eval step functions (jitted by the caller)."""
 
     def train_step(state, batch):
@@ -146,6 +148,7 @@ def make_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, num_cla
             "aux_loss": aux,
             "accuracy": jnp.mean(jnp.argmax(logits, -1) == batch["targets"]),
             "grad_norm": optax.global_norm(grads),
+            "learning_rate": schedule(state["step"]),  # the rate this step used
         }
         new_state = {"step": state["step"] + 1, "params": params, "rest": new_rest,
                      "opt_state": opt_state}
@@ -232,12 +235,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         )
     registry.capabilities(config.model)  # unknown model -> error listing the available ones
     data = _load_data(config, task)
-    model = build_model(config, task)  # unknown hparams, impossible options -> clear errors
+    try:
+        model = build_model(config, task)
+    except ValueError as e:  # unknown hparams, impossible combinations (causal + CLS, ...)
+        raise ConfigError(f"cannot build model {config.model!r}: {e}") from None
 
     # 2. State, optimizer, shardings.
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     num_params = sum(x.size for x in jax.tree.leaves(params))
-    tx = make_optimizer(config)
+    schedule = learning_rate_schedule(config)
+    tx = make_optimizer(config, schedule)
     state = {"step": jnp.int32(0), "params": params, "rest": rest,
              "opt_state": tx.init(params)}
     # Auto axes: XLA propagates shardings from the annotated inputs (GSPMD), so model code
@@ -251,7 +258,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                           f"{jax.device_count()} devices")
     state = jax.device_put(state, replicated)
 
-    train_step, eval_step = make_steps(graphdef, tx, task.num_classes)
+    train_step, eval_step = make_steps(graphdef, tx, schedule, task.num_classes)
     train_step = jax.jit(train_step, in_shardings=(replicated, batch_sharding),
                          out_shardings=(replicated, replicated), donate_argnums=0)
     eval_step = jax.jit(eval_step, in_shardings=(replicated, batch_sharding),
@@ -328,14 +335,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         step = steps[-1]
         rate = loop["timed_steps"] / loop["train_seconds"] if loop["train_seconds"] else 0.0
         eta = (config.num_train_steps - step) / rate if rate else float("nan")
-        lr = float(learning_rate_schedule(config)(step - 1))
         _log(f"step {step:>6}/{config.num_train_steps} | loss {mean['loss']:.4f} "
-             f"| acc {mean['accuracy']:.3f} | lr {lr:.2e} | {rate:6.2f} steps/s "
+             f"| acc {mean['accuracy']:.3f} | lr {mean['learning_rate']:.2e} "
+             f"| {rate:6.2f} steps/s "
              f"| ETA {_format_duration(eta) if math.isfinite(eta) else '?'}")
         if writer:
             for k, v in mean.items():
                 writer.add_scalar(f"train/{k}", v, step)
-            writer.add_scalar("train/learning_rate", lr, step)
             writer.add_scalar("train/steps_per_sec", rate, step)
 
     try:
@@ -356,8 +362,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                 jax.block_until_ready(metrics)
                 loop["train_seconds"] += time.perf_counter() - clock
                 loop["timed_steps"] += steps_since_clock
-                steps_since_clock, clock = 0, time.perf_counter()
                 flush()
+                steps_since_clock, clock = 0, time.perf_counter()
             if do_eval:
                 result = evaluate(weights_of(state), "val", config.num_eval_steps)
                 loop["eval_history"].append({"step": step, **result})

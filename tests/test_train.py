@@ -19,8 +19,10 @@ REQUIRED_RESULT_KEYS = ("task", "model", "num_params", "steps", "best_eval_accur
 
 
 def _launch(workdir, *flags, devices=1, **popen):
+    # Keep the caller's XLA_FLAGS (e.g. --xla_gpu_deterministic_ops=true on a GPU).
+    xla_flags = os.environ.get("XLA_FLAGS", "")
     env = dict(os.environ, PYTHONUNBUFFERED="1",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+               XLA_FLAGS=f"{xla_flags} --xla_force_host_platform_device_count={devices}")
     cmd = [sys.executable, os.path.join(REPO, "launch.py"), f"--workdir={workdir}", *flags]
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **popen)
