@@ -102,7 +102,8 @@ def build_model(config: ml_collections.ConfigDict, task: lra.tasks.Task) -> Clas
         model=config.model, model_hparams=config.model_hparams.to_dict(),
         emb_dim=config.emb_dim, num_heads=config.num_heads, num_layers=config.num_layers,
         qkv_dim=config.qkv_dim, mlp_dim=config.mlp_dim, dropout_rate=config.dropout_rate,
-        attention_dropout_rate=config.attention_dropout_rate, pooling=config.pooling,
+        attention_dropout_rate=config.attention_dropout_rate,
+        attention_impl=config.attention_impl, pooling=config.pooling,
         pos_emb=config.pos_emb, causal=config.causal,
         rngs=nnx.Rngs(params=config.random_seed, dropout=config.random_seed + 1),
     )
@@ -228,11 +229,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     # 1. Everything the user can get wrong is checked before anything is written.
     common.validate(config)
     task = lra.tasks.get(config.task)
-    if config.attention_impl != "dense":
-        raise ConfigError(
-            f"config.attention_impl={config.attention_impl!r} is not available yet for "
-            f"{config.model!r}; use 'dense'"
-        )
     registry.capabilities(config.model)  # unknown model -> error listing the available ones
     data = _load_data(config, task)
     try:

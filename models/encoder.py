@@ -170,7 +170,8 @@ class Classifier(nnx.Module):
                  model: str = "transformer", model_hparams: Mapping[str, Any] | None = None,
                  emb_dim: int = 512, num_heads: int = 8, num_layers: int = 4,
                  qkv_dim: int = 512, mlp_dim: int = 1024, dropout_rate: float = 0.1,
-                 attention_dropout_rate: float = 0.1, pooling: str = "CLS",
+                 attention_dropout_rate: float = 0.1, attention_impl: str = "dense",
+                 pooling: str = "CLS",
                  pos_emb: str = "learned", causal: bool = False, rngs: nnx.Rngs):
         if pooling not in POOLINGS:
             raise ValueError(f"unknown pooling {pooling!r}; valid: {', '.join(POOLINGS)}")
@@ -178,8 +179,13 @@ class Classifier(nnx.Module):
             raise ValueError("pooling='CLS' with causal=True: the CLS token comes first and "
                              "would see only itself; use MEAN, MAX or SUM pooling")
         self.pooling = pooling
+        if (attention_impl != "dense"
+                and "attention_impl" not in registry.accepted_hparams(model)):
+            raise ValueError(f"model {model!r} has one implementation; attention_impl="
+                             f"{attention_impl!r} applies to attention-pattern variants only")
         hparams = mixer_hparams(model, model_hparams, qkv_dim=qkv_dim,
-                                attention_dropout=attention_dropout_rate)
+                                attention_dropout=attention_dropout_rate,
+                                attention_impl=attention_impl)
         self.encoder = Encoder(vocab_size=vocab_size, max_len=max_len, model=model,
                                model_hparams=hparams, emb_dim=emb_dim, num_heads=num_heads,
                                num_layers=num_layers, mlp_dim=mlp_dim,

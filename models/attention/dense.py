@@ -123,9 +123,12 @@ class MultiHeadAttention(nnx.Module):
     causal=True, padding=True, variable_length=True, dense_equivalent={}))
 def build_transformer(*, dim: int, num_heads: int, max_len: int, causal: bool,
                       rngs: nnx.Rngs, qkv_dim: int | None = None,
-                      attention_dropout: float = 0.1,
-                      use_bias: bool = True) -> MultiHeadAttention:
+                      attention_dropout: float = 0.1, use_bias: bool = True,
+                      attention_impl: str = "dense") -> MultiHeadAttention:
     del max_len  # any length works
+    if attention_impl != "dense":  # blocksparse / pallas arrive with the masks and kernels
+        raise registry.RegistryError(
+            f"transformer: attention_impl={attention_impl!r} is not available; use 'dense'")
     return MultiHeadAttention(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
                               attention_dropout=attention_dropout, use_bias=use_bias,
                               rngs=rngs)
