@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEMO_DATA := data/listops_mini
 DEMO_WORKDIR := workdirs/demo/listops_mini_transformer
 
-.PHONY: demo test venv clean-demo
+.PHONY: demo test venv clean-demo bench
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
@@ -30,3 +30,7 @@ clean-demo:
 
 test: $(STAMP)
 	$(PYTHON) -m pytest -n 2 -q
+
+# Efficiency table of every registered mixer against transformer (CPU: minutes).
+bench: $(STAMP)
+	$(PYTHON) -m lra.benchmark --models=all --lengths=1024,2048,4096

@@ -1,0 +1,25 @@
+"""The efficiency benchmark measures and tabulates (no assertions on speed)."""
+import math
+
+from lra import benchmark
+
+
+def test_growth_exponent_recovers_power_law():
+    lengths = [256, 512, 1024, 2048]
+    assert math.isclose(benchmark.growth_exponent(lengths, [3 * l**2 for l in lengths]), 2.0)
+    assert math.isclose(benchmark.growth_exponent(lengths, [l for l in lengths]), 1.0)
+    assert benchmark.growth_exponent([256, 512], [1.0, None]) is None
+
+
+def test_measure_and_table():
+    rows = [benchmark.measure("transformer", l, batch_size=1, dim=16, num_heads=2, repeats=1)
+            for l in (16, 32)]
+    for r in rows:
+        assert r["time_s"] > 0 and r["temp_bytes"] > 0
+    rows.append({"model": "other", "length": 16, "time_s": rows[0]["time_s"] / 2,
+                 "temp_bytes": rows[0]["temp_bytes"] // 4})
+    rows.append({"model": "other", "length": 32, "error": "too long"})
+    text = benchmark.table(rows, [16, 32])
+    assert "| transformer |" in text
+    assert "(2.00x faster, 4.00x less mem)" in text
+    assert "- (too long)" in text
