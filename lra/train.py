@@ -230,6 +230,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     common.validate(config)
     task = lra.tasks.get(config.task)
     registry.capabilities(config.model)  # unknown model -> error listing the available ones
+    for name in ("batch_size", "eval_batch_size"):
+        if config[name] % jax.device_count():
+            raise ConfigError(f"config.{name}={config[name]} is not divisible by the "
+                              f"{jax.device_count()} devices")
     data = _load_data(config, task)
     try:
         model = build_model(config, task)
@@ -249,9 +253,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                          axis_types=(jax.sharding.AxisType.Auto,))
     replicated = NamedSharding(mesh, P())
     batch_sharding = NamedSharding(mesh, P("data"))
-    if config.batch_size % jax.device_count():
-        raise ConfigError(f"config.batch_size={config.batch_size} is not divisible by the "
-                          f"{jax.device_count()} devices")
     state = jax.device_put(state, replicated)
 
     train_step, eval_step = make_steps(graphdef, tx, schedule, task.num_classes)
