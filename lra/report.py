@@ -1,0 +1,169 @@
+r"""Turn a directory of runs into LRA's Table 1 and Figure 3.
+
+  python -m lra.report workdirs/sweep_listops_mini [--out=<dir>]
+
+Reads every `results.json` below the directory (any depth; e.g. a `lra.sweep` directory)
+and writes, into `--out` (default: the directory itself):
+  results.md / results.csv  test accuracy (%) per model (rows) and task (columns), mean over
+                            seeds (± std when several), the average over tasks, and the
+                            majority-class baseline of each task in its own row;
+  efficiency_accuracy.png   LRA's Figure 3: mean accuracy against training speed (steps/s
+                            relative to `transformer` on the same task), marker area from
+                            compiled training-step memory relative to `transformer`.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import statistics
+from collections import defaultdict
+
+from absl import app, flags
+
+TASK_ORDER = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("out", None, "Output directory (default: the input directory).")
+
+
+def collect(root: str) -> list[dict]:
+    """Every results.json under `root`."""
+    found = []
+    for dirpath, _, files in os.walk(root):
+        if "results.json" in files:
+            with open(os.path.join(dirpath, "results.json")) as f:
+                r = json.load(f)
+            r["_path"] = dirpath
+            found.append(r)
+    if not found:
+        raise FileNotFoundError(f"no results.json under {root}; run launch.py or lra.sweep first")
+    return found
+
+
+def summarize(results: list[dict]) -> dict[tuple[str, str], dict]:
+    """(task, model) -> mean/std test accuracy, seeds, speed, memory, baseline."""
+    groups = defaultdict(list)
+    for r in results:
+        groups[(r["task"], r["model"])].append(r)
+
+    def mean(rs, key):
+        values = [r[key] for r in rs if r.get(key) is not None]
+        return statistics.fmean(values) if values else None
+
+    return {key: {
+        "accuracy": mean(rs, "test_accuracy"),
+        "std": statistics.stdev([r["test_accuracy"] for r in rs]) if len(rs) > 1 else None,
+        "seeds": len(rs),
+        "steps_per_sec": mean(rs, "train_steps_per_sec"),
+        "memory_bytes": mean(rs, "train_step_temp_bytes"),
+        "baseline": mean(rs, "majority_baseline_accuracy"),
+    } for key, rs in groups.items()}
+
+
+def _tasks_models(summary):
+    tasks = [t for t in TASK_ORDER if any(k[0] == t for k in summary)]
+    tasks += sorted({k[0] for k in summary} - set(tasks))
+    models = sorted({k[1] for k in summary}, key=lambda m: (m != "transformer", m))
+    return tasks, models
+
+
+def table_rows(summary) -> tuple[list[str], list[list[str]]]:
+    tasks, models = _tasks_models(summary)
+    header = ["model", *tasks, "avg"]
+    rows = []
+    for m in models:
+        cells, accs = [], []
+        for t in tasks:
+            s = summary.get((t, m))
+            if s is None or s["accuracy"] is None:
+                cells.append("-")
+                continue
+            accs.append(s["accuracy"])
+            cell = f"{100 * s['accuracy']:.2f}"
+            if s["std"] is not None:
+                cell += f" ± {100 * s['std']:.2f}"
+            cells.append(cell)
+        # The average covers the tasks this model has; '*' marks a partial row.
+        avg = f"{100 * statistics.fmean(accs):.2f}" if accs else "-"
+        rows.append([m, *cells, avg + ("*" if 0 < len(accs) < len(tasks) else "")])
+    baselines = []
+    for t in tasks:
+        values = [s["baseline"] for (tt, _), s in summary.items() if tt == t and s["baseline"]]
+        baselines.append(f"{100 * statistics.fmean(values):.2f}" if values else "-")
+    rows.append(["(majority class)", *baselines, ""])
+    return header, rows
+
+
+def markdown(header, rows) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def plot(summary, path: str) -> None:
+    """Accuracy vs relative speed, marker area from relative memory (LRA Figure 3)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks, models = _tasks_models(summary)
+    points = []
+    for m in models:
+        speeds, mems, accs = [], [], []
+        for t in tasks:
+            s, base = summary.get((t, m)), summary.get((t, "transformer"))
+            if s is None or s["accuracy"] is None:
+                continue
+            accs.append(s["accuracy"])
+            if base and base["steps_per_sec"] and s["steps_per_sec"]:
+                speeds.append(s["steps_per_sec"] / base["steps_per_sec"])
+            if base and base["memory_bytes"] and s["memory_bytes"]:
+                mems.append(s["memory_bytes"] / base["memory_bytes"])
+        if accs:
+            points.append((m, statistics.fmean(speeds) if speeds else 1.0,
+                           100 * statistics.fmean(accs), statistics.fmean(mems) if mems else 1.0))
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for name, speed, acc, mem in points:
+        ax.scatter(speed, acc, s=400 * mem, alpha=0.5)
+        ax.annotate(name, (speed, acc), xytext=(0, 10), textcoords="offset points",
+                    ha="center", fontsize=8)
+    ax.set_xlabel("training speed relative to transformer (steps/s ratio)")
+    ax.set_ylabel(f"test accuracy, mean over {', '.join(tasks)} (%)")
+    ax.set_title("Accuracy vs speed; marker area = training-step memory vs transformer")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def report(root: str, out: str | None = None) -> dict[str, str]:
+    """Writes results.md, results.csv and efficiency_accuracy.png; returns their paths."""
+    out = out or root
+    os.makedirs(out, exist_ok=True)
+    summary = summarize(collect(root))
+    header, rows = table_rows(summary)
+    paths = {"markdown": os.path.join(out, "results.md"),
+             "csv": os.path.join(out, "results.csv"),
+             "plot": os.path.join(out, "efficiency_accuracy.png")}
+    with open(paths["markdown"], "w") as f:
+        f.write(markdown(header, rows) + "\n")
+    with open(paths["csv"], "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+    plot(summary, paths["plot"])
+    return paths
+
+
+def main(argv):
+    if len(argv) != 2:
+        raise app.UsageError("usage: python -m lra.report <directory of runs> [--out=<dir>]")
+    paths = report(argv[1], FLAGS.out)
+    print(open(paths["markdown"]).read())
+    print(f"Wrote {paths['markdown']}, {paths['csv']}, {paths['plot']}")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,58 @@
+"""lra.sweep runs and skips; lra.report tabulates and plots."""
+import json
+import os
+
+import pytest
+
+from lra import report, sweep
+
+
+def _write(root, task, model, seed, acc, sps=10.0, mem=1000, base=0.2):
+    d = os.path.join(root, task, model, f"seed{seed}")
+    os.makedirs(d)
+    with open(os.path.join(d, "results.json"), "w") as f:
+        json.dump({"task": task, "model": model, "test_accuracy": acc,
+                   "train_steps_per_sec": sps, "train_step_temp_bytes": mem,
+                   "majority_baseline_accuracy": base}, f)
+
+
+def test_report_table_csv_and_plot(tmp_path):
+    root = str(tmp_path)
+    _write(root, "listops", "transformer", 0, 0.30)
+    _write(root, "listops", "transformer", 1, 0.40)
+    _write(root, "text", "transformer", 0, 0.60, base=0.5)
+    _write(root, "listops", "linear", 0, 0.20, sps=20.0, mem=250)
+    paths = report.report(root)
+    text = open(paths["markdown"]).read()
+    assert "| model | listops | text | avg |" in text
+    # mean 35.00, sample std of (30, 40) = 7.07; average over both tasks = 47.50
+    assert "| transformer | 35.00 ± 7.07 | 60.00 | 47.50 |" in text
+    assert "| linear | 20.00 | - | 20.00* |" in text  # partial row marked
+    assert "| (majority class) | 20.00 | 50.00 |  |" in text
+    assert open(paths["csv"]).read().splitlines()[0] == "model,listops,text,avg"
+    with open(paths["plot"], "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_without_results(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no results.json"):
+        report.report(str(tmp_path))
+
+
+def test_sweep_runs_skips_and_records_failures(listops_dir, tmp_path):
+    common = dict(task="listops", seeds=[0], config_arg="runlocal", sweep_dir=str(tmp_path),
+                  overrides=[f"data_dir={listops_dir}", "max_length=48",
+                             "num_train_steps=2", "eval_frequency=2"], log=lambda _: None)
+    first = sweep.sweep(models=["transformer"], **common)
+    assert first["done"] == [("transformer", 0)]
+    results = os.path.join(sweep.run_dir(str(tmp_path), "listops", "transformer", 0),
+                           "results.json")
+    assert json.load(open(results))["steps"] == 2
+    again = sweep.sweep(models=["transformer"], **common)
+    assert again["skipped"] == [("transformer", 0)] and not again["done"]
+    bad = dict(common, overrides=common["overrides"] + ["learning_rate=oops"])
+    failed = sweep.sweep(models=["transformer"], **dict(bad, seeds=[1]))
+    assert failed["failed"] == [("transformer", 1)]
+    error = open(os.path.join(sweep.run_dir(str(tmp_path), "listops", "transformer", 1),
+                              "error.txt")).read()
+    assert "learning_rate" in error
