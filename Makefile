@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEMO_DATA := data/listops_mini
 DEMO_WORKDIR := workdirs/demo/listops_mini_transformer
 
-.PHONY: demo test venv clean-demo bench
+.PHONY: demo test venv clean-demo bench-kernels bench
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
@@ -34,3 +34,7 @@ test: $(STAMP)
 # Efficiency table of every registered mixer against transformer (CPU: minutes).
 bench: $(STAMP)
 	$(PYTHON) -m lra.benchmark --models=all --lengths=1024,2048,4096
+
+# make bench-kernels: Pallas linear attention vs its XLA path and dense attention (a table).
+bench-kernels: $(STAMP)
+	$(PYTHON) -m lra.bench_kernels

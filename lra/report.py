@@ -24,7 +24,12 @@ from absl import app, flags
 TASK_ORDER = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("out", None, "Output directory (default: the input directory).")
+
+
+def _define_flags() -> None:
+    # Defined only when run as a program, so importing this module (tests, notebooks,
+    # other tools) never claims global absl flag names.
+    flags.DEFINE_string("out", None, "Output directory (default: the input directory).")
 
 
 def collect(root: str) -> list[dict]:
@@ -166,4 +171,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)

@@ -22,13 +22,18 @@ from absl import app, flags
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("task", "listops", "Task config: configs/<task>.py.")
-flags.DEFINE_list("models", ["all"], "Registry names, or 'all'.")
-flags.DEFINE_string("config_arg", "", "Extra config arguments, e.g. 'mini' or 'runlocal'.")
-flags.DEFINE_list("seeds", ["0"], "Random seeds (config.random_seed).")
-flags.DEFINE_string("sweep_dir", None, "Directory that receives every run.")
-flags.DEFINE_multi_string("override", [], "Config overrides field=value, for every run.")
-flags.DEFINE_integer("timeout", 0, "Seconds per run before it is stopped (0 = none).")
+
+
+def _define_flags() -> None:
+    # Defined only when run as a program, so importing this module (tests, notebooks,
+    # other tools) never claims global absl flag names.
+    flags.DEFINE_string("task", "listops", "Task config: configs/<task>.py.")
+    flags.DEFINE_list("models", ["all"], "Registry names, or 'all'.")
+    flags.DEFINE_string("config_arg", "", "Extra config arguments, e.g. 'mini' or 'runlocal'.")
+    flags.DEFINE_list("seeds", ["0"], "Random seeds (config.random_seed).")
+    flags.DEFINE_string("sweep_dir", None, "Directory that receives every run.")
+    flags.DEFINE_multi_string("override", [], "Config overrides field=value, for every run.")
+    flags.DEFINE_integer("timeout", 0, "Seconds per run before it is stopped (0 = none).")
 
 
 def run_dir(sweep_dir: str, task: str, model: str, seed: int) -> str:
@@ -102,4 +107,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)

@@ -32,7 +32,7 @@ from configs import common
 from lra import checkpoint, input_pipeline
 from lra.errors import ConfigError, UserError
 from models import registry
-from models.encoder import Classifier
+from models.encoder import Classifier, DualClassifier
 
 # Fields that fix the shapes or the data order of a run; resuming with others is an error.
 RESUME_FIXED_FIELDS = (
@@ -97,7 +97,8 @@ def make_optimizer(config: ml_collections.ConfigDict,
 
 
 def build_model(config: ml_collections.ConfigDict, task: lra.tasks.Task) -> Classifier:
-    return Classifier(
+    model_class = DualClassifier if task.dual_input else Classifier
+    return model_class(
         vocab_size=task.vocab_size, num_classes=task.num_classes, max_len=config.max_length,
         model=config.model, model_hparams=config.model_hparams.to_dict(),
         emb_dim=config.emb_dim, num_heads=config.num_heads, num_layers=config.num_layers,
@@ -124,6 +125,14 @@ def _cross_entropy(logits_BxC, targets_B, num_classes):
     return -jnp.sum(jax.nn.one_hot(targets_B, num_classes) * logp_BxC, axis=-1)
 
 
+def _apply(model: Classifier, batch: dict, deterministic: bool) -> jax.Array:
+    """Logits of a batch; dual-input tasks (retrieval) also pass `inputs2`/`mask2`."""
+    if "inputs2" in batch:
+        return model(batch["inputs"], batch["mask"], batch["inputs2"], batch["mask2"],
+                     deterministic=deterministic)
+    return model(batch["inputs"], batch["mask"], deterministic=deterministic)
+
+
 def make_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
                schedule: optax.Schedule, num_classes: int):
     """The pure train and eval step functions (jitted by the caller)."""
@@ -132,7 +141,7 @@ def make_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
         model = nnx.merge(graphdef, state["params"], state["rest"])
 
         def loss_fn(model):
-            logits = model(batch["inputs"], batch["mask"], deterministic=False)
+            logits = _apply(model, batch, deterministic=False)
             aux = _aux_loss(model)
             ce = jnp.mean(_cross_entropy(logits, batch["targets"], num_classes))
             return ce + aux, (ce, aux, logits)
@@ -157,7 +166,7 @@ def make_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
 
     def eval_step(weights, batch):
         model = nnx.merge(graphdef, weights["params"], weights["rest"])
-        logits = model(batch["inputs"], batch["mask"], deterministic=True)
+        logits = _apply(model, batch, deterministic=True)
         w = batch["weights"]
         return {
             "loss_sum": jnp.sum(w * _cross_entropy(logits, batch["targets"], num_classes)),

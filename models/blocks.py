@@ -35,6 +35,7 @@ class EncoderBlock(nnx.Module):
                  model: str = "transformer", model_hparams: Mapping[str, Any] | None = None,
                  causal: bool = False, dropout_rate: float = 0.1, rngs: nnx.Rngs):
         self.mixer_norm = layers.layer_norm(dim, rngs=rngs)
+        self.carries_state = registry.capabilities(model).carries_state
         self.mixer = registry.build(model, dim=dim, num_heads=num_heads, max_len=max_len,
                                     causal=causal, rngs=rngs, **dict(model_hparams or {}))
         self.dropout = nnx.Dropout(dropout_rate, rngs=rngs)
@@ -42,8 +43,15 @@ class EncoderBlock(nnx.Module):
         self.mlp = MlpBlock(dim=dim, mlp_dim=mlp_dim, dropout_rate=dropout_rate, rngs=rngs)
 
     def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None = None, *,
-                 deterministic: bool) -> jax.Array:
-        y_BxLxD = self.mixer(self.mixer_norm(x_BxLxD), padding_mask=padding_mask,
-                             deterministic=deterministic)
+                 deterministic: bool, carry: Any = None) -> Any:
+        """Returns x, or (x, new_carry) when the mixer carries state between layers."""
+        h_BxLxD = self.mixer_norm(x_BxLxD)
+        if self.carries_state:
+            y_BxLxD, carry = self.mixer(h_BxLxD, padding_mask=padding_mask,
+                                        deterministic=deterministic, carry=carry)
+        else:
+            y_BxLxD = self.mixer(h_BxLxD, padding_mask=padding_mask,
+                                 deterministic=deterministic)
         x_BxLxD = x_BxLxD + self.dropout(y_BxLxD, deterministic=deterministic)
-        return x_BxLxD + self.mlp(self.mlp_norm(x_BxLxD), deterministic=deterministic)
+        x_BxLxD = x_BxLxD + self.mlp(self.mlp_norm(x_BxLxD), deterministic=deterministic)
+        return (x_BxLxD, carry) if self.carries_state else x_BxLxD

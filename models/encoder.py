@@ -105,8 +105,13 @@ class Encoder(nnx.Module):
         if self.cls_token:
             mask_BxL = jnp.concatenate([jnp.ones((batch, 1), jnp.bool_), mask_BxL], axis=1)
         x_BxLxD = self.embeddings(inputs_BxL, deterministic=deterministic)
+        carry = None  # a state-carrying mixer (Luna) starts from its own initial state
         for block in self.blocks:
-            x_BxLxD = block(x_BxLxD, mask_BxL, deterministic=deterministic)
+            if block.carries_state:
+                x_BxLxD, carry = block(x_BxLxD, mask_BxL, deterministic=deterministic,
+                                       carry=carry)
+            else:
+                x_BxLxD = block(x_BxLxD, mask_BxL, deterministic=deterministic)
         return self.norm(x_BxLxD), mask_BxL
 
 
@@ -199,3 +204,29 @@ class Classifier(nnx.Module):
         encoded_BxLxD, mask_BxL = self.encoder(inputs_BxL, mask_BxL,
                                                deterministic=deterministic)
         return self.head(pool(encoded_BxLxD, mask_BxL, self.pooling))
+
+
+class DualClassifier(Classifier):
+    """LRA's dual encoder (retrieval): one shared Encoder for both documents, pooled, and
+    a ClassifierHead on [x1, x2, x1 * x2, x1 - x2]."""
+
+    def __init__(self, *, num_classes: int, emb_dim: int = 512, mlp_dim: int = 1024,
+                 rngs: nnx.Rngs, **kwargs: Any):
+        super().__init__(num_classes=num_classes, emb_dim=emb_dim, mlp_dim=mlp_dim,
+                         rngs=rngs, **kwargs)
+        # Replaces the single-input head: this one sees the four pooled features.
+        self.head = ClassifierHead(in_dim=4 * emb_dim, mlp_dim=mlp_dim,
+                                   num_classes=num_classes, rngs=rngs)
+
+    def __call__(self, inputs_BxL: jax.Array, mask_BxL: jax.Array | None = None,
+                 inputs2_BxL: jax.Array | None = None, mask2_BxL: jax.Array | None = None, *,
+                 deterministic: bool) -> jax.Array:
+        if inputs2_BxL is None:
+            raise ValueError("DualClassifier needs two inputs (inputs2_BxL is missing)")
+        pooled = []
+        for inputs, mask in ((inputs_BxL, mask_BxL), (inputs2_BxL, mask2_BxL)):
+            encoded_BxLxD, mask = self.encoder(inputs, mask, deterministic=deterministic)
+            pooled.append(pool(encoded_BxLxD, mask, self.pooling))
+        x1_BxD, x2_BxD = pooled
+        return self.head(jnp.concatenate([x1_BxD, x2_BxD, x1_BxD * x2_BxD, x1_BxD - x2_BxD],
+                                         axis=-1))

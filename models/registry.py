@@ -61,6 +61,10 @@ class Capabilities:
     # query/key/value/out weights; None when there is no such limit.
     dense_equivalent: dict[str, Any] | None = None
     test_hparams: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The mixer threads a state from one layer to the next (e.g. Luna's packed
+    # sequence): it is called `mixer(x, padding_mask=..., deterministic=...,
+    # carry=carry_or_None) -> (y, new_carry)`, with carry=None in the first layer.
+    carries_state: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,5 +1,12 @@
 """Shared fixtures: tiny generated datasets and tiny configs."""
-import pytest
+import os
+
+# jax's default "partitionable" threefry makes XLA:CPU compile every random draw (parameter
+# init, dropout) 3-8x slower; the suite compiles thousands of them. The flag changes which
+# random numbers a seed gives, not their distribution, and subprocesses inherit it.
+os.environ.setdefault("JAX_THREEFRY_PARTITIONABLE", "false")
+
+import pytest  # noqa: E402
 
 TINY_LISTOPS = dict(num_train_samples=256, num_valid_samples=64, num_test_samples=64,
                     min_length=5, max_length=40, max_depth=3, max_args=4, seed=0)

@@ -126,9 +126,17 @@ def build_transformer(*, dim: int, num_heads: int, max_len: int, causal: bool,
                       attention_dropout: float = 0.1, use_bias: bool = True,
                       attention_impl: str = "dense") -> MultiHeadAttention:
     del max_len  # any length works
-    if attention_impl != "dense":  # blocksparse / pallas arrive with the masks and kernels
+    if attention_impl == "blocksparse":  # the full pattern through the block-sparse path
+        from models import masks  # noqa: PLC0415  (sparse imports this module)
+        from models.attention.sparse import PatternAttention  # noqa: PLC0415
+        return PatternAttention(pattern=masks.all_(), dim=dim, num_heads=num_heads,
+                                causal=causal, qkv_dim=qkv_dim,
+                                attention_dropout=attention_dropout, use_bias=use_bias,
+                                attention_impl="blocksparse", block_size=64, rngs=rngs)
+    if attention_impl != "dense":  # pallas arrives with the kernels
         raise registry.RegistryError(
-            f"transformer: attention_impl={attention_impl!r} is not available; use 'dense'")
+            f"transformer: attention_impl={attention_impl!r} is not available; use 'dense' "
+            "or 'blocksparse'")
     return MultiHeadAttention(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
                               attention_dropout=attention_dropout, use_bias=use_bias,
                               rngs=rngs)

@@ -23,10 +23,27 @@ DENSE_PARAMS = ("query", "key", "value", "out")
 VARIANTS = registry.available()
 
 
+class ThroughCarry(nnx.Module):
+    """A `carries_state` mixer as a plain one: the output of a second call fed the carry
+    of a first, so every check covers both the initial and a carried state."""
+
+    def __init__(self, mixer: nnx.Module):
+        self.mixer = mixer
+
+    def __call__(self, x, padding_mask=None, deterministic=True):
+        _, carry = self.mixer(x, padding_mask=padding_mask, deterministic=deterministic,
+                              carry=None)
+        y, _ = self.mixer(x, padding_mask=padding_mask, deterministic=deterministic,
+                          carry=carry)
+        return y
+
+
 def build(name: str, *, causal: bool = False, **overrides) -> nnx.Module:
-    hparams = {**registry.capabilities(name).test_hparams, **overrides}
-    return registry.build(name, dim=DIM, num_heads=HEADS, max_len=MAX_LEN, causal=causal,
-                          rngs=nnx.Rngs(params=0, dropout=1), **hparams)
+    caps = registry.capabilities(name)
+    hparams = {**caps.test_hparams, **overrides}
+    mixer = registry.build(name, dim=DIM, num_heads=HEADS, max_len=MAX_LEN, causal=causal,
+                           rngs=nnx.Rngs(params=0, dropout=1), **hparams)
+    return ThroughCarry(mixer) if caps.carries_state else mixer
 
 
 def normal(seed: int, shape: tuple[int, ...]) -> jax.Array:

@@ -1,0 +1,47 @@
+r"""Image (LRA): CIFAR-10 (10 classes) as 1024 grayscale pixel tokens.
+
+LRA's setting (the default here): batch 256, lr 5e-4 with `constant * linear_warmup *
+cosine_decay`, 200 epochs (45,000 training images / 256 = 175 steps an epoch, so 35,000
+steps; warmup one epoch), emb 128 / 8 heads / 1 layer / qkv 64 / mlp 128, CLS pooling.
+Validation = the last 5,000 training images (`--config.task_options.validation=test` uses
+the test set, as some LRA reproductions do); see lra/tasks/image.py.
+
+  # unpack cifar-10-python.tar.gz into data/image (data/image/cifar-10-batches-py/...)
+  python launch.py --config=configs/image.py:model=transformer \
+      --workdir=workdirs/image/transformer
+
+Arguments after the colon (comma separated):
+  model=<name>   any name in models.registry.available() (default transformer)
+  runlocal       tiny model, 20 steps of batch 8 (still 1024 pixels): about a minute on
+                 2 CPU cores
+"""
+from configs import common
+
+EPOCH_STEPS = 45_000 // 256
+
+
+def get_config(arg: str | None = None):
+    arg = common.parse_arg(arg, model="transformer", runlocal=False)
+    c = common.base_config(task="image", model=arg.model)
+    c.task_options.validation = "holdout"
+    c.max_length = 1024
+    c.batch_size = 256
+    c.learning_rate = 5e-4
+    c.factors = "constant * linear_warmup * cosine_decay"
+    c.warmup = EPOCH_STEPS
+    c.num_train_steps = 200 * EPOCH_STEPS
+    c.eval_frequency = EPOCH_STEPS
+    c.checkpoint_freq = EPOCH_STEPS
+    c.emb_dim, c.num_heads, c.num_layers, c.qkv_dim, c.mlp_dim = 128, 8, 1, 64, 128
+    c.pooling = "CLS"
+
+    if arg.runlocal:
+        c.batch_size = 8
+        c.warmup = 5
+        c.num_train_steps = 20
+        c.eval_frequency = 10
+        c.num_eval_steps = 2
+        c.checkpoint_freq = 10
+        c.log_every_steps = 5
+        c.emb_dim, c.num_heads, c.num_layers, c.qkv_dim, c.mlp_dim = 32, 2, 1, 32, 64
+    return c

@@ -1,0 +1,51 @@
+r"""Pathfinder (LRA): are the two circles in a 32x32 image joined by one contour? (2 classes)
+
+LRA's setting (the default here): the `hard` level (contour length 14), 1024 pixel tokens,
+batch 512, lr 1e-3 with `constant * linear_warmup * cosine_decay`, 200 epochs of the 160k
+training images (312 steps an epoch: 62,500 steps; warmup one epoch), emb 32 / 4 heads /
+4 layers / qkv 16 / mlp 32, MEAN pooling. Splits: 80/10/10 of one difficulty folder.
+
+  python -m lra.tasks.pathfinder --output_dir=data/pathfinder --resolution=32 \
+      --difficulty=hard --num_images=200000 --workers=2
+  python launch.py --config=configs/pathfinder.py:model=transformer \
+      --workdir=workdirs/pathfinder/transformer
+
+LRA's release works too: --config.data_dir=<...>/lra_release (the folder holding
+pathfinder32/). Other levels and sizes: --config.task_options.difficulty=easy|intermediate,
+--config.task_options.resolution=64 --config.max_length=4096.
+
+Arguments after the colon (comma separated):
+  model=<name>   any name in models.registry.available() (default transformer)
+  runlocal       tiny model, 20 steps of batch 8: about a minute on 2 CPU cores
+"""
+from configs import common
+
+EPOCH_STEPS = 160_000 // 512
+
+
+def get_config(arg: str | None = None):
+    arg = common.parse_arg(arg, model="transformer", runlocal=False)
+    c = common.base_config(task="pathfinder", model=arg.model)
+    c.task_options.resolution = 32
+    c.task_options.difficulty = "hard"
+    c.max_length = 32 * 32
+    c.batch_size = 512
+    c.learning_rate = 1e-3
+    c.factors = "constant * linear_warmup * cosine_decay"
+    c.warmup = EPOCH_STEPS
+    c.num_train_steps = 200 * EPOCH_STEPS
+    c.eval_frequency = EPOCH_STEPS
+    c.checkpoint_freq = EPOCH_STEPS
+    c.emb_dim, c.num_heads, c.num_layers, c.qkv_dim, c.mlp_dim = 32, 4, 4, 16, 32
+    c.pooling = "MEAN"
+
+    if arg.runlocal:
+        c.batch_size = 8
+        c.warmup = 5
+        c.num_train_steps = 20
+        c.eval_frequency = 10
+        c.num_eval_steps = 2
+        c.checkpoint_freq = 10
+        c.log_every_steps = 5
+        c.emb_dim, c.num_heads, c.num_layers, c.qkv_dim, c.mlp_dim = 32, 2, 1, 16, 32
+    return c

@@ -1,0 +1,52 @@
+r"""Path-X (LRA): Pathfinder at 128x128, i.e. 16,384 pixel tokens (2 classes).
+
+LRA's setting (the default here): the `hard` level, batch 64, lr 1e-3 with
+`constant * linear_warmup * cosine_decay`, gradient clipping at norm 1, emb 32 / 2 heads /
+1 layer / qkv 16 / mlp 32, MEAN pooling. LRA does not list Path-X's step count; this uses
+Pathfinder's 200 epochs of 160k images at batch 64 (500,000 steps). Every LRA model failed
+Path-X (chance accuracy).
+
+  python -m lra.tasks.pathfinder --output_dir=data/pathfinder --resolution=128 \
+      --difficulty=hard --num_images=200000 --workers=2
+  python launch.py --config=configs/pathx.py:model=transformer \
+      --workdir=workdirs/pathx/transformer
+
+Arguments after the colon (comma separated):
+  model=<name>   any name in models.registry.available() (default transformer)
+  runlocal       tiny model on 32x32 images (task_options.resolution=32, max_length 1024),
+                 20 steps of batch 8: about a minute on 2 CPU cores. 128x128 images are
+                 too long for a CPU smoke test.
+"""
+from configs import common
+
+EPOCH_STEPS = 160_000 // 64
+
+
+def get_config(arg: str | None = None):
+    arg = common.parse_arg(arg, model="transformer", runlocal=False)
+    c = common.base_config(task="pathx", model=arg.model)
+    c.task_options.resolution = 128
+    c.task_options.difficulty = "hard"
+    c.max_length = 128 * 128
+    c.batch_size = 64
+    c.learning_rate = 1e-3
+    c.factors = "constant * linear_warmup * cosine_decay"
+    c.grad_clip_norm = 1.0
+    c.warmup = EPOCH_STEPS
+    c.num_train_steps = 200 * EPOCH_STEPS
+    c.eval_frequency = EPOCH_STEPS
+    c.checkpoint_freq = EPOCH_STEPS
+    c.emb_dim, c.num_heads, c.num_layers, c.qkv_dim, c.mlp_dim = 32, 2, 1, 16, 32
+    c.pooling = "MEAN"
+
+    if arg.runlocal:
+        c.task_options.resolution = 32
+        c.max_length = 32 * 32
+        c.batch_size = 8
+        c.warmup = 5
+        c.num_train_steps = 20
+        c.eval_frequency = 10
+        c.num_eval_steps = 2
+        c.checkpoint_freq = 10
+        c.log_every_steps = 5
+    return c

@@ -1,0 +1,40 @@
+r"""Text (LRA): IMDB sentiment (2 classes) from raw bytes.
+
+LRA's setting (the default here): byte-level tokens, max_length 1000 (the paper: 4000),
+batch 32, lr 0.05 with `constant * linear_warmup * rsqrt_decay` (warmup 8000), 20000 steps,
+emb 256 / 4 heads / 4 layers / qkv 256 / mlp 1024, CLS pooling. Validation = test split, as
+in LRA (see lra/tasks/text.py).
+
+  # unpack aclImdb_v1.tar.gz into data/text (data/text/aclImdb/{train,test}/{pos,neg})
+  python launch.py --config=configs/text.py:model=transformer \
+      --workdir=workdirs/text/transformer
+
+Arguments after the colon (comma separated):
+  model=<name>   any name in models.registry.available() (default transformer)
+  runlocal       tiny model, 128 bytes and 20 steps: about a minute on 2 CPU cores
+"""
+from configs import common
+
+
+def get_config(arg: str | None = None):
+    arg = common.parse_arg(arg, model="transformer", runlocal=False)
+    c = common.base_config(task="text", model=arg.model)
+    c.max_length = 1000
+    c.batch_size = 32
+    c.learning_rate = 0.05
+    c.warmup = 8000
+    c.num_train_steps = 20000
+    c.emb_dim, c.num_heads, c.num_layers, c.qkv_dim, c.mlp_dim = 256, 4, 4, 256, 1024
+    c.pooling = "CLS"
+
+    if arg.runlocal:
+        c.max_length = 128
+        c.batch_size = 8
+        c.warmup = 5
+        c.num_train_steps = 20
+        c.eval_frequency = 10
+        c.num_eval_steps = 2
+        c.checkpoint_freq = 10
+        c.log_every_steps = 5
+        c.emb_dim, c.num_heads, c.num_layers, c.qkv_dim, c.mlp_dim = 32, 2, 1, 32, 64
+    return c

@@ -1,0 +1,153 @@
+r"""Kernel benchmark: Pallas linear attention against its XLA path and dense attention.
+
+  python -m lra.bench_kernels --lengths=1024,2048,4096,8192,16384   (make bench-kernels)
+
+For each length L and mode (causal, full) on random `[B, H, L, D]` inputs (positive
+features for linear attention), reports the median wall time of the forward and of the
+forward+backward (`jax.vjp` with a random cotangent, under `jax.jit`), the achieved
+TFLOP/s of the Pallas kernels, and the speed ratios (other time / Pallas time, so > 1
+means the kernel is faster) to `backend="xla"` (the same chunked algorithm under
+`lax.scan`) and to dense softmax attention (`jax.nn.dot_product_attention`, cuDNN where
+it takes the shape, else XLA) at the same shape.
+
+FLOPs are those of the chunked algorithm (the masked C x C products counted in full):
+per position 2C(K + V) + 4KV causal, 4KV non-causal, forward; forward+backward counted as
+3x forward, the usual convention. On CPU the Pallas kernels would run in the
+interpreter, which times nothing useful: they are skipped unless `--interpret`.
+Markdown goes to stdout, progress to stderr.
+"""
+from __future__ import annotations
+
+import functools
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from models.kernels.linear_attention import linear_attention, make_config
+
+FLAGS = flags.FLAGS
+def _define_flags() -> None:
+    # Defined only when run as a program, so importing this module never claims global
+    # absl flag names.
+    flags.DEFINE_list("lengths", ["1024", "2048", "4096", "8192", "16384"], "Sequence lengths.")
+    flags.DEFINE_list("modes", ["causal", "full"], "causal and/or full (non-causal).")
+    flags.DEFINE_integer("batch_size", 8, "Batch size.")
+    flags.DEFINE_integer("num_heads", 16, "Heads.")
+    flags.DEFINE_integer("head_dim", 64, "Feature and value dimension per head.")
+    flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "Input dtype.")
+    flags.DEFINE_integer("chunk_size", None, "Chunk size (default: the backend's).")
+    flags.DEFINE_integer("repeats", 20, "Timed calls per cell (the median is reported).")
+    flags.DEFINE_bool("interpret", False, "Time the Pallas kernels in the interpreter on CPU.")
+    flags.DEFINE_bool("dense", True, "Include dense softmax attention.")
+
+
+def _time(fn, *args, repeats: int) -> float | None:
+    """Median seconds per call after a warm-up; None when it does not fit or fails."""
+    try:
+        jax.block_until_ready(fn(*args))
+    except Exception as e:  # noqa: BLE001 - out of memory, unsupported shape: report n/a
+        print(f"  skipped: {type(e).__name__}: {str(e).splitlines()[0][:120]}", file=sys.stderr)
+        return None
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _fwd_and_fwd_bwd(attn):
+    fwd = jax.jit(attn)
+
+    @jax.jit
+    def fwd_bwd(q, k, v, g):
+        _, vjp = jax.vjp(attn, q, k, v)
+        return vjp(g)
+
+    return fwd, fwd_bwd
+
+
+def _dense(causal: bool):
+    """Softmax attention in its own [B, L, H, D] layout: cuDNN if it takes it, else XLA."""
+    def attn(q, k, v, implementation):
+        out = jax.nn.dot_product_attention(*(x.swapaxes(1, 2) for x in (q, k, v)),
+                                           is_causal=causal, implementation=implementation)
+        return out.swapaxes(1, 2)
+
+    impls = ["cudnn", "xla"] if jax.default_backend() == "gpu" else ["xla"]
+    return [(impl, functools.partial(attn, implementation=impl)) for impl in impls]
+
+
+def linear_flops(batch: int, heads: int, length: int, dim: int, chunk: int,
+                 causal: bool) -> float:
+    per_position = 2 * chunk * 2 * dim + 4 * dim * dim if causal else 4 * dim * dim
+    return float(batch * heads * length * per_position)
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def _ratio(other: float | None, mine: float | None) -> str:
+    return "n/a" if other is None or mine is None else f"{other / mine:.2f}x"
+
+
+def main(argv):
+    del argv
+    dtype = jnp.dtype(FLAGS.dtype)
+    b, h, d = FLAGS.batch_size, FLAGS.num_heads, FLAGS.head_dim
+    run_pallas = jax.default_backend() != "cpu" or FLAGS.interpret
+    print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}, B={b} H={h} "
+          f"D={d} {FLAGS.dtype}; ratios = other time / Pallas time\n")
+    print("| L | mode | Pallas fwd ms | Pallas fwd+bwd ms | TFLOP/s fwd | TFLOP/s fwd+bwd "
+          "| XLA fwd ms | XLA fwd+bwd ms | vs XLA fwd | vs XLA fwd+bwd | dense fwd+bwd ms "
+          "| vs dense fwd | vs dense fwd+bwd |")
+    print("|" + "---|" * 13)
+    rng = np.random.default_rng(0)
+    for length in map(int, FLAGS.lengths):
+        shape = (b, h, length, d)
+        q, k = (jax.nn.elu(jnp.asarray(rng.standard_normal(shape, np.float32))).astype(dtype)
+                + 1 for _ in range(2))
+        v, g = (jnp.asarray(rng.standard_normal(shape, np.float32), dtype) for _ in range(2))
+        for mode in FLAGS.modes:
+            causal = mode == "causal"
+            print(f"L={length} {mode}", file=sys.stderr)
+            times = {}
+            for name, backend in (("pallas", "pallas"), ("xla", "xla")):
+                if name == "pallas" and not run_pallas:
+                    times[name] = (None, None)
+                    continue
+                attn = functools.partial(linear_attention, causal=causal, backend=backend,
+                                         chunk_size=FLAGS.chunk_size)
+                fwd, fwd_bwd = _fwd_and_fwd_bwd(attn)
+                times[name] = (_time(fwd, q, k, v, repeats=FLAGS.repeats),
+                               _time(fwd_bwd, q, k, v, g, repeats=FLAGS.repeats))
+            times["dense"], dense_impl = (None, None), "none"
+            for impl, attn in (_dense(causal) if FLAGS.dense else []):
+                fwd, fwd_bwd = _fwd_and_fwd_bwd(attn)
+                fb = _time(fwd_bwd, q, k, v, g, repeats=FLAGS.repeats)
+                if fb is not None:
+                    times["dense"] = (_time(fwd, q, k, v, repeats=FLAGS.repeats), fb)
+                    dense_impl = impl
+                    break
+            chunk = make_config(q, causal=causal, chunk_size=FLAGS.chunk_size).chunk
+            flops = linear_flops(b, h, length, d, chunk, causal)
+            pf, pfb = times["pallas"]
+            tf_f = None if pf is None else flops / pf / 1e12
+            tf_fb = None if pfb is None else 3 * flops / pfb / 1e12
+            ms = lambda t: _fmt(None if t is None else t * 1e3, ".2f")  # noqa: E731
+            print(f"| {length} | {mode} | {ms(pf)} | {ms(pfb)} | {_fmt(tf_f, '.1f')} | "
+                  f"{_fmt(tf_fb, '.1f')} | {ms(times['xla'][0])} | {ms(times['xla'][1])} | "
+                  f"{_ratio(times['xla'][0], pf)} | {_ratio(times['xla'][1], pfb)} | "
+                  f"{ms(times['dense'][1])} ({dense_impl}) | {_ratio(times['dense'][0], pf)} | "
+                  f"{_ratio(times['dense'][1], pfb)} |", flush=True)
+
+
+if __name__ == "__main__":
+    _define_flags()
+    app.run(main)

@@ -1,0 +1,99 @@
+"""Text (LRA): IMDB sentiment from raw bytes, read from the standard `aclImdb` folder.
+
+Download `aclImdb_v1.tar.gz` (https://ai.stanford.edu/~amaas/data/sentiment/), unpack it
+and point `--config.data_dir` at the folder that holds `aclImdb/` (or at `aclImdb/`
+itself). The reader takes `aclImdb/{train,test}/{pos,neg}/*.txt`; `unsup/` is ignored.
+
+Tokens are LRA's byte-level ids (tfds `ByteTextEncoder`): byte b -> b + 1, so id 0 is
+padding and the vocabulary has 257 ids. Reviews longer than `max_length` bytes keep their
+first `max_length` bytes (LRA's config uses 1000; the paper 4000).
+
+Splits, as LRA's text task: train = `aclImdb/train`; validation and test are both
+`aclImdb/test` (LRA evaluated on the test set during training). Examples are in sorted
+file-name order, negatives then positives. TFDS `imdb_reviews` directories are not read:
+they hold TFRecords of `tf.train.Example`, which need TensorFlow to parse.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from lra.errors import DataError
+from lra.tasks import registry
+
+NUM_CLASSES = 2
+BYTE_OFFSET = 1  # id 0 is padding
+VOCAB_SIZE = 256 + BYTE_OFFSET
+MAX_LENGTH = 1000
+LABELS = {"neg": 0, "pos": 1}
+HOW_TO_GET_DATA = (
+    "download aclImdb_v1.tar.gz from https://ai.stanford.edu/~amaas/data/sentiment/, unpack "
+    "it into <dir> (giving <dir>/aclImdb/{train,test}/{pos,neg}/*.txt), then set "
+    "--config.data_dir=<dir>"
+)
+# LRA's text task evaluated on the test set: there is no separate validation split.
+SPLIT_FOLDERS = {"train": "train", "val": "test", "test": "test"}
+
+
+def encode_bytes(texts: list[bytes], max_length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Byte strings -> (ids_NxL int32 right-padded with 0, mask_NxL), truncated."""
+    inputs = np.zeros((len(texts), max_length), dtype=np.int32)
+    lengths = np.zeros(len(texts), dtype=np.int64)
+    for i, text in enumerate(texts):
+        ids = np.frombuffer(text[:max_length], dtype=np.uint8)
+        inputs[i, :len(ids)] = ids.astype(np.int32) + BYTE_OFFSET
+        lengths[i] = len(ids)
+    return inputs, np.arange(max_length) < lengths[:, None]
+
+
+def find_imdb_root(data_dir: str) -> str:
+    """The aclImdb folder: <data_dir>/aclImdb, or data_dir itself."""
+    if os.path.isdir(os.path.join(data_dir, "aclImdb")):
+        return os.path.join(data_dir, "aclImdb")
+    if any(os.path.isdir(os.path.join(data_dir, s)) for s in ("train", "test")):
+        return data_dir
+    raise DataError(f"IMDB folder aclImdb/ not found in {data_dir}; {HOW_TO_GET_DATA}")
+
+
+def read_split(data_dir: str, split: str, max_length: int) -> dict[str, np.ndarray]:
+    """Reads one split of aclImdb into inputs/mask/targets."""
+    if split not in registry.SPLITS:
+        raise ValueError(f"split must be one of {registry.SPLITS}, got {split!r}")
+    if max_length < 1:
+        raise ValueError(f"max_length must be >= 1, got {max_length}")
+    root = find_imdb_root(data_dir)
+    texts: list[bytes] = []
+    targets: list[int] = []
+    for name, label in LABELS.items():
+        folder = os.path.join(root, SPLIT_FOLDERS[split], name)
+        if not os.path.isdir(folder):
+            raise DataError(f"IMDB folder {folder} does not exist; {HOW_TO_GET_DATA}")
+        files = sorted(f for f in os.listdir(folder) if f.endswith(".txt"))
+        if not files:
+            raise DataError(f"IMDB folder {folder} has no .txt reviews; {HOW_TO_GET_DATA}")
+        for file in files:
+            path = os.path.join(folder, file)
+            with open(path, "rb") as f:
+                text = f.read()
+            if not text.strip():
+                raise DataError(f"{path}: the review is empty")
+            texts.append(text)
+            targets.append(label)
+    inputs, mask = encode_bytes(texts, max_length)
+    return {"inputs": inputs, "mask": mask, "targets": np.array(targets, dtype=np.int32)}
+
+
+def _read(data_dir: str, split: str, max_length: int) -> dict[str, np.ndarray]:
+    return read_split(data_dir, split, max_length)
+
+
+registry.register(registry.Task(
+    name="text",
+    num_classes=NUM_CLASSES,
+    vocab_size=VOCAB_SIZE,
+    max_length=MAX_LENGTH,
+    reader=_read,
+    default_data_dir="data/text",
+    how_to_get_data=HOW_TO_GET_DATA,
+))

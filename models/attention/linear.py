@@ -1,0 +1,627 @@
+"""Kernelised (linear-cost) attention: `linear`, `performer`, `rfa`, `fast_weight`.
+
+All four replace softmax(q k^T) by a feature map phi applied to queries and keys,
+so attention becomes phi(Q) (phi(K)^T V): O(L) time, and causal attention is an RNN
+whose state is the d x dv matrix S = sum_j phi(k_j) v_j^T (plus a normaliser z).
+
+- `linear` (Katharopoulos et al., 2020): phi(x) = elu(x) + 1.
+- `performer` (Choromanski et al., 2021): FAVOR+ positive orthogonal random features
+  (unbiased for softmax), or the generalised ReLU kernel; features redrawn in training.
+- `rfa` (Peng et al., 2021): sin/cos random features of L2-normalised q, k with a learned
+  per-head temperature, and an optional recency gate on the causal state.
+- `fast_weight` (Schlag et al., 2021): the delta-rule update of the fast-weight memory.
+
+The core math is in pure functions (`linear_attention`, `gated_linear_attention`,
+`delta_rule_attention`, the feature maps) so that kernels can be tested against them.
+Causal forms are chunked: exact (masked) attention inside a chunk of C positions, and a
+d x dv state carried across chunks by `jax.lax.scan`, so no per-position state is stored
+(the delta rule is a scan over time, rematerialised per chunk for the same reason).
+
+Choices beyond the papers (reasons at the code):
+- causal FAVOR+ stabilises keys with a running max instead of the paper code's global
+  max (which lets future keys reach past outputs), carried as an exact decay;
+- random features (performer, rfa) are one m x d projection per layer shared by the
+  heads, as in the Performer code; rfa redraws on the same schedule as performer;
+- rfa's gate exists only for causal=True; fast_weight with causal=False runs the same
+  recurrence and lets every query read the final memory.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from models import layers, registry
+from models.attention.dense import MultiHeadAttention
+
+DEFAULT_CHUNK = 64
+FEATURE_KERNELS = ("softmax", "relu")
+FAST_WEIGHT_MAPS = ("dpfp", "elu")
+
+
+# ----------------------------------------------------------------------------- core math
+
+
+def elu_feature_map(x: jax.Array) -> jax.Array:
+    """phi(x) = elu(x) + 1 (Katharopoulos et al.): positive, so normalisers are > 0."""
+    return jax.nn.elu(x) + 1.0
+
+
+def _pad_to_chunks(x_BxHxLxF: jax.Array, chunk: int) -> jax.Array:
+    """Zero-pads the length to a multiple of `chunk` and gives NxBxHxCxF (N chunks)."""
+    b, h, l, f = x_BxHxLxF.shape
+    n = -(-l // chunk)
+    x_BxHxLxF = jnp.pad(x_BxHxLxF, ((0, 0), (0, 0), (0, n * chunk - l), (0, 0)))
+    return x_BxHxLxF.reshape(b, h, n, chunk, f).transpose(2, 0, 1, 3, 4)
+
+
+@functools.partial(jax.jit, static_argnames=("chunk_size",))
+def _causal_num_den(phi_q_BxHxLxK: jax.Array, phi_k_BxHxLxK: jax.Array,
+                    v_BxHxLxD: jax.Array, log_g_BxHxL: jax.Array | None,
+                    chunk_size: int) -> tuple[jax.Array, jax.Array]:
+    """Numerator sum_j<=i w_ij (q_i.k_j) v_j and denominator sum_j<=i w_ij (q_i.k_j).
+
+    w_ij = prod_{j<s<=i} g_s (1 without a gate). Inside a chunk the CxC weights are
+    exact; across chunks the state S = sum_j w phi(k_j) v_j^T and z = sum_j w phi(k_j)
+    are carried by a scan, so memory is O(d dv) carried plus O(L/C d dv) saved for the
+    backward pass, never O(L d dv). Zero padding of the tail adds nothing to S or z.
+    """
+    b, h, l, _ = phi_q_BxHxLxK.shape
+    chunk = max(1, min(chunk_size, l))
+    f32 = jnp.float32
+    q_NxBxHxCxK = _pad_to_chunks(phi_q_BxHxLxK.astype(f32), chunk)
+    k_NxBxHxCxK = _pad_to_chunks(phi_k_BxHxLxK.astype(f32), chunk)
+    v_NxBxHxCxD = _pad_to_chunks(v_BxHxLxD.astype(f32), chunk)
+    gated = log_g_BxHxL is not None
+    if gated:
+        log_g_NxBxHxC = _pad_to_chunks(log_g_BxHxL.astype(f32)[..., None], chunk)[..., 0]
+    else:
+        log_g_NxBxHxC = jnp.zeros(q_NxBxHxCxK.shape[:-1], f32)
+    causal_CxC = jnp.tril(jnp.ones((chunk, chunk), jnp.bool_))
+
+    def body(carry, xs):
+        s_BxHxKxD, z_BxHxK = carry
+        q_BxHxCxK, k_BxHxCxK, v_BxHxCxD, log_g_BxHxC = xs
+        scores_BxHxCxC = jnp.einsum("bhik,bhjk->bhij", q_BxHxCxK, k_BxHxCxK)
+        if gated:
+            # Decay from key j to query i within the chunk: exp(b_i - b_j), b = cumsum log g.
+            cum_BxHxC = jnp.cumsum(log_g_BxHxC, axis=-1)
+            diff_BxHxCxC = cum_BxHxC[..., :, None] - cum_BxHxC[..., None, :]
+            # where() inside exp: masked (i < j) differences are positive and could overflow.
+            decay_BxHxCxC = jnp.exp(jnp.where(causal_CxC, diff_BxHxCxC, -jnp.inf))
+            scores_BxHxCxC = scores_BxHxCxC * decay_BxHxCxC
+            q_from_state_BxHxCxK = q_BxHxCxK * jnp.exp(cum_BxHxC)[..., None]
+            to_end_BxHxC = jnp.exp(cum_BxHxC[..., -1:] - cum_BxHxC)
+            k_to_state_BxHxCxK = k_BxHxCxK * to_end_BxHxC[..., None]
+            chunk_decay_BxHx1 = jnp.exp(cum_BxHxC[..., -1:])
+        else:
+            scores_BxHxCxC = jnp.where(causal_CxC, scores_BxHxCxC, 0.0)
+            q_from_state_BxHxCxK, k_to_state_BxHxCxK = q_BxHxCxK, k_BxHxCxK
+        num_BxHxCxD = (jnp.einsum("bhij,bhjd->bhid", scores_BxHxCxC, v_BxHxCxD)
+                       + jnp.einsum("bhik,bhkd->bhid", q_from_state_BxHxCxK, s_BxHxKxD))
+        den_BxHxC = (jnp.sum(scores_BxHxCxC, axis=-1)
+                     + jnp.einsum("bhik,bhk->bhi", q_from_state_BxHxCxK, z_BxHxK))
+        new_s = jnp.einsum("bhjk,bhjd->bhkd", k_to_state_BxHxCxK, v_BxHxCxD)
+        new_z = jnp.sum(k_to_state_BxHxCxK, axis=-2)
+        if gated:
+            new_s = new_s + chunk_decay_BxHx1[..., None] * s_BxHxKxD
+            new_z = new_z + chunk_decay_BxHx1 * z_BxHxK
+        else:
+            new_s, new_z = new_s + s_BxHxKxD, new_z + z_BxHxK
+        return (new_s, new_z), (num_BxHxCxD, den_BxHxC)
+
+    k_dim, d_dim = phi_q_BxHxLxK.shape[-1], v_BxHxLxD.shape[-1]
+    init = (jnp.zeros((b, h, k_dim, d_dim), f32), jnp.zeros((b, h, k_dim), f32))
+    _, (num_NxBxHxCxD, den_NxBxHxC) = jax.lax.scan(
+        body, init, (q_NxBxHxCxK, k_NxBxHxCxK, v_NxBxHxCxD, log_g_NxBxHxC))
+    n = num_NxBxHxCxD.shape[0]
+    num_BxHxLxD = num_NxBxHxCxD.transpose(1, 2, 0, 3, 4).reshape(b, h, n * chunk, d_dim)
+    den_BxHxL = den_NxBxHxC.transpose(1, 2, 0, 3).reshape(b, h, n * chunk)
+    return num_BxHxLxD[:, :, :l], den_BxHxL[:, :, :l]
+
+
+def _num_den(phi_q_BxHxLxK, phi_k_BxHxLxK, v_BxHxLxD, *, causal: bool,
+             chunk_size: int) -> tuple[jax.Array, jax.Array]:
+    if causal:
+        return _causal_num_den(phi_q_BxHxLxK, phi_k_BxHxLxK, v_BxHxLxD, None, chunk_size)
+    f32 = jnp.float32
+    phi_q, phi_k = phi_q_BxHxLxK.astype(f32), phi_k_BxHxLxK.astype(f32)
+    kv_BxHxKxD = jnp.einsum("bhlk,bhld->bhkd", phi_k, v_BxHxLxD.astype(f32))
+    num_BxHxLxD = jnp.einsum("bhlk,bhkd->bhld", phi_q, kv_BxHxKxD)
+    den_BxHxL = jnp.einsum("bhlk,bhk->bhl", phi_q, jnp.sum(phi_k, axis=-2))
+    return num_BxHxLxD, den_BxHxL
+
+
+def linear_attention(phi_q_BxHxLxK: jax.Array, phi_k_BxHxLxK: jax.Array,
+                     v_BxHxLxD: jax.Array, *, causal: bool,
+                     chunk_size: int = DEFAULT_CHUNK, eps: float = 1e-6) -> jax.Array:
+    """phi(Q) (phi(K)^T V) / (phi(Q) phi(K)^T 1 + eps) on feature-mapped inputs; BxHxLxD.
+
+    Inputs are ALREADY feature-mapped (positive features, so the denominator is > 0).
+    Padding is the caller's job: zero `phi_k` (and `v`) at padded key positions; a zero
+    key adds nothing to the numerator or the denominator. Outputs at padded query
+    positions are whatever their (real) keys give and should be ignored.
+
+    causal=True: output i uses keys j <= i, computed chunk by chunk (`chunk_size`,
+    any L; the tail is zero-padded internally); the result does not depend on
+    `chunk_size` beyond float rounding. Computed in float32, returned in v's dtype.
+    """
+    num, den = _num_den(phi_q_BxHxLxK, phi_k_BxHxLxK, v_BxHxLxD, causal=causal,
+                        chunk_size=chunk_size)
+    return (num / (den[..., None] + eps)).astype(v_BxHxLxD.dtype)
+
+
+def gated_linear_attention(phi_q_BxHxLxK: jax.Array, phi_k_BxHxLxK: jax.Array,
+                           v_BxHxLxD: jax.Array, log_g_BxHxL: jax.Array, *,
+                           chunk_size: int = DEFAULT_CHUNK, eps: float = 1e-6) -> jax.Array:
+    """Causal attention with a decaying state: S_t = g_t S_{t-1} + phi(k_t) v_t^T.
+
+    z_t (the normaliser) decays the same way; output_t = phi(q_t) S_t / (phi(q_t) z_t),
+    with the denominator kept at least `eps` away from 0 (sign kept: sin/cos features
+    can make it negative). `log_g` = log g_t <= 0; a padded position should get
+    log_g = 0 and phi_k = 0 so that it leaves the state untouched. RFA's (1 - g_t)
+    write factor is the caller's, folded into phi_k.
+    """
+    num, den = _causal_num_den(phi_q_BxHxLxK, phi_k_BxHxLxK, v_BxHxLxD, log_g_BxHxL,
+                               chunk_size)
+    return (num / _away_from_zero(den, eps)[..., None]).astype(v_BxHxLxD.dtype)
+
+
+def _away_from_zero(x: jax.Array, eps: float) -> jax.Array:
+    return jnp.where(x >= 0, jnp.maximum(x, eps), jnp.minimum(x, -eps))
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "chunk_size"))
+def delta_rule_attention(phi_q_BxHxLxK: jax.Array, phi_k_BxHxLxK: jax.Array,
+                         v_BxHxLxD: jax.Array, beta_BxHxL: jax.Array, *, causal: bool,
+                         chunk_size: int = DEFAULT_CHUNK) -> jax.Array:
+    """Fast-weight delta rule: S_t = S_{t-1} + beta_t (v_t - S_{t-1} phi(k_t)) phi(k_t)^T.
+
+    causal=True: y_t = S_t phi(q_t) (Schlag et al.). causal=False: the same recurrence
+    runs over all positions and every query reads the final memory, y_t = S_L phi(q_t)
+    (the bidirectional use of the memory for a classifier). A padded position must get
+    beta = 0, so it writes nothing. A `jax.lax.scan` over time; each chunk of
+    `chunk_size` steps is rematerialised so the backward pass stores S only at chunk
+    boundaries (O(L/C d dv)), not at every step. BxHxLxD, float32 inside.
+    """
+    b, h, l, k_dim = phi_q_BxHxLxK.shape
+    d_dim = v_BxHxLxD.shape[-1]
+    chunk = max(1, min(chunk_size, l))
+    f32 = jnp.float32
+    q_NxBxHxCxK = _pad_to_chunks(phi_q_BxHxLxK.astype(f32), chunk)
+    k_NxBxHxCxK = _pad_to_chunks(phi_k_BxHxLxK.astype(f32), chunk)
+    v_NxBxHxCxD = _pad_to_chunks(v_BxHxLxD.astype(f32), chunk)
+    # The padded tail gets beta = 0: no write.
+    beta_NxBxHxC = _pad_to_chunks(beta_BxHxL.astype(f32)[..., None], chunk)[..., 0]
+
+    def step(s_BxHxDxK, xs):
+        q_BxHxK, k_BxHxK, v_BxHxD, beta_BxH = xs
+        old_v_BxHxD = jnp.einsum("bhdk,bhk->bhd", s_BxHxDxK, k_BxHxK)
+        delta_BxHxD = beta_BxH[..., None] * (v_BxHxD - old_v_BxHxD)
+        s_BxHxDxK = s_BxHxDxK + jnp.einsum("bhd,bhk->bhdk", delta_BxHxD, k_BxHxK)
+        return s_BxHxDxK, jnp.einsum("bhdk,bhk->bhd", s_BxHxDxK, q_BxHxK)
+
+    @jax.checkpoint
+    def chunk_body(s_BxHxDxK, xs):
+        # Time-major inside the chunk: CxBxHx...
+        xs = jax.tree.map(lambda a: jnp.moveaxis(a, 2, 0), xs)
+        s_BxHxDxK, y_CxBxHxD = jax.lax.scan(step, s_BxHxDxK, xs)
+        return s_BxHxDxK, jnp.moveaxis(y_CxBxHxD, 0, 2)
+
+    init = jnp.zeros((b, h, d_dim, k_dim), f32)
+    s_final, y_NxBxHxCxD = jax.lax.scan(
+        chunk_body, init, (q_NxBxHxCxK, k_NxBxHxCxK, v_NxBxHxCxD, beta_NxBxHxC))
+    if not causal:
+        y_BxHxLxD = jnp.einsum("bhdk,bhlk->bhld", s_final, phi_q_BxHxLxK.astype(f32))
+    else:
+        n = y_NxBxHxCxD.shape[0]
+        y_BxHxLxD = y_NxBxHxCxD.transpose(1, 2, 0, 3, 4).reshape(b, h, n * chunk, d_dim)
+        y_BxHxLxD = y_BxHxLxD[:, :, :l]
+    return y_BxHxLxD.astype(v_BxHxLxD.dtype)
+
+
+def dpfp_feature_map(x: jax.Array, nu: int = 1) -> jax.Array:
+    """Deterministic parameter-free projection (Schlag et al.): 2 d nu positive features.
+
+    r = [relu(x), relu(-x)]; features r_i r_{i+j} (indices mod 2d) for j = 1..nu.
+    """
+    r = jnp.concatenate([jax.nn.relu(x), jax.nn.relu(-x)], axis=-1)
+    return jnp.concatenate([r * jnp.roll(r, j, axis=-1) for j in range(1, nu + 1)], axis=-1)
+
+
+def sum_normalise(phi: jax.Array, eps: float = 1e-6) -> jax.Array:
+    """phi / sum(phi) over features (Schlag et al.); eps keeps an all-zero phi finite."""
+    return phi / (jnp.sum(phi, axis=-1, keepdims=True) + eps)
+
+
+@functools.partial(jax.jit, static_argnames=("num_rows", "dim"))
+def orthogonal_gaussian(key: jax.Array, num_rows: int, dim: int) -> jax.Array:
+    """num_rows x dim: blocks of `dim` orthonormal rows (QR of a Gaussian), each row
+    rescaled by an independent chi(dim) norm, so rows are marginally N(0, I) but
+    orthogonal within a block (Choromanski et al., ORF)."""
+    num_blocks = -(-num_rows // dim)
+    block_key, norm_key = jax.random.split(key)
+    gaussians = jax.random.normal(block_key, (num_blocks, dim, dim), jnp.float32)
+    q_blocks, _ = jnp.linalg.qr(gaussians)
+    rows = jnp.swapaxes(q_blocks, -1, -2).reshape(num_blocks * dim, dim)[:num_rows]
+    norms = jnp.linalg.norm(jax.random.normal(norm_key, (num_rows, dim), jnp.float32), axis=-1)
+    return rows * norms[:, None]
+
+
+def _orthogonal_gaussian_np(rng: np.random.Generator, num_rows: int, dim: int) -> np.ndarray:
+    """`orthogonal_gaussian` drawn with numpy (the same distribution)."""
+    num_blocks = -(-num_rows // dim)
+    q_blocks, _ = np.linalg.qr(rng.standard_normal((num_blocks, dim, dim)))
+    rows = np.swapaxes(q_blocks, -1, -2).reshape(num_blocks * dim, dim)[:num_rows]
+    norms = np.linalg.norm(rng.standard_normal((num_rows, dim)), axis=-1)
+    return (rows * norms[:, None]).astype(np.float32)
+
+
+def favor_softmax_features(x_BxHxLxK: jax.Array, w_MxK: jax.Array, *, is_query: bool,
+                           mask_BxL: jax.Array | None = None) -> jax.Array:
+    """FAVOR+ positive features: exp(w.x' - |x'|^2/2 - c) / sqrt(m), x' = x d^(-1/4).
+
+    E[phi(q).phi(k)] = exp(q.k / sqrt(d)) (up to the constants c, which cancel in the
+    normalised attention). c stabilises exp: for queries the max over each row's
+    features; for keys one max per example and head over all real keys and features,
+    as in the paper's code (padded keys excluded, so they cannot shift it).
+    """
+    d, m = x_BxHxLxK.shape[-1], w_MxK.shape[0]
+    x = x_BxHxLxK.astype(jnp.float32) * d ** -0.25
+    proj_BxHxLxM = jnp.einsum("bhlk,mk->bhlm", x, w_MxK.astype(jnp.float32))
+    sq_norm_BxHxLx1 = 0.5 * jnp.sum(x * x, axis=-1, keepdims=True)
+    if is_query:
+        stab = jnp.max(proj_BxHxLxM, axis=-1, keepdims=True)
+    else:
+        real = proj_BxHxLxM
+        if mask_BxL is not None:
+            real = jnp.where(mask_BxL[:, None, :, None], proj_BxHxLxM, -jnp.inf)
+        stab = jnp.max(real, axis=(-2, -1), keepdims=True)
+        stab = jnp.where(jnp.isfinite(stab), stab, 0.0)  # no real key at all
+    stab = jax.lax.stop_gradient(stab)  # cancels in the ratio
+    return jnp.exp(proj_BxHxLxM - sq_norm_BxHxLx1 - stab) / math.sqrt(m)
+
+
+def favor_causal_key_features(k_BxHxLxK: jax.Array, w_MxK: jax.Array, *,
+                               mask_BxL: jax.Array | None = None
+                               ) -> tuple[jax.Array, jax.Array]:
+    """Causal FAVOR+ key features stabilised by the running max P_j of past keys.
+
+    A global key max (the paper's code) would let future keys change past outputs
+    (through eps, and by underflowing early keys). Instead key j is scaled by
+    exp(-P_j), P_j = max over real keys i <= j, and query i must see every key
+    scaled by exp(-P_i): a decay exp(P_j - P_i) = prod_{j<s<=i} g_s with
+    log g_s = P_{s-1} - P_s <= 0, exactly what `gated_linear_attention` carries.
+    Returns (phi_k BxHxLxM, log_g BxHxL).
+    """
+    d, m = k_BxHxLxK.shape[-1], w_MxK.shape[0]
+    x = k_BxHxLxK.astype(jnp.float32) * d ** -0.25
+    proj_BxHxLxM = jnp.einsum("bhlk,mk->bhlm", x, w_MxK.astype(jnp.float32))
+    row_max_BxHxL = jnp.max(proj_BxHxLxM, axis=-1)
+    if mask_BxL is not None:
+        row_max_BxHxL = jnp.where(mask_BxL[:, None, :], row_max_BxHxL, -jnp.inf)
+    prefix_BxHxL = jax.lax.stop_gradient(jax.lax.cummax(row_max_BxHxL, axis=2))
+    # Before the first real key the state is empty: any finite value will do.
+    prefix_BxHxL = jnp.where(jnp.isfinite(prefix_BxHxL), prefix_BxHxL, 0.0)
+    previous_BxHxL = jnp.concatenate([prefix_BxHxL[..., :1], prefix_BxHxL[..., :-1]], -1)
+    log_g_BxHxL = jnp.minimum(previous_BxHxL - prefix_BxHxL, 0.0)
+    sq_norm_BxHxLx1 = 0.5 * jnp.sum(x * x, axis=-1, keepdims=True)
+    phi_k = jnp.exp(proj_BxHxLxM - sq_norm_BxHxLx1 - prefix_BxHxL[..., None]) / math.sqrt(m)
+    return phi_k, log_g_BxHxL
+
+
+def relu_features(x_BxHxLxK: jax.Array, w_MxK: jax.Array, eps: float = 1e-3) -> jax.Array:
+    """Generalised ReLU kernel (Performer; LRA's default): relu(w.x) / sqrt(m) + eps."""
+    m = w_MxK.shape[0]
+    proj = jnp.einsum("bhlk,mk->bhlm", x_BxHxLxK.astype(jnp.float32),
+                      w_MxK.astype(jnp.float32))
+    return jax.nn.relu(proj) / math.sqrt(m) + eps
+
+
+def trig_features(x_BxHxLxK: jax.Array, w_MxK: jax.Array,
+                  inv_temperature_H: jax.Array) -> jax.Array:
+    """RFA: [sin(W x^ / tau), cos(W x^ / tau)] / sqrt(m), x^ = x / |x|; 2m features.
+
+    E[phi(x).phi(y)] = exp(-|x^ - y^|^2 / (2 tau^2)) = exp((x^.y^ - 1) / tau^2):
+    softmax attention on unit vectors with a temperature tau (per head).
+    """
+    m = w_MxK.shape[0]
+    x = x_BxHxLxK.astype(jnp.float32)
+    x_hat = x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + 1e-12)
+    proj = jnp.einsum("bhlk,mk->bhlm", x_hat, w_MxK.astype(jnp.float32))
+    proj = proj * inv_temperature_H[None, :, None, None]
+    return jnp.concatenate([jnp.sin(proj), jnp.cos(proj)], axis=-1) / math.sqrt(m)
+
+
+# ----------------------------------------------------------------------------- modules
+
+
+class RandomFeatures(nnx.Variable):
+    """A random projection (not trained; redrawn on a schedule). Saved in checkpoints."""
+
+
+class RedrawCounter(nnx.Variable):
+    """Training calls since the features were last drawn."""
+
+
+class FeatureProjection(nnx.Module):
+    """An m x d orthogonal Gaussian projection, redrawn every `redraw_interval` training
+    calls (inside jit, from its own forked RNG stream) and frozen when deterministic."""
+
+    def __init__(self, num_features: int, dim: int, *, redraw_interval: int,
+                 rngs: nnx.Rngs):
+        if num_features <= 0:
+            raise ValueError(f"num_features must be positive, got {num_features}")
+        if redraw_interval < 0:
+            raise ValueError(f"redraw_interval must be >= 0 (0 = never), got {redraw_interval}")
+        self.num_features, self.dim = num_features, dim
+        self.redraw_interval = redraw_interval
+        key = rngs.params()
+        try:
+            # The first draw in numpy (seeded from the params stream): compiling jax.random
+            # and QR programs costs seconds on a small CPU, paid only when training redraws.
+            seed = np.asarray(jax.random.key_data(key)).tolist()
+            w_MxK = _orthogonal_gaussian_np(np.random.default_rng(seed), num_features, dim)
+        except jax.errors.TracerArrayConversionError:  # built under jit / eval_shape
+            w_MxK = orthogonal_gaussian(key, num_features, dim)
+        self.features = RandomFeatures(jnp.asarray(w_MxK))
+        self.count = RedrawCounter(jnp.zeros((), jnp.int32))
+        # Forked like nnx.Dropout's stream: redraws advance this module's own counter.
+        stream = "dropout" if "dropout" in rngs else "params"
+        self.rngs = rngs[stream].fork()
+
+    def __call__(self, *, deterministic: bool) -> jax.Array:
+        """The projection for this call; a training call then advances the schedule."""
+        w_MxK = self.features[...]
+        if not deterministic and self.redraw_interval > 0:
+            self.features[...], self.count[...] = _advance_schedule(
+                w_MxK, self.count[...], self.rngs(), interval=self.redraw_interval)
+        return w_MxK
+
+
+@functools.partial(jax.jit, static_argnames=("interval",))
+def _advance_schedule(w_MxK: jax.Array, count: jax.Array, key: jax.Array, *,
+                      interval: int) -> tuple[jax.Array, jax.Array]:
+    """One training call: count + 1, and fresh features once it reaches `interval`."""
+    count = count + 1
+    redraw = count >= interval
+    w_MxK = jax.lax.cond(redraw, lambda: orthogonal_gaussian(key, *w_MxK.shape),
+                         lambda: w_MxK)
+    return w_MxK, jnp.where(redraw, 0, count)
+
+
+class _KernelAttention(MultiHeadAttention):
+    """query/key/value/out projections (named as in `transformer`) around a feature map."""
+
+    def __init__(self, *, dim: int, num_heads: int, causal: bool, qkv_dim: int | None,
+                 use_bias: bool, chunk_size: int, rngs: nnx.Rngs):
+        super().__init__(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
+                         attention_dropout=0.0, use_bias=use_bias, rngs=rngs)
+        if chunk_size <= 0:
+            raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+        self.chunk_size = chunk_size
+
+    def attend(self, q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxK: jax.Array,
+               x_BxLxD: jax.Array, padding_mask: jax.Array | None,
+               deterministic: bool) -> jax.Array:
+        """Per-head outputs BxHxLxK from the projected q, k, v."""
+        raise NotImplementedError
+
+    @staticmethod
+    def drop_padded(phi_k_BxHxLxF: jax.Array, v_BxHxLxK: jax.Array,
+                    padding_mask: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+        """Zeroes padded keys and values: a zero key writes nothing to the state."""
+        if padding_mask is None:
+            return phi_k_BxHxLxF, v_BxHxLxK
+        real_Bx1xLx1 = padding_mask.astype(jnp.bool_)[:, None, :, None]
+        return jnp.where(real_Bx1xLx1, phi_k_BxHxLxF, 0.0), jnp.where(real_Bx1xLx1, v_BxHxLxK, 0.0)
+
+    def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None = None,
+                 deterministic: bool = True) -> jax.Array:
+        q_BxHxLxK, k_BxHxLxK, v_BxHxLxK = self.project_qkv(x_BxLxD)
+        o_BxHxLxK = self.attend(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, x_BxLxD, padding_mask,
+                                deterministic)
+        return self.out(self.merge_heads(o_BxHxLxK.astype(x_BxLxD.dtype)))
+
+
+class LinearAttention(_KernelAttention):
+    """Katharopoulos et al.: phi = elu + 1; parallel, chunked-causal and recurrent forms."""
+
+    def __init__(self, *, eps: float = 1e-6, **kwargs):
+        super().__init__(**kwargs)
+        self.eps = eps
+
+    def attend(self, q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, x_BxLxD, padding_mask, deterministic):
+        phi_k, v_BxHxLxK = self.drop_padded(elu_feature_map(k_BxHxLxK), v_BxHxLxK,
+                                            padding_mask)
+        return linear_attention(elu_feature_map(q_BxHxLxK), phi_k, v_BxHxLxK,
+                                causal=self.causal, chunk_size=self.chunk_size, eps=self.eps)
+
+    def init_state(self, batch_size: int) -> tuple[jax.Array, jax.Array]:
+        """The empty RNN state (S: BxHxKxK, z: BxHxK) for `step`."""
+        h, k = self.num_heads, self.head_dim
+        return (jnp.zeros((batch_size, h, k, k), jnp.float32),
+                jnp.zeros((batch_size, h, k), jnp.float32))
+
+    def step(self, state: tuple[jax.Array, jax.Array],
+             x_BxD: jax.Array) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:
+        """One autoregressive token: (S, z) += (phi(k) v^T, phi(k)); y = phi(q) S / phi(q) z.
+
+        Constant memory per token; equals the causal parallel form position by position.
+        """
+        s_BxHxKxK, z_BxHxK = state
+        q_BxHx1xK, k_BxHx1xK, v_BxHx1xK = self.project_qkv(x_BxD[:, None])
+        phi_q_BxHxK = elu_feature_map(q_BxHx1xK[:, :, 0]).astype(jnp.float32)
+        phi_k_BxHxK = elu_feature_map(k_BxHx1xK[:, :, 0]).astype(jnp.float32)
+        s_BxHxKxK = s_BxHxKxK + jnp.einsum("bhk,bhd->bhkd", phi_k_BxHxK,
+                                           v_BxHx1xK[:, :, 0].astype(jnp.float32))
+        z_BxHxK = z_BxHxK + phi_k_BxHxK
+        num_BxHxK = jnp.einsum("bhk,bhkd->bhd", phi_q_BxHxK, s_BxHxKxK)
+        den_BxH = jnp.einsum("bhk,bhk->bh", phi_q_BxHxK, z_BxHxK)
+        o_BxHx1xK = (num_BxHxK / (den_BxH[..., None] + self.eps))[:, :, None]
+        y_BxD = self.out(self.merge_heads(o_BxHx1xK.astype(x_BxD.dtype)))[:, 0]
+        return (s_BxHxKxK, z_BxHxK), y_BxD
+
+
+
+@registry.register("linear", capabilities=registry.Capabilities(
+    description="linear attention, phi = elu + 1 (Katharopoulos et al.); chunked causal form",
+    causal=True, padding=True, variable_length=True, test_hparams={"chunk_size": 5}))
+def build_linear(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
+                 qkv_dim: int | None = None, use_bias: bool = True, eps: float = 1e-6,
+                 chunk_size: int = DEFAULT_CHUNK) -> LinearAttention:
+    del max_len  # any length
+    return LinearAttention(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
+                           use_bias=use_bias, chunk_size=chunk_size, eps=eps, rngs=rngs)
+
+
+class Performer(_KernelAttention):
+    """FAVOR+ (Choromanski et al.): random features from a redrawn orthogonal projection."""
+
+    def __init__(self, *, num_features: int, kernel: str, redraw_interval: int,
+                 rngs: nnx.Rngs, **kwargs):
+        super().__init__(rngs=rngs, **kwargs)
+        if kernel not in FEATURE_KERNELS:
+            raise ValueError(f"unknown kernel {kernel!r}; valid: {', '.join(FEATURE_KERNELS)}")
+        self.kernel = kernel
+        self.projection = FeatureProjection(num_features, self.head_dim,
+                                            redraw_interval=redraw_interval, rngs=rngs)
+
+    def attend(self, q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, x_BxLxD, padding_mask, deterministic):
+        w_MxK = self.projection(deterministic=deterministic)
+        mask = None if padding_mask is None else padding_mask.astype(jnp.bool_)
+        if self.kernel == "relu":
+            phi_q, phi_k = relu_features(q_BxHxLxK, w_MxK), relu_features(k_BxHxLxK, w_MxK)
+        elif self.causal:
+            phi_q = favor_softmax_features(q_BxHxLxK, w_MxK, is_query=True)
+            phi_k, log_g = favor_causal_key_features(k_BxHxLxK, w_MxK, mask_BxL=mask)
+            phi_k, v_BxHxLxK = self.drop_padded(phi_k, v_BxHxLxK, mask)
+            return gated_linear_attention(phi_q, phi_k, v_BxHxLxK, log_g,
+                                          chunk_size=self.chunk_size)
+        else:
+            phi_q = favor_softmax_features(q_BxHxLxK, w_MxK, is_query=True)
+            phi_k = favor_softmax_features(k_BxHxLxK, w_MxK, is_query=False, mask_BxL=mask)
+        phi_k, v_BxHxLxK = self.drop_padded(phi_k, v_BxHxLxK, mask)
+        return linear_attention(phi_q, phi_k, v_BxHxLxK, causal=self.causal,
+                                chunk_size=self.chunk_size)
+
+
+@registry.register("performer", capabilities=registry.Capabilities(
+    description="Performer FAVOR+: positive orthogonal random features, redrawn in training",
+    causal=True, padding=True, variable_length=True,
+    test_hparams={"num_features": 32, "chunk_size": 5}))
+def build_performer(*, dim: int, num_heads: int, max_len: int, causal: bool,
+                    rngs: nnx.Rngs, qkv_dim: int | None = None, use_bias: bool = True,
+                    num_features: int = 256, kernel: str = "softmax",
+                    redraw_interval: int = 1000,
+                    chunk_size: int = DEFAULT_CHUNK) -> Performer:
+    """kernel='softmax' is FAVOR+ (the paper); 'relu' is LRA's Performer default.
+
+    redraw_interval: training calls between feature redraws (0 = never redraw).
+    """
+    del max_len  # any length
+    return Performer(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
+                     use_bias=use_bias, chunk_size=chunk_size, num_features=num_features,
+                     kernel=kernel, redraw_interval=redraw_interval, rngs=rngs)
+
+
+class RandomFeatureAttention(_KernelAttention):
+    """RFA (Peng et al.): sin/cos random features of unit q, k; optional recency gate."""
+
+    def __init__(self, *, num_features: int, gate: bool, redraw_interval: int,
+                 rngs: nnx.Rngs, **kwargs):
+        super().__init__(rngs=rngs, **kwargs)
+        if gate and not self.causal:
+            # The gate decays the past relative to "now"; without an order of reading
+            # there is no "now", so a non-causal gated form is not defined.
+            raise ValueError("rfa: gate=True needs causal=True (the gate is a recency "
+                             "decay of the causal state)")
+        self.projection = FeatureProjection(num_features, self.head_dim,
+                                            redraw_interval=redraw_interval, rngs=rngs)
+        # tau = exp(log_temperature) per head; tau = 1 at init.
+        self.log_temperature = layers.param(layers.zeros, ("heads",), (self.num_heads,),
+                                            rngs=rngs)
+        self.gate = (layers.dense(kwargs["dim"], self.num_heads, ("embed", "heads"),
+                                  rngs=rngs) if gate else None)
+
+    def attend(self, q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, x_BxLxD, padding_mask, deterministic):
+        w_MxK = self.projection(deterministic=deterministic)
+        inv_tau_H = jnp.exp(-self.log_temperature[...])
+        phi_q = trig_features(q_BxHxLxK, w_MxK, inv_tau_H)
+        phi_k, v = self.drop_padded(trig_features(k_BxHxLxK, w_MxK, inv_tau_H), v_BxHxLxK,
+                                    padding_mask)
+        if self.gate is None:
+            num, den = _num_den(phi_q, phi_k, v, causal=self.causal,
+                                chunk_size=self.chunk_size)
+            return num / _away_from_zero(den, 1e-6)[..., None]
+        gate_logit_BxHxL = self.gate(x_BxLxD).astype(jnp.float32).transpose(0, 2, 1)
+        log_g_BxHxL = jax.nn.log_sigmoid(gate_logit_BxHxL)
+        write_BxHxL = jax.nn.sigmoid(-gate_logit_BxHxL)  # 1 - g
+        if padding_mask is not None:
+            log_g_BxHxL = jnp.where(padding_mask[:, None, :], log_g_BxHxL, 0.0)
+        return gated_linear_attention(phi_q, phi_k * write_BxHxL[..., None], v, log_g_BxHxL,
+                                      chunk_size=self.chunk_size)
+
+
+@registry.register("rfa", capabilities=registry.Capabilities(
+    description="Random Feature Attention: sin/cos features, learned temperature, causal gate",
+    causal=True, padding=True, variable_length=True,
+    test_hparams={"num_features": 32, "chunk_size": 5}))
+def build_rfa(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
+              qkv_dim: int | None = None, use_bias: bool = True, num_features: int = 128,
+              gate: bool = False, redraw_interval: int = 1000,
+              chunk_size: int = DEFAULT_CHUNK) -> RandomFeatureAttention:
+    """gate=True (causal only): S_t = g_t S_{t-1} + (1 - g_t) phi(k_t) v_t^T."""
+    del max_len  # any length
+    return RandomFeatureAttention(dim=dim, num_heads=num_heads, causal=causal,
+                                  qkv_dim=qkv_dim, use_bias=use_bias, chunk_size=chunk_size,
+                                  num_features=num_features, gate=gate,
+                                  redraw_interval=redraw_interval, rngs=rngs)
+
+
+class FastWeightAttention(_KernelAttention):
+    """Schlag et al.: a fast-weight memory written with the delta rule."""
+
+    def __init__(self, *, feature_map: str, dpfp_nu: int, rngs: nnx.Rngs, **kwargs):
+        super().__init__(rngs=rngs, **kwargs)
+        if feature_map not in FAST_WEIGHT_MAPS:
+            raise ValueError(f"unknown feature_map {feature_map!r}; "
+                             f"valid: {', '.join(FAST_WEIGHT_MAPS)}")
+        if dpfp_nu < 1:
+            raise ValueError(f"dpfp_nu must be >= 1, got {dpfp_nu}")
+        self.feature_map, self.dpfp_nu = feature_map, dpfp_nu
+        # beta_t = sigmoid(W_beta x_t), one write strength per head.
+        self.beta = layers.dense(kwargs["dim"], self.num_heads, ("embed", "heads"),
+                                 use_bias=False, rngs=rngs)
+
+    def phi(self, x_BxHxLxK: jax.Array) -> jax.Array:
+        x = x_BxHxLxK.astype(jnp.float32)
+        if self.feature_map == "dpfp":
+            return sum_normalise(dpfp_feature_map(x, self.dpfp_nu))
+        return sum_normalise(elu_feature_map(x))
+
+    def attend(self, q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, x_BxLxD, padding_mask, deterministic):
+        beta_BxHxL = jax.nn.sigmoid(self.beta(x_BxLxD).astype(jnp.float32)).transpose(0, 2, 1)
+        if padding_mask is not None:
+            beta_BxHxL = jnp.where(padding_mask[:, None, :], beta_BxHxL, 0.0)
+        return delta_rule_attention(self.phi(q_BxHxLxK), self.phi(k_BxHxLxK), v_BxHxLxK,
+                                    beta_BxHxL, causal=self.causal,
+                                    chunk_size=self.chunk_size)
+
+
+@registry.register("fast_weight", capabilities=registry.Capabilities(
+    description="fast-weight programmer: delta-rule memory, DPFP features (Schlag et al.)",
+    causal=True, padding=True, variable_length=True, test_hparams={"chunk_size": 5}))
+def build_fast_weight(*, dim: int, num_heads: int, max_len: int, causal: bool,
+                      rngs: nnx.Rngs, qkv_dim: int | None = None, use_bias: bool = True,
+                      feature_map: str = "dpfp", dpfp_nu: int = 1,
+                      chunk_size: int = DEFAULT_CHUNK) -> FastWeightAttention:
+    """causal=False runs the same recurrence, then every query reads the final memory."""
+    del max_len  # any length
+    return FastWeightAttention(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
+                               use_bias=use_bias, chunk_size=chunk_size,
+                               feature_map=feature_map, dpfp_nu=dpfp_nu, rngs=rngs)

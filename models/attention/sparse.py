@@ -1,0 +1,398 @@
+"""Position-based sparse attention: one module parameterised by a `models.masks` pattern.
+
+`PatternAttention` is `MultiHeadAttention` (same query/key/value/out) whose softmax
+is restricted to a pattern, computed either densely (`attention_impl="dense"`: the
+full masked L x L softmax) or block-sparsely (`"blocksparse"`: only the non-empty
+blocks, `models.kernels.block_sparse_attention`). The builders below turn each
+paper's hyperparameters into a pattern; only `global` with extra learned tokens and
+`axial` in its two-pass form need code of their own.
+
+With causal=True every pattern is intersected with `masks.causal()`. The Sparse
+Transformer patterns are not causal by themselves in a classifier (LRA forced them
+causal: `lra_causal=True` reproduces that).
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models import layers, masks, registry
+from models.attention.dense import MultiHeadAttention, dot_product_attention
+from models.kernels import block_sparse_attention
+
+IMPLS = ("dense", "blocksparse")
+
+
+class PatternAttention(MultiHeadAttention):
+    """Multi-head attention restricted to `pattern` (& causal when causal=True)."""
+
+    def __init__(self, *, pattern: masks.Pattern, dim: int, num_heads: int, causal: bool,
+                 qkv_dim: int | None, attention_dropout: float, use_bias: bool,
+                 attention_impl: str, block_size: int, rngs: nnx.Rngs):
+        super().__init__(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
+                         attention_dropout=attention_dropout, use_bias=use_bias, rngs=rngs)
+        if attention_impl not in IMPLS:
+            raise registry.RegistryError(
+                f"attention_impl={attention_impl!r} is not available for pattern attention; "
+                f"valid: {', '.join(IMPLS)}")
+        if pattern.num_heads not in (None, num_heads):
+            raise registry.RegistryError(
+                f"per-head pattern has {pattern.num_heads} heads, the model {num_heads}")
+        self.pattern = pattern & masks.causal() if causal else pattern
+        self.attention_impl = attention_impl
+        self.block_size = block_size
+
+    def attend(self, pattern: masks.Pattern, q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array,
+               v_BxHxLxK: jax.Array, padding_mask: jax.Array | None,
+               deterministic: bool) -> jax.Array:
+        dropout_fn = self.dropout_fn(deterministic)
+        if self.attention_impl == "blocksparse":
+            return block_sparse_attention(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, pattern,
+                                          padding_mask=padding_mask, block_q=self.block_size,
+                                          block_k=self.block_size, dropout_fn=dropout_fn)
+        seq_len = q_BxHxLxK.shape[2]
+        allowed = pattern.dense(seq_len, seq_len)
+        mask = allowed[None, None] if allowed.ndim == 2 else allowed[None]
+        if padding_mask is not None:
+            mask = mask & padding_mask.astype(jnp.bool_)[:, None, None, :]
+        return dot_product_attention(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, mask=mask,
+                                     dropout_fn=dropout_fn)
+
+    def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None = None,
+                 deterministic: bool = True) -> jax.Array:
+        q, k, v = self.project_qkv(x_BxLxD)
+        o_BxHxLxK = self.attend(self.pattern, q, k, v, padding_mask, deterministic)
+        return self.out(self.merge_heads(o_BxHxLxK))
+
+
+class GlobalTokenAttention(PatternAttention):
+    """Prepends `num_tokens` learned global tokens, attends, and drops them again."""
+
+    def __init__(self, *, num_tokens: int, dim: int, rngs: nnx.Rngs, **kwargs):
+        super().__init__(dim=dim, rngs=rngs, **kwargs)
+        self.num_tokens = num_tokens
+        self.global_embedding = layers.param(layers.normal(0.02), (None, "embed"),
+                                             (num_tokens, dim), rngs=rngs)
+
+    def __call__(self, x_BxLxD, padding_mask=None, deterministic=True):
+        b, _, d = x_BxLxD.shape
+        g = self.num_tokens
+        g_BxGxD = jnp.broadcast_to(self.global_embedding[...][None].astype(x_BxLxD.dtype),
+                                   (b, g, d))
+        x_BxLxD = jnp.concatenate([g_BxGxD, x_BxLxD], axis=1)
+        if padding_mask is not None:
+            padding_mask = jnp.concatenate(
+                [jnp.ones((b, g), jnp.bool_), padding_mask.astype(jnp.bool_)], axis=1)
+        return super().__call__(x_BxLxD, padding_mask, deterministic)[:, g:]
+
+
+class AxialSumAttention(PatternAttention):
+    """Axial attention as two passes (row softmax, column softmax) over the same
+    projections, summed: each position mixes its row and its column."""
+
+    def __init__(self, *, width: int, **kwargs):
+        super().__init__(pattern=masks.all_(), **kwargs)
+        self.passes = (masks.axial(width, 0), masks.axial(width, 1))
+
+    def __call__(self, x_BxLxD, padding_mask=None, deterministic=True):
+        q, k, v = self.project_qkv(x_BxLxD)
+        o_BxHxLxK = sum(self.attend(p, q, k, v, padding_mask, deterministic)
+                        for p in self.passes)
+        return self.out(self.merge_heads(o_BxHxLxK))
+
+
+# ----------------------------------------------------------------------------------
+# Builders: the paper's hyperparameters -> a pattern.
+
+def _common(dim, num_heads, causal, rngs, qkv_dim, attention_dropout, use_bias,
+            attention_impl, block_size):
+    return dict(dim=dim, num_heads=num_heads, causal=causal, rngs=rngs, qkv_dim=qkv_dim,
+                attention_dropout=attention_dropout, use_bias=use_bias,
+                attention_impl=attention_impl, block_size=block_size)
+
+
+def _caps(description: str, *, causal: bool, test_hparams: dict,
+          dense_equivalent: dict | None) -> registry.Capabilities:
+    return registry.Capabilities(description=description, causal=causal, padding=True,
+                                 variable_length=True, dense_equivalent=dense_equivalent,
+                                 test_hparams=test_hparams)
+
+
+def _build(pattern, *, causal, **common):
+    return PatternAttention(pattern=pattern, causal=causal, **common)
+
+
+@registry.register("local", capabilities=_caps(
+    "sliding-window attention |i-j| <= window", causal=True,
+    test_hparams=dict(window=2, block_size=4), dense_equivalent=dict(window=16)))
+def build_local(*, dim, num_heads, max_len, causal, rngs, window: int = 128,
+                qkv_dim=None, attention_dropout=0.1, use_bias=True,
+                attention_impl="dense", block_size=64):
+    del max_len
+    return _build(masks.local(window), **_common(
+        dim, num_heads, causal, rngs, qkv_dim, attention_dropout, use_bias, attention_impl,
+        block_size))
+
+
+def _head_split(a: masks.Pattern, b: masks.Pattern, heads: str,
+                num_heads: int) -> masks.Pattern:
+    if heads == "union":
+        return a | b
+    if heads == "split":
+        return masks.per_head([a, b], num_heads)
+    raise registry.RegistryError(f"heads must be 'union' or 'split', got {heads!r}")
+
+
+@registry.register("strided", capabilities=_caps(
+    "Sparse Transformer strided: A1 (previous stride) and A2 (every stride-th), "
+    "union or split over heads", causal=True,
+    test_hparams=dict(stride=4, heads="split", block_size=4),
+    dense_equivalent=dict(stride=1, heads="union")))
+def build_strided(*, dim, num_heads, max_len, causal, rngs, stride: int | None = None,
+                  heads: str = "union", lra_causal: bool = False, qkv_dim=None,
+                  attention_dropout=0.1, use_bias=True, attention_impl="dense",
+                  block_size=64):
+    stride = stride or max(1, round(math.sqrt(max_len)))  # l ~ sqrt(n)
+    pattern = _head_split(masks.sparse_a1(stride), masks.strided(stride), heads, num_heads)
+    return _build(pattern, **_common(dim, num_heads, causal or lra_causal, rngs, qkv_dim,
+                                     attention_dropout, use_bias, attention_impl,
+                                     block_size))
+
+
+@registry.register("fixed", capabilities=_caps(
+    "Sparse Transformer fixed: own block (A1) and the last c of every block (A2)",
+    causal=True, test_hparams=dict(block=4, c=1, heads="split", block_size=4),
+    dense_equivalent=dict(block=16, c=1, heads="union")))
+def build_fixed(*, dim, num_heads, max_len, causal, rngs, block: int = 128, c: int = 8,
+                heads: str = "union", lra_causal: bool = False, qkv_dim=None,
+                attention_dropout=0.1, use_bias=True, attention_impl="dense",
+                block_size=64):
+    del max_len
+    masks.fixed(block, c)  # validates
+    pattern = _head_split(masks.SameBlock(block), masks.Summary(block, c), heads, num_heads)
+    return _build(pattern, **_common(dim, num_heads, causal or lra_causal, rngs, qkv_dim,
+                                     attention_dropout, use_bias, attention_impl,
+                                     block_size))
+
+
+@registry.register("dilated", capabilities=_caps(
+    "dilated window: j = i + k*dilation for |k| <= window", causal=True,
+    test_hparams=dict(window=2, dilation=2, block_size=4),
+    dense_equivalent=dict(window=16, dilation=1)))
+def build_dilated(*, dim, num_heads, max_len, causal, rngs, window: int = 64,
+                  dilation: int = 2, qkv_dim=None, attention_dropout=0.1, use_bias=True,
+                  attention_impl="dense", block_size=64):
+    del max_len
+    return _build(masks.dilated(window, dilation), **_common(
+        dim, num_heads, causal, rngs, qkv_dim, attention_dropout, use_bias, attention_impl,
+        block_size))
+
+
+@registry.register("global", capabilities=_caps(
+    "global tokens attend to and are attended by all: the first num_global positions "
+    "(e.g. CLS) or extra learned tokens", causal=False,
+    test_hparams=dict(num_global=2, block_size=4),
+    dense_equivalent=dict(num_global=16, extra_tokens=False)))
+def build_global(*, dim, num_heads, max_len, causal, rngs, num_global: int = 1,
+                 extra_tokens: bool = False, qkv_dim=None, attention_dropout=0.1,
+                 use_bias=True, attention_impl="dense", block_size=64):
+    del max_len
+    common = _common(dim, num_heads, causal, rngs, qkv_dim, attention_dropout, use_bias,
+                     attention_impl, block_size)
+    # Every token also sees itself, so no row is empty.
+    pattern = masks.global_tokens(range(num_global)) | masks.local(0)
+    if extra_tokens:
+        return GlobalTokenAttention(num_tokens=num_global, pattern=pattern, **common)
+    return _build(pattern, **common)
+
+
+@registry.register("random", capabilities=_caps(
+    "each query attends to itself and num_random random keys (seeded hash of i, j)",
+    causal=True, test_hparams=dict(num_random=4, block_size=4),
+    dense_equivalent=dict(num_random=16)))
+def build_random(*, dim, num_heads, max_len, causal, rngs, num_random: int = 8,
+                 seed: int = 0, qkv_dim=None, attention_dropout=0.1, use_bias=True,
+                 attention_impl="dense", block_size=64):
+    # The rate is fixed from max_len so that a shorter input sees the same pattern.
+    pattern = masks.random(num_keys=num_random, kv_len=max_len, seed=seed) | masks.local(0)
+    return _build(pattern, **_common(dim, num_heads, causal, rngs, qkv_dim,
+                                     attention_dropout, use_bias, attention_impl,
+                                     block_size))
+
+
+@registry.register("block_local", capabilities=_caps(
+    "Image Transformer 1D: query blocks see their block plus `memory` preceding positions",
+    causal=True, test_hparams=dict(block=4, memory=2, block_size=4),
+    dense_equivalent=dict(block=16, memory=0)))
+def build_block_local(*, dim, num_heads, max_len, causal, rngs, block: int = 128,
+                      memory: int = 128, qkv_dim=None, attention_dropout=0.1,
+                      use_bias=True, attention_impl="dense", block_size=64):
+    del max_len
+    return _build(masks.block_local(block, memory), **_common(
+        dim, num_heads, causal, rngs, qkv_dim, attention_dropout, use_bias, attention_impl,
+        block_size))
+
+
+def _width(width: int | None, max_len: int) -> int:
+    return width or max(1, math.isqrt(max_len - 1) + 1)  # ceil(sqrt(max_len))
+
+
+@registry.register("local_2d", capabilities=_caps(
+    "Image Transformer 2D: query rectangles on the raster with a memory flange "
+    "up, left and right", causal=True,
+    test_hparams=dict(width=4, query_height=2, query_width=2, flange_height=1,
+                      flange_width=1, block_size=4),
+    dense_equivalent=dict(width=4, query_height=4, query_width=4, flange_height=0,
+                          flange_width=0)))
+def build_local_2d(*, dim, num_heads, max_len, causal, rngs, width: int | None = None,
+                   query_height: int = 8, query_width: int = 16, flange_height: int = 8,
+                   flange_width: int = 8, qkv_dim=None, attention_dropout=0.1,
+                   use_bias=True, attention_impl="dense", block_size=64):
+    pattern = masks.local_2d(_width(width, max_len), (query_height, query_width),
+                             (flange_height, flange_width))
+    return _build(pattern, **_common(dim, num_heads, causal, rngs, qkv_dim,
+                                     attention_dropout, use_bias, attention_impl,
+                                     block_size))
+
+
+@registry.register("longformer", capabilities=_caps(
+    "Longformer: sliding window (dilated on some heads) plus global tokens",
+    causal=False, test_hparams=dict(window=2, num_global=1, dilation=2, dilated_heads=1,
+                                    block_size=4),
+    dense_equivalent=dict(window=16, dilation=1)))
+def build_longformer(*, dim, num_heads, max_len, causal, rngs, window: int = 256,
+                     num_global: int = 1, dilation: int = 1, dilated_heads: int = 0,
+                     qkv_dim=None, attention_dropout=0.1, use_bias=True,
+                     attention_impl="dense", block_size=64):
+    del max_len
+    if not 0 <= dilated_heads <= num_heads:
+        raise registry.RegistryError(f"dilated_heads must be in [0, {num_heads}]")
+    glob = masks.global_tokens(range(num_global))
+    plain, dilated = masks.local(window), masks.dilated(window, dilation)
+    if dilated_heads and dilation > 1:
+        pattern = masks.per_head([dilated] * dilated_heads
+                                 + [plain] * (num_heads - dilated_heads)) | glob
+    else:
+        pattern = plain | glob
+    return _build(pattern, **_common(dim, num_heads, causal, rngs, qkv_dim,
+                                     attention_dropout, use_bias, attention_impl,
+                                     block_size))
+
+
+@registry.register("bigbird", capabilities=_caps(
+    "BigBird ITC: window of 3 blocks, the first num_global_blocks blocks global, "
+    "num_random_blocks random blocks per block row", causal=False,
+    test_hparams=dict(block=4, num_random_blocks=1, num_global_blocks=1, block_size=4),
+    dense_equivalent=dict(block=16)))
+def build_bigbird(*, dim, num_heads, max_len, causal, rngs, block: int = 64,
+                  num_random_blocks: int = 3, num_global_blocks: int = 2, seed: int = 0,
+                  qkv_dim=None, attention_dropout=0.1, use_bias=True,
+                  attention_impl="dense", block_size: int | None = None):
+    pattern = (masks.block_window(block, 1)
+               | masks.global_tokens(range(num_global_blocks * block))
+               | masks.random(num_keys=num_random_blocks, kv_len=max_len, seed=seed,
+                              block=block))
+    # The pattern is made of `block` tiles, so the kernel uses them by default.
+    return _build(pattern, **_common(dim, num_heads, causal, rngs, qkv_dim,
+                                     attention_dropout, use_bias, attention_impl,
+                                     block_size or block))
+
+
+@registry.register("axial", capabilities=_caps(
+    "axial attention on a raster of `width` columns: row and column passes summed, "
+    "or heads split between rows and columns", causal=False,
+    test_hparams=dict(width=4, block_size=4), dense_equivalent=None))
+def build_axial(*, dim, num_heads, max_len, causal, rngs, width: int | None = None,
+                mode: str = "sum", qkv_dim=None, attention_dropout=0.1, use_bias=True,
+                attention_impl="dense", block_size=64):
+    width = _width(width, max_len)
+    common = _common(dim, num_heads, causal, rngs, qkv_dim, attention_dropout, use_bias,
+                     attention_impl, block_size)
+    if mode == "sum":
+        return AxialSumAttention(width=width, **common)
+    if mode == "split":
+        return _build(masks.per_head([masks.axial(width, 0), masks.axial(width, 1)],
+                                     num_heads), **common)
+    raise registry.RegistryError(f"axial: mode must be 'sum' or 'split', got {mode!r}")
+
+
+# ----------------------------------------------------------------------------------
+# Star-Transformer: not one mask (an extra relay node, updated in turns).
+
+
+class StarAttention(MultiHeadAttention):
+    """Star-Transformer (Guo et al. 2019), `cycles` rounds with shared weights.
+
+    Satellite i attends to [h_{i-1}, h_i, h_{i+1}, e_i, s] (ring neighbours, wrapping
+    within the real tokens, its input embedding e_i and the relay s); then the relay
+    attends to [s, h_1..h_n]. Each update is followed by LayerNorm(ReLU(.)), as in the
+    paper; h^0 = e, s^0 = mean of the real e. The satellites use query/key/value/out,
+    the relay its own projections. Padding is assumed at the end (as the loaders pad).
+    """
+
+    def __init__(self, *, dim: int, num_heads: int, cycles: int, qkv_dim: int | None,
+                 attention_dropout: float, use_bias: bool, rngs: nnx.Rngs):
+        super().__init__(dim=dim, num_heads=num_heads, qkv_dim=qkv_dim,
+                         attention_dropout=attention_dropout, use_bias=use_bias, rngs=rngs)
+        if cycles < 1:
+            raise registry.RegistryError(f"star: cycles must be >= 1, got {cycles}")
+        self.cycles = cycles
+        self.relay = MultiHeadAttention(dim=dim, num_heads=num_heads, qkv_dim=qkv_dim,
+                                        attention_dropout=attention_dropout,
+                                        use_bias=use_bias, rngs=rngs)
+        self.satellite_norm = layers.layer_norm(dim, rngs=rngs)
+        self.relay_norm = layers.layer_norm(dim, rngs=rngs)
+
+    def __call__(self, x_BxLxD, padding_mask=None, deterministic=True):
+        b, length, _ = x_BxLxD.shape
+        real_BxL = (jnp.ones((b, length), jnp.bool_) if padding_mask is None
+                    else padding_mask.astype(jnp.bool_))
+        n_Bx1 = jnp.maximum(real_BxL.sum(-1, keepdims=True), 1)
+        pos_1xL = jnp.arange(length)[None]
+        prev_BxL = jnp.where(pos_1xL == 0, n_Bx1 - 1, pos_1xL - 1)
+        next_BxL = jnp.where(pos_1xL >= n_Bx1 - 1, 0, pos_1xL + 1)
+        dropout_fn = self.dropout_fn(deterministic)
+
+        def neighbour(t_BxHxLxK, idx_BxL):
+            return jnp.take_along_axis(t_BxHxLxK, idx_BxL[:, None, :, None], axis=2)
+
+        e_BxLxD = x_BxLxD
+        h_BxLxD = x_BxLxD
+        s_Bx1xD = ((x_BxLxD * real_BxL[..., None]).sum(1, keepdims=True)
+                   / n_Bx1[..., None].astype(x_BxLxD.dtype))
+        ke, ve = self.split_heads(self.key(e_BxLxD)), self.split_heads(self.value(e_BxLxD))
+        for _ in range(self.cycles):
+            q, kh, vh = self.project_qkv(h_BxLxD)
+            ks, vs = self.split_heads(self.key(s_Bx1xD)), self.split_heads(self.value(s_Bx1xD))
+            ks, vs = (jnp.broadcast_to(t, kh.shape) for t in (ks, vs))
+            # The 5 context keys of every satellite: B x H x L x 5 x K.
+            k5 = jnp.stack([neighbour(kh, prev_BxL), kh, neighbour(kh, next_BxL), ke, ks], 3)
+            v5 = jnp.stack([neighbour(vh, prev_BxL), vh, neighbour(vh, next_BxL), ve, vs], 3)
+            logits = jnp.einsum("bhlk,bhlck->bhlc", q, k5,
+                                preferred_element_type=jnp.float32) / math.sqrt(q.shape[-1])
+            weights = jax.nn.softmax(logits, axis=-1)
+            if dropout_fn is not None:
+                weights = dropout_fn(weights)
+            o = jnp.einsum("bhlc,bhlck->bhlk", weights.astype(v5.dtype), v5)
+            h_BxLxD = self.satellite_norm(jax.nn.relu(self.out(self.merge_heads(o))))
+            # Relay: attends to itself and the real satellites.
+            hs_BxLxD = jnp.concatenate([s_Bx1xD, h_BxLxD], axis=1)
+            q_s, k_s, v_s = self.relay.project_qkv(hs_BxLxD)
+            mask = jnp.concatenate([jnp.ones((b, 1), jnp.bool_), real_BxL], 1)
+            o_s = dot_product_attention(q_s[:, :, :1], k_s, v_s,
+                                        mask=mask[:, None, None, :], dropout_fn=dropout_fn)
+            s_Bx1xD = self.relay_norm(jax.nn.relu(self.relay.out(self.relay.merge_heads(o_s))))
+        return h_BxLxD
+
+
+@registry.register("star", capabilities=_caps(
+    "Star-Transformer: ring neighbours, own embedding and a relay node that attends to all",
+    causal=False, test_hparams=dict(cycles=2), dense_equivalent=None))
+def build_star(*, dim, num_heads, max_len, causal, rngs, cycles: int = 2, qkv_dim=None,
+               attention_dropout=0.1, use_bias=True):
+    del max_len, causal  # any length; causal=True is refused by the registry
+    return StarAttention(dim=dim, num_heads=num_heads, cycles=cycles, qkv_dim=qkv_dim,
+                         attention_dropout=attention_dropout, use_bias=use_bias, rngs=rngs)

@@ -1,0 +1,444 @@
+"""Attention patterns as data: which key positions each query position may see.
+
+A pattern is a frozen (hashable) dataclass, so it can be a static argument of a
+jitted function. Every pattern is a predicate on (query position i, key position j)
+evaluated by broadcasting integer arrays, so
+
+    pattern.dense(q_len, kv_len)            -> bool [q, kv]   ([H, q, kv] for per_head)
+    pattern.blocks(q_len, kv_len, bq, bk)   -> BlockLayout (numpy, on the host)
+
+are built without Python loops over positions, and the same predicate evaluated on
+gathered tiles gives the element mask of the block-sparse kernel. Patterns compose
+with `|` (union), `&` (intersection) and `per_head([...])` (head h uses pattern
+h mod len). As in `models.attention.dense.make_attention_mask`, the queries are the
+last q_len of the kv_len positions (query index i is position i + kv_len - q_len).
+
+The sets follow the papers (seeds/001, seeds/004): Sparse Transformer strided
+A1 = {max(0, i-l), ..., i}, A2 = {j : (i-j) mod l == 0}; fixed A1 = {j : floor(j/l) ==
+floor(i/l)}, A2 = {j : j mod l in {l-c, ..., l-1}}; none is forced causal (combine with
+`causal()` for that).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+Array = Any  # numpy or jax array: predicates run on both (xp is the array module)
+
+EMPTY, PARTIAL, FULL = 0, 1, 2
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockLayout:
+    """Block structure of a pattern for (bq x bk) tiles; padding past the ends is empty.
+
+    `layout` int8 [nq, nk] (or [H, nq, nk]): 0 empty, 1 partial, 2 full.
+    `kv_indices` int32 [..., nq, max_nonempty]: the non-empty kv blocks of each query block
+    in increasing order, padded with the last valid index (0 for an empty row).
+    `kv_counts` int32 [..., nq]: how many entries of `kv_indices` are real.
+    """
+
+    layout: np.ndarray
+    kv_indices: np.ndarray
+    kv_counts: np.ndarray
+    block_q: int
+    block_k: int
+
+    @property
+    def num_nonempty(self) -> int:
+        return int(self.kv_counts.sum())
+
+
+class Pattern:
+    """Base: subclasses define `_mask(i, j, xp)` on broadcastable int arrays."""
+
+    num_heads: int | None = None  # set by per_head patterns
+
+    def _mask(self, i: Array, j: Array, xp: Any) -> Array:
+        raise NotImplementedError
+
+    def mask(self, q_pos: Array, k_pos: Array, xp: Any = jnp) -> Array:
+        """Bool predicate on broadcastable absolute positions (a leading H axis if per_head)."""
+        return self._mask(q_pos, k_pos, xp)
+
+    def dense(self, q_len: int, kv_len: int) -> jnp.ndarray:
+        """bool [q_len, kv_len] ([H, q_len, kv_len] for per_head), True = attend."""
+        return _dense(self, q_len, kv_len, jnp)
+
+    def dense_np(self, q_len: int, kv_len: int) -> np.ndarray:
+        """`dense` computed on the host with numpy."""
+        return np.asarray(_dense(self, q_len, kv_len, np))
+
+    def blocks(self, q_len: int, kv_len: int, block_q: int, block_k: int) -> BlockLayout:
+        return _blocks(self, q_len, kv_len, block_q, block_k)
+
+    def __or__(self, other: Pattern) -> Pattern:
+        return Union((self, other))
+
+    def __and__(self, other: Pattern) -> Pattern:
+        return Intersection((self, other))
+
+
+def _dense(pattern: Pattern, q_len: int, kv_len: int, xp: Any) -> Array:
+    offset = kv_len - q_len
+    i = xp.arange(q_len, dtype=xp.int32)[:, None] + offset
+    j = xp.arange(kv_len, dtype=xp.int32)[None, :]
+    shape = (q_len, kv_len) if pattern.num_heads is None else (pattern.num_heads, q_len,
+                                                                 kv_len)
+    return xp.broadcast_to(pattern.mask(i, j, xp), shape)
+
+
+# Host layouts are recomputed for every trace otherwise; patterns are hashable.
+@functools.lru_cache(maxsize=256)
+def _blocks(pattern: Pattern, q_len: int, kv_len: int, bq: int, bk: int) -> BlockLayout:
+    if min(q_len, kv_len, bq, bk) <= 0:
+        raise ValueError(f"lengths and block sizes must be positive, got "
+                         f"{(q_len, kv_len, bq, bk)}")
+    nq, nk = -(-q_len // bq), -(-kv_len // bk)
+    offset = kv_len - q_len
+    q_idx = np.arange(nq * bq, dtype=np.int64)
+    k_idx = np.arange(nk * bk, dtype=np.int64)
+    q_valid = (q_idx < q_len).reshape(nq, bq, 1, 1)
+    k_valid = (k_idx < kv_len)[None, :]
+    # Row chunks bound the host memory to ~16M booleans at a time.
+    rows = max(1, (1 << 24) // (bq * nk * bk))
+    layouts = []
+    for start in range(0, nq, rows):
+        stop = min(nq, start + rows)
+        i = q_idx[start * bq:stop * bq, None] + offset
+        m = np.asarray(pattern.mask(i, k_idx[None, :], np)) & k_valid
+        m = m.reshape(m.shape[:-2] + (stop - start, bq, nk, bk))
+        valid = q_valid[start:stop]
+        # Padded query rows neither make a block non-empty nor keep it from being full.
+        any_ = (m & valid).any(axis=(-3, -1))
+        all_ = (m | ~valid).all(axis=(-3, -1))
+        layouts.append(np.where(all_, FULL, np.where(any_, PARTIAL, EMPTY)).astype(np.int8))
+    layout = np.concatenate(layouts, axis=-2)
+    nonempty = layout != EMPTY
+    counts = nonempty.sum(-1).astype(np.int32)
+    width = max(1, int(counts.max()))
+    # Stable sort puts the non-empty block indices first, in increasing order.
+    order = np.argsort(~nonempty, axis=-1, kind="stable")[..., :width].astype(np.int32)
+    slot = np.arange(width)
+    last = np.take_along_axis(order, np.maximum(counts - 1, 0)[..., None], axis=-1)
+    kv_indices = np.where(slot < counts[..., None], order, np.where(counts[..., None] > 0,
+                                                                     last, 0))
+    return BlockLayout(layout, kv_indices.astype(np.int32), counts, bq, bk)
+
+
+# ----------------------------------------------------------------------------------
+# Composition.
+
+
+@dataclasses.dataclass(frozen=True)
+class Union(Pattern):
+    parts: tuple[Pattern, ...]
+
+    @property
+    def num_heads(self) -> int | None:
+        return _heads(self.parts)
+
+    def _mask(self, i, j, xp):
+        return functools.reduce(lambda a, b: a | b, (p.mask(i, j, xp) for p in self.parts))
+
+
+@dataclasses.dataclass(frozen=True)
+class Intersection(Pattern):
+    parts: tuple[Pattern, ...]
+
+    @property
+    def num_heads(self) -> int | None:
+        return _heads(self.parts)
+
+    def _mask(self, i, j, xp):
+        return functools.reduce(lambda a, b: a & b, (p.mask(i, j, xp) for p in self.parts))
+
+
+def _heads(parts: Sequence[Pattern]) -> int | None:
+    heads = {p.num_heads for p in parts} - {None}
+    if len(heads) > 1:
+        raise ValueError(f"cannot combine per-head patterns with different head counts "
+                         f"{sorted(heads)}")
+    return heads.pop() if heads else None
+
+
+@dataclasses.dataclass(frozen=True)
+class PerHead(Pattern):
+    """Head h uses patterns[h]; the mask gets a leading head axis."""
+
+    patterns: tuple[Pattern, ...]
+
+    def __post_init__(self):
+        if not self.patterns or any(p.num_heads is not None for p in self.patterns):
+            raise ValueError("per_head takes a non-empty list of shared (not per-head) "
+                             "patterns")
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.patterns)
+
+    def _mask(self, i, j, xp):
+        shape = xp.broadcast_shapes(np.shape(i), np.shape(j))
+        return xp.stack([xp.broadcast_to(p.mask(i, j, xp), shape) for p in self.patterns])
+
+
+def per_head(patterns: Sequence[Pattern], num_heads: int | None = None) -> Pattern:
+    """Head h attends with patterns[h % len(patterns)]; num_heads defaults to len(patterns)."""
+    patterns = tuple(patterns)
+    num_heads = len(patterns) if num_heads is None else num_heads
+    return PerHead(tuple(patterns[h % len(patterns)] for h in range(num_heads)))
+
+
+# ----------------------------------------------------------------------------------
+# Primitives.
+
+
+@dataclasses.dataclass(frozen=True)
+class All(Pattern):
+    def _mask(self, i, j, xp):
+        return xp.ones(xp.broadcast_shapes(np.shape(i), np.shape(j)), bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class Causal(Pattern):
+    def _mask(self, i, j, xp):
+        return j <= i
+
+
+@dataclasses.dataclass(frozen=True)
+class Local(Pattern):
+    """Band: i - before <= j <= i + after."""
+
+    before: int
+    after: int
+
+    def _mask(self, i, j, xp):
+        return (j >= i - self.before) & (j <= i + self.after)
+
+
+@dataclasses.dataclass(frozen=True)
+class Strided(Pattern):
+    """Sparse Transformer A2: (i - j) mod stride == 0 (both directions)."""
+
+    stride: int
+
+    def _mask(self, i, j, xp):
+        return (i - j) % self.stride == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class SameBlock(Pattern):
+    """floor(i/block) and floor(j/block) differ by at most `radius` blocks."""
+
+    block: int
+    radius: int = 0
+
+    def _mask(self, i, j, xp):
+        return xp.abs(i // self.block - j // self.block) <= self.radius
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary(Pattern):
+    """Sparse Transformer fixed A2: j mod block in {block - c, ..., block - 1}."""
+
+    block: int
+    c: int
+
+    def _mask(self, i, j, xp):
+        return xp.broadcast_to(j % self.block >= self.block - self.c,
+                               xp.broadcast_shapes(np.shape(i), np.shape(j)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Dilated(Pattern):
+    """j = i + k * dilation for |k| <= window."""
+
+    window: int
+    dilation: int
+
+    def _mask(self, i, j, xp):
+        d = i - j
+        return (xp.abs(d) <= self.window * self.dilation) & (d % self.dilation == 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Global(Pattern):
+    """Tokens in `idx` attend to all positions and are attended by all."""
+
+    idx: tuple[int, ...]
+
+    def _mask(self, i, j, xp):
+        shape = xp.broadcast_shapes(np.shape(i), np.shape(j))
+        out = xp.zeros(shape, bool)
+        for g in self.idx:  # a loop over the few global tokens, not over positions
+            out = out | (i == g) | (j == g)
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Random(Pattern):
+    """Each (block of i, block of j) pair kept independently with probability `rate`.
+
+    The coin is a hash of (i // block, j // block, seed), so the pattern is fixed,
+    needs no state, and is the same under jit, vmap and on the host.
+    """
+
+    rate: float
+    seed: int = 0
+    block: int = 1
+
+    def _mask(self, i, j, xp):
+        if self.rate >= 1.0:
+            return All()._mask(i, j, xp)
+        u32 = xp.uint32
+        h = ((i // self.block).astype(u32) * u32(0x9E3779B1)) ^ (
+            (j // self.block).astype(u32) * u32(0x85EBCA77)) ^ u32(
+                (self.seed * 0xC2B2AE3D + 0x27D4EB2F) & 0xFFFFFFFF)
+        # murmur3's finaliser: every input bit reaches every output bit.
+        h = h ^ (h >> u32(16))
+        h = h * u32(0x85EBCA6B)
+        h = h ^ (h >> u32(13))
+        h = h * u32(0xC2B2AE35)
+        h = h ^ (h >> u32(16))
+        return h < u32(min(int(self.rate * 2.0**32), 0xFFFFFFFF))
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockLocal(Pattern):
+    """Image Transformer 1D: query block [s, s+block) sees [s - memory, s + block)."""
+
+    block: int
+    memory: int
+
+    def _mask(self, i, j, xp):
+        start = (i // self.block) * self.block
+        return (j >= start - self.memory) & (j < start + self.block)
+
+
+@dataclasses.dataclass(frozen=True)
+class Local2D(Pattern):
+    """Image Transformer 2D on a raster of `width` columns.
+
+    Query blocks are query_shape rectangles; each sees its block extended by
+    flange[0] rows above and flange[1] columns left and right.
+    """
+
+    width: int
+    query_shape: tuple[int, int]
+    flange: tuple[int, int]
+
+    def _mask(self, i, j, xp):
+        (qh, qw), (fh, fw) = self.query_shape, self.flange
+        ri, ci, rj, cj = i // self.width, i % self.width, j // self.width, j % self.width
+        r0, c0 = (ri // qh) * qh, (ci // qw) * qw
+        return ((rj >= r0 - fh) & (rj < r0 + qh) & (cj >= c0 - fw) & (cj < c0 + qw + fw))
+
+
+@dataclasses.dataclass(frozen=True)
+class Axial(Pattern):
+    """Same row (axis 0: attend along the row) or same column (axis 1) of a raster."""
+
+    width: int
+    axis: int
+
+    def _mask(self, i, j, xp):
+        if self.axis == 0:
+            return i // self.width == j // self.width
+        return i % self.width == j % self.width
+
+
+def all_() -> Pattern:
+    return All()
+
+
+def causal() -> Pattern:
+    return Causal()
+
+
+def local(window: int, *, before: int | None = None, after: int | None = None) -> Pattern:
+    """|i - j| <= window; `before`/`after` override either side (e.g. after=0)."""
+    _check(window=window)
+    return Local(window if before is None else before, window if after is None else after)
+
+
+def strided(stride: int) -> Pattern:
+    """Sparse Transformer A2 = {j : (i - j) mod stride == 0}."""
+    _check(stride=(stride, 1))
+    return Strided(stride)
+
+
+def sparse_a1(stride: int) -> Pattern:
+    """Sparse Transformer strided A1 = {max(0, i - stride), ..., i}."""
+    return local(stride, after=0)
+
+
+def fixed(block: int, c: int) -> Pattern:
+    """Sparse Transformer fixed pattern A1 | A2 (own block, plus the last c of every block)."""
+    _check(block=(block, 1), c=(c, 1))
+    if c > block:
+        raise ValueError(f"fixed: c ({c}) must be <= block ({block})")
+    return SameBlock(block) | Summary(block, c)
+
+
+def dilated(window: int, dilation: int) -> Pattern:
+    _check(window=window, dilation=(dilation, 1))
+    return Dilated(window, dilation)
+
+
+def global_tokens(idx: Sequence[int]) -> Pattern:
+    return Global(tuple(int(g) for g in idx))
+
+
+def random(rate: float | None = None, *, num_keys: int | None = None,
+           kv_len: int | None = None, seed: int = 0, block: int = 1) -> Pattern:
+    """Random keys, either `rate` directly or `num_keys` out of kv_len (mean per row).
+
+    With block > 1 whole (block x block) tiles are chosen (BigBird's random blocks);
+    then num_keys counts blocks out of ceil(kv_len / block).
+    """
+    if (rate is None) == (num_keys is None):
+        raise ValueError("random: give exactly one of rate and num_keys")
+    if num_keys is not None:
+        if kv_len is None:
+            raise ValueError("random: num_keys needs kv_len")
+        rate = num_keys / math.ceil(kv_len / block)
+    if rate < 0:
+        raise ValueError(f"random: rate must be >= 0, got {rate}")
+    _check(block=(block, 1))
+    return Random(float(min(rate, 1.0)), int(seed), int(block))
+
+
+def block_local(block: int, memory: int = 0) -> Pattern:
+    _check(block=(block, 1), memory=memory)
+    return BlockLocal(block, memory)
+
+
+def block_window(block: int, radius: int = 1) -> Pattern:
+    """Key blocks within `radius` blocks of the query's block (BigBird's window of 3)."""
+    _check(block=(block, 1), radius=radius)
+    return SameBlock(block, radius)
+
+
+def local_2d(width: int, query_shape: tuple[int, int], flange: tuple[int, int]) -> Pattern:
+    _check(width=(width, 1), query_height=(query_shape[0], 1),
+           query_width=(query_shape[1], 1), flange_height=flange[0], flange_width=flange[1])
+    return Local2D(int(width), tuple(map(int, query_shape)), tuple(map(int, flange)))
+
+
+def axial(width: int, axis: int) -> Pattern:
+    _check(width=(width, 1))
+    if axis not in (0, 1):
+        raise ValueError(f"axial: axis must be 0 (rows) or 1 (columns), got {axis}")
+    return Axial(int(width), axis)
+
+
+def _check(**values: int | tuple[int, int]) -> None:
+    for name, value in values.items():
+        value, low = value if isinstance(value, tuple) else (value, 0)
+        if not isinstance(value, (int, np.integer)) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")

@@ -1,0 +1,411 @@
+"""linear / performer / rfa / fast_weight against explicit references.
+
+The conformance suite checks shapes, jit, vmap, gradients, padding and causality;
+here: the math against O(L^2) or step-by-step references, chunk-size independence,
+the recurrent form, the random-feature estimator and the redraw schedule.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from models import registry
+from models.attention import dense, linear
+
+TOL = dict(rtol=2e-5, atol=2e-5)
+
+
+def normal(seed: int, shape: tuple[int, ...], scale: float = 1.0) -> np.ndarray:
+    return (scale * np.random.default_rng(seed).standard_normal(shape)).astype(np.float32)
+
+
+def positive(seed: int, shape: tuple[int, ...]) -> np.ndarray:
+    return np.asarray(linear.elu_feature_map(jnp.asarray(normal(seed, shape))))
+
+
+def build(name: str, *, causal: bool, dim: int = 16, heads: int = 2, **hparams) -> nnx.Module:
+    return registry.build(name, dim=dim, num_heads=heads, max_len=64, causal=causal,
+                          rngs=nnx.Rngs(params=0, dropout=1), **hparams)
+
+
+def quadratic_reference(phi_q, phi_k, v, *, causal, eps=1e-6):
+    """The explicit O(L^2) form: A = phi(Q) phi(K)^T (masked), A V / (A 1 + eps)."""
+    a = np.einsum("bhik,bhjk->bhij", phi_q.astype(np.float64), phi_k.astype(np.float64))
+    if causal:
+        a = np.tril(a)
+    return np.einsum("bhij,bhjd->bhid", a, v) / (a.sum(-1, keepdims=True) + eps)
+
+
+def gated_loop_reference(phi_q, phi_k, v, g, eps=1e-6):
+    """Step by step: S_t = g_t S_{t-1} + phi(k_t) v_t^T, z likewise; y = q S / q z."""
+    b, h, length, k = phi_q.shape
+    s, z = np.zeros((b, h, k, v.shape[-1])), np.zeros((b, h, k))
+    out = np.zeros(v.shape)
+    for t in range(length):
+        s = g[:, :, t, None, None] * s + np.einsum("bhk,bhd->bhkd", phi_k[:, :, t], v[:, :, t])
+        z = g[:, :, t, None] * z + phi_k[:, :, t]
+        den = np.einsum("bhk,bhk->bh", phi_q[:, :, t], z)
+        den = np.where(den >= 0, np.maximum(den, eps), np.minimum(den, -eps))
+        out[:, :, t] = np.einsum("bhk,bhkd->bhd", phi_q[:, :, t], s) / den[..., None]
+    return out
+
+
+def delta_loop_reference(phi_q, phi_k, v, beta, *, causal):
+    """Step by step: S_t = S_{t-1} + beta_t (v_t - S_{t-1} k_t) k_t^T; y_t = S phi(q_t)."""
+    b, h, length, k = phi_q.shape
+    s = np.zeros((b, h, v.shape[-1], k))
+    out = np.zeros(v.shape)
+    for t in range(length):
+        old = np.einsum("bhdk,bhk->bhd", s, phi_k[:, :, t])
+        s = s + np.einsum("bhd,bhk->bhdk", beta[:, :, t, None] * (v[:, :, t] - old),
+                          phi_k[:, :, t])
+        out[:, :, t] = np.einsum("bhdk,bhk->bhd", s, phi_q[:, :, t])
+    if not causal:
+        out = np.einsum("bhdk,bhlk->bhld", s, phi_q)
+    return out
+
+
+# ----------------------------------------------------------------------------- pure functions
+
+
+@pytest.mark.parametrize("causal,chunk_size", [(False, 64), (True, 1), (True, 5), (True, 64)])
+def test_linear_attention_matches_quadratic(causal, chunk_size):
+    # L = 13: chunk size 5 does not divide it (internal padding of the tail); 64 > L.
+    shape = (2, 2, 13, 6)
+    phi_q, phi_k, v = positive(0, shape), positive(1, shape), normal(2, (2, 2, 13, 5))
+    got = linear.linear_attention(jnp.asarray(phi_q), jnp.asarray(phi_k), jnp.asarray(v),
+                                  causal=causal, chunk_size=chunk_size)
+    np.testing.assert_allclose(got, quadratic_reference(phi_q, phi_k, v, causal=causal), **TOL)
+
+
+def test_linear_attention_zeroed_keys_are_padding():
+    # The documented padding contract: zero phi_k and v at padded keys == dropping them.
+    shape = (1, 2, 10, 4)
+    phi_q, phi_k, v = positive(3, shape), positive(4, shape), normal(5, shape)
+    phi_k_padded, v_padded = phi_k.copy(), v.copy()
+    phi_k_padded[:, :, 7:] = 0.0
+    v_padded[:, :, 7:] = 0.0
+    full = linear.linear_attention(jnp.asarray(phi_q), jnp.asarray(phi_k_padded),
+                                   jnp.asarray(v_padded), causal=True, chunk_size=3)
+    prefix = linear.linear_attention(jnp.asarray(phi_q[:, :, :7]), jnp.asarray(phi_k[:, :, :7]),
+                                     jnp.asarray(v[:, :, :7]), causal=True, chunk_size=3)
+    np.testing.assert_allclose(np.asarray(full)[:, :, :7], prefix, **TOL)
+
+
+def test_gated_linear_attention_matches_loop():
+    shape = (2, 2, 11, 4)
+    phi_q, phi_k, v = positive(6, shape), positive(7, shape), normal(8, shape)
+    g = 1.0 / (1.0 + np.exp(-normal(9, shape[:3], 2.0)))
+    got = linear.gated_linear_attention(jnp.asarray(phi_q), jnp.asarray(phi_k), jnp.asarray(v),
+                                        jnp.log(jnp.asarray(g)), chunk_size=3)
+    np.testing.assert_allclose(got, gated_loop_reference(phi_q, phi_k, v, g), **TOL)
+
+
+def test_dpfp_features():
+    x = normal(14, (3, 4))
+    phi = np.asarray(linear.dpfp_feature_map(jnp.asarray(x), nu=2))
+    r = np.concatenate([np.maximum(x, 0), np.maximum(-x, 0)], -1)
+    want = np.concatenate([r * np.roll(r, 1, -1), r * np.roll(r, 2, -1)], -1)
+    np.testing.assert_allclose(phi, want, rtol=1e-6)
+    assert phi.shape == (3, 16)
+
+
+# ----------------------------------------------------------------------------- linear
+
+
+def test_linear_step_matches_causal_parallel():
+    model = build("linear", causal=True, dim=16, chunk_size=4)
+    x = jnp.asarray(normal(15, (2, 9, 16)))
+    y_parallel = model(x, deterministic=True)
+    graphdef, weights = nnx.split(model)
+    step = jax.jit(lambda state, x_t: nnx.merge(graphdef, weights).step(state, x_t))
+    state = model.init_state(2)
+    for t in range(9):
+        state, y_t = step(state, x[:, t])
+        np.testing.assert_allclose(y_t, y_parallel[:, t], **TOL)
+
+
+def test_linear_module_matches_explicit_attention():
+    # End to end through the module: projections, elu + 1, masked quadratic reference.
+    model = build("linear", causal=True, dim=16, chunk_size=3)
+    x = jnp.asarray(normal(16, (2, 10, 16)))
+    q, k, v = (np.asarray(a) for a in model.project_qkv(x))
+    phi = lambda a: np.asarray(linear.elu_feature_map(jnp.asarray(a)))  # noqa: E731
+    o = quadratic_reference(phi(q), phi(k), v, causal=True).astype(np.float32)
+    want = model.out(model.merge_heads(jnp.asarray(o)))
+    np.testing.assert_allclose(model(x, deterministic=True), want, **TOL)
+
+
+# ----------------------------------------------------------------------------- performer
+
+
+def test_performer_error_falls_with_num_features():
+    """FAVOR+ estimates softmax attention: mean error over draws falls with m."""
+    d, length, draws = 16, 64, 8
+    q = jnp.asarray(normal(17, (1, 1, length, d), 0.5))
+    k = jnp.asarray(normal(18, (1, 1, length, d), 0.5))
+    v = jnp.asarray(normal(19, (1, 1, length, d)))
+    exact = np.asarray(dense.dot_product_attention(q, k, v))
+
+    @jax.jit
+    def mean_error(w_SxMxK):  # over S draws
+        def one(w_MxK):
+            phi_q = linear.favor_softmax_features(q, w_MxK, is_query=True)
+            phi_k = linear.favor_softmax_features(k, w_MxK, is_query=False)
+            return jnp.mean(jnp.abs(linear.linear_attention(phi_q, phi_k, v, causal=False)
+                                    - exact))
+        return jnp.mean(jax.vmap(one)(w_SxMxK))
+
+    errors = []
+    for m in (16, 64, 256, 1024):
+        w = np.stack([linear._orthogonal_gaussian_np(np.random.default_rng(seed), m, d)
+                      for seed in range(draws)])
+        errors.append(float(mean_error(jnp.asarray(w))))
+    assert all(a > b for a, b in zip(errors, errors[1:])), errors
+    # Close for large m (the error shrinks like 1/sqrt(m): about 0.06 relative here).
+    assert errors[-1] < 0.15 * np.mean(np.abs(exact)), errors
+    assert errors[-1] < errors[0] / 4, errors
+
+
+def assert_orthogonal_gaussian(w: np.ndarray, d: int) -> None:
+    """Orthogonal within each block of d rows; norms chi(d): mean |w|^2 = d."""
+    m = w.shape[0]
+    assert w.shape == (m, d)
+    unit = w / np.linalg.norm(w, axis=-1, keepdims=True)
+    for block in (unit[:d], unit[-d:]):
+        np.testing.assert_allclose(block @ block.T, np.eye(d), atol=1e-5)
+    sq_norms = (w ** 2).sum(-1)
+    assert abs(sq_norms.mean() - d) < 4 * np.sqrt(2 * d / m)  # chi-square(d): var 2d
+    assert sq_norms.std() > 1.0  # not all equal
+
+
+def test_orthogonal_gaussian_rows_numpy():
+    assert_orthogonal_gaussian(linear._orthogonal_gaussian_np(np.random.default_rng(3), 512, 8), 8)
+
+
+def test_performer_causal_matches_unstabilised_quadratic():
+    """The causal path (running-max stabiliser carried as a decay) is exact FAVOR+:
+    equal to the masked quadratic form of the unstabilised features."""
+    d, m, length = 8, 32, 13
+    q = jnp.asarray(normal(20, (2, 2, length, d)))
+    k = jnp.asarray(normal(21, (2, 2, length, d)))
+    v = normal(22, (2, 2, length, d))
+    w = jnp.asarray(linear._orthogonal_gaussian_np(np.random.default_rng(0), m, d))
+    phi_q = linear.favor_softmax_features(q, w, is_query=True)
+    phi_k, log_g = linear.favor_causal_key_features(k, w)
+    got = linear.gated_linear_attention(phi_q, phi_k, jnp.asarray(v), log_g, chunk_size=4)
+    # Unstabilised keys in float64: exp(w.k' - |k'|^2 / 2) / sqrt(m).
+    kk = np.asarray(k, np.float64) * d ** -0.25
+    raw_k = np.exp(kk @ np.asarray(w, np.float64).T
+                   - 0.5 * (kk ** 2).sum(-1, keepdims=True)) / np.sqrt(m)
+    # eps is relative to the stabilised scale, so compare with eps = 0 here.
+    want = quadratic_reference(np.asarray(phi_q), raw_k, v, causal=True, eps=0.0)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_performer_causal_padding_keeps_stabiliser():
+    # A huge padded key must not shift the real keys' running max.
+    model = build("performer", causal=True, num_features=32, chunk_size=4)
+    x = normal(23, (1, 10, 16))
+    mask = jnp.asarray(np.arange(10) != 3)[None]
+    x_big = x.copy()
+    x_big[:, 3] *= 50.0
+    y = np.asarray(model(jnp.asarray(x), padding_mask=mask, deterministic=True))
+    y_big = np.asarray(model(jnp.asarray(x_big), padding_mask=mask, deterministic=True))
+    real = np.asarray(mask)
+    np.testing.assert_allclose(y[real], y_big[real], **TOL)
+
+
+def features_of(model: nnx.Module) -> np.ndarray:
+    return np.asarray(model.projection.features[...])
+
+
+def test_performer_redraws_on_schedule_and_freezes_in_eval():
+    """Eval calls never redraw. Training calls, as in the loop's train step (jit of
+    nnx.grad over Params only), redraw every `redraw_interval` calls and carry the
+    features and the counter out of the differentiated call, into `rest`."""
+    model = build("performer", causal=False, num_features=32, redraw_interval=3)
+    x = jnp.asarray(normal(24, (2, 8, 16)))
+    w0 = features_of(model)
+    for _ in range(3):
+        model(x, deterministic=True)
+    np.testing.assert_array_equal(features_of(model), w0)
+    assert int(model.projection.count[...]) == 0
+
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    @jax.jit
+    def train_step(params, rest):
+        module = nnx.merge(graphdef, params, rest)
+        grad_fn = nnx.grad(lambda m: jnp.sum(m(x, deterministic=False) ** 2),
+                           argnums=nnx.DiffState(0, nnx.Param))
+        grads = grad_fn(module)
+        return grads, nnx.state(module, nnx.Not(nnx.Param))
+
+    seen = []
+    for _ in range(6):
+        grads, rest = train_step(params, rest)
+        assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
+        seen.append(features_of(nnx.merge(graphdef, params, rest)))
+    np.testing.assert_array_equal(seen[0], w0)
+    np.testing.assert_array_equal(seen[1], w0)
+    assert not np.allclose(seen[2], w0)  # the 3rd training call redraws
+    np.testing.assert_array_equal(seen[3], seen[2])
+    np.testing.assert_array_equal(seen[4], seen[2])
+    assert not np.allclose(seen[5], seen[2])  # and the 6th, with fresh randomness
+    assert_orthogonal_gaussian(seen[5], model.head_dim)  # drawn by the jax path
+
+
+def test_performer_relu_kernel_matches_quadratic():
+    model = build("performer", causal=False, num_features=16, kernel="relu")
+    x = jnp.asarray(normal(25, (2, 7, 16)))
+    q, k, v = (np.asarray(a) for a in model.project_qkv(x))
+    w = np.asarray(model.projection.features[...])
+    phi = lambda a: np.maximum(a @ w.T, 0.0) / 4.0 + 1e-3  # noqa: E731  (sqrt(16) = 4)
+    o = quadratic_reference(phi(q), phi(k), v, causal=False).astype(np.float32)
+    want = model.out(model.merge_heads(jnp.asarray(o)))
+    np.testing.assert_allclose(model(x, deterministic=True), want, **TOL)
+
+
+# ----------------------------------------------------------------------------- rfa
+
+
+def rfa_reference(model, x, mask=None):
+    """Gated RFA step by step from the module's own weights (numpy loop)."""
+    q, k, v = (np.asarray(a, np.float64) for a in model.project_qkv(x))
+    inv_tau = jnp.exp(-model.log_temperature[...])
+    w = model.projection.features[...]
+    phi_q = np.asarray(linear.trig_features(jnp.asarray(q), w, inv_tau), np.float64)
+    phi_k = np.asarray(linear.trig_features(jnp.asarray(k), w, inv_tau), np.float64)
+    g = np.asarray(jax.nn.sigmoid(model.gate(x)), np.float64).transpose(0, 2, 1)
+    if mask is not None:  # a padded step neither decays nor writes
+        real = np.asarray(mask)[:, None, :]
+        g = np.where(real, g, 1.0)
+        phi_k = np.where(real[..., None], phi_k, 0.0)
+    o = gated_loop_reference(phi_q, phi_k * (1.0 - g)[..., None], v, g)
+    return model.out(model.merge_heads(jnp.asarray(o, jnp.float32)))
+
+
+def test_rfa_gated_matches_loop_with_padding():
+    model = build("rfa", causal=True, num_features=16, gate=True, chunk_size=4)
+    x = jnp.asarray(normal(26, (2, 11, 16)))
+    np.testing.assert_allclose(model(x, deterministic=True), rfa_reference(model, x), **TOL)
+    # Padding in the middle and at the end; padded inputs changed: real outputs equal.
+    mask = jnp.asarray(np.array([[1] * 11, [1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 0]], bool))
+    x_changed = jnp.where(mask[..., None], x, jnp.asarray(normal(27, (2, 11, 16), 3.0)))
+    y = np.asarray(model(x, padding_mask=mask, deterministic=True))
+    y_changed = np.asarray(model(x_changed, padding_mask=mask, deterministic=True))
+    real = np.asarray(mask)
+    np.testing.assert_allclose(y[real], y_changed[real], **TOL)
+    np.testing.assert_allclose(y[real], np.asarray(rfa_reference(model, x, mask))[real], **TOL)
+
+
+def test_rfa_gated_is_causal():
+    model = build("rfa", causal=True, num_features=16, gate=True, chunk_size=4)
+    x = normal(28, (1, 10, 16))
+    x_future = x.copy()
+    x_future[:, 6:] = normal(29, (1, 4, 16))
+    y = np.asarray(model(jnp.asarray(x), deterministic=True))
+    y_future = np.asarray(model(jnp.asarray(x_future), deterministic=True))
+    np.testing.assert_allclose(y[:, :6], y_future[:, :6], **TOL)
+    assert not np.allclose(y[:, 6], y_future[:, 6])
+
+
+def test_rfa_gate_needs_causal():
+    with pytest.raises(ValueError, match="causal"):
+        build("rfa", causal=False, gate=True)
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.7])
+def test_rfa_features_estimate_unit_softmax(tau):
+    # E[phi(x).phi(y)] = exp((x^.y^ - 1) / tau^2) for unit x^, y^.
+    d, m = 8, 4096
+    x, y = normal(30, (1, 1, 3, d)), normal(31, (1, 1, 3, d))
+    w = jnp.asarray(linear._orthogonal_gaussian_np(np.random.default_rng(1), m, d))
+    inv_tau = jnp.full((1,), 1.0 / tau)
+    est = np.einsum("bhik,bhjk->ij", linear.trig_features(jnp.asarray(x), w, inv_tau),
+                    linear.trig_features(jnp.asarray(y), w, inv_tau))
+    xh = x[0, 0] / np.linalg.norm(x[0, 0], axis=-1, keepdims=True)
+    yh = y[0, 0] / np.linalg.norm(y[0, 0], axis=-1, keepdims=True)
+    np.testing.assert_allclose(est, np.exp((xh @ yh.T - 1.0) / tau ** 2), atol=0.05)
+
+
+# ----------------------------------------------------------------------------- fast_weight
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fast_weight_module_matches_loop(causal):
+    model = build("fast_weight", causal=causal, chunk_size=4)
+    x = jnp.asarray(normal(32, (2, 9, 16)))
+    mask = jnp.asarray(np.array([[1] * 9, [1] * 6 + [0] * 3], bool))
+    q, k, v = (np.asarray(a, np.float64) for a in model.project_qkv(x))
+    phi_q, phi_k = np.asarray(model.phi(jnp.asarray(q))), np.asarray(model.phi(jnp.asarray(k)))
+    beta = np.asarray(jax.nn.sigmoid(model.beta(x))).transpose(0, 2, 1)
+    beta = np.where(np.asarray(mask)[:, None, :], beta, 0.0)  # padded steps write nothing
+    o = delta_loop_reference(phi_q, phi_k, v, beta, causal=causal)
+    want = np.asarray(model.out(model.merge_heads(jnp.asarray(o, jnp.float32))))
+    got = np.asarray(model(x, padding_mask=mask, deterministic=True))
+    real = np.asarray(mask)
+    np.testing.assert_allclose(got[real], want[real], **TOL)
+
+
+def test_fast_weight_elu_option():
+    model = build("fast_weight", causal=True, feature_map="elu")
+    phi = model.phi(jnp.asarray(normal(33, (1, 2, 3, 8))))
+    assert phi.shape == (1, 2, 3, 8)
+    np.testing.assert_allclose(np.asarray(phi).sum(-1), 1.0, rtol=1e-5)
+    with pytest.raises(ValueError, match="feature_map"):
+        build("fast_weight", causal=True, feature_map="cosine")
+
+
+# ----------------------------------------------------------------------------- training loop
+
+
+def _train(name, tiny_listops_config, listops_dir, workdir, **hparams):
+    import ml_collections
+
+    from configs import presets
+    from lra import train
+
+    config = tiny_listops_config(listops_dir, model=name, num_train_steps=2, eval_frequency=2,
+                                 num_eval_steps=1)
+    config.model_hparams = ml_collections.ConfigDict(
+        {**presets.model_hparams(name, "listops"), **hparams})
+    return config, train.train_and_evaluate(config, str(workdir))
+
+
+@pytest.mark.slow
+def test_performer_redraws_inside_the_training_loop(tiny_listops_config, listops_dir,
+                                                    tmp_path):
+    """The jitted train step carries the redrawn features (non-Param state) forward,
+    and the checkpoint holds them."""
+    import lra.tasks
+    from lra import checkpoint, train
+
+    config, results = _train("performer", tiny_listops_config, listops_dir, tmp_path,
+                             num_features=16, redraw_interval=1)
+    assert np.isfinite(results["test_loss"])
+    initial = train.build_model(config, lra.tasks.get("listops"))
+    graphdef, params, rest = nnx.split(initial, nnx.Param, ...)
+    ckpts = checkpoint.Checkpoints(str(tmp_path))
+    weights, info = ckpts.restore_best({"params": params, "rest": rest})
+    ckpts.close()
+    assert info["step"] == 2
+    trained = nnx.merge(graphdef, weights["params"], weights["rest"])
+    before = jax.tree.leaves(nnx.state(initial, linear.RandomFeatures))
+    after = jax.tree.leaves(nnx.state(trained, linear.RandomFeatures))
+    assert len(before) == len(after) == config.num_layers
+    for w0, w2 in zip(before, after):
+        assert w0.shape == w2.shape == (16, config.qkv_dim // config.num_heads)
+        assert not np.allclose(np.asarray(w0), np.asarray(w2))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["linear", "rfa", "fast_weight"])
+def test_trains_through_the_loop(name, tiny_listops_config, listops_dir, tmp_path):
+    _, results = _train(name, tiny_listops_config, listops_dir, tmp_path)
+    assert np.isfinite(results["test_loss"])
+    assert results["steps"] == 2

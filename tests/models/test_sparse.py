@@ -1,0 +1,356 @@
+"""Block-sparse kernel and the pattern variants against explicit O(L^2) references."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from models import masks, registry
+from models.attention import sparse
+from models.attention.dense import dot_product_attention
+from models.kernels import block_sparse_attention
+
+B, H, D = 2, 2, 8
+TOL = dict(rtol=2e-5, atol=2e-5)
+PATTERN_VARIANTS = ["local", "strided", "fixed", "dilated", "global", "random",
+                    "block_local", "local_2d", "longformer", "bigbird", "axial"]
+
+
+def normal(seed, shape):
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
+
+
+def reference_attention(q, k, v, allowed_HxQxKv, key_mask_BxKv=None) -> np.ndarray:
+    """Softmax over the allowed keys of each query, one query at a time (numpy, float64)."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    b, h, q_len, d = q.shape
+    out = np.zeros((b, h, q_len, v.shape[-1]))
+    for bi in range(b):
+        for hi in range(h):
+            for i in range(q_len):
+                keys = np.flatnonzero(allowed_HxQxKv[hi, i] & (
+                    True if key_mask_BxKv is None else np.asarray(key_mask_BxKv[bi])))
+                if keys.size == 0:
+                    continue  # no key: output 0, as dot_product_attention
+                s = q[bi, hi, i] @ k[bi, hi, keys].T / np.sqrt(d)
+                w = np.exp(s - s.max())
+                out[bi, hi, i] = (w / w.sum()) @ v[bi, hi, keys]
+    return out
+
+
+def heads(allowed, h=H):
+    allowed = np.asarray(allowed)
+    return allowed if allowed.ndim == 3 else np.broadcast_to(allowed, (h,) + allowed.shape)
+
+
+KERNEL_CASES = [
+    ("local", masks.local(3), 8, 4),
+    ("fixed", masks.fixed(8, 2), 8, 8),
+    ("strided_union", masks.sparse_a1(5) | masks.strided(5), 4, 8),
+    ("per_head_causal", masks.per_head([masks.local(2), masks.strided(4)]) & masks.causal(),
+     8, 4),
+    ("random_blocks", masks.random(0.3, seed=3, block=4) | masks.global_tokens([0]), 4, 4),
+    ("local_2d", masks.local_2d(6, (2, 3), (1, 1)), 6, 6),
+    ("empty_rows", masks.strided(4) & masks.local(2), 4, 4),  # rows with no key at all
+]
+
+
+@pytest.mark.parametrize("name,pattern,bq,bk", KERNEL_CASES, ids=[c[0] for c in KERNEL_CASES])
+def test_kernel_matches_reference(name, pattern, bq, bk):
+    del name
+    q_len = kv_len = 37
+    q, k, v = (normal(s, (B, H, q_len, D)) for s in range(3))
+    key_mask = jnp.arange(kv_len)[None] < jnp.array([[kv_len], [29]])
+    out = jax.jit(lambda q, k, v, m: block_sparse_attention(
+        q, k, v, pattern, padding_mask=m, block_q=bq, block_k=bk))(q, k, v, key_mask)
+    expected = reference_attention(q, k, v, heads(pattern.dense_np(q_len, kv_len)), key_mask)
+    np.testing.assert_allclose(np.asarray(out), expected, **TOL)
+
+
+def test_kernel_fewer_queries_than_keys():
+    pattern = masks.local(4) & masks.causal()
+    q = normal(0, (B, H, 7, D))
+    k, v = normal(1, (B, H, 21, D)), normal(2, (B, H, 21, D))
+    out = jax.jit(lambda q, k, v: block_sparse_attention(q, k, v, pattern, block_q=4,
+                                                         block_k=4))(q, k, v)
+    expected = reference_attention(q, k, v, heads(pattern.dense_np(7, 21)))
+    np.testing.assert_allclose(np.asarray(out), expected, **TOL)
+
+
+GRAD_CASES = [KERNEL_CASES[0], KERNEL_CASES[3]]  # the variants' test covers the others
+
+
+@pytest.mark.parametrize("name,pattern,bq,bk", GRAD_CASES, ids=[c[0] for c in GRAD_CASES])
+def test_kernel_gradients_match_dense(name, pattern, bq, bk):
+    del name
+    length = 29
+    q, k, v = (normal(s, (B, H, length, D)) for s in range(3))
+    w = normal(9, (B, H, length, D))
+    key_mask = jnp.arange(length)[None] < jnp.array([[length], [20]])
+    allowed = jnp.asarray(heads(pattern.dense_np(length, length)))[None]
+    dense_mask = allowed & key_mask[:, None, None, :]
+
+    def loss_sparse(q, k, v):
+        return jnp.sum(w * block_sparse_attention(q, k, v, pattern, padding_mask=key_mask,
+                                                  block_q=bq, block_k=bk))
+
+    def loss_dense(q, k, v):
+        return jnp.sum(w * dot_product_attention(q, k, v, mask=dense_mask))
+
+    g_sparse = jax.jit(jax.grad(loss_sparse, argnums=(0, 1, 2)))(q, k, v)
+    g_dense = jax.jit(jax.grad(loss_dense, argnums=(0, 1, 2)))(q, k, v)
+    for a, b in zip(g_sparse, g_dense):
+        assert np.abs(np.asarray(b)).max() > 0
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), **TOL)
+
+
+def test_kernel_work_grows_with_nonempty_blocks():
+    """The gathered logits are Nq x Bq x (M x Bk): linear in L for a band."""
+    def logits_elements(length):
+        q = jax.ShapeDtypeStruct((1, 1, length, 16), jnp.float32)
+        jaxpr = jax.make_jaxpr(lambda q, k, v: block_sparse_attention(
+            q, k, v, masks.local(32), block_q=32, block_k=32))(q, q, q)
+        return max(int(np.prod(e.aval.shape)) for e in jaxpr.jaxpr.outvars + [
+            v for eqn in jaxpr.eqns for v in eqn.outvars] if e.aval.dtype == jnp.float32)
+    # At most 3 key blocks of 32 per query; an L x L array would be 32x larger.
+    assert 1024 * 2 * 32 < logits_elements(1024) <= 1024 * 3 * 32
+    assert logits_elements(2048) == 2 * logits_elements(1024) + 2 * 3 * 32 * 32  # nq - 2 rows
+
+
+def test_dense_rows_do_not_widen_the_others():
+    """Global rows need every key block; the other rows still gather only their own."""
+    pattern = masks.local(8) | masks.global_tokens([0])
+    q = jax.ShapeDtypeStruct((1, 1, 512, 8), jnp.float32)
+    jaxpr = jax.make_jaxpr(lambda q, k, v: block_sparse_attention(
+        q, k, v, pattern, block_q=8, block_k=8))(q, q, q)
+    biggest = max(int(np.prod(v.aval.shape)) for eqn in jaxpr.eqns for v in eqn.outvars)
+    assert biggest <= 512 * 4 * 8 + 8 * 512  # banded rows (<= 4 blocks) + the global row
+
+
+def test_pallas_backend_not_yet():
+    q = normal(0, (1, 1, 8, 4))
+    with pytest.raises(NotImplementedError, match="pallas"):
+        block_sparse_attention(q, q, q, masks.local(1), backend="pallas")
+    with pytest.raises(ValueError, match="backend"):
+        block_sparse_attention(q, q, q, masks.local(1), backend="cuda")
+
+
+# ----------------------------------------------------------------------------------
+# Variants.
+
+LEN, DIM = 16, 32
+
+
+def build(name, **overrides):
+    hparams = {**registry.capabilities(name).test_hparams, **overrides}
+    causal = hparams.pop("causal", False)
+    return registry.build(name, dim=DIM, num_heads=H, max_len=LEN, causal=causal,
+                          rngs=nnx.Rngs(params=0, dropout=1), **hparams)
+
+
+def key_mask():
+    return jnp.arange(LEN)[None] < jnp.array([[LEN], [11]])
+
+
+@pytest.mark.parametrize("name", PATTERN_VARIANTS)
+def test_dense_and_blocksparse_agree(name):
+    """Same weights, both implementations: outputs and gradients (causal where supported)."""
+    causal = registry.capabilities(name).causal
+    models = [build(name, attention_impl=impl, causal=causal)
+              for impl in ("dense", "blocksparse")]
+    x, w, mask = normal(0, (B, LEN, DIM)), normal(1, (B, LEN, DIM)), key_mask()
+    results = []
+    for model in models:
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+        def loss(params, x):
+            y = nnx.merge(graphdef, params, rest)(x, padding_mask=mask)
+            return jnp.sum(jnp.where(mask[..., None], y * w, 0.0)), y
+
+        (_, y), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(
+            params, x)
+        results.append((y, grads))
+    (y_d, g_d), (y_s, g_s) = results
+    real = np.asarray(mask)
+    np.testing.assert_allclose(np.asarray(y_s)[real], np.asarray(y_d)[real], **TOL)
+    for a, b in zip(jax.tree.leaves(g_s), jax.tree.leaves(g_d)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), **TOL)
+
+
+def from_sets(allowed, length=LEN):
+    return np.array([[bool(allowed(i, j)) for j in range(length)] for i in range(length)])
+
+
+# The test_hparams patterns written out as sets (per head when the variant splits heads).
+EXPECTED = {
+    "local": lambda i, j: abs(i - j) <= 2,
+    "strided": [lambda i, j: i - 4 <= j <= i, lambda i, j: (i - j) % 4 == 0],
+    "fixed": [lambda i, j: i // 4 == j // 4, lambda i, j: j % 4 == 3],
+    "dilated": lambda i, j: abs(i - j) <= 4 and (i - j) % 2 == 0,
+    "global": lambda i, j: i < 2 or j < 2 or i == j,
+    "block_local": lambda i, j: i - i % 4 - 2 <= j < i - i % 4 + 4,
+    "local_2d": lambda i, j: (i // 4 - i // 4 % 2 - 1 <= j // 4 < i // 4 - i // 4 % 2 + 2
+                              and i % 4 - i % 4 % 2 - 1 <= j % 4 < i % 4 - i % 4 % 2 + 3),
+    "longformer": [lambda i, j: i == 0 or j == 0 or (abs(i - j) <= 4 and (i - j) % 2 == 0),
+                   lambda i, j: i == 0 or j == 0 or abs(i - j) <= 2],
+}
+
+
+def pattern_reference(model, x, allowed_HxLxL, key_mask_BxL):
+    q, k, v = model.project_qkv(x)
+    o = reference_attention(q, k, v, allowed_HxLxL, key_mask_BxL)
+    return model.out(model.merge_heads(jnp.asarray(o, jnp.float32)))
+
+
+# blocksparse == dense is test_dense_and_blocksparse_agree; the rest run under `slow`.
+@pytest.mark.parametrize("impl", ["dense", pytest.param("blocksparse", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_variant_matches_its_set_definition(name, impl):
+    spec = EXPECTED[name]
+    allowed = np.stack([from_sets(f) for f in (spec if isinstance(spec, list) else [spec] * H)])
+    model = build(name, attention_impl=impl)
+    x, mask = normal(3, (B, LEN, DIM)), key_mask()
+    y = model(x, padding_mask=mask)
+    expected = pattern_reference(model, x, allowed, mask)
+    real = np.asarray(mask)
+    np.testing.assert_allclose(np.asarray(y)[real], np.asarray(expected)[real], **TOL)
+
+
+def test_causal_variant_is_pattern_and_causal():
+    model = build("strided", causal=True)
+    x = normal(4, (B, LEN, DIM))
+    tri = np.tri(LEN, dtype=bool)
+    allowed = np.stack([from_sets(f) for f in EXPECTED["strided"]]) & tri
+    np.testing.assert_allclose(np.asarray(model(x)),
+                               np.asarray(pattern_reference(model, x, allowed, None)), **TOL)
+    # LRA's behaviour (always causal) is an explicit option; the default is not causal.
+    lra = build("strided", lra_causal=True)
+    np.testing.assert_allclose(np.asarray(lra(x)),
+                               np.asarray(pattern_reference(lra, x, allowed, None)), **TOL)
+    assert not np.allclose(np.asarray(build("strided")(x)), np.asarray(lra(x)), **TOL)
+
+
+def test_random_variant_is_seeded_and_sees_num_random_keys_on_average():
+    pattern = sparse.build_random(dim=DIM, num_heads=H, max_len=256, causal=False,
+                                  rngs=nnx.Rngs(0), num_random=8).pattern
+    m = pattern.dense_np(256, 256)
+    assert 6 < m.sum(1).mean() - 1 < 10 and m.diagonal().all()
+    other = sparse.build_random(dim=DIM, num_heads=H, max_len=256, causal=False,
+                                rngs=nnx.Rngs(0), num_random=8, seed=1).pattern
+    assert (other.dense_np(256, 256) != m).any()
+
+
+def test_global_extra_tokens_reference():
+    model = build("global", extra_tokens=True, num_global=2)
+    x, mask = normal(5, (B, LEN, DIM)), key_mask()
+    g = jnp.broadcast_to(model.global_embedding[...][None], (B, 2, DIM))
+    x_ext = jnp.concatenate([g, x], axis=1)
+    mask_ext = jnp.concatenate([jnp.ones((B, 2), bool), mask], axis=1)
+    allowed = heads(from_sets(lambda i, j: i < 2 or j < 2 or i == j, LEN + 2))
+    expected = pattern_reference(model, x_ext, allowed, mask_ext)[:, 2:]
+    y = model(x, padding_mask=mask)
+    real = np.asarray(mask)
+    np.testing.assert_allclose(np.asarray(y)[real], np.asarray(expected)[real], **TOL)
+
+
+@pytest.mark.parametrize("impl", ["dense", "blocksparse"])
+def test_axial_sum_is_row_pass_plus_column_pass(impl):
+    model = build("axial", attention_impl=impl)  # width 4: a 4 x 4 raster
+    x, mask = normal(6, (B, LEN, DIM)), key_mask()
+    q, k, v = model.project_qkv(x)
+    rows = heads(from_sets(lambda i, j: i // 4 == j // 4))
+    cols = heads(from_sets(lambda i, j: i % 4 == j % 4))
+    o = (reference_attention(q, k, v, rows, mask) + reference_attention(q, k, v, cols, mask))
+    expected = model.out(model.merge_heads(jnp.asarray(o, jnp.float32)))
+    real = np.asarray(mask)
+    np.testing.assert_allclose(np.asarray(model(x, padding_mask=mask))[real],
+                               np.asarray(expected)[real], **TOL)
+    split = build("axial", mode="split", attention_impl=impl)
+    q, k, v = split.project_qkv(x)
+    o = reference_attention(q, k, v, np.stack([rows[0], cols[0]]), mask)
+    expected = split.out(split.merge_heads(jnp.asarray(o, jnp.float32)))
+    np.testing.assert_allclose(np.asarray(split(x, padding_mask=mask))[real],
+                               np.asarray(expected)[real], **TOL)
+
+
+def test_transformer_blocksparse_equals_dense():
+    x, mask = normal(7, (B, LEN, DIM)), key_mask()
+    dense = registry.build("transformer", dim=DIM, num_heads=H, max_len=LEN,
+                           rngs=nnx.Rngs(0), attention_dropout=0.0)
+    blocky = registry.build("transformer", dim=DIM, num_heads=H, max_len=LEN,
+                            rngs=nnx.Rngs(0), attention_dropout=0.0,
+                            attention_impl="blocksparse")
+    real = np.asarray(mask)
+    np.testing.assert_allclose(np.asarray(blocky(x, padding_mask=mask))[real],
+                               np.asarray(dense(x, padding_mask=mask))[real], **TOL)
+
+
+def test_bad_hparams_are_clear_errors():
+    with pytest.raises(registry.RegistryError, match="attention_impl"):
+        build("local", attention_impl="pallas")
+    with pytest.raises(registry.RegistryError, match="heads"):
+        build("strided", heads="both")
+    with pytest.raises(registry.RegistryError, match="causal"):
+        build("bigbird", causal=True)
+
+
+@pytest.mark.slow  # ~20 s each; launch.py runs of every variant are in the issue log
+@pytest.mark.parametrize("name", PATTERN_VARIANTS)
+def test_trains_two_steps(name, listops_dir, tiny_listops_config, tmp_path):
+    from lra import train
+
+    config = tiny_listops_config(listops_dir, model=name, num_train_steps=2,
+                                 eval_frequency=2, checkpoint_freq=2, num_eval_steps=1)
+    config.attention_impl = "blocksparse"
+    results = train.train_and_evaluate(config, str(tmp_path))
+    assert results["steps"] == 2 and np.isfinite(results["test_accuracy"])
+
+
+def softmax_attend(q_K, keys_NxK, values_NxD):
+    s = keys_NxK @ q_K / np.sqrt(q_K.shape[-1])
+    w = np.exp(s - s.max())
+    return (w / w.sum()) @ values_NxD
+
+
+def star_reference(model, x_LxD: np.ndarray, n: int) -> np.ndarray:
+    """Star-Transformer on the first n (real) tokens, one node at a time."""
+    def lin(layer, a):
+        return np.asarray(layer(jnp.asarray(a, jnp.float32)), np.float64)
+
+    def per_head(layer, a):  # L x D -> H x L x K
+        p = lin(layer, a)
+        return p.reshape(p.shape[0], H, -1).transpose(1, 0, 2)
+
+    def norm(layer, a):
+        return np.asarray(layer(jnp.asarray(np.maximum(a, 0.0), jnp.float32)), np.float64)
+
+    e = np.asarray(x_LxD[:n], np.float64)
+    h, s = e.copy(), e.mean(0, keepdims=True)
+    ke, ve = per_head(model.key, e), per_head(model.value, e)
+    for _ in range(model.cycles):
+        q, kh, vh = per_head(model.query, h), per_head(model.key, h), per_head(model.value, h)
+        ks, vs = per_head(model.key, s), per_head(model.value, s)
+        o = np.zeros((n, H, q.shape[-1]))
+        for i in range(n):
+            ctx = [(i - 1) % n, i, (i + 1) % n]
+            for hd in range(H):
+                keys = np.concatenate([kh[hd, ctx], ke[hd, [i]], ks[hd]])
+                vals = np.concatenate([vh[hd, ctx], ve[hd, [i]], vs[hd]])
+                o[i, hd] = softmax_attend(q[hd, i], keys, vals)
+        h = norm(model.satellite_norm, lin(model.out, o.reshape(n, -1)))
+        hs = np.concatenate([s, h])
+        qs, kr, vr = (per_head(getattr(model.relay, p), hs) for p in ("query", "key", "value"))
+        o_s = np.stack([softmax_attend(qs[hd, 0], kr[hd], vr[hd]) for hd in range(H)])
+        s = norm(model.relay_norm, lin(model.relay.out, o_s.reshape(1, -1)))
+    return h
+
+
+def test_star_matches_reference():
+    model = build("star")
+    x, mask = normal(8, (B, LEN, DIM)), key_mask()
+    y = np.asarray(model(x, padding_mask=mask))
+    for b, n in enumerate(np.asarray(mask).sum(1)):
+        np.testing.assert_allclose(y[b, :n], star_reference(model, np.asarray(x[b]), n),
+                                   rtol=1e-4, atol=1e-4)

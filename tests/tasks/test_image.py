@@ -1,0 +1,100 @@
+"""Image (CIFAR-10 grayscale): the python batches, TF's grayscale, splits, errors."""
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+import lra.tasks
+from lra.errors import ConfigError, DataError
+from lra.tasks import image
+
+PER_BATCH = 1002  # 5 batches: 5010 training images, so the 5000 held out leave 10
+
+
+def write_cifar(root, seed=0, per_batch=PER_BATCH, num_test=6):
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir()
+    rng = np.random.default_rng(seed)
+    batches = {}
+    for name, n in [(f"data_batch_{i}", per_batch) for i in range(1, 6)] + [("test_batch",
+                                                                            num_test)]:
+        batch = {b"data": rng.integers(0, 256, size=(n, 3072), dtype=np.uint8),
+                 b"labels": rng.integers(0, 10, size=n).tolist(),
+                 b"batch_label": name.encode(), b"filenames": [b"x.png"] * n}
+        with open(folder / name, "wb") as f:
+            pickle.dump(batch, f)
+        batches[name] = batch
+    return str(root), batches
+
+
+def tf_gray_reference(rgb: np.ndarray) -> np.ndarray:
+    """tf.image.rgb_to_grayscale of one [32, 32, 3] uint8 image, pixel by pixel (float64)."""
+    out = np.zeros((32, 32), np.int64)
+    for y in range(32):
+        for x in range(32):
+            r, g, b = (float(v) / 255 for v in rgb[y, x])
+            out[y, x] = min(255, int((0.2989 * r + 0.5870 * g + 0.1140 * b) * 255.5))
+    return out
+
+
+def test_grayscale_matches_tf_on_known_colours():
+    colours = np.array([[0, 0, 0], [255, 255, 255], [255, 0, 0], [0, 255, 0], [0, 0, 255],
+                        [128, 128, 128]], np.uint8)
+    rows = np.repeat(colours[:, :, None], 1024, axis=2).reshape(len(colours), 3072)
+    # TF: trunc(w . c / 255 * 255.5): black 0, white 255, red 76, green 149, blue 29, gray 128.
+    np.testing.assert_array_equal(image.rgb_to_gray(rows)[:, 0], [0, 255, 76, 149, 29, 128])
+
+
+def test_reads_pixels_row_major_with_an_all_true_mask(tmp_path):
+    data_dir, batches = write_cifar(tmp_path)
+    data = lra.tasks.get("image").load(data_dir, "test", 1024)
+    raw = batches["test_batch"][b"data"]
+    for n in range(len(raw)):
+        rgb = raw[n].reshape(3, 32, 32).transpose(1, 2, 0)  # R, G, B planes, row-major
+        expected = tf_gray_reference(rgb).reshape(-1)
+        # float32 (TF) vs float64 here can differ by one at an exact truncation boundary.
+        assert np.abs(data["inputs"][n] - expected).max() <= 1
+        assert np.mean(data["inputs"][n] == expected) > 0.99
+    np.testing.assert_array_equal(data["targets"], batches["test_batch"][b"labels"])
+    assert data["inputs"].dtype == np.int32 and data["mask"].all()
+
+
+def test_black_pixel_is_token_zero_not_padding(tmp_path):
+    data_dir, batches = write_cifar(tmp_path)
+    batches["test_batch"][b"data"][0] = 0
+    with open(tmp_path / "cifar-10-batches-py" / "test_batch", "wb") as f:
+        pickle.dump(batches["test_batch"], f)
+    data = lra.tasks.get("image").load(data_dir, "test", 1024)
+    assert (data["inputs"][0] == 0).all() and data["mask"][0].all()
+
+
+def test_splits(tmp_path):
+    data_dir, batches = write_cifar(tmp_path)
+    task = lra.tasks.get("image")
+    train = task.load(data_dir, "train", 1024)
+    val = task.load(data_dir, "val", 1024)
+    labels = np.concatenate([batches[f"data_batch_{i}"][b"labels"] for i in range(1, 6)])
+    assert len(train["targets"]) == 5 * PER_BATCH - 5000 and len(val["targets"]) == 5000
+    np.testing.assert_array_equal(np.concatenate([train["targets"], val["targets"]]), labels)
+    np.testing.assert_array_equal(val["inputs"][-1], image.rgb_to_gray(
+        batches["data_batch_5"][b"data"][-1:])[0])
+    val_test = task.load(data_dir, "val", 1024, validation="test")
+    np.testing.assert_array_equal(val_test["targets"], batches["test_batch"][b"labels"])
+    with pytest.raises(ConfigError, match="validation"):
+        task.load(data_dir, "val", 1024, validation="last")
+    with pytest.raises(ConfigError, match="shorter than a CIFAR-10 image"):
+        task.load(data_dir, "test", 1000)
+
+
+def test_missing_and_corrupt_files(tmp_path):
+    with pytest.raises(DataError, match="cifar-10-python.tar.gz"):
+        lra.tasks.get("image").load(str(tmp_path), "test", 1024)
+    data_dir, _ = write_cifar(tmp_path, per_batch=2)
+    (tmp_path / "cifar-10-batches-py" / "data_batch_3").write_bytes(b"\x80\x04truncated")
+    with pytest.raises(DataError, match=r"data_batch_3: not a CIFAR-10 python batch"):
+        lra.tasks.get("image").load(data_dir, "train", 1024)
+    (tmp_path / "cifar-10-batches-py" / "data_batch_3").unlink()
+    with pytest.raises(DataError, match=r"data_batch_3 does not exist.*cifar-10-python"):
+        lra.tasks.get("image").load(data_dir, "train", 1024)
