@@ -40,6 +40,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "bigbird": {"block": 64, "num_random_blocks": 3, "num_global_blocks": 2},
     "axial": {"mode": "sum"},
     "star": {"cycles": 2},
+    "bp_transformer": {"k": 4},  # max_level defaults to ceil(log2(max_len))
 }
 
 # (model, task) -> overrides of PRESETS[model] for that task.

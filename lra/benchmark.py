@@ -43,6 +43,9 @@ def _define_flags() -> None:
     flags.DEFINE_integer("repeats", 3, "Timed calls per cell (the median is reported).")
     flags.DEFINE_string("task", "listops", "Task whose presets give the variant hyperparameters.")
     flags.DEFINE_string("csv", None, "Also write the rows to this CSV file.")
+    flags.DEFINE_integer("transformer_max_length", 0,
+                         "Skip `transformer` above this length (0 = never): quadratic "
+                         "memory and time make it the slowest cell by far.")
 
 
 def measure(model: str, length: int, *, batch_size: int, dim: int, num_heads: int,
@@ -132,6 +135,10 @@ def main(argv):
     total = len(models) * len(lengths)
     for n, (model, length) in enumerate(((m, l) for m in models for l in lengths), 1):
         print(f"[{n}/{total}] {model} L={length} ...", file=sys.stderr, flush=True)
+        if (model == "transformer" and FLAGS.transformer_max_length
+                and length > FLAGS.transformer_max_length):
+            rows.append({"model": model, "length": length, "error": "skipped"})
+            continue
         try:
             rows.append(measure(model, length, batch_size=FLAGS.batch_size, dim=FLAGS.dim,
                                 num_heads=FLAGS.num_heads, repeats=FLAGS.repeats,

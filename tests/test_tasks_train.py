@@ -92,10 +92,9 @@ def _config(task, data_dir, **extra):
     return config
 
 
-# One run costs ~15-20 s of CPU (mostly XLA compilation), so the default suite keeps two
-# end-to-end runs within its budget: Pathfinder here (generator -> reader -> loop) and
-# Retrieval through launch.py below (byte reader, dual encoder). `pytest -m slow` runs all.
-SLOW = ("text", "image", "retrieval", "pathx")
+# Every task's runlocal config trains end to end in the default suite; Retrieval's runs
+# through launch.py below (byte reader, dual encoder), so its in-process twin is slow-only.
+SLOW = ("retrieval",)
 
 
 @pytest.mark.parametrize("task", [pytest.param(t, marks=pytest.mark.slow) if t in SLOW else t

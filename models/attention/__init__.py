@@ -8,3 +8,4 @@ from models.attention import lowrank  # noqa: F401  (linformer, compressed, synt
 from models.attention import linear  # noqa: F401  (registers "linear", "performer", "rfa", "fast_weight")
 from models.attention import sparse  # noqa: F401  (registers the position-based pattern variants)
 from models.attention import memory  # noqa: F401  (set_transformer, luna, poolingformer)
+from models.attention import bp  # noqa: F401  (registers "bp_transformer")
