@@ -90,6 +90,18 @@ def base_config(*, task: str, model: str) -> ml_collections.ConfigDict:
     return c
 
 
+def apply_runlocal(c: ml_collections.ConfigDict) -> None:
+    """Steps, batch and logging shared by every task's `runlocal` (a smoke test of about a
+    minute on 2 CPU cores); each task config also shrinks its model and length."""
+    c.batch_size = 8
+    c.warmup = 5
+    c.num_train_steps = 20
+    c.eval_frequency = 10
+    c.num_eval_steps = 2
+    c.checkpoint_freq = 10
+    c.log_every_steps = 5
+
+
 def validate(config: ml_collections.ConfigDict) -> None:
     """Checks values that the config system cannot type-check. Raises ConfigError."""
     if config.attention_impl not in ATTENTION_IMPLS:

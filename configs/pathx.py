@@ -42,11 +42,5 @@ def get_config(arg: str | None = None):
     if arg.runlocal:
         c.task_options.resolution = 32
         c.max_length = 32 * 32
-        c.batch_size = 8
-        c.warmup = 5
-        c.num_train_steps = 20
-        c.eval_frequency = 10
-        c.num_eval_steps = 2
-        c.checkpoint_freq = 10
-        c.log_every_steps = 5
+        common.apply_runlocal(c)
     return c

@@ -29,12 +29,6 @@ def get_config(arg: str | None = None):
 
     if arg.runlocal:
         c.max_length = 128
-        c.batch_size = 8
-        c.warmup = 5
-        c.num_train_steps = 20
-        c.eval_frequency = 10
-        c.num_eval_steps = 2
-        c.checkpoint_freq = 10
-        c.log_every_steps = 5
+        common.apply_runlocal(c)
         c.emb_dim, c.num_heads, c.num_layers, c.qkv_dim, c.mlp_dim = 32, 2, 1, 32, 64
     return c
