@@ -28,7 +28,9 @@ def tiny_listops_config():
     from configs import listops
 
     def make(data_dir: str, **overrides):
-        config = listops.get_config("runlocal")
+        # The model goes through get_config so that it brings its own presets.
+        model = overrides.pop("model", "transformer")
+        config = listops.get_config(f"model={model},runlocal")
         config.data_dir = data_dir
         config.max_length = 48
         for key, value in overrides.items():

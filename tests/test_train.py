@@ -12,6 +12,7 @@ import pytest
 
 from lra import train
 from lra.errors import ConfigError, DataError
+from models import registry
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REQUIRED_RESULT_KEYS = ("task", "model", "num_params", "steps", "best_eval_accuracy",
@@ -152,6 +153,16 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tiny_listops_config
     monkeypatch.setattr(train, "learning_rate_schedule", real_schedule)
     results = train.train_and_evaluate(config, str(tmp_path))
     assert np.isfinite(results["test_loss"])
+
+
+@pytest.mark.slow  # ~15-20 s per variant; the conformance suite covers the mixers themselves
+@pytest.mark.parametrize("name", registry.available())
+def test_every_variant_trains_two_steps(name, tiny_listops_config, listops_dir, tmp_path):
+    config = tiny_listops_config(listops_dir, model=name, num_train_steps=2, eval_frequency=2,
+                                 checkpoint_freq=2, num_eval_steps=1)
+    results = train.train_and_evaluate(config, str(tmp_path))
+    assert results["steps"] == 2 and results["model"] == name
+    assert np.isfinite(results["test_loss"]) and 0.0 <= results["test_accuracy"] <= 1.0
 
 
 def test_learning_rate_schedule_matches_lra():

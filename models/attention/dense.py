@@ -55,6 +55,17 @@ def dot_product_attention(q_BxHxQxK: jax.Array, k_BxHxKvxK: jax.Array, v_BxHxKvx
     scale = 1.0 / math.sqrt(q_BxHxQxK.shape[-1])
     logits_BxHxQxKv = jnp.einsum("bhqk,bhsk->bhqs", q_BxHxQxK, k_BxHxKvxK,
                                  preferred_element_type=jnp.float32) * scale
+    return attend_logits(logits_BxHxQxKv, v_BxHxKvxD, mask=mask, dropout_fn=dropout_fn)
+
+
+def attend_logits(logits_BxHxQxKv: jax.Array, v_BxHxKvxD: jax.Array, *,
+                  mask: jax.Array | None = None,
+                  dropout_fn: DropoutFn | None = None) -> jax.Array:
+    """softmax(logits) v in float32, for variants whose logits are not q.k (synthesizer).
+
+    Masking as in `dot_product_attention`: a query with no key to attend to gets 0.
+    """
+    logits_BxHxQxKv = logits_BxHxQxKv.astype(jnp.float32)
     if mask is not None:
         mask = mask.astype(jnp.bool_)
         # A finite fill keeps fully-masked rows uniform instead of NaN (-inf - -inf).

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models import layers, registry
-from models.attention.dense import (DropoutFn, MultiHeadAttention, dot_product_attention,
+from models.attention.dense import (MultiHeadAttention, attend_logits, dot_product_attention,
                                     make_attention_mask)
 
 
@@ -31,20 +31,6 @@ def check_length(name: str, length: int, max_len: int) -> None:
     if length > max_len:
         raise ValueError(f"{name}: input length {length} exceeds max_len {max_len}, the size "
                          "of its length-dependent parameters; build it with a larger max_len")
-
-
-def attend_logits(logits_BxHxQxKv: jax.Array, v_BxHxKvxD: jax.Array, *,
-                  mask: jax.Array | None, dropout_fn: DropoutFn | None) -> jax.Array:
-    """softmax(logits) v with `dot_product_attention`'s masking rules (empty rows -> 0)."""
-    logits_BxHxQxKv = logits_BxHxQxKv.astype(jnp.float32)
-    if mask is not None:
-        logits_BxHxQxKv = jnp.where(mask, logits_BxHxQxKv, jnp.finfo(jnp.float32).min)
-    weights_BxHxQxKv = jax.nn.softmax(logits_BxHxQxKv, axis=-1)
-    if mask is not None:
-        weights_BxHxQxKv = jnp.where(mask, weights_BxHxQxKv, 0.0)
-    if dropout_fn is not None:
-        weights_BxHxQxKv = dropout_fn(weights_BxHxQxKv)
-    return jnp.einsum("bhqs,bhsd->bhqd", weights_BxHxQxKv.astype(v_BxHxKvxD.dtype), v_BxHxKvxD)
 
 
 def _identity_init(key, shape, dtype=jnp.float32):

@@ -245,19 +245,3 @@ def test_synthesizer_rejects_bad_modes():
             build("synthesizer", mode=mode)
     with pytest.raises(ValueError, match="one weight per mode"):
         build("synthesizer", mode="dense+dot", mix=(1.0,))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["linformer", "compressed", "synthesizer"])
-def test_trains_on_listops(name, listops_dir, tiny_listops_config, tmp_path):
-    import ml_collections
-
-    from configs import presets
-    from lra import train
-
-    config = tiny_listops_config(listops_dir, model=name, num_train_steps=2, eval_frequency=2,
-                                 checkpoint_freq=2)
-    config.model_hparams = ml_collections.ConfigDict(presets.model_hparams(name, "listops"))
-    results = train.train_and_evaluate(config, str(tmp_path))
-    assert results["steps"] == 2
-    assert np.isfinite(results["test_loss"]) and 0.0 <= results["test_accuracy"] <= 1.0

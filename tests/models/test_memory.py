@@ -171,19 +171,3 @@ def test_poolingformer_matches_explicit_construction(length, hparams):
     real = lengths_mask(length, (length, length - 3))
     y = model(x, padding_mask=jnp.asarray(real))
     assert_close(np.asarray(y)[real], poolingformer_reference(model, x, real)[real])
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["set_transformer", "luna", "poolingformer"])
-def test_trains_on_listops(name, listops_dir, tiny_listops_config, tmp_path):
-    import ml_collections
-
-    from configs import presets
-    from lra import train
-
-    config = tiny_listops_config(listops_dir, model=name, num_train_steps=2, eval_frequency=2,
-                                 checkpoint_freq=2)
-    config.model_hparams = ml_collections.ConfigDict(presets.model_hparams(name, "listops"))
-    results = train.train_and_evaluate(config, str(tmp_path))
-    assert results["steps"] == 2
-    assert np.isfinite(results["test_loss"]) and 0.0 <= results["test_accuracy"] <= 1.0
