@@ -51,6 +51,9 @@ def base_config(*, task: str, model: str) -> ml_collections.ConfigDict:
     # `--config.model_hparams.<name>=...` works for exactly the fields the variant takes.
     c.model_hparams = ml_collections.ConfigDict(presets.model_hparams(model, task))
     c.attention_impl = "dense"
+    # Residual form and stack (models/blocks.py BLOCK_DEFAULTS, with what the variant
+    # implies filled in), e.g. --config.block.kind=reversible --config.block.ffn_chunks=4.
+    c.block = ml_collections.ConfigDict(_resolve_block(model))
     c.data_dir = f"data/{task}"
     c.task_options = ml_collections.ConfigDict()  # reader options specific to one task
 
@@ -88,6 +91,12 @@ def base_config(*, task: str, model: str) -> ml_collections.ConfigDict:
     c.pos_emb = "learned"
     c.causal = False
     return c
+
+
+def _resolve_block(model: str) -> dict[str, Any]:
+    from models.blocks import resolve_block  # imports jax; only when a config is built
+
+    return resolve_block(model)
 
 
 def apply_runlocal(c: ml_collections.ConfigDict) -> None:

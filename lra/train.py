@@ -38,7 +38,7 @@ from models.encoder import Classifier, DualClassifier
 RESUME_FIXED_FIELDS = (
     "task", "model", "model_hparams", "max_length", "emb_dim", "num_heads", "num_layers",
     "qkv_dim", "mlp_dim", "pooling", "pos_emb", "causal", "batch_size", "random_seed",
-    "task_options",
+    "task_options", "block",
 )
 
 
@@ -106,6 +106,7 @@ def build_model(config: ml_collections.ConfigDict, task: lra.tasks.Task) -> Clas
         attention_dropout_rate=config.attention_dropout_rate,
         attention_impl=config.attention_impl, pooling=config.pooling,
         pos_emb=config.pos_emb, causal=config.causal,
+        block=config.block.to_dict() if "block" in config else None,
         rngs=nnx.Rngs(params=config.random_seed, dropout=config.random_seed + 1),
     )
 

@@ -1,4 +1,4 @@
-"""Embeddings + a stack of EncoderBlocks + classifier head (LRA's TransformerEncoder).
+"""Embeddings + a stack of blocks + classifier head (LRA's TransformerEncoder).
 
 The pieces are separate so that a dual encoder (retrieval) can reuse `Encoder`,
 `pool` and `ClassifierHead` on its two towers.
@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models import layers, registry
-from models.blocks import EncoderBlock
+from models import layers, registry, stacks
+from models.blocks import resolve_block
 
 POOLINGS = ("CLS", "MEAN", "MAX", "SUM")
 POS_EMBS = ("learned", "sinusoidal")
@@ -66,9 +66,10 @@ class Embeddings(nnx.Module):
 
 
 class Encoder(nnx.Module):
-    """Embeddings -> num_layers EncoderBlocks -> LayerNorm.
+    """Embeddings -> a stack of num_layers blocks -> LayerNorm.
 
-    Returns (encoded_BxLxD, mask_BxL); with cls_token both include the CLS
+    `block` overrides the block settings (`models.blocks.BLOCK_DEFAULTS`) the variant
+    implies, e.g. {"kind": "reversible"}. Returns (encoded_BxLxD, mask_BxL); with cls_token both include the CLS
     position first, and the mask is True there.
     """
 
@@ -76,7 +77,8 @@ class Encoder(nnx.Module):
                  model_hparams: Mapping[str, Any] | None = None, emb_dim: int = 512,
                  num_heads: int = 8, num_layers: int = 4, mlp_dim: int = 1024,
                  dropout_rate: float = 0.1, pos_emb: str = "learned",
-                 cls_token: bool = False, causal: bool = False, rngs: nnx.Rngs):
+                 cls_token: bool = False, causal: bool = False,
+                 block: Mapping[str, Any] | None = None, rngs: nnx.Rngs):
         self.max_len = max_len
         self.cls_token = cls_token
         self.embeddings = Embeddings(vocab_size=vocab_size, emb_dim=emb_dim, max_len=max_len,
@@ -84,11 +86,11 @@ class Encoder(nnx.Module):
                                      dropout_rate=dropout_rate, rngs=rngs)
         # Mixers see the CLS position too, so fixed-length ones need max_len + 1.
         seq_len = max_len + int(cls_token)
-        self.blocks = nnx.List([
-            EncoderBlock(dim=emb_dim, num_heads=num_heads, mlp_dim=mlp_dim, max_len=seq_len,
-                         model=model, model_hparams=model_hparams, causal=causal,
-                         dropout_rate=dropout_rate, rngs=rngs)
-            for _ in range(num_layers)])
+        self.block = resolve_block(model, block)
+        self.stack = stacks.STACKS[self.block["stack"]](
+            num_layers=num_layers, dim=emb_dim, num_heads=num_heads, mlp_dim=mlp_dim,
+            max_len=seq_len, model=model, model_hparams=model_hparams, causal=causal,
+            dropout_rate=dropout_rate, block=self.block, rngs=rngs)
         self.norm = layers.layer_norm(emb_dim, rngs=rngs)
 
     def __call__(self, inputs_BxL: jax.Array, mask_BxL: jax.Array | None = None, *,
@@ -105,13 +107,7 @@ class Encoder(nnx.Module):
         if self.cls_token:
             mask_BxL = jnp.concatenate([jnp.ones((batch, 1), jnp.bool_), mask_BxL], axis=1)
         x_BxLxD = self.embeddings(inputs_BxL, deterministic=deterministic)
-        carry = None  # a state-carrying mixer (Luna) starts from its own initial state
-        for block in self.blocks:
-            if block.carries_state:
-                x_BxLxD, carry = block(x_BxLxD, mask_BxL, deterministic=deterministic,
-                                       carry=carry)
-            else:
-                x_BxLxD = block(x_BxLxD, mask_BxL, deterministic=deterministic)
+        x_BxLxD = self.stack(x_BxLxD, mask_BxL, deterministic=deterministic)
         return self.norm(x_BxLxD), mask_BxL
 
 
@@ -176,8 +172,8 @@ class Classifier(nnx.Module):
                  emb_dim: int = 512, num_heads: int = 8, num_layers: int = 4,
                  qkv_dim: int = 512, mlp_dim: int = 1024, dropout_rate: float = 0.1,
                  attention_dropout_rate: float = 0.1, attention_impl: str = "dense",
-                 pooling: str = "CLS",
-                 pos_emb: str = "learned", causal: bool = False, rngs: nnx.Rngs):
+                 pooling: str = "CLS", pos_emb: str = "learned", causal: bool = False,
+                 block: Mapping[str, Any] | None = None, rngs: nnx.Rngs):
         if pooling not in POOLINGS:
             raise ValueError(f"unknown pooling {pooling!r}; valid: {', '.join(POOLINGS)}")
         if causal and pooling == "CLS":
@@ -195,7 +191,8 @@ class Classifier(nnx.Module):
                                model_hparams=hparams, emb_dim=emb_dim, num_heads=num_heads,
                                num_layers=num_layers, mlp_dim=mlp_dim,
                                dropout_rate=dropout_rate, pos_emb=pos_emb,
-                               cls_token=pooling == "CLS", causal=causal, rngs=rngs)
+                               cls_token=pooling == "CLS", causal=causal, block=block,
+                               rngs=rngs)
         self.head = ClassifierHead(in_dim=emb_dim, mlp_dim=mlp_dim, num_classes=num_classes,
                                    rngs=rngs)
 

@@ -65,6 +65,9 @@ class Capabilities:
     # sequence): it is called `mixer(x, padding_mask=..., deterministic=...,
     # carry=carry_or_None) -> (y, new_carry)`, with carry=None in the first layer.
     carries_state: bool = False
+    # Block settings the variant implies (keys of models.blocks.BLOCK_DEFAULTS), e.g.
+    # {"kind": "gated"} for GTrXL; the user's config.block still overrides them.
+    block: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

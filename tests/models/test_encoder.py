@@ -224,10 +224,10 @@ def test_logical_axis_names():
         ("embeddings", "token", "embedding"): ("vocab", "embed"),
         ("embeddings", "position"): ("length", "embed"),
         ("embeddings", "cls"): (None, None, "embed"),
-        ("blocks", 0, "mixer", "query", "kernel"): ("embed", "qkv"),
-        ("blocks", 0, "mixer", "out", "kernel"): ("qkv", "embed"),
-        ("blocks", 1, "mlp", "fc1", "kernel"): ("embed", "mlp"),
-        ("blocks", 1, "mlp", "fc2", "bias"): ("embed",),
+        ("stack", "blocks", 0, "mixer", "query", "kernel"): ("embed", "qkv"),
+        ("stack", "blocks", 0, "mixer", "out", "kernel"): ("qkv", "embed"),
+        ("stack", "blocks", 1, "mlp", "fc1", "kernel"): ("embed", "mlp"),
+        ("stack", "blocks", 1, "mlp", "fc2", "bias"): ("embed",),
         ("norm", "scale"): ("embed",),
     }
     for path, names in expected.items():
@@ -262,3 +262,18 @@ def test_listops_sized_parameter_count():
     head = (d * mlp + mlp) + (mlp * 10 + 10)
     assert count == embeddings + layers * per_block + 2 * d + head == 9_980_938
     print(f"ListOps-sized Classifier: {count:,} parameters")
+
+
+def test_block_settings_resolve_and_reject_unknown_values():
+    from models.blocks import BLOCK_DEFAULTS, resolve_block
+
+    assert resolve_block("transformer") == BLOCK_DEFAULTS
+    assert resolve_block("transformer", {"ffn_chunks": 4})["ffn_chunks"] == 4
+    with pytest.raises(ValueError, match="unknown config.block key.*'kindd'"):
+        resolve_block("transformer", {"kindd": "pre_ln"})
+    with pytest.raises(ValueError, match="unknown block kind 'nope'; valid: .*pre_ln"):
+        resolve_block("transformer", {"kind": "nope"})
+    with pytest.raises(ValueError, match="unknown block stack"):
+        resolve_block("transformer", {"stack": "nope"})
+    with pytest.raises(ValueError, match="unknown block kind"):
+        tiny_classifier(block={"kind": "nope"})

@@ -117,10 +117,10 @@ def test_encoder_threads_luna_carry_between_layers():
     mask = jnp.asarray(lengths_mask(6, (6, 4)))
     encoded, _ = encoder(inputs, mask, deterministic=True)
     x = encoder.embeddings(inputs, deterministic=True)
-    first, carry = encoder.blocks[0](x, mask, deterministic=True)
-    second, _ = encoder.blocks[1](first, mask, deterministic=True, carry=carry)
+    first, carry = encoder.stack.blocks[0](x, mask, deterministic=True)
+    second, _ = encoder.stack.blocks[1](first, mask, deterministic=True, carry=carry)
     assert_close(encoded, encoder.norm(second))
-    fresh, _ = encoder.blocks[1](first, mask, deterministic=True)  # initial P, not carried
+    fresh, _ = encoder.stack.blocks[1](first, mask, deterministic=True)  # initial P, not carried
     assert not np.allclose(np.asarray(encoder.norm(fresh)), np.asarray(encoded), **TOL)
 
 
