@@ -70,6 +70,11 @@ def base_config(*, task: str, model: str) -> ml_collections.ConfigDict:
     c.steps_per_cycle = 0  # cosine_decay period; 0 = num_train_steps - warmup
     c.num_train_steps = 5000
 
+    # Devices (lra/sharding.py): a (data, model) mesh, -1 = the rest of the devices;
+    # sharding = data | fsdp | heads | fsdp+heads.
+    c.mesh_shape = (-1, 1)
+    c.sharding = "data"
+
     # Evaluation, checkpoints, logging.
     c.eval_frequency = 200
     c.num_eval_steps = -1  # validation batches per evaluation; -1 = the whole split

@@ -24,6 +24,7 @@ def _gather(arrays: dict[str, np.ndarray], idx: np.ndarray) -> Batch:
 
 
 def _process_rows(global_batch_size: int) -> slice:
+    """Equal contiguous shares by process index (when no sharding says otherwise)."""
     n, p = jax.process_count(), jax.process_index()
     if global_batch_size % n:
         raise ValueError(f"batch size {global_batch_size} is not divisible by {n} processes")
@@ -31,15 +32,35 @@ def _process_rows(global_batch_size: int) -> slice:
     return slice(p * local, (p + 1) * local)
 
 
-def train_iterator(arrays: dict[str, np.ndarray], *, global_batch_size: int, seed: int):
-    """An endless, checkpointable iterator (`get_state`/`set_state`) of local batches."""
+def process_rows(sharding: jax.sharding.Sharding, global_batch_size: int) -> slice:
+    """The rows of a global batch that this process's devices hold under `sharding`.
+
+    They must be one contiguous block (true of a batch split over a mesh axis: a
+    process's devices hold neighbouring rows, possibly repeated over a model axis).
+    """
+    index_map = sharding.addressable_devices_indices_map((global_batch_size,))
+    spans = sorted({(idx[0].start or 0, global_batch_size if idx[0].stop is None
+                     else idx[0].stop) for idx in index_map.values()})
+    start, stop = spans[0][0], spans[-1][1]
+    covered = sum(b - a for a, b in spans)
+    if covered != stop - start:
+        raise ValueError(f"this process's devices hold rows {spans} of the batch: not one "
+                         "contiguous block; use a mesh whose data axis groups each "
+                         "process's devices")
+    return slice(start, stop)
+
+
+def train_iterator(arrays: dict[str, np.ndarray], *, global_batch_size: int, seed: int,
+                   rows: slice | None = None):
+    """An endless, checkpointable iterator (`get_state`/`set_state`) of local batches:
+    `rows` of each global batch (default: this process's equal share)."""
     num_examples = len(arrays["targets"])
     if num_examples < global_batch_size:
         raise ValueError(
             f"training split has {num_examples} examples, fewer than one batch "
             f"({global_batch_size}); lower config.batch_size or add data"
         )
-    rows = _process_rows(global_batch_size)
+    rows = _process_rows(global_batch_size) if rows is None else rows
     dataset = (
         grain.MapDataset.range(num_examples)
         .shuffle(seed=seed)
@@ -53,13 +74,13 @@ def train_iterator(arrays: dict[str, np.ndarray], *, global_batch_size: int, see
 
 
 def eval_batches(arrays: dict[str, np.ndarray], *, global_batch_size: int,
-                 num_batches: int = -1) -> Iterator[Batch]:
+                 num_batches: int = -1, rows: slice | None = None) -> Iterator[Batch]:
     """Local batches over a split in order, with a `weights` entry (0 on padding rows)."""
     num_examples = len(arrays["targets"])
     total = -(-num_examples // global_batch_size)
     if num_batches >= 0:
         total = min(total, num_batches)
-    rows = _process_rows(global_batch_size)
+    rows = _process_rows(global_batch_size) if rows is None else rows
     for b in range(total):
         idx = np.arange(b * global_batch_size, (b + 1) * global_batch_size)
         weights = (idx < num_examples).astype(np.float32)

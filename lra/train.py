@@ -29,7 +29,7 @@ from jax.sharding import PartitionSpec as P
 
 import lra.tasks
 from configs import common
-from lra import checkpoint, input_pipeline
+from lra import checkpoint, input_pipeline, sharding
 from lra.errors import ConfigError, UserError
 from models import registry
 from models.encoder import Classifier, DualClassifier
@@ -220,6 +220,23 @@ def _write_json(path: str, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def _param_bytes(params: Any) -> tuple[int, int]:
+    """(total bytes of the parameters, the most any one local device holds)."""
+    total, per_device = 0, {}
+    for x in jax.tree.leaves(params):
+        total += x.size * x.dtype.itemsize
+        for shard in x.addressable_shards:
+            per_device[shard.device] = (per_device.get(shard.device, 0)
+                                        + shard.data.size * shard.data.dtype.itemsize)
+    return total, max(per_device.values(), default=0)
+
+
+def _device_peak_bytes() -> int | None:
+    """Peak memory in use on this process's first device (GPU/TPU; None on CPU)."""
+    stats = jax.local_devices()[0].memory_stats() or {}
+    return stats.get("peak_bytes_in_use")
+
+
 def results_table(results: dict) -> str:
     """A one-row markdown table of a run's results."""
     header = ("| task | model | params | steps | best val acc | test acc | majority baseline "
@@ -240,43 +257,70 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     common.validate(config)
     task = lra.tasks.get(config.task)
     registry.capabilities(config.model)  # unknown model -> error listing the available ones
-    for name in ("batch_size", "eval_batch_size"):
-        if config[name] % jax.device_count():
-            raise ConfigError(f"config.{name}={config[name]} is not divisible by the "
-                              f"{jax.device_count()} devices")
+    sharding.validate(config, config.num_heads)
     data = _load_data(config, task)
-    try:
-        model = build_model(config, task)
-    except ValueError as e:  # unknown hparams, impossible combinations (causal + CLS, ...)
-        raise ConfigError(f"cannot build model {config.model!r}: {e}") from None
-
-    # 2. State, optimizer, shardings.
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    num_params = sum(x.size for x in jax.tree.leaves(params))
     schedule = learning_rate_schedule(config)
     tx = make_optimizer(config, schedule)
-    state = {"step": jnp.int32(0), "params": params, "rest": rest,
-             "opt_state": tx.init(params)}
-    # Auto axes: XLA propagates shardings from the annotated inputs (GSPMD), so model code
-    # needs no sharding annotations of its own.
-    mesh = jax.make_mesh((jax.device_count(),), ("data",),
-                         axis_types=(jax.sharding.AxisType.Auto,))
+
+    def init_state() -> dict:
+        _, params, rest = nnx.split(build_model(config, task), nnx.Param, ...)
+        return {"step": jnp.int32(0), "params": params, "rest": rest,
+                "opt_state": tx.init(params)}
+
+    # 2. State, optimizer, shardings. The model is first built abstractly (shapes and
+    # logical axis names only); then every device initialises just its own shards, which
+    # is also how a multi-process run gets global arrays without copying host values.
+    try:
+        graphdef = nnx.split(nnx.eval_shape(lambda: build_model(config, task)), nnx.Param,
+                             ...)[0]
+        abstract_state = jax.eval_shape(init_state)
+    except ValueError as e:  # unknown hparams, impossible combinations (causal + CLS, ...)
+        raise ConfigError(f"cannot build model {config.model!r}: {e}") from None
+    num_params = sum(x.size for x in jax.tree.leaves(abstract_state["params"]))
+    # A (data, model) mesh; parameters and optimizer state placed by config.sharding's
+    # rules on their logical axis names (lra/sharding.py). Auto axes: XLA propagates
+    # shardings from these inputs (GSPMD), guided by the model's activation constraints.
+    mesh = sharding.make_mesh(config)
     replicated = NamedSharding(mesh, P())
-    batch_sharding = NamedSharding(mesh, P("data"))
-    state = jax.device_put(state, replicated)
+    batch_sharding = sharding.batch_sharding(mesh)
+    state_shardings = sharding.state_shardings(abstract_state, config.sharding, mesh)
+    state = jax.jit(init_state, out_shardings=state_shardings)()
+    param_bytes, param_bytes_per_device = _param_bytes(state["params"])
+    weights_shardings = {"params": state_shardings["params"], "rest": state_shardings["rest"]}
 
     train_step, eval_step = make_steps(graphdef, tx, schedule, task.num_classes)
-    train_step = jax.jit(train_step, in_shardings=(replicated, batch_sharding),
-                         out_shardings=(replicated, replicated), donate_argnums=0)
-    eval_step = jax.jit(eval_step, in_shardings=(replicated, batch_sharding),
-                        out_shardings=replicated)
+    activation_rules = sharding.activation_rules(config.sharding)
+
+    def in_mesh(jitted):
+        # Traced under these, models.layers.constrain pins the activations' sharding.
+        def call(*args):
+            with jax.set_mesh(mesh), nnx.logical_axis_rules(activation_rules):
+                return jitted(*args)
+        return call
+
+    # The train step is compiled ahead of time: one compilation, and XLA's memory
+    # analysis of it goes into results.json (train_step_temp_bytes).
+    abstract_batch = {
+        k: jax.ShapeDtypeStruct((config.batch_size, *v.shape[1:]), v.dtype,
+                                sharding=batch_sharding)
+        for k, v in data["train"].items()}
+    with jax.set_mesh(mesh), nnx.logical_axis_rules(activation_rules):
+        train_step = jax.jit(train_step, in_shardings=(state_shardings, batch_sharding),
+                             out_shardings=(state_shardings, replicated),
+                             donate_argnums=0).lower(state, abstract_batch).compile()
+    memory = train_step.memory_analysis()
+    train_step_temp_bytes = int(memory.temp_size_in_bytes) if memory is not None else None
+    eval_step = in_mesh(jax.jit(eval_step, in_shardings=(weights_shardings, batch_sharding),
+                                out_shardings=replicated))
 
     # 3. Resume from the last checkpoint, if there is one.
     os.makedirs(workdir, exist_ok=True)
     ckpts = checkpoint.Checkpoints(workdir)
     train_iter = input_pipeline.train_iterator(
-        data["train"], global_batch_size=config.batch_size, seed=config.random_seed)
+        data["train"], global_batch_size=config.batch_size, seed=config.random_seed,
+        rows=input_pipeline.process_rows(batch_sharding, config.batch_size))
     loop = {"best_eval_accuracy": -1.0, "best_step": -1, "eval_history": [],
+            "train_history": [],
             "train_seconds": 0.0, "timed_steps": 0, "config": config.to_dict()}
     if ckpts.last_step() is not None:
         _check_resume_compatible(ckpts.last_loop()["config"], config, workdir)
@@ -294,8 +338,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     def evaluate(weights, split: str, num_batches: int = -1) -> dict[str, float]:
         eval_bs = config.eval_batch_size or config.batch_size
         sums = None
+        rows = input_pipeline.process_rows(batch_sharding, eval_bs)
         for batch in input_pipeline.eval_batches(data[split], global_batch_size=eval_bs,
-                                                 num_batches=num_batches):
+                                                 num_batches=num_batches, rows=rows):
             out = eval_step(weights, _to_global(batch, batch_sharding))
             sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
         sums = jax.device_get(sums)
@@ -340,6 +385,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                 )
         mean = {k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]}
         step = steps[-1]
+        loop["train_history"].append({"step": step, **mean})
         rate = loop["timed_steps"] / loop["train_seconds"] if loop["train_seconds"] else 0.0
         eta = (config.num_train_steps - step) / rate if rate else float("nan")
         _log(f"step {step:>6}/{config.num_train_steps} | loss {mean['loss']:.4f} "
@@ -419,7 +465,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "train_steps_per_sec": (loop["timed_steps"] / loop["train_seconds"]
                                 if loop["train_seconds"] else 0.0),
         "eval_history": loop["eval_history"],
+        "train_history": loop["train_history"],
         "num_devices": jax.device_count(),
+        "mesh_shape": dict(mesh.shape),
+        "param_bytes": param_bytes,
+        "param_bytes_per_device": param_bytes_per_device,
+        "train_step_temp_bytes": train_step_temp_bytes,
+        "device_peak_bytes": _device_peak_bytes(),
         "num_processes": jax.process_count(),
         "jax_version": jax.__version__,
         "config": config.to_dict(),

@@ -12,6 +12,10 @@ without a mesh):
   mlp      hidden width of the feed-forward block and of the classifier head
   classes  classifier outputs
 
+Activations use the names `batch` and `act_heads` (`constrain`), mapped by the
+rules of an enclosing `nnx.logical_axis_rules(...)` context onto the mesh of an
+enclosing `jax.set_mesh(...)`; outside such contexts `constrain` does nothing.
+
 Names are attached with `nnx.with_partitioning(..., eager_sharding=False)`:
 the metadata is kept (`nnx.get_partition_spec` returns it) but Flax does not
 try to shard at creation, which would need a mesh whose axes are these names.
@@ -23,6 +27,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from flax.core import spmd as flax_spmd
 
 AXIS_NAMES = ("vocab", "length", "embed", "qkv", "heads", "mlp", "classes")
 
@@ -72,3 +77,18 @@ def embed(num_embeddings: int, features: int, names: tuple[str, str], *,
           init: Initializer, rngs: nnx.Rngs) -> nnx.Embed:
     """nnx.Embed with a named table."""
     return nnx.Embed(num_embeddings, features, embedding_init=named(init, names), rngs=rngs)
+
+
+def constrain(x: jax.Array, names: Names) -> jax.Array:
+    """Pins the sharding of activation `x` by logical `names` (one per dimension).
+
+    XLA's propagation would otherwise let activations follow the parameters' layout
+    (e.g. split the residual stream by `embed` under FSDP); this keeps them split by
+    batch (and by head under tensor parallelism). No-op without rules or a mesh.
+    """
+    rules = dict(flax_spmd.get_logical_axis_rules() or ())
+    mesh = jax.sharding.get_abstract_mesh()
+    if not rules or mesh.empty:
+        return x
+    spec = jax.sharding.PartitionSpec(*(rules.get(n) if n else None for n in names))
+    return jax.lax.with_sharding_constraint(x, spec)
