@@ -33,7 +33,7 @@ test: $(STAMP)
 
 # Efficiency table of every registered mixer against transformer (CPU: minutes).
 bench: $(STAMP)
-	$(PYTHON) -m lra.benchmark --models=all --lengths=1024,2048,4096
+	$(PYTHON) -m lra.benchmark --models=all --lengths=1024,2048,3072,4096
 
 # make bench-kernels: Pallas linear attention vs its XLA path and dense attention (a table).
 bench-kernels: $(STAMP)

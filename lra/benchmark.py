@@ -1,11 +1,14 @@
-r"""Efficiency table: time and compiled memory of token mixers against `transformer`.
+r"""Efficiency table: training steps/s and memory of every variant against `transformer`.
 
-  python -m lra.benchmark --models=transformer,linear --lengths=1024,2048,4096
+  python -m lra.benchmark --models=all --lengths=1024,2048,3072,4096        (make bench)
+  python -m lra.benchmark --mode=mixer --models=linear --lengths=1024,4096 --dim=64
 
-For each model and sequence length L, one mixer (dim, heads from flags; the variant's
-preset hyperparameters) runs forward + backward (gradients w.r.t. parameters and input)
-on a random [batch, L, dim] input under `jax.jit`. Reported per cell:
-  time     median wall time of one forward+backward (ms), after a warm-up call;
+--mode=train_step (default; LRA's efficiency table): the whole training step of the
+task's model (`lra.train.make_steps`: embeddings, encoder, head, loss, gradients, optimizer
+update) at the task config's size (LRA's text config by default: emb 256, 4 layers,
+batch 32) on random tokens of length L. --mode=mixer: one token mixer's forward + backward
+(gradients w.r.t. parameters and input) on a random [batch, L, dim] input. Reported per cell:
+  time     median wall time of one step (ms; steps/s = 1000 / ms), after a warm-up call;
   memory   XLA's compiled temporary memory (`memory_analysis().temp_size_in_bytes`):
            reproducible, independent of the allocator; on a GPU also the device's peak;
 and, per model, the ratios to `transformer` at the same L (measured in the same run) and
@@ -35,13 +38,20 @@ FLAGS = flags.FLAGS
 def _define_flags() -> None:
     # Defined only when run as a program, so importing this module (tests, notebooks,
     # other tools) never claims global absl flag names.
+    flags.DEFINE_enum("mode", "train_step", ["train_step", "mixer"],
+                      "Time a whole training step, or one mixer's forward+backward.")
     flags.DEFINE_list("models", ["transformer"], "Registry names, or 'all'.")
-    flags.DEFINE_list("lengths", ["1024", "2048", "4096"], "Sequence lengths.")
-    flags.DEFINE_integer("batch_size", 1, "Batch size.")
-    flags.DEFINE_integer("dim", 256, "Model width.")
-    flags.DEFINE_integer("num_heads", 4, "Attention heads.")
+    flags.DEFINE_list("lengths", ["1024", "2048", "3072", "4096"], "Sequence lengths.")
+    flags.DEFINE_integer("batch_size", 0, "Batch size (0: the task config's in train_step "
+                         "mode, 1 in mixer mode).")
+    flags.DEFINE_integer("dim", 0, "Model width, emb_dim = qkv_dim (0: the task config's; "
+                         "256 in mixer mode).")
+    flags.DEFINE_integer("num_heads", 0, "Attention heads (0: the task config's; 4 in mixer "
+                         "mode).")
+    flags.DEFINE_integer("num_layers", 0, "Layers in train_step mode (0: the task config's).")
     flags.DEFINE_integer("repeats", 3, "Timed calls per cell (the median is reported).")
-    flags.DEFINE_string("task", "listops", "Task whose presets give the variant hyperparameters.")
+    flags.DEFINE_string("task", "text", "Task whose config (model size, presets) is used; "
+                        "LRA measured on text.")
     flags.DEFINE_string("csv", None, "Also write the rows to this CSV file.")
     flags.DEFINE_integer("transformer_max_length", 0,
                          "Skip `transformer` above this length (0 = never): quadratic "
@@ -86,6 +96,55 @@ def measure(model: str, length: int, *, batch_size: int, dim: int, num_heads: in
     return row
 
 
+def measure_train_step(model: str, length: int, *, task: str = "text", batch_size: int = 0,
+                       dim: int = 0, num_heads: int = 0, num_layers: int = 0,
+                       repeats: int = 3) -> dict:
+    """Time (s) and compiled temporary memory (bytes) of one training step of `model` on
+    `task`'s config at max_length `length` (sizes: the config's, unless given)."""
+    import importlib
+
+    import lra.tasks
+    from lra import train
+
+    config = importlib.import_module(f"configs.{task}").get_config(f"model={model}")
+    config.max_length = length
+    for field, value in (("batch_size", batch_size), ("emb_dim", dim), ("qkv_dim", dim),
+                         ("num_heads", num_heads), ("num_layers", num_layers)):
+        if value:
+            config[field] = value
+    task_info = lra.tasks.get(task)
+    graphdef, params, rest = nnx.split(train.build_model(config, task_info), nnx.Param, ...)
+    schedule = train.learning_rate_schedule(config)
+    tx = train.make_optimizer(config, schedule)
+    state = {"step": jnp.int32(0), "params": params, "rest": rest,
+             "opt_state": tx.init(params)}
+    rng = np.random.default_rng(0)
+    b = config.batch_size
+    batch = {"inputs": rng.integers(1, task_info.vocab_size, (b, length), np.int32),
+             "mask": np.ones((b, length), np.bool_),
+             "targets": rng.integers(0, task_info.num_classes, (b,), np.int32)}
+    if task_info.dual_input:
+        batch.update(inputs2=batch["inputs"][::-1].copy(), mask2=batch["mask"])
+    train_step, _ = train.make_steps(graphdef, tx, schedule, task_info.num_classes)
+    compiled = jax.jit(train_step, donate_argnums=0).lower(state, batch).compile()
+    analysis = compiled.memory_analysis()
+    temp = getattr(analysis, "temp_size_in_bytes", None) if analysis is not None else None
+    state, metrics = compiled(state, batch)  # warm-up
+    jax.block_until_ready(metrics)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        state, metrics = compiled(state, batch)
+        jax.block_until_ready(metrics)
+        times.append(time.perf_counter() - start)
+    row = {"model": model, "length": length, "time_s": statistics.median(times),
+           "temp_bytes": temp}
+    stats = jax.devices()[0].memory_stats()
+    if stats and "peak_bytes_in_use" in stats:
+        row["device_peak_bytes"] = stats["peak_bytes_in_use"]
+    return row
+
+
 def growth_exponent(lengths: list[int], values: list[float | None]) -> float | None:
     """Least-squares slope of log(value) against log(L); None with fewer than 2 points."""
     pts = [(math.log(l), math.log(v)) for l, v in zip(lengths, values) if v]
@@ -110,6 +169,8 @@ def table(rows: list[dict], lengths: list[int]) -> str:
                 continue
             ms, mib = r["time_s"] * 1e3, (r["temp_bytes"] or 0) / 2**20
             cell = f"{ms:.1f} ms, {mib:.1f} MiB"
+            if r.get("device_peak_bytes"):
+                cell += f" (peak {r['device_peak_bytes'] / 2**20:.0f} MiB)"
             if base and "error" not in base and m != "transformer":
                 speed = base["time_s"] / r["time_s"]
                 mem = (base["temp_bytes"] / r["temp_bytes"]) if r["temp_bytes"] else float("nan")
@@ -133,21 +194,37 @@ def main(argv):
     lengths = [int(l) for l in FLAGS.lengths]
     rows = []
     total = len(models) * len(lengths)
+    started = time.perf_counter()
     for n, (model, length) in enumerate(((m, l) for m in models for l in lengths), 1):
-        print(f"[{n}/{total}] {model} L={length} ...", file=sys.stderr, flush=True)
+        elapsed = time.perf_counter() - started
+        eta = f", ETA {elapsed / (n - 1) * (total - n + 1):.0f}s" if n > 1 else ""
+        bar = "#" * (20 * (n - 1) // total)
+        print(f"[{bar:<20}] {n}/{total} {model} L={length} ({elapsed:.0f}s{eta})",
+              file=sys.stderr, flush=True)
         if (model == "transformer" and FLAGS.transformer_max_length
                 and length > FLAGS.transformer_max_length):
             rows.append({"model": model, "length": length, "error": "skipped"})
             continue
         try:
-            rows.append(measure(model, length, batch_size=FLAGS.batch_size, dim=FLAGS.dim,
-                                num_heads=FLAGS.num_heads, repeats=FLAGS.repeats,
-                                task=FLAGS.task))
+            if FLAGS.mode == "train_step":
+                rows.append(measure_train_step(
+                    model, length, task=FLAGS.task, batch_size=FLAGS.batch_size,
+                    dim=FLAGS.dim, num_heads=FLAGS.num_heads, num_layers=FLAGS.num_layers,
+                    repeats=FLAGS.repeats))
+            else:
+                rows.append(measure(model, length, batch_size=FLAGS.batch_size or 1,
+                                    dim=FLAGS.dim or 256, num_heads=FLAGS.num_heads or 4,
+                                    repeats=FLAGS.repeats, task=FLAGS.task))
         except Exception as e:  # noqa: BLE001  a variant that cannot run at L: say why
             reason = str(e).splitlines()[0][:80] if str(e) else type(e).__name__
             rows.append({"model": model, "length": length, "error": reason})
-    print(f"Forward+backward of one mixer; batch {FLAGS.batch_size}, dim {FLAGS.dim}, "
-          f"{FLAGS.num_heads} heads, {jax.devices()[0].platform}, jax {jax.__version__}\n")
+    what = (f"One training step of the {FLAGS.task} model" if FLAGS.mode == "train_step"
+            else "Forward+backward of one mixer")
+    sizes = ", ".join(f"{k} {v}" for k, v in (
+        ("batch", FLAGS.batch_size), ("dim", FLAGS.dim), ("heads", FLAGS.num_heads),
+        ("layers", FLAGS.num_layers)) if v) or "the task config's sizes"
+    print(f"{what}; {sizes}; {jax.devices()[0].platform}, jax {jax.__version__}. "
+          f"Cells: time per step, XLA temporary memory (ratios to transformer).\n")
     print(table(rows, lengths))
     if FLAGS.csv:
         keys = ["model", "length", "time_s", "temp_bytes", "device_peak_bytes", "error"]

@@ -23,3 +23,12 @@ def test_measure_and_table():
     assert "| transformer |" in text
     assert "(2.00x faster, 4.00x less mem)" in text
     assert "- (too long)" in text
+
+
+def test_measure_train_step_with_task_model():
+    row = benchmark.measure_train_step("transformer", 32, task="listops", batch_size=2, dim=16,
+                                       num_heads=2, num_layers=1, repeats=1)
+    assert row["time_s"] > 0 and row["temp_bytes"] > 0
+    dual = benchmark.measure_train_step("local", 32, task="retrieval", batch_size=2, dim=16,
+                                        num_heads=2, num_layers=1, repeats=1)
+    assert dual["time_s"] > 0
