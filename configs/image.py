@@ -14,6 +14,8 @@ Arguments after the colon (comma separated):
   model=<name>   any name in models.registry.available() (default transformer)
   runlocal       tiny model, 20 steps of batch 8 (still 1024 pixels): about a minute on
                  2 CPU cores
+  mini           a 32-wide 1-layer model (LRA's image model has 1 layer), 2000 steps of
+                 batch 32 over the same 1024 pixels
 """
 from configs import common
 
@@ -21,7 +23,7 @@ EPOCH_STEPS = 45_000 // 256
 
 
 def get_config(arg: str | None = None):
-    arg = common.parse_arg(arg, model="transformer", runlocal=False)
+    arg = common.parse_arg(arg, model="transformer", runlocal=False, mini=False)
     c = common.base_config(task="image", model=arg.model)
     c.task_options.validation = "holdout"
     c.max_length = 1024
@@ -35,6 +37,9 @@ def get_config(arg: str | None = None):
     c.emb_dim, c.num_heads, c.num_layers, c.qkv_dim, c.mlp_dim = 128, 8, 1, 64, 128
     c.pooling = "CLS"
 
+    if arg.mini:
+        common.apply_mini(c, num_train_steps=2000, warmup=100, eval_frequency=250)
+        c.emb_dim, c.num_heads, c.num_layers, c.qkv_dim, c.mlp_dim = 32, 4, 1, 32, 64
     if arg.runlocal:
         common.apply_runlocal(c)
         c.emb_dim, c.num_heads, c.num_layers, c.qkv_dim, c.mlp_dim = 32, 2, 1, 32, 64

@@ -17,6 +17,12 @@ pathfinder32/). Other levels and sizes: --config.task_options.difficulty=easy|in
 Arguments after the colon (comma separated):
   model=<name>   any name in models.registry.available() (default transformer)
   runlocal       tiny model, 20 steps of batch 8: about a minute on 2 CPU cores
+  mini           the `easy` level (contour length 6) of 20k generated 32x32 images, a
+                 32-wide 2-layer model, 3000 steps of batch 32:
+                   python -m lra.tasks.pathfinder --output_dir=data/pathfinder_mini \
+                       --resolution=32 --difficulty=easy --num_images=20000
+                   python launch.py --config=configs/pathfinder.py:mini \
+                       --workdir=workdirs/pathfinder_mini/transformer
 """
 from configs import common
 
@@ -24,7 +30,7 @@ EPOCH_STEPS = 160_000 // 512
 
 
 def get_config(arg: str | None = None):
-    arg = common.parse_arg(arg, model="transformer", runlocal=False)
+    arg = common.parse_arg(arg, model="transformer", runlocal=False, mini=False)
     c = common.base_config(task="pathfinder", model=arg.model)
     c.task_options.resolution = 32
     c.task_options.difficulty = "hard"
@@ -39,6 +45,11 @@ def get_config(arg: str | None = None):
     c.emb_dim, c.num_heads, c.num_layers, c.qkv_dim, c.mlp_dim = 32, 4, 4, 16, 32
     c.pooling = "MEAN"
 
+    if arg.mini:
+        c.data_dir = "data/pathfinder_mini"
+        c.task_options.difficulty = "easy"
+        common.apply_mini(c, num_train_steps=3000, warmup=300, eval_frequency=500)
+        c.emb_dim, c.num_heads, c.num_layers, c.qkv_dim, c.mlp_dim = 32, 2, 2, 32, 64
     if arg.runlocal:
         common.apply_runlocal(c)
         c.emb_dim, c.num_heads, c.num_layers, c.qkv_dim, c.mlp_dim = 32, 2, 1, 16, 32

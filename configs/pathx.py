@@ -13,6 +13,11 @@ Path-X (chance accuracy).
 
 Arguments after the colon (comma separated):
   model=<name>   any name in models.registry.available() (default transformer)
+  mini           Path-X's difficulty at a CPU-sized length: 64x64 images (4096 tokens) of
+                 the `easy` level, LRA's Path-X model, 2000 steps of batch 16; meant for the
+                 efficient variants (full attention at 4096 is slow on a CPU):
+                   python -m lra.tasks.pathfinder --output_dir=data/pathfinder_mini \
+                       --resolution=64 --difficulty=easy --num_images=20000
   runlocal       tiny model on 32x32 images (task_options.resolution=32, max_length 1024),
                  20 steps of batch 8: about a minute on 2 CPU cores. 128x128 images are
                  too long for a CPU smoke test.
@@ -23,7 +28,7 @@ EPOCH_STEPS = 160_000 // 64
 
 
 def get_config(arg: str | None = None):
-    arg = common.parse_arg(arg, model="transformer", runlocal=False)
+    arg = common.parse_arg(arg, model="transformer", runlocal=False, mini=False)
     c = common.base_config(task="pathx", model=arg.model)
     c.task_options.resolution = 128
     c.task_options.difficulty = "hard"
@@ -39,6 +44,14 @@ def get_config(arg: str | None = None):
     c.emb_dim, c.num_heads, c.num_layers, c.qkv_dim, c.mlp_dim = 32, 2, 1, 16, 32
     c.pooling = "MEAN"
 
+    if arg.mini:
+        c.data_dir = "data/pathfinder_mini"
+        c.task_options.resolution = 64
+        c.task_options.difficulty = "easy"
+        c.max_length = 64 * 64
+        common.apply_mini(c, num_train_steps=2000, warmup=200, eval_frequency=250)
+        c.batch_size = 16
+        c.emb_dim, c.num_heads, c.num_layers, c.qkv_dim, c.mlp_dim = 32, 2, 1, 16, 32
     if arg.runlocal:
         c.task_options.resolution = 32
         c.max_length = 32 * 32

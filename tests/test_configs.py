@@ -1,9 +1,13 @@
 """Config files: argument parsing, LRA defaults, presets."""
+import importlib
+
 import pytest
 
 from configs import common, listops, presets
 from lra.errors import ConfigError
 from models import registry
+
+TASKS = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
 
 
 def test_parse_arg_types_and_errors():
@@ -25,9 +29,18 @@ def test_listops_defaults_are_lras():
     common.validate(c)
 
 
-@pytest.mark.parametrize("arg", ["runlocal", "mini"])
-def test_small_modes_validate(arg):
-    common.validate(listops.get_config(arg))
+@pytest.mark.parametrize("task", TASKS)
+def test_every_task_has_small_modes_smaller_than_lras(task):
+    module = importlib.import_module(f"configs.{task}")
+    full = module.get_config()
+    for arg in ("runlocal", "mini"):
+        small = module.get_config(arg)
+        common.validate(small)
+        assert small.max_length <= full.max_length, arg
+        assert small.num_train_steps < full.num_train_steps, arg
+        assert small.emb_dim * small.num_layers <= full.emb_dim * full.num_layers, arg
+    mini = module.get_config("model=linear,mini")
+    assert mini.model == "linear" and mini.dropout_rate == 0.0
 
 
 def test_every_registered_model_has_a_config():
