@@ -66,7 +66,7 @@ def summarize(results: list[dict]) -> dict[tuple[str, str], dict]:
     } for key, rs in groups.items()}
 
 
-def _tasks_models(summary):
+def tasks_and_models(summary):
     tasks = [t for t in TASK_ORDER if any(k[0] == t for k in summary)]
     tasks += sorted({k[0] for k in summary} - set(tasks))
     models = sorted({k[1] for k in summary}, key=lambda m: (m != "transformer", m))
@@ -74,7 +74,7 @@ def _tasks_models(summary):
 
 
 def table_rows(summary) -> tuple[list[str], list[list[str]]]:
-    tasks, models = _tasks_models(summary)
+    tasks, models = tasks_and_models(summary)
     header = ["model", *tasks, "avg"]
     rows = []
     for m in models:
@@ -113,7 +113,7 @@ def plot(summary, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tasks, models = _tasks_models(summary)
+    tasks, models = tasks_and_models(summary)
     points = []
     for m in models:
         speeds, mems, accs = [], [], []

@@ -12,8 +12,23 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
+def _tiny_sweep(sweep_dir: str, data_dir: str) -> None:
+    """Two variants, two steps each, through lra.sweep (subprocesses, as a user runs it)."""
+    from lra import sweep
+
+    outcome = sweep.sweep(task="listops", models=["transformer", "linear"], seeds=[0],
+                          config_arg="runlocal", sweep_dir=sweep_dir,
+                          overrides=[f"data_dir={data_dir}", "max_length=48",
+                                     "num_train_steps=2", "eval_frequency=2"],
+                          log=lambda _: None)
+    assert not outcome["failed"], outcome
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_runs(path):
+def test_notebook_runs(path, listops_dir, tmp_path, monkeypatch):
+    if path.name == "compare_variants.ipynb":
+        _tiny_sweep(str(tmp_path), listops_dir)
+        monkeypatch.setenv("LRA_SWEEP_DIR", str(tmp_path))  # the kernel inherits it
     nb = nbformat.read(path, as_version=4)
     # The "python3" kernel is this interpreter (ipykernel installed in the same venv).
     client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
@@ -22,3 +37,8 @@ def test_notebook_runs(path):
     for cell in nb.cells:
         if cell.cell_type == "code":
             assert not [o for o in cell.outputs if o.output_type == "error"]
+    if path.name == "compare_variants.ipynb":
+        with open(tmp_path / "efficiency_accuracy.png", "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+        table = (tmp_path / "results.md").read_text()
+        assert "| transformer |" in table and "| linear |" in table
