@@ -1,10 +1,14 @@
-r"""Kernel benchmark: Pallas linear attention against its XLA path and dense attention.
+r"""Kernel benchmark: the Pallas kernels against their XLA paths and dense attention.
 
   python -m lra.bench_kernels --lengths=1024,2048,4096,8192,16384   (make bench-kernels)
+  python -m lra.bench_kernels --lengths=256 --batch_size=1 --num_heads=2 --interpret  (CPU)
 
-For each length L and mode (causal, full) on random `[B, H, L, D]` inputs (positive
-features for linear attention), reports the median wall time of the forward and of the
-forward+backward (`jax.vjp` with a random cotangent, under `jax.jit`), the achieved
+Two sections (`--sections`): linear attention and block-sparse softmax attention.
+
+Linear attention: for each length L and mode (causal, full) on random `[B, H, L, D]`
+inputs (positive features for linear attention), reports the median wall time of the
+forward and of the forward+backward (`jax.vjp` with a random cotangent, under `jax.jit`),
+the achieved
 TFLOP/s of the Pallas kernels, and the speed ratios (other time / Pallas time, so > 1
 means the kernel is faster) to `backend="xla"` (the same chunked algorithm under
 `lax.scan`) and to dense softmax attention (`jax.nn.dot_product_attention`, cuDNN where
@@ -12,9 +16,18 @@ it takes the shape, else XLA) at the same shape.
 
 FLOPs are those of the chunked algorithm (the masked C x C products counted in full):
 per position 2C(K + V) + 4KV causal, 4KV non-causal, forward; forward+backward counted as
-3x forward, the usual convention. On CPU the Pallas kernels would run in the
-interpreter, which times nothing useful: they are skipped unless `--interpret`.
-Markdown goes to stdout, progress to stderr.
+3x forward, the usual convention.
+
+Block-sparse attention: for each L and pattern density (`--densities`: the fraction of
+(tile x tile) blocks kept, a random block pattern, so every kept block is full; 1.0 is the
+full pattern through the kernel), the same timings of the Pallas flash-attention kernel,
+ratios to the XLA block-sparse backend (`backend="xla"`, same pattern and tile) and to
+`jax.nn.dot_product_attention` over all L x L pairs. FLOPs count the kept blocks only:
+4 B H D (tile^2) per block forward (two matmuls); forward+backward is 3.5x forward (the
+backward recomputes the scores and does five matmuls in all).
+
+On CPU the Pallas kernels would run in the interpreter, which times nothing useful: they
+are skipped unless `--interpret`. Markdown goes to stdout, progress to stderr.
 """
 from __future__ import annotations
 
@@ -28,6 +41,9 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from models import masks
+from models.kernels.block_sparse_attention import block_sparse_attention
+from models.kernels.block_sparse_attention import make_config as block_sparse_config
 from models.kernels.linear_attention import linear_attention, make_config
 
 FLAGS = flags.FLAGS
@@ -44,6 +60,10 @@ def _define_flags() -> None:
     flags.DEFINE_integer("repeats", 20, "Timed calls per cell (the median is reported).")
     flags.DEFINE_bool("interpret", False, "Time the Pallas kernels in the interpreter on CPU.")
     flags.DEFINE_bool("dense", True, "Include dense softmax attention.")
+    flags.DEFINE_list("sections", ["linear", "block_sparse"], "Which kernels to time.")
+    flags.DEFINE_list("densities", ["1.0", "0.5", "0.1"],
+                      "Block-sparse: fractions of blocks kept (random block patterns).")
+    flags.DEFINE_integer("block_size", None, "Block-sparse tile (default: the kernel's).")
 
 
 def _time(fn, *args, repeats: int) -> float | None:
@@ -104,6 +124,14 @@ def main(argv):
     run_pallas = jax.default_backend() != "cpu" or FLAGS.interpret
     print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}, B={b} H={h} "
           f"D={d} {FLAGS.dtype}; ratios = other time / Pallas time\n")
+    if "linear" in FLAGS.sections:
+        _linear_section(dtype, b, h, d, run_pallas)
+    if "block_sparse" in FLAGS.sections:
+        _block_sparse_section(dtype, b, h, d, run_pallas)
+
+
+def _linear_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> None:
+    print("### Linear attention\n")
     print("| L | mode | Pallas fwd ms | Pallas fwd+bwd ms | TFLOP/s fwd | TFLOP/s fwd+bwd "
           "| XLA fwd ms | XLA fwd+bwd ms | vs XLA fwd | vs XLA fwd+bwd | dense fwd+bwd ms "
           "| vs dense fwd | vs dense fwd+bwd |")
@@ -146,6 +174,60 @@ def main(argv):
                   f"{_ratio(times['xla'][0], pf)} | {_ratio(times['xla'][1], pfb)} | "
                   f"{ms(times['dense'][1])} ({dense_impl}) | {_ratio(times['dense'][0], pf)} | "
                   f"{_ratio(times['dense'][1], pfb)} |", flush=True)
+
+    print()
+
+
+def _block_sparse_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> None:
+    print("### Block-sparse softmax attention\n")
+    print(f"tile {FLAGS.block_size or 'default'}; density = kept blocks / all blocks\n")
+    print("| L | density | Pallas fwd ms | Pallas fwd+bwd ms | TFLOP/s fwd | TFLOP/s fwd+bwd "
+          "| XLA fwd ms | XLA fwd+bwd ms | vs XLA fwd | vs XLA fwd+bwd | dense fwd+bwd ms "
+          "| vs dense fwd | vs dense fwd+bwd |")
+    print("|" + "---|" * 13)
+    rng = np.random.default_rng(0)
+    for length in map(int, FLAGS.lengths):
+        shape = (b, h, length, d)
+        q, k, v, g = (jnp.asarray(rng.standard_normal(shape, np.float32), dtype)
+                      for _ in range(4))
+        cfg = block_sparse_config(q, k, masks.all_(), block_q=FLAGS.block_size,
+                              block_k=FLAGS.block_size)
+        tile = cfg.block_q
+        times_dense, dense_impl = (None, None), "none"
+        for impl, attn in (_dense(False) if FLAGS.dense else []):
+            fwd, fwd_bwd = _fwd_and_fwd_bwd(attn)
+            fb = _time(fwd_bwd, q, k, v, g, repeats=FLAGS.repeats)
+            if fb is not None:
+                times_dense = (_time(fwd, q, k, v, repeats=FLAGS.repeats), fb)
+                dense_impl = impl
+                break
+        for density in map(float, FLAGS.densities):
+            pattern = (masks.all_() if density >= 1.0
+                       else masks.random(density, seed=0, block=tile))
+            kept = pattern.blocks(length, length, tile, tile).num_nonempty
+            print(f"L={length} density={density}", file=sys.stderr)
+            times = {}
+            for backend in ("pallas", "xla"):
+                if backend == "pallas" and not run_pallas:
+                    times[backend] = (None, None)
+                    continue
+                attn = functools.partial(block_sparse_attention, pattern=pattern,
+                                         backend=backend, block_q=tile, block_k=tile)
+                fwd, fwd_bwd = _fwd_and_fwd_bwd(attn)
+                times[backend] = (_time(fwd, q, k, v, repeats=FLAGS.repeats),
+                                  _time(fwd_bwd, q, k, v, g, repeats=FLAGS.repeats))
+            flops = 4.0 * b * h * d * tile * tile * kept
+            pf, pfb = times["pallas"]
+            tf_f = None if pf is None else flops / pf / 1e12
+            tf_fb = None if pfb is None else 3.5 * flops / pfb / 1e12
+            ms = lambda t: _fmt(None if t is None else t * 1e3, ".2f")  # noqa: E731
+            measured = kept / (-(-length // tile)) ** 2
+            print(f"| {length} | {measured:.2f} | {ms(pf)} | {ms(pfb)} | {_fmt(tf_f, '.1f')} | "
+                  f"{_fmt(tf_fb, '.1f')} | {ms(times['xla'][0])} | {ms(times['xla'][1])} | "
+                  f"{_ratio(times['xla'][0], pf)} | {_ratio(times['xla'][1], pfb)} | "
+                  f"{ms(times_dense[1])} ({dense_impl}) | {_ratio(times_dense[0], pf)} | "
+                  f"{_ratio(times_dense[1], pfb)} |", flush=True)
+    print()
 
 
 if __name__ == "__main__":

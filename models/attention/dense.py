@@ -101,7 +101,9 @@ class MultiHeadAttention(nnx.Module):
 
     def split_heads(self, x_BxLxF: jax.Array) -> jax.Array:
         b, l, _ = x_BxLxF.shape
-        return x_BxLxF.reshape(b, l, self.num_heads, self.head_dim).transpose(0, 2, 1, 3)
+        x_BxLxHxK = x_BxLxF.reshape(b, l, self.num_heads, self.head_dim)
+        x_BxLxHxK = layers.constrain(x_BxLxHxK, ("batch", None, "act_heads", None))
+        return x_BxLxHxK.transpose(0, 2, 1, 3)
 
     def merge_heads(self, x_BxHxLxK: jax.Array) -> jax.Array:
         b, h, l, k = x_BxHxLxK.shape
@@ -137,17 +139,20 @@ def build_transformer(*, dim: int, num_heads: int, max_len: int, causal: bool,
                       attention_dropout: float = 0.1, use_bias: bool = True,
                       attention_impl: str = "dense") -> MultiHeadAttention:
     del max_len  # any length works
-    if attention_impl == "blocksparse":  # the full pattern through the block-sparse path
+    if attention_impl in ("blocksparse", "pallas"):  # the full pattern, block by block
         from models import masks  # noqa: PLC0415  (sparse imports this module)
         from models.attention.sparse import PatternAttention  # noqa: PLC0415
+        # pallas: the kernel's own default tile (64 on GPU, 128 on TPU).
         return PatternAttention(pattern=masks.all_(), dim=dim, num_heads=num_heads,
                                 causal=causal, qkv_dim=qkv_dim,
                                 attention_dropout=attention_dropout, use_bias=use_bias,
-                                attention_impl="blocksparse", block_size=64, rngs=rngs)
-    if attention_impl != "dense":  # pallas arrives with the kernels
+                                attention_impl=attention_impl,
+                                block_size=64 if attention_impl == "blocksparse" else None,
+                                rngs=rngs)
+    if attention_impl != "dense":
         raise registry.RegistryError(
-            f"transformer: attention_impl={attention_impl!r} is not available; use 'dense' "
-            "or 'blocksparse'")
+            f"transformer: attention_impl={attention_impl!r} is not available; use 'dense', "
+            "'blocksparse' or 'pallas'")
     return MultiHeadAttention(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
                               attention_dropout=attention_dropout, use_bias=use_bias,
                               rngs=rngs)

@@ -17,6 +17,11 @@ Causal forms are chunked: exact (masked) attention inside a chunk of C positions
 d x dv state carried across chunks by `jax.lax.scan`, so no per-position state is stored
 (the delta rule is a scan over time, rematerialised per chunk for the same reason).
 
+attention_impl="pallas" (linear, performer, rfa) runs `linear_attention` through the Pallas
+kernels of `models.kernels.linear_attention` (interpreted on CPU, with their own chunk
+size); the gated forms (causal FAVOR+, rfa with gate) have no kernel and refuse it, and
+rfa's kernel form normalises by den + 1e-6 instead of pushing den away from zero.
+
 Choices beyond the papers (reasons at the code):
 - causal FAVOR+ stabilises keys with a running max instead of the paper code's global
   max (which lets future keys reach past outputs), carried as an exact decay;
@@ -37,8 +42,10 @@ from flax import nnx
 
 from models import layers, registry
 from models.attention.dense import MultiHeadAttention
+from models.kernels.linear_attention import linear_attention as pallas_linear_attention
 
 DEFAULT_CHUNK = 64
+IMPLS = ("dense", "pallas")  # the XLA (lax.scan) forms, or the Pallas kernels
 FEATURE_KERNELS = ("softmax", "relu")
 FAST_WEIGHT_MAPS = ("dpfp", "elu")
 
@@ -398,12 +405,28 @@ class _KernelAttention(MultiHeadAttention):
     """query/key/value/out projections (named as in `transformer`) around a feature map."""
 
     def __init__(self, *, dim: int, num_heads: int, causal: bool, qkv_dim: int | None,
-                 use_bias: bool, chunk_size: int, rngs: nnx.Rngs):
+                 use_bias: bool, chunk_size: int, rngs: nnx.Rngs,
+                 attention_impl: str = "dense"):
         super().__init__(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
                          attention_dropout=0.0, use_bias=use_bias, rngs=rngs)
         if chunk_size <= 0:
             raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+        if attention_impl not in IMPLS:
+            raise registry.RegistryError(
+                f"attention_impl={attention_impl!r} is not available for kernelised "
+                f"attention; valid: {', '.join(IMPLS)}")
         self.chunk_size = chunk_size
+        self.attention_impl = attention_impl
+
+    def linear(self, phi_q_BxHxLxK: jax.Array, phi_k_BxHxLxK: jax.Array, v_BxHxLxD: jax.Array,
+               eps: float = 1e-6) -> jax.Array:
+        """`linear_attention` in this module's implementation (the kernel: its own chunk)."""
+        if self.attention_impl == "pallas":
+            return pallas_linear_attention(phi_q_BxHxLxK, phi_k_BxHxLxK, v_BxHxLxD,
+                                           causal=self.causal, backend="pallas",
+                                           eps=eps).astype(v_BxHxLxD.dtype)
+        return linear_attention(phi_q_BxHxLxK, phi_k_BxHxLxK, v_BxHxLxD, causal=self.causal,
+                                chunk_size=self.chunk_size, eps=eps)
 
     def attend(self, q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxK: jax.Array,
                x_BxLxD: jax.Array, padding_mask: jax.Array | None,
@@ -438,8 +461,7 @@ class LinearAttention(_KernelAttention):
     def attend(self, q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, x_BxLxD, padding_mask, deterministic):
         phi_k, v_BxHxLxK = self.drop_padded(elu_feature_map(k_BxHxLxK), v_BxHxLxK,
                                             padding_mask)
-        return linear_attention(elu_feature_map(q_BxHxLxK), phi_k, v_BxHxLxK,
-                                causal=self.causal, chunk_size=self.chunk_size, eps=self.eps)
+        return self.linear(elu_feature_map(q_BxHxLxK), phi_k, v_BxHxLxK, eps=self.eps)
 
     def init_state(self, batch_size: int) -> tuple[jax.Array, jax.Array]:
         """The empty RNN state (S: BxHxKxK, z: BxHxK) for `step`."""
@@ -473,10 +495,12 @@ class LinearAttention(_KernelAttention):
     causal=True, padding=True, variable_length=True, test_hparams={"chunk_size": 5}))
 def build_linear(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
                  qkv_dim: int | None = None, use_bias: bool = True, eps: float = 1e-6,
-                 chunk_size: int = DEFAULT_CHUNK) -> LinearAttention:
+                 chunk_size: int = DEFAULT_CHUNK,
+                 attention_impl: str = "dense") -> LinearAttention:
     del max_len  # any length
     return LinearAttention(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
-                           use_bias=use_bias, chunk_size=chunk_size, eps=eps, rngs=rngs)
+                           use_bias=use_bias, chunk_size=chunk_size, eps=eps, rngs=rngs,
+                           attention_impl=attention_impl)
 
 
 class Performer(_KernelAttention):
@@ -506,8 +530,7 @@ class Performer(_KernelAttention):
             phi_q = favor_softmax_features(q_BxHxLxK, w_MxK, is_query=True)
             phi_k = favor_softmax_features(k_BxHxLxK, w_MxK, is_query=False, mask_BxL=mask)
         phi_k, v_BxHxLxK = self.drop_padded(phi_k, v_BxHxLxK, mask)
-        return linear_attention(phi_q, phi_k, v_BxHxLxK, causal=self.causal,
-                                chunk_size=self.chunk_size)
+        return self.linear(phi_q, phi_k, v_BxHxLxK)
 
 
 @registry.register("performer", capabilities=registry.Capabilities(
@@ -517,16 +540,21 @@ class Performer(_KernelAttention):
 def build_performer(*, dim: int, num_heads: int, max_len: int, causal: bool,
                     rngs: nnx.Rngs, qkv_dim: int | None = None, use_bias: bool = True,
                     num_features: int = 256, kernel: str = "softmax",
-                    redraw_interval: int = 1000,
-                    chunk_size: int = DEFAULT_CHUNK) -> Performer:
+                    redraw_interval: int = 1000, chunk_size: int = DEFAULT_CHUNK,
+                    attention_impl: str = "dense") -> Performer:
     """kernel='softmax' is FAVOR+ (the paper); 'relu' is LRA's Performer default.
 
     redraw_interval: training calls between feature redraws (0 = never redraw).
     """
     del max_len  # any length
+    if attention_impl == "pallas" and causal and kernel == "softmax":
+        raise registry.RegistryError("performer: causal FAVOR+ carries a decaying state "
+                                     "that the Pallas kernel lacks; use attention_impl="
+                                     "'dense' or kernel='relu'")
     return Performer(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
                      use_bias=use_bias, chunk_size=chunk_size, num_features=num_features,
-                     kernel=kernel, redraw_interval=redraw_interval, rngs=rngs)
+                     kernel=kernel, redraw_interval=redraw_interval, rngs=rngs,
+                     attention_impl=attention_impl)
 
 
 class RandomFeatureAttention(_KernelAttention):
@@ -554,6 +582,8 @@ class RandomFeatureAttention(_KernelAttention):
         phi_q = trig_features(q_BxHxLxK, w_MxK, inv_tau_H)
         phi_k, v = self.drop_padded(trig_features(k_BxHxLxK, w_MxK, inv_tau_H), v_BxHxLxK,
                                     padding_mask)
+        if self.gate is None and self.attention_impl == "pallas":
+            return self.linear(phi_q, phi_k, v)
         if self.gate is None:
             num, den = _num_den(phi_q, phi_k, v, causal=self.causal,
                                 chunk_size=self.chunk_size)
@@ -574,13 +604,18 @@ class RandomFeatureAttention(_KernelAttention):
 def build_rfa(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
               qkv_dim: int | None = None, use_bias: bool = True, num_features: int = 128,
               gate: bool = False, redraw_interval: int = 1000,
-              chunk_size: int = DEFAULT_CHUNK) -> RandomFeatureAttention:
+              chunk_size: int = DEFAULT_CHUNK,
+              attention_impl: str = "dense") -> RandomFeatureAttention:
     """gate=True (causal only): S_t = g_t S_{t-1} + (1 - g_t) phi(k_t) v_t^T."""
     del max_len  # any length
+    if attention_impl == "pallas" and gate:
+        raise registry.RegistryError("rfa: the gated state has no Pallas kernel; use "
+                                     "attention_impl='dense'")
     return RandomFeatureAttention(dim=dim, num_heads=num_heads, causal=causal,
                                   qkv_dim=qkv_dim, use_bias=use_bias, chunk_size=chunk_size,
                                   num_features=num_features, gate=gate,
-                                  redraw_interval=redraw_interval, rngs=rngs)
+                                  redraw_interval=redraw_interval, rngs=rngs,
+                                  attention_impl=attention_impl)
 
 
 class FastWeightAttention(_KernelAttention):

@@ -3,9 +3,10 @@
 `PatternAttention` is `MultiHeadAttention` (same query/key/value/out) whose softmax
 is restricted to a pattern, computed either densely (`attention_impl="dense"`: the
 full masked L x L softmax) or block-sparsely (`"blocksparse"`: only the non-empty
-blocks, `models.kernels.block_sparse_attention`). The builders below turn each
-paper's hyperparameters into a pattern; only `global` with extra learned tokens and
-`axial` in its two-pass form need code of their own.
+blocks, `models.kernels.block_sparse_attention`; `"pallas"`: the same blocks through its
+flash-attention kernels, interpreted on CPU, without attention dropout). The builders
+below turn each paper's hyperparameters into a pattern; only `global` with extra
+learned tokens and `axial` in its two-pass form need code of their own.
 
 With causal=True every pattern is intersected with `masks.causal()`. The Sparse
 Transformer patterns are not causal by themselves in a classifier (LRA forced them
@@ -23,7 +24,7 @@ from models import layers, masks, registry
 from models.attention.dense import MultiHeadAttention, dot_product_attention
 from models.kernels import block_sparse_attention
 
-IMPLS = ("dense", "blocksparse")
+IMPLS = ("dense", "blocksparse", "pallas")
 
 
 class PatternAttention(MultiHeadAttention):
@@ -31,7 +32,7 @@ class PatternAttention(MultiHeadAttention):
 
     def __init__(self, *, pattern: masks.Pattern, dim: int, num_heads: int, causal: bool,
                  qkv_dim: int | None, attention_dropout: float, use_bias: bool,
-                 attention_impl: str, block_size: int, rngs: nnx.Rngs):
+                 attention_impl: str, block_size: int | None, rngs: nnx.Rngs):
         super().__init__(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
                          attention_dropout=attention_dropout, use_bias=use_bias, rngs=rngs)
         if attention_impl not in IMPLS:
@@ -49,6 +50,16 @@ class PatternAttention(MultiHeadAttention):
                v_BxHxLxK: jax.Array, padding_mask: jax.Array | None,
                deterministic: bool) -> jax.Array:
         dropout_fn = self.dropout_fn(deterministic)
+        if self.attention_impl == "pallas":
+            # The kernels never hold the weights, so they cannot drop them: refuse a
+            # non-zero rate rather than silently train without it.
+            if dropout_fn is not None and self.attention_dropout.rate > 0:
+                raise ValueError(f"attention_impl='pallas' does not support attention "
+                                 f"dropout (rate {self.attention_dropout.rate}); set it to 0 "
+                                 f"(config.attention_dropout_rate=0)")
+            return block_sparse_attention(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, pattern,
+                                          padding_mask=padding_mask, backend="pallas",
+                                          block_q=self.block_size, block_k=self.block_size)
         if self.attention_impl == "blocksparse":
             return block_sparse_attention(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, pattern,
                                           padding_mask=padding_mask, block_q=self.block_size,

@@ -9,16 +9,38 @@ The pattern predicate is evaluated on the gathered tiles to mask partial blocks;
 gather slots past a row's count, keys past the end and padded keys are masked too.
 Plain autodiff gives the gradients (the gathers become scatter-adds).
 
-backend="pallas" arrives with the kernels issue.
+backend="pallas": flash attention (online softmax, log-sum-exp residual) over the same
+block layout, as Pallas kernels: GPU (Triton) and TPU (Mosaic), interpreted on CPU. One
+program per (batch, head, query block) walks that block's list of non-empty key blocks;
+the pattern predicate (built from iotas) masks only partial blocks, the key-validity
+vector (padding and keys past the end) masks every block. Custom VJP, FlashAttention-2
+style: a dQ pass over the same per-query-block lists and a dK/dV pass over per-key-block
+lists of query blocks (the transposed layout), both recomputing the probabilities from
+the log-sum-exp.
+
+- GPU: grid (B, H, blocks); the block lists are int32 inputs and the loop over them is a
+  `fori_loop` with a data-dependent bound, so empty blocks cost nothing.
+- TPU: grid (B, H, blocks, list slot) with `PrefetchScalarGridSpec`: the compacted lists
+  are prefetched scalars that drive the index maps; padded slots repeat the last valid
+  index, so the pipeline fetches nothing new, and `pl.when` skips their compute.
+
+A query with no key at all gets output 0 and zero gradients (as `dot_product_attention`).
+Attention-weight dropout is not supported by the kernels (they never materialise the
+weights); ask for it and they raise.
 """
 from __future__ import annotations
 
+import functools
 import math
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import triton as plgpu
 
 from models import masks
 
@@ -29,19 +51,23 @@ DropoutFn = Callable[[jax.Array], jax.Array]
 def block_sparse_attention(q_BxHxQxK: jax.Array, k_BxHxKvxK: jax.Array,
                            v_BxHxKvxD: jax.Array, pattern: masks.Pattern, *,
                            padding_mask: jax.Array | None = None, backend: str = "xla",
-                           block_q: int = 64, block_k: int = 64,
-                           dropout_fn: DropoutFn | None = None) -> jax.Array:
+                           block_q: int | None = None, block_k: int | None = None,
+                           dropout_fn: DropoutFn | None = None, platform: str | None = None,
+                           interpret: bool | None = None) -> jax.Array:
     """softmax(q k^T / sqrt(K)) v restricted to `pattern`; returns BxHxQxD.
 
     `padding_mask` is bool BxKv (True = real key). Queries are the last Q of the Kv
     positions, as in `models.attention.dense.make_attention_mask`. A query with no
     key to attend to gets output 0, like `dot_product_attention`.
+
+    `block_q`, `block_k`: tile sizes; default 64 (xla, Triton) or 128 (Mosaic).
+    backend="pallas" only: `platform` "gpu" (Triton) or "tpu" (Mosaic) picks the kernel
+    flavour (default: the default backend's; Triton on CPU) and `interpret` runs it in the
+    Pallas interpreter (default: on CPU). Its tiles are rounded up to what the target
+    takes (Triton: powers of two >= 16; Mosaic: multiples of 8, and of 128 for key tiles
+    when compiled), which changes only the tiling, never the result.
     """
-    if backend == "pallas":
-        raise NotImplementedError(
-            "block_sparse_attention: backend='pallas' is not implemented yet (it arrives "
-            "with the Pallas kernels); use backend='xla'")
-    if backend != "xla":
+    if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
     b, h, q_len, _ = q_BxHxQxK.shape
     kv_len = k_BxHxKvxK.shape[2]
@@ -50,7 +76,15 @@ def block_sparse_attention(q_BxHxQxK: jax.Array, k_BxHxKvxK: jax.Array,
     if padding_mask is not None and padding_mask.shape != (b, kv_len):
         raise ValueError(f"padding mask has shape {padding_mask.shape}, expected "
                          f"{(b, kv_len)}")
-    bq, bk = min(block_q, q_len), min(block_k, kv_len)
+    if backend == "pallas":
+        if dropout_fn is not None:
+            raise ValueError("block_sparse_attention: the Pallas kernels do not support "
+                             "attention dropout; set attention_dropout=0 or use backend='xla'")
+        cfg = make_config(q_BxHxQxK, k_BxHxKvxK, pattern, block_q=block_q, block_k=block_k,
+                          platform=platform, interpret=interpret)
+        valid = _key_validity(padding_mask, b, kv_len, cfg)
+        return _pallas_attention(q_BxHxQxK, k_BxHxKvxK, v_BxHxKvxD, valid, cfg)
+    bq, bk = min(block_q or 64, q_len), min(block_k or 64, kv_len)
     lay = pattern.blocks(q_len, kv_len, bq, bk)
     nq, nk = lay.layout.shape[-2:]
     # Shared patterns get a head axis P of 1 that broadcasts over heads.
@@ -159,3 +193,535 @@ def _attend_rows(q_BxHxRxBqxK, k_BxHxNkxBkxK, v_BxHxNkxBkxD, pad_BxNkxBk, t: _Ti
         weights = dropout_fn(weights)
     v_g = v_g.reshape(b, h, r, s, -1)
     return jnp.einsum("bhrqs,bhrsd->bhrqd", weights.astype(v_g.dtype), v_g)
+
+
+# --------------------------------------------------------------------------------------
+# backend="pallas": flash attention over the block layout.
+
+_F32 = jnp.float32
+# Masked logits: finite, so the running max of a tile with no key stays finite.
+_NEG = -1e30
+# 64 x 64 tiles keep a Triton program within registers; 128 matches the TPU MXU and lanes.
+_DEFAULT_BLOCK = {"gpu": 64, "tpu": 128}
+
+
+class _Config(NamedTuple):
+    pattern: masks.Pattern
+    q_len: int
+    kv_len: int
+    block_q: int
+    block_k: int
+    scale: float
+    platform: str  # "gpu" (Triton) or "tpu" (Mosaic)
+    interpret: bool
+
+    @property
+    def num_q_blocks(self) -> int:
+        return -(-self.q_len // self.block_q)
+
+    @property
+    def num_k_blocks(self) -> int:
+        return -(-self.kv_len // self.block_k)
+
+
+def _tile(block: int, length: int, platform: str) -> int:
+    """The tile for a requested block: no larger than needed, of a size the target takes
+    (Triton: a power of two >= 16; Mosaic: a multiple of 8, the sublanes)."""
+    if platform == "gpu":
+        return max(16, pl.next_power_of_2(min(block, length)))
+    return -(-min(block, length) // 8) * 8
+
+
+def make_config(q: jax.Array, k: jax.Array, pattern: masks.Pattern, *,
+                block_q: int | None = None, block_k: int | None = None,
+                platform: str | None = None, interpret: bool | None = None) -> _Config:
+    """Resolves the kernel flavour, interpret mode and tile sizes."""
+    device = jax.default_backend()
+    platform = platform or ("tpu" if device == "tpu" else "gpu")
+    if platform not in ("gpu", "tpu"):
+        raise ValueError(f"platform must be 'gpu' or 'tpu', got {platform!r}")
+    interpret = device == "cpu" if interpret is None else interpret
+    q_len, kv_len = q.shape[2], k.shape[2]
+    bq = _tile(block_q or _DEFAULT_BLOCK[platform], q_len, platform)
+    bk = _tile(block_k or _DEFAULT_BLOCK[platform], kv_len, platform)
+    if platform == "tpu" and not interpret and bk < kv_len:
+        # The key-validity tile (1, bk) has bk on the lanes: compiled Mosaic wants 128s.
+        bk = -(-bk // 128) * 128
+    return _Config(pattern, q_len, kv_len, bq, bk, 1.0 / math.sqrt(q.shape[-1]), platform,
+                   bool(interpret))
+
+
+class _Lists(NamedTuple):
+    """Compacted block lists, flattened for scalar access: entry (p, row, slot) sits at
+    (p * rows + row) * width + slot; p is the pattern head (0 for shared patterns)."""
+    indices: np.ndarray  # int32: the non-empty blocks, padded with the last valid one
+    counts: np.ndarray  # int32 (p * rows + row): how many are real
+    full: np.ndarray  # int32, like indices: 1 where the block needs no element mask
+    width: int
+    heads: int  # pattern heads P: 1 (shared) or H
+
+
+def _compact(layout_PxRxC: np.ndarray) -> _Lists:
+    nonempty = layout_PxRxC != masks.EMPTY
+    counts = nonempty.sum(-1).astype(np.int32)
+    width = max(1, int(counts.max()))
+    order = np.argsort(~nonempty, axis=-1, kind="stable")[..., :width]
+    last = np.take_along_axis(order, np.maximum(counts - 1, 0)[..., None], axis=-1)
+    slot = np.arange(width)
+    idx = np.where(slot < counts[..., None], order,
+                   np.where(counts[..., None] > 0, last, 0)).astype(np.int32)
+    full = (np.take_along_axis(layout_PxRxC, idx, axis=-1) == masks.FULL).astype(np.int32)
+    return _Lists(idx.reshape(-1), counts.reshape(-1), full.reshape(-1), width,
+                  layout_PxRxC.shape[0])
+
+
+@functools.lru_cache(maxsize=128)
+def _lists(cfg: _Config) -> tuple[_Lists, _Lists]:
+    """Key blocks of each query block (forward, dQ) and query blocks of each key block
+    (dK/dV: the transposed layout)."""
+    lay = cfg.pattern.blocks(cfg.q_len, cfg.kv_len, cfg.block_q, cfg.block_k)
+    nq, nk = lay.layout.shape[-2:]
+    layout = lay.layout.reshape(-1, nq, nk)
+    by_q = _compact(layout)
+    # The layout's own lists must agree with ours (same compaction rule).
+    assert np.array_equal(by_q.indices, lay.kv_indices.reshape(-1))
+    return by_q, _compact(layout.transpose(0, 2, 1))
+
+
+def _head_mask(pattern: masks.Pattern, head, i, j):
+    """The pattern's predicate for one (traced) head: per-head patterns select by `head`
+    with a chain of wheres instead of a stacked head axis (no gathers in kernels)."""
+    if pattern.num_heads is None:
+        return jnp.broadcast_to(pattern.mask(i, j, jnp), i.shape)
+    if isinstance(pattern, masks.PerHead):
+        out = jnp.zeros(i.shape, jnp.bool_)
+        for h, p in enumerate(pattern.patterns):
+            out = jnp.where(head == h, _head_mask(p, head, i, j), out)
+        return out
+    if isinstance(pattern, (masks.Union, masks.Intersection)):
+        parts = [_head_mask(p, head, i, j) for p in pattern.parts]
+        op = (lambda a, b: a | b) if isinstance(pattern, masks.Union) else (lambda a, b: a & b)
+        return functools.reduce(op, parts)
+    raise NotImplementedError(f"per-head pattern {type(pattern).__name__} in a kernel")
+
+
+def _keep(cfg: _Config, head, q_block, k_block, valid_1xBk, is_full):
+    """Bool Bq x Bk: valid keys, and the pattern predicate on partial blocks only."""
+    shape = (cfg.block_q, cfg.block_k)
+    valid = jnp.broadcast_to(valid_1xBk != 0, shape)
+
+    def partial():
+        i = (q_block * cfg.block_q + lax.broadcasted_iota(jnp.int32, shape, 0)
+             + (cfg.kv_len - cfg.q_len))
+        j = k_block * cfg.block_k + lax.broadcasted_iota(jnp.int32, shape, 1)
+        return valid & _head_mask(cfg.pattern, head, i, j)
+
+    return lax.cond(is_full != 0, lambda: valid, partial)
+
+
+def _dot(a, b, contract: tuple[int, int], dtype):
+    """2-D matmul contracting a's dim contract[0] with b's contract[1], f32 accumulation."""
+    precision = lax.Precision.HIGHEST if dtype == _F32 else None
+    return lax.dot_general(a.astype(dtype), b.astype(dtype),
+                           (((contract[0],), (contract[1],)), ((), ())),
+                           precision=precision, preferred_element_type=_F32)
+
+
+# Tile math shared by both flavours: one (query block, key block) pair.
+
+
+def _fwd_step(q, k, v, keep, state, scale):
+    """Online softmax: folds one key block into (running max, normaliser, accumulator)."""
+    m_Bqx1, l_Bqx1, acc_BqxD = state
+    s = jnp.where(keep, _dot(q, k, (1, 1), q.dtype) * scale, _NEG)
+    m_new = jnp.maximum(m_Bqx1, jnp.max(s, axis=1, keepdims=True))
+    # The where keeps masked entries at 0 even in a row whose keys are all masked.
+    p = jnp.where(keep, jnp.exp(s - m_new), 0.0)
+    alpha = jnp.exp(m_Bqx1 - m_new)
+    return (m_new, alpha * l_Bqx1 + jnp.sum(p, axis=1, keepdims=True),
+            alpha * acc_BqxD + _dot(p, v, (1, 0), v.dtype))
+
+
+def _fwd_init(block_q: int, dim_v: int):
+    return (jnp.full((block_q, 1), _NEG, _F32), jnp.zeros((block_q, 1), _F32),
+            jnp.zeros((block_q, dim_v), _F32))
+
+
+def _fwd_finish(state):
+    """Output and log-sum-exp; a row with no key gets 0 (and lse 0, never used)."""
+    m, l, acc = state
+    seen = l > 0
+    out = acc / jnp.where(seen, l, 1.0)
+    return out, jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), 0.0)
+
+
+def _probs_and_dlogits(q, k, v, do, lse, delta, keep, scale):
+    p = jnp.where(keep, jnp.exp(_dot(q, k, (1, 1), q.dtype) * scale - lse), 0.0)
+    dp = _dot(do, v, (1, 1), v.dtype)
+    return p, p * (dp - delta)
+
+
+def _dq_step(q, k, v, do, lse, delta, keep, dq, scale):
+    _, ds = _probs_and_dlogits(q, k, v, do, lse, delta, keep, scale)
+    return dq + _dot(ds, k, (1, 0), k.dtype) * scale
+
+
+def _dkv_step(q, k, v, do, lse, delta, keep, state, scale):
+    dk, dv = state
+    p, ds = _probs_and_dlogits(q, k, v, do, lse, delta, keep, scale)
+    return (dk + _dot(ds, q, (0, 0), q.dtype) * scale, dv + _dot(p, do, (0, 0), do.dtype))
+
+
+# --------------------------------------------------------------------------------------
+# The three passes on `[B, H, L, D]` arrays padded to whole tiles, two flavours each.
+
+_ANY_SPEC = pl.BlockSpec(memory_space=pl.ANY)
+
+
+def _poison_args(poison, n_in: int):
+    """Extra inputs aliased to the outputs: the tests pass NaN so unwritten blocks show."""
+    if poison is None:
+        return (), {}
+    return tuple(poison), {n_in + i: i for i in range(len(poison))}
+
+
+def _call(kernel, cfg: _Config, name: str, grid, inputs, in_specs, out_shapes, out_specs,
+          poison, *, num_scalar=0, scratch=()):
+    extra, aliases = _poison_args(poison, len(inputs))  # inputs include the tables
+    if cfg.platform == "gpu":
+        params = dict(grid=grid, in_specs=list(in_specs) + [_ANY_SPEC] * len(extra),
+                      out_specs=out_specs,
+                      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2))
+    else:
+        params = dict(
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=num_scalar, grid=grid,
+                in_specs=list(in_specs) + [_ANY_SPEC] * len(extra), out_specs=out_specs,
+                scratch_shapes=[pltpu.VMEM(s, _F32) for s in scratch]),
+            compiler_params=pltpu.CompilerParams(
+                dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")))
+    return pl.pallas_call(kernel, out_shape=out_shapes, input_output_aliases=aliases,
+                          interpret=cfg.interpret, name=f"block_sparse_{name}",
+                          **params)(*inputs, *extra)
+
+
+def _gpu_row(x):
+    """Triton: a whole (batch, head) row; the kernel slices its tiles."""
+    return pl.BlockSpec((pl.squeezed, pl.squeezed) + x.shape[2:], lambda b, h, i: (b, h, 0, 0))
+
+
+def _gpu_block(rows: int, width: int):
+    return pl.BlockSpec((pl.squeezed, pl.squeezed, rows, width), lambda b, h, i: (b, h, i, 0))
+
+
+def _gpu_table(x):
+    return pl.BlockSpec(x.shape, lambda b, h, i: (0,))
+
+
+def _gpu_valid(x):
+    return pl.BlockSpec((pl.squeezed, pl.squeezed, x.shape[2]), lambda b, h, i: (b, 0, 0))
+
+
+def _row_of(lists: _Lists, head, block, n: int):
+    return (head if lists.heads > 1 else 0) * n + block
+
+
+def _forward(q, k, v, valid, cfg: _Config, poison=None):
+    """Padded inputs -> (out, lse Lq x 1 per row)."""
+    by_q, _ = _lists(cfg)
+    b, h, lq, _ = q.shape
+    dv, nq, bq, bk = v.shape[-1], cfg.num_q_blocks, cfg.block_q, cfg.block_k
+    out_shapes = (jax.ShapeDtypeStruct((b, h, lq, dv), q.dtype),
+                  jax.ShapeDtypeStruct((b, h, lq, 1), _F32))
+    tables = tuple(jnp.asarray(t) for t in (by_q.indices, by_q.counts, by_q.full))
+    m = by_q.width
+
+    if cfg.platform == "gpu":
+        def kernel(idx_ref, cnt_ref, full_ref, q_ref, k_ref, v_ref, valid_ref, *refs):
+            o_ref, lse_ref = refs[-2:]
+            hi, qi = pl.program_id(1), pl.program_id(2)
+            row = _row_of(by_q, hi, qi, nq)
+            q_tile = q_ref[...]
+
+            def body(s, state):
+                kb = idx_ref[row * m + s]
+                cols = pl.ds(pl.multiple_of(kb * bk, bk), bk)
+                keep = _keep(cfg, hi, qi, kb, valid_ref[cols][None, :], full_ref[row * m + s])
+                return _fwd_step(q_tile, k_ref[cols, :], v_ref[cols, :], keep, state,
+                                 cfg.scale)
+
+            state = lax.fori_loop(0, cnt_ref[row], body, _fwd_init(bq, dv))
+            out, lse = _fwd_finish(state)
+            o_ref[...] = out.astype(o_ref.dtype)
+            lse_ref[...] = lse
+
+        return _call(kernel, cfg, "forward", (b, h, nq), tables + (q, k, v, valid),
+                     [_gpu_table(t) for t in tables] + [
+                         _gpu_block(bq, q.shape[-1]), _gpu_row(k), _gpu_row(v),
+                         _gpu_valid(valid)],
+                     out_shapes, [_gpu_block(bq, dv), _gpu_block(bq, 1)], poison)
+
+    def kv_map(bi, hi, qi, s, idx, cnt, full):
+        return bi, hi, idx[_row_of(by_q, hi, qi, nq) * m + s], 0
+
+    def valid_map(bi, hi, qi, s, idx, cnt, full):
+        return bi, 0, idx[_row_of(by_q, hi, qi, nq) * m + s]
+
+    def q_map(bi, hi, qi, s, *_):
+        return bi, hi, qi, 0
+
+    def kernel(idx_ref, cnt_ref, full_ref, q_ref, k_ref, v_ref, valid_ref, *refs):
+        o_ref, lse_ref, m_ref, l_ref, acc_ref = refs[-5:]
+        hi, qi, s = pl.program_id(1), pl.program_id(2), pl.program_id(3)
+        row = _row_of(by_q, hi, qi, nq)
+
+        @pl.when(s == 0)
+        def _init():
+            for ref, x in zip((m_ref, l_ref, acc_ref), _fwd_init(bq, dv)):
+                ref[...] = x
+
+        @pl.when(s < cnt_ref[row])
+        def _step():
+            keep = _keep(cfg, hi, qi, idx_ref[row * m + s], valid_ref[...],
+                         full_ref[row * m + s])
+            state = _fwd_step(q_ref[...], k_ref[...], v_ref[...], keep,
+                              (m_ref[...], l_ref[...], acc_ref[...]), cfg.scale)
+            for ref, x in zip((m_ref, l_ref, acc_ref), state):
+                ref[...] = x
+
+        @pl.when(s == m - 1)
+        def _finish():
+            out, lse = _fwd_finish((m_ref[...], l_ref[...], acc_ref[...]))
+            o_ref[...] = out.astype(o_ref.dtype)
+            lse_ref[...] = lse
+
+    def tile(rows, width, index_map):
+        return pl.BlockSpec((pl.squeezed, pl.squeezed, rows, width), index_map)
+
+    return _call(kernel, cfg, "forward", (b, h, nq, m), tables + (q, k, v, valid),
+                 [tile(bq, q.shape[-1], q_map), tile(bk, k.shape[-1], kv_map),
+                  tile(bk, dv, kv_map), pl.BlockSpec((pl.squeezed, 1, bk), valid_map)],
+                 out_shapes, [tile(bq, dv, q_map), tile(bq, 1, q_map)], poison,
+                 num_scalar=3, scratch=((bq, 1), (bq, 1), (bq, dv)))
+
+
+def _backward_dq(q, k, v, valid, do, lse, delta, cfg: _Config, poison=None):
+    """dQ: the forward's loop over each query block's key blocks."""
+    by_q, _ = _lists(cfg)
+    b, h, lq, dk = q.shape
+    nq, bq, bk = cfg.num_q_blocks, cfg.block_q, cfg.block_k
+    out_shapes = (jax.ShapeDtypeStruct((b, h, lq, dk), _F32),)
+    tables = tuple(jnp.asarray(t) for t in (by_q.indices, by_q.counts, by_q.full))
+    m = by_q.width
+    inputs = tables + (q, k, v, valid, do, lse, delta)
+
+    if cfg.platform == "gpu":
+        def kernel(idx_ref, cnt_ref, full_ref, q_ref, k_ref, v_ref, valid_ref, do_ref,
+                   lse_ref, delta_ref, *refs):
+            dq_ref = refs[-1]
+            hi, qi = pl.program_id(1), pl.program_id(2)
+            row = _row_of(by_q, hi, qi, nq)
+            q_tile, do_tile, lse_tile, delta_tile = (
+                r[...] for r in (q_ref, do_ref, lse_ref, delta_ref))
+
+            def body(s, dq):
+                kb = idx_ref[row * m + s]
+                cols = pl.ds(pl.multiple_of(kb * bk, bk), bk)
+                keep = _keep(cfg, hi, qi, kb, valid_ref[cols][None, :], full_ref[row * m + s])
+                return _dq_step(q_tile, k_ref[cols, :], v_ref[cols, :], do_tile, lse_tile,
+                                delta_tile, keep, dq, cfg.scale)
+
+            dq_ref[...] = lax.fori_loop(0, cnt_ref[row], body, jnp.zeros((bq, dk), _F32))
+
+        return _call(kernel, cfg, "backward_dq", (b, h, nq), inputs,
+                     [_gpu_table(t) for t in tables] + [
+                         _gpu_block(bq, dk), _gpu_row(k), _gpu_row(v), _gpu_valid(valid),
+                         _gpu_block(bq, do.shape[-1]), _gpu_block(bq, 1), _gpu_block(bq, 1)],
+                     out_shapes, [_gpu_block(bq, dk)], poison)[0]
+
+    def kv_map(bi, hi, qi, s, idx, cnt, full):
+        return bi, hi, idx[_row_of(by_q, hi, qi, nq) * m + s], 0
+
+    def valid_map(bi, hi, qi, s, idx, cnt, full):
+        return bi, 0, idx[_row_of(by_q, hi, qi, nq) * m + s]
+
+    def q_map(bi, hi, qi, s, *_):
+        return bi, hi, qi, 0
+
+    def kernel(idx_ref, cnt_ref, full_ref, q_ref, k_ref, v_ref, valid_ref, do_ref,
+               lse_ref, delta_ref, *refs):
+        dq_ref, acc_ref = refs[-2:]
+        hi, qi, s = pl.program_id(1), pl.program_id(2), pl.program_id(3)
+        row = _row_of(by_q, hi, qi, nq)
+
+        @pl.when(s == 0)
+        def _init():
+            acc_ref[...] = jnp.zeros(acc_ref.shape, _F32)
+
+        @pl.when(s < cnt_ref[row])
+        def _step():
+            keep = _keep(cfg, hi, qi, idx_ref[row * m + s], valid_ref[...],
+                         full_ref[row * m + s])
+            acc_ref[...] = _dq_step(q_ref[...], k_ref[...], v_ref[...], do_ref[...],
+                                    lse_ref[...], delta_ref[...], keep, acc_ref[...],
+                                    cfg.scale)
+
+        @pl.when(s == m - 1)
+        def _finish():
+            dq_ref[...] = acc_ref[...]
+
+    def tile(rows, width, index_map):
+        return pl.BlockSpec((pl.squeezed, pl.squeezed, rows, width), index_map)
+
+    return _call(kernel, cfg, "backward_dq", (b, h, nq, m), inputs,
+                 [tile(bq, dk, q_map), tile(bk, k.shape[-1], kv_map),
+                  tile(bk, v.shape[-1], kv_map), pl.BlockSpec((pl.squeezed, 1, bk), valid_map),
+                  tile(bq, do.shape[-1], q_map), tile(bq, 1, q_map), tile(bq, 1, q_map)],
+                 out_shapes, [tile(bq, dk, q_map)], poison, num_scalar=3,
+                 scratch=((bq, dk),))[0]
+
+
+def _backward_dkv(q, k, v, valid, do, lse, delta, cfg: _Config, poison=None):
+    """dK and dV: each key block walks its list of query blocks (the transposed layout)."""
+    _, by_k = _lists(cfg)
+    b, h, lk, dk = k.shape
+    dv, nk, bq, bk = v.shape[-1], cfg.num_k_blocks, cfg.block_q, cfg.block_k
+    out_shapes = (jax.ShapeDtypeStruct((b, h, lk, dk), _F32),
+                  jax.ShapeDtypeStruct((b, h, lk, dv), _F32))
+    tables = tuple(jnp.asarray(t) for t in (by_k.indices, by_k.counts, by_k.full))
+    m = by_k.width
+    inputs = tables + (q, k, v, valid, do, lse, delta)
+
+    if cfg.platform == "gpu":
+        def kernel(idx_ref, cnt_ref, full_ref, q_ref, k_ref, v_ref, valid_ref, do_ref,
+                   lse_ref, delta_ref, *refs):
+            dk_ref, dv_ref = refs[-2:]
+            hi, ki = pl.program_id(1), pl.program_id(2)
+            row = _row_of(by_k, hi, ki, nk)
+            k_tile, v_tile, valid_tile = k_ref[...], v_ref[...], valid_ref[...][None, :]
+
+            def body(s, state):
+                qb = idx_ref[row * m + s]
+                rows = pl.ds(pl.multiple_of(qb * bq, bq), bq)
+                keep = _keep(cfg, hi, qb, ki, valid_tile, full_ref[row * m + s])
+                return _dkv_step(q_ref[rows, :], k_tile, v_tile, do_ref[rows, :],
+                                 lse_ref[rows, :], delta_ref[rows, :], keep, state, cfg.scale)
+
+            init = (jnp.zeros((bk, dk), _F32), jnp.zeros((bk, dv), _F32))
+            dk_out, dv_out = lax.fori_loop(0, cnt_ref[row], body, init)
+            dk_ref[...] = dk_out
+            dv_ref[...] = dv_out
+
+        valid_spec = pl.BlockSpec((pl.squeezed, pl.squeezed, bk), lambda b, h, i: (b, 0, i))
+        return _call(kernel, cfg, "backward_dkv", (b, h, nk), inputs,
+                     [_gpu_table(t) for t in tables] + [
+                         _gpu_row(q), _gpu_block(bk, dk), _gpu_block(bk, dv), valid_spec,
+                         _gpu_row(do), _gpu_row(lse), _gpu_row(delta)],
+                     out_shapes, [_gpu_block(bk, dk), _gpu_block(bk, dv)], poison)
+
+    def q_map(bi, hi, ki, s, idx, cnt, full):
+        return bi, hi, idx[_row_of(by_k, hi, ki, nk) * m + s], 0
+
+    def k_map(bi, hi, ki, s, *_):
+        return bi, hi, ki, 0
+
+    def valid_map(bi, hi, ki, s, *_):
+        return bi, 0, ki
+
+    def kernel(idx_ref, cnt_ref, full_ref, q_ref, k_ref, v_ref, valid_ref, do_ref,
+               lse_ref, delta_ref, *refs):
+        dk_ref, dv_ref, dk_acc, dv_acc = refs[-4:]
+        hi, ki, s = pl.program_id(1), pl.program_id(2), pl.program_id(3)
+        row = _row_of(by_k, hi, ki, nk)
+
+        @pl.when(s == 0)
+        def _init():
+            dk_acc[...] = jnp.zeros(dk_acc.shape, _F32)
+            dv_acc[...] = jnp.zeros(dv_acc.shape, _F32)
+
+        @pl.when(s < cnt_ref[row])
+        def _step():
+            keep = _keep(cfg, hi, idx_ref[row * m + s], ki, valid_ref[...],
+                         full_ref[row * m + s])
+            dk_new, dv_new = _dkv_step(q_ref[...], k_ref[...], v_ref[...], do_ref[...],
+                                       lse_ref[...], delta_ref[...], keep,
+                                       (dk_acc[...], dv_acc[...]), cfg.scale)
+            dk_acc[...] = dk_new
+            dv_acc[...] = dv_new
+
+        @pl.when(s == m - 1)
+        def _finish():
+            dk_ref[...] = dk_acc[...]
+            dv_ref[...] = dv_acc[...]
+
+    def tile(rows, width, index_map):
+        return pl.BlockSpec((pl.squeezed, pl.squeezed, rows, width), index_map)
+
+    return _call(kernel, cfg, "backward_dkv", (b, h, nk, m), inputs,
+                 [tile(bq, q.shape[-1], q_map), tile(bk, dk, k_map), tile(bk, dv, k_map),
+                  pl.BlockSpec((pl.squeezed, 1, bk), valid_map),
+                  tile(bq, do.shape[-1], q_map), tile(bq, 1, q_map), tile(bq, 1, q_map)],
+                 out_shapes, [tile(bk, dk, k_map), tile(bk, dv, k_map)], poison,
+                 num_scalar=3, scratch=((bk, dk), (bk, dv)))
+
+
+# --------------------------------------------------------------------------------------
+# Padding, custom VJP.
+
+
+def _key_validity(padding_mask, b: int, kv_len: int, cfg: _Config) -> jax.Array:
+    """int32 B x 1 x Kv_padded: 1 for real keys (not padding, not past the end)."""
+    lk = cfg.num_k_blocks * cfg.block_k
+    valid = (jnp.ones((b, kv_len), jnp.int32) if padding_mask is None
+             else padding_mask.astype(jnp.int32))
+    return jnp.pad(valid, ((0, 0), (0, lk - kv_len)))[:, None, :]
+
+
+def _pad(x: jax.Array, length: int, cfg: _Config) -> jax.Array:
+    dim = x.shape[-1]
+    if cfg.platform == "gpu":
+        dim = max(16, pl.next_power_of_2(dim))  # Triton tensors: powers of two, >= 16
+    return jnp.pad(x, ((0, 0), (0, 0), (0, length - x.shape[2]), (0, dim - x.shape[3])))
+
+
+def _padded_qkv(q, k, v, cfg: _Config):
+    lq, lk = cfg.num_q_blocks * cfg.block_q, cfg.num_k_blocks * cfg.block_k
+    return _pad(q, lq, cfg), _pad(k, lk, cfg), _pad(v, lk, cfg)
+
+
+def _fwd_padded(q, k, v, valid, cfg: _Config, poison=None):
+    """Padded (out, lse) from unpadded inputs."""
+    return _forward(*_padded_qkv(q, k, v, cfg), valid, cfg, poison)
+
+
+def _bwd_padded(q, k, v, valid, out_p, lse, g, cfg: _Config, poison=None):
+    """Unpadded (dq, dk, dv) from unpadded inputs, the padded forward results and g."""
+    qp, kp, vp = _padded_qkv(q, k, v, cfg)
+    gp = _pad(g, qp.shape[2], cfg)
+    # delta_i = dO_i . O_i (in f32): the softmax Jacobian's row term.
+    delta = jnp.sum(gp.astype(_F32) * out_p.astype(_F32), axis=-1, keepdims=True)
+    args = (qp, kp, vp, valid, gp, lse, delta, cfg)
+    dq = _backward_dq(*args, None if poison is None else poison[:1])
+    dk, dv = _backward_dkv(*args, None if poison is None else poison[1:])
+    return (dq[:, :, :q.shape[2], :q.shape[3]].astype(q.dtype),
+            dk[:, :, :k.shape[2], :k.shape[3]].astype(k.dtype),
+            dv[:, :, :v.shape[2], :v.shape[3]].astype(v.dtype))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _pallas_attention(q, k, v, valid, cfg: _Config):
+    out, _ = _fwd_padded(q, k, v, valid, cfg)
+    return out[:, :, :q.shape[2], :v.shape[3]]
+
+
+def _pallas_attention_fwd(q, k, v, valid, cfg: _Config):
+    out, lse = _fwd_padded(q, k, v, valid, cfg)
+    return out[:, :, :q.shape[2], :v.shape[3]], (q, k, v, valid, out, lse)
+
+
+def _pallas_attention_bwd(cfg: _Config, residuals, g):
+    q, k, v, valid, out, lse = residuals
+    return _bwd_padded(q, k, v, valid, out, lse, g, cfg) + (None,)
+
+
+_pallas_attention.defvjp(_pallas_attention_fwd, _pallas_attention_bwd)

@@ -49,3 +49,19 @@ def linear_attention_cumsum(q_BxHxLxK: jnp.ndarray, k_BxHxLxK: jnp.ndarray,
     den_BxHxL = jnp.einsum("bhlk,bhlk->bhl", q, norm_BxHxLxK, precision=_HIGHEST)
     den_BxHxLx1 = den_BxHxL[..., None] + eps
     return num_BxHxLxV / den_BxHxLx1
+
+
+def masked_softmax_attention(q_BxHxQxK: jnp.ndarray, k_BxHxKvxK: jnp.ndarray,
+                             v_BxHxKvxD: jnp.ndarray, allowed_BxHxQxKv: jnp.ndarray
+                             ) -> jnp.ndarray:
+    """softmax(q k^T / sqrt(K)) v over the allowed keys, in float32, via the full L x L
+    score matrix; a query with no allowed key gets 0 (and zero gradients)."""
+    q, k, v = (x.astype(jnp.float32) for x in (q_BxHxQxK, k_BxHxKvxK, v_BxHxKvxD))
+    scores = jnp.einsum("bhqk,bhsk->bhqs", q, k, precision=_HIGHEST) / jnp.sqrt(q.shape[-1])
+    scores = jnp.where(allowed_BxHxQxKv, scores, -jnp.inf)
+    row_max = jnp.max(scores, axis=-1, keepdims=True)
+    row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+    weights = jnp.where(allowed_BxHxQxKv, jnp.exp(scores - row_max), 0.0)
+    total = jnp.sum(weights, axis=-1, keepdims=True)
+    weights = weights / jnp.where(total > 0, total, 1.0)
+    return jnp.einsum("bhqs,bhsd->bhqd", weights, v, precision=_HIGHEST)

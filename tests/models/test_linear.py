@@ -270,6 +270,56 @@ def test_performer_relu_kernel_matches_quadratic():
     np.testing.assert_allclose(model(x, deterministic=True), want, **TOL)
 
 
+# ----------------------------------------------------------------------------- pallas
+
+
+def _outputs_and_grads(model, x, w, mask):
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def loss(params, x):
+        y = nnx.merge(graphdef, params, rest)(x, padding_mask=mask, deterministic=True)
+        return jnp.sum(jnp.where(mask[..., None], y * w, 0.0)), y
+
+    # The interpreted Pallas kernels compile twice as fast without backend optimisation.
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)).lower(
+        params, x).compile({"xla_backend_optimization_level": 0})(params, x)
+
+
+# The kernels run interpreted on CPU (seconds per pass): by default linear (causal) and rfa
+# (the kernel's den + eps against its own away-from-zero denominator); the rest under slow.
+@pytest.mark.parametrize("name,causal,hparams", [
+    ("linear", True, {}),
+    pytest.param("linear", False, {}, marks=pytest.mark.slow),
+    pytest.param("performer", False, {"num_features": 16}, marks=pytest.mark.slow),
+    pytest.param("performer", True, {"num_features": 16, "kernel": "relu"},
+                 marks=pytest.mark.slow),
+    ("rfa", False, {"num_features": 16}),
+    pytest.param("rfa", True, {"num_features": 16}, marks=pytest.mark.slow),
+], ids=["linear-causal", "linear-full", "performer-full", "performer-relu-causal",
+        "rfa-full", "rfa-causal"])
+def test_pallas_kernel_matches_dense(name, causal, hparams):
+    """attention_impl="pallas" (the Pallas linear kernel) equals the XLA form, with padding:
+    same weights, outputs and gradients (L = 21, not a multiple of the kernel's chunk)."""
+    x, w = jnp.asarray(normal(40, (2, 21, 16))), jnp.asarray(normal(41, (2, 21, 16)))
+    mask = jnp.arange(21)[None] < jnp.array([[21], [13]])
+    (_, y_d), g_d = _outputs_and_grads(build(name, causal=causal, **hparams), x, w, mask)
+    (_, y_p), g_p = _outputs_and_grads(
+        build(name, causal=causal, attention_impl="pallas", **hparams), x, w, mask)
+    real = np.asarray(mask)
+    np.testing.assert_allclose(np.asarray(y_p)[real], np.asarray(y_d)[real], **TOL)
+    for a, b in zip(jax.tree.leaves(g_p), jax.tree.leaves(g_d), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4)
+
+
+def test_pallas_refuses_gated_forms():
+    with pytest.raises(registry.RegistryError, match="Pallas"):
+        build("performer", causal=True, attention_impl="pallas")
+    with pytest.raises(registry.RegistryError, match="Pallas"):
+        build("rfa", causal=True, gate=True, attention_impl="pallas")
+    with pytest.raises(registry.RegistryError, match="attention_impl"):
+        build("linear", causal=False, attention_impl="blocksparse")
+
+
 # ----------------------------------------------------------------------------- rfa
 
 
