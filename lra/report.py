@@ -134,6 +134,12 @@ def plot(summary, path: str) -> None:
         ax.scatter(speed, acc, s=400 * mem, alpha=0.5)
         ax.annotate(name, (speed, acc), xytext=(0, 10), textcoords="offset points",
                     ha="center", fontsize=8)
+    baselines = [s["baseline"] for (t, _), s in summary.items() if s["baseline"]]
+    if baselines:  # a variant on this line learned nothing
+        ax.axhline(100 * statistics.fmean(baselines), color="gray", linestyle="--",
+                   linewidth=1, label="majority class (mean over tasks)")
+        ax.legend(fontsize=8, loc="lower right")
+    ax.margins(0.15)  # room for the names of the outermost points
     ax.set_xlabel("training speed relative to transformer (steps/s ratio)")
     ax.set_ylabel(f"test accuracy, mean over {', '.join(tasks)} (%)")
     ax.set_title("Accuracy vs speed; marker area = training-step memory vs transformer")
