@@ -41,6 +41,31 @@ PRESETS: dict[str, dict[str, Any]] = {
     "axial": {"mode": "sum"},
     "star": {"cycles": 2},
     "bp_transformer": {"k": 4},  # max_level defaults to ceil(log2(max_len))
+    # Content-based sparse attention (models/attention/routing.py, sinkhorn.py).
+    # routing: num_clusters defaults to round(sqrt(max_len)), window to ceil(L / clusters).
+    "routing": {"decay": 0.999, "commitment": 1e-4, "shared_qk": True},
+    "sinkhorn": {"block_size": 64, "sinkhorn_iters": 5, "temperature": 0.75,
+                 "normalization": "sinkhorn"},
+    # reformer (models/attention/lsh.py): reversible stack by default (Capabilities.block).
+    "reformer": {"n_buckets": 32, "n_hashes": 2, "chunk_len": 64},
+    # Learned / query-prototype sparsity (models/attention/sac.py, clustered.py, probsparse.py).
+    "sac": {"k": 32, "rank": 16},
+    "clustered": {"mode": "clustered", "num_clusters": 100, "iterations": 10, "bits": 32,
+                  "topk": 32},  # Vyas et al.: C = 100, 10 Lloyd steps; mode="improved" too
+    "informer": {"factor": 5},  # u = U = 5 * ceil(ln L)
+    # Span, recurrence, depth (models/attention/span.py, relative.py, universal.py); their
+    # block/stack settings (segment_len, mem_len, gate_bias, act_*) are config.block keys.
+    "adaptive_span": {"ramp": 32.0, "span_init": 0.0, "l1_weight": 2e-6},  # S = max_len
+    "transformer_xl": {},
+    "gtrxl": {},
+    "universal": {},
+    # Attention-free mixers (models/mixers/).
+    "gmlp": {"init_eps": 1e-3},  # ffn_dim defaults to 6 * emb_dim (the paper's ratio)
+    "mixer": {"token_dim": 256},  # Mixer-S's D_S
+    "fnet": {"norm": "ortho"},  # the paper's unnormalised DFT is norm="backward"
+    # Lite Transformer LSRA (models/mixers/lite.py). The paper's "flattened" FFN has no
+    # bottleneck: also pass --config.mlp_dim=<emb_dim> (e.g. 512 for listops).
+    "lite": {"kernel_size": 31, "conv": "dynamic", "glu": True, "weight_dropout": 0.1},
 }
 
 # (model, task) -> overrides of PRESETS[model] for that task.

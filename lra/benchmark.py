@@ -49,6 +49,8 @@ def _define_flags() -> None:
     flags.DEFINE_integer("num_heads", 0, "Attention heads (0: the task config's; 4 in mixer "
                          "mode).")
     flags.DEFINE_integer("num_layers", 0, "Layers in train_step mode (0: the task config's).")
+    flags.DEFINE_string("attention_impl", "dense", "train_step mode: config.attention_impl "
+                        "(dense, blocksparse, pallas) for the variants that take it.")
     flags.DEFINE_integer("repeats", 3, "Timed calls per cell (the median is reported).")
     flags.DEFINE_string("task", "text", "Task whose config (model size, presets) is used; "
                         "LRA measured on text.")
@@ -98,7 +100,7 @@ def measure(model: str, length: int, *, batch_size: int, dim: int, num_heads: in
 
 def measure_train_step(model: str, length: int, *, task: str = "text", batch_size: int = 0,
                        dim: int = 0, num_heads: int = 0, num_layers: int = 0,
-                       repeats: int = 3) -> dict:
+                       repeats: int = 3, attention_impl: str = "dense") -> dict:
     """Time (s) and compiled temporary memory (bytes) of one training step of `model` on
     `task`'s config at max_length `length` (sizes: the config's, unless given)."""
     import importlib
@@ -108,6 +110,10 @@ def measure_train_step(model: str, length: int, *, task: str = "text", batch_siz
 
     config = importlib.import_module(f"configs.{task}").get_config(f"model={model}")
     config.max_length = length
+    if attention_impl != "dense" and "attention_impl" in registry.accepted_hparams(model):
+        config.attention_impl = attention_impl
+        if attention_impl == "pallas":  # the kernels do no attention dropout
+            config.attention_dropout_rate = 0.0
     for field, value in (("batch_size", batch_size), ("emb_dim", dim), ("qkv_dim", dim),
                          ("num_heads", num_heads), ("num_layers", num_layers)):
         if value:
@@ -210,7 +216,7 @@ def main(argv):
                 rows.append(measure_train_step(
                     model, length, task=FLAGS.task, batch_size=FLAGS.batch_size,
                     dim=FLAGS.dim, num_heads=FLAGS.num_heads, num_layers=FLAGS.num_layers,
-                    repeats=FLAGS.repeats))
+                    repeats=FLAGS.repeats, attention_impl=FLAGS.attention_impl))
             else:
                 rows.append(measure(model, length, batch_size=FLAGS.batch_size or 1,
                                     dim=FLAGS.dim or 256, num_heads=FLAGS.num_heads or 4,
@@ -223,6 +229,8 @@ def main(argv):
     sizes = ", ".join(f"{k} {v}" for k, v in (
         ("batch", FLAGS.batch_size), ("dim", FLAGS.dim), ("heads", FLAGS.num_heads),
         ("layers", FLAGS.num_layers)) if v) or "the task config's sizes"
+    if FLAGS.mode == "train_step" and FLAGS.attention_impl != "dense":
+        what += f" (attention_impl={FLAGS.attention_impl} where a variant takes it)"
     print(f"{what}; {sizes}; {jax.devices()[0].platform}, jax {jax.__version__}. "
           f"Cells: time per step, XLA temporary memory (ratios to transformer).\n")
     print(table(rows, lengths))

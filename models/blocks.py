@@ -14,13 +14,16 @@ Every block kind is built as
 
 and called as `block(x_BxLxD, padding_mask, deterministic=..., carry=None)`,
 returning x, or (x, new_carry) when `block.carries_state` (the mixer threads a
-state between layers, e.g. Luna).
+state between layers, e.g. Luna). The pre_ln and gated kinds also take
+`memory=`, `memory_mask=` (the segment_recurrent stack's previous segment) and
+pass them, normalised, to a mixer with `Capabilities.takes_memory`.
 """
 from __future__ import annotations
 
 from typing import Any, Mapping
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from models import layers, registry
@@ -31,22 +34,66 @@ BLOCK_DEFAULTS: dict[str, Any] = {
     "kind": "pre_ln",  # the residual form of one layer: a key of BLOCK_KINDS
     "stack": "sequential",  # how the layers are applied: a key of models.stacks.STACKS
     "ffn_chunks": 1,  # feed-forward applied over this many sequence chunks; 1 = at once
+    "gate_bias": 2.0,  # gated kind: b_g, > 0 so each gate starts near the identity
+    "segment_len": 256,  # segment_recurrent stack: segment length; 0 = the whole input
+    "mem_len": 0,  # segment_recurrent stack: memory length; 0 = segment_len
+    "act_max_steps": 0,  # universal stack: at most this many steps T; 0 = num_layers
+    "act_epsilon": 0.01,  # universal stack: a position halts at cumulative p > 1 - eps
+    "ponder_weight": 0.01,  # universal stack: weight of the ponder cost aux_loss
 }
 
 
 class MlpBlock(nnx.Module):
-    """Dense(dim -> mlp_dim) -> GELU -> Dropout -> Dense(mlp_dim -> dim) -> Dropout."""
+    """Dense(dim -> mlp_dim) -> GELU -> Dropout -> Dense(mlp_dim -> dim) -> Dropout.
+
+    With `chunks` > 1 (Reformer's chunked feed-forward) the sequence is split into
+    that many chunks (the last one right-padded) and the MLP runs over them one at a
+    time under `jax.lax.map` with a rematerialised body, so the B x L x mlp_dim
+    hidden is never whole, in the forward nor in the backward pass. Positions are
+    independent, so the output equals the unchunked one (dropout masks aside).
+    """
 
     def __init__(self, *, dim: int, mlp_dim: int, dropout_rate: float = 0.1,
-                 rngs: nnx.Rngs):
+                 chunks: int = 1, rngs: nnx.Rngs):
+        if chunks < 1:
+            raise ValueError(f"MlpBlock: chunks must be >= 1, got {chunks}")
         bias_init = layers.normal(1e-6)  # LRA's MlpBlock
+        self.chunks = chunks
         self.fc1 = layers.dense(dim, mlp_dim, ("embed", "mlp"), bias_init=bias_init, rngs=rngs)
         self.fc2 = layers.dense(mlp_dim, dim, ("mlp", "embed"), bias_init=bias_init, rngs=rngs)
         self.dropout = nnx.Dropout(dropout_rate, rngs=rngs)
 
+    def _apply(self, x_BxLxD: jax.Array, deterministic: bool,
+               keys: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
+        key1, key2 = keys if keys is not None else (None, None)
+        h_BxLxF = self.dropout(jax.nn.gelu(self.fc1(x_BxLxD)), deterministic=deterministic,
+                               rngs=key1)
+        return self.dropout(self.fc2(h_BxLxF), deterministic=deterministic, rngs=key2)
+
     def __call__(self, x_BxLxD: jax.Array, *, deterministic: bool) -> jax.Array:
-        h_BxLxF = self.dropout(jax.nn.gelu(self.fc1(x_BxLxD)), deterministic=deterministic)
-        return self.dropout(self.fc2(h_BxLxF), deterministic=deterministic)
+        batch, seq_len, dim = x_BxLxD.shape
+        chunks = min(self.chunks, seq_len)
+        if chunks == 1:
+            return self._apply(x_BxLxD, deterministic)
+        chunk_len = -(-seq_len // chunks)
+        extra = chunks * chunk_len - seq_len
+        x_CxBxTxD = jnp.pad(x_BxLxD, ((0, 0), (0, extra), (0, 0))).reshape(
+            batch, chunks, chunk_len, dim).transpose(1, 0, 2, 3)
+        use_dropout = not deterministic and self.dropout.rate > 0
+        # The stream advances once per call (outside the map: no state changes inside
+        # a JAX transform); each chunk and each of its two dropouts gets its own key.
+        keys_Cx2 = (jax.random.split(self.dropout.rngs(), (chunks, 2)) if use_dropout
+                    else jnp.zeros((chunks, 2), jnp.uint32))
+
+        @jax.checkpoint  # keeps only the chunk inputs for the backward pass
+        def one_chunk(args: tuple[jax.Array, jax.Array]) -> jax.Array:
+            x_BxTxD, keys_2 = args
+            return self._apply(x_BxTxD, deterministic,
+                               (keys_2[0], keys_2[1]) if use_dropout else None)
+
+        y_CxBxTxD = jax.lax.map(one_chunk, (x_CxBxTxD, keys_Cx2))
+        y_BxPxD = y_CxBxTxD.transpose(1, 0, 2, 3).reshape(batch, chunks * chunk_len, dim)
+        return y_BxPxD[:, :seq_len]
 
 
 class EncoderBlock(nnx.Module):
@@ -56,32 +103,109 @@ class EncoderBlock(nnx.Module):
                  model: str = "transformer", model_hparams: Mapping[str, Any] | None = None,
                  causal: bool = False, dropout_rate: float = 0.1,
                  block: Mapping[str, Any] | None = None, rngs: nnx.Rngs):
-        del block  # pre_ln has no options of its own
+        block = {**BLOCK_DEFAULTS, **dict(block or {})}
         self.mixer_norm = layers.layer_norm(dim, rngs=rngs)
         self.carries_state = registry.capabilities(model).carries_state
         self.mixer = registry.build(model, dim=dim, num_heads=num_heads, max_len=max_len,
                                     causal=causal, rngs=rngs, **dict(model_hparams or {}))
         self.dropout = nnx.Dropout(dropout_rate, rngs=rngs)
         self.mlp_norm = layers.layer_norm(dim, rngs=rngs)
-        self.mlp = MlpBlock(dim=dim, mlp_dim=mlp_dim, dropout_rate=dropout_rate, rngs=rngs)
+        self.mlp = MlpBlock(dim=dim, mlp_dim=mlp_dim, dropout_rate=dropout_rate,
+                            chunks=int(block["ffn_chunks"]), rngs=rngs)
+
+    def mix(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None = None, *,
+            deterministic: bool, memory: jax.Array | None = None,
+            memory_mask: jax.Array | None = None) -> jax.Array:
+        """The attention residual branch, Dropout(mixer(LN(x))) (stateless mixers only).
+
+        `memory` (the previous segment's layer inputs, BxMxD) goes through the same
+        LayerNorm, for mixers with `Capabilities.takes_memory` (Transformer-XL).
+        """
+        extra = {}
+        if memory is not None:
+            extra = dict(memory=self.mixer_norm(memory), memory_mask=memory_mask)
+        y_BxLxD = self.mixer(self.mixer_norm(x_BxLxD), padding_mask=padding_mask,
+                             deterministic=deterministic, **extra)
+        return self.dropout(y_BxLxD, deterministic=deterministic)
+
+    def feed_forward(self, x_BxLxD: jax.Array, *, deterministic: bool) -> jax.Array:
+        """The feed-forward residual branch, MLP(LN(x))."""
+        return self.mlp(self.mlp_norm(x_BxLxD), deterministic=deterministic)
 
     def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None = None, *,
-                 deterministic: bool, carry: Any = None) -> Any:
-        """Returns x, or (x, new_carry) when the mixer carries state between layers."""
-        h_BxLxD = self.mixer_norm(x_BxLxD)
+                 deterministic: bool, carry: Any = None, memory: jax.Array | None = None,
+                 memory_mask: jax.Array | None = None) -> Any:
+        """Returns x, or (x, new_carry) when the mixer carries state between layers.
+
+        `memory`, `memory_mask`: see `mix` (passed by the segment_recurrent stack).
+        """
         if self.carries_state:
-            y_BxLxD, carry = self.mixer(h_BxLxD, padding_mask=padding_mask,
+            y_BxLxD, carry = self.mixer(self.mixer_norm(x_BxLxD), padding_mask=padding_mask,
                                         deterministic=deterministic, carry=carry)
+            x_BxLxD = x_BxLxD + self.dropout(y_BxLxD, deterministic=deterministic)
         else:
-            y_BxLxD = self.mixer(h_BxLxD, padding_mask=padding_mask,
-                                 deterministic=deterministic)
-        x_BxLxD = x_BxLxD + self.dropout(y_BxLxD, deterministic=deterministic)
-        x_BxLxD = x_BxLxD + self.mlp(self.mlp_norm(x_BxLxD), deterministic=deterministic)
+            x_BxLxD = x_BxLxD + self.mix(x_BxLxD, padding_mask, deterministic=deterministic,
+                                         memory=memory, memory_mask=memory_mask)
+        x_BxLxD = x_BxLxD + self.feed_forward(x_BxLxD, deterministic=deterministic)
+        return (x_BxLxD, carry) if self.carries_state else x_BxLxD
+
+
+class GruGate(nnx.Module):
+    """GTrXL's GRU-type gate g(x, y) (Parisotto et al. 2020, eq. 8), x the residual stream:
+
+    r = sigmoid(W_r y + U_r x), z = sigmoid(W_z y + U_z x - b_g),
+    h = tanh(W_g y + U_g (r * x)), g = (1 - z) * x + z * h.
+    """
+
+    def __init__(self, dim: int, *, gate_bias: float, rngs: nnx.Rngs):
+        proj = dict(use_bias=False, rngs=rngs)
+        self.w_rzg = layers.dense(dim, 3 * dim, ("embed", "mlp"), **proj)  # W_r, W_z, W_g
+        self.u_rz = layers.dense(dim, 2 * dim, ("embed", "mlp"), **proj)  # U_r, U_z
+        self.u_g = layers.dense(dim, dim, ("embed", "mlp"), **proj)
+        self.gate_bias = gate_bias
+
+    def __call__(self, x_BxLxD: jax.Array, y_BxLxD: jax.Array) -> jax.Array:
+        wr_BxLxD, wz_BxLxD, wg_BxLxD = jnp.split(self.w_rzg(y_BxLxD), 3, axis=-1)
+        ur_BxLxD, uz_BxLxD = jnp.split(self.u_rz(x_BxLxD), 2, axis=-1)
+        r_BxLxD = jax.nn.sigmoid(wr_BxLxD + ur_BxLxD)
+        z_BxLxD = jax.nn.sigmoid(wz_BxLxD + uz_BxLxD - self.gate_bias)
+        h_BxLxD = jnp.tanh(wg_BxLxD + self.u_g(r_BxLxD * x_BxLxD))
+        return (1.0 - z_BxLxD) * x_BxLxD + z_BxLxD * h_BxLxD
+
+
+class GatedBlock(EncoderBlock):
+    """GTrXL block: LayerNorm on the branch inputs only, a GRU gate instead of each sum.
+
+    y = g1(x, ReLU(Dropout(mixer(LN(x))))), then g2(y, ReLU(MLP(LN(y)))); with
+    b_g = block["gate_bias"] > 0 both gates start close to passing x through.
+    """
+
+    def __init__(self, *, dim: int, block: Mapping[str, Any] | None = None, rngs: nnx.Rngs,
+                 **block_args: Any):
+        super().__init__(dim=dim, block=block, rngs=rngs, **block_args)
+        gate_bias = float({**BLOCK_DEFAULTS, **dict(block or {})}["gate_bias"])
+        self.mixer_gate = GruGate(dim, gate_bias=gate_bias, rngs=rngs)
+        self.mlp_gate = GruGate(dim, gate_bias=gate_bias, rngs=rngs)
+
+    def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None = None, *,
+                 deterministic: bool, carry: Any = None, memory: jax.Array | None = None,
+                 memory_mask: jax.Array | None = None) -> Any:
+        """As `EncoderBlock.__call__`."""
+        if self.carries_state:
+            y_BxLxD, carry = self.mixer(self.mixer_norm(x_BxLxD), padding_mask=padding_mask,
+                                        deterministic=deterministic, carry=carry)
+            y_BxLxD = self.dropout(y_BxLxD, deterministic=deterministic)
+        else:
+            y_BxLxD = self.mix(x_BxLxD, padding_mask, deterministic=deterministic,
+                               memory=memory, memory_mask=memory_mask)
+        x_BxLxD = self.mixer_gate(x_BxLxD, jax.nn.relu(y_BxLxD))
+        x_BxLxD = self.mlp_gate(
+            x_BxLxD, jax.nn.relu(self.feed_forward(x_BxLxD, deterministic=deterministic)))
         return (x_BxLxD, carry) if self.carries_state else x_BxLxD
 
 
 # kind name -> block class (constructor and call as in the module docstring).
-BLOCK_KINDS: dict[str, type[nnx.Module]] = {"pre_ln": EncoderBlock}
+BLOCK_KINDS: dict[str, type[nnx.Module]] = {"pre_ln": EncoderBlock, "gated": GatedBlock}
 
 
 def resolve_block(model: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -11,6 +11,9 @@ whose module is called as
 with `padding_mask` bool, True on real tokens. Variable-length mixers accept any
 L <= max_len. The accepted hparams are the builder's extra keyword parameters;
 `build` rejects any other name (this is how config typos are reported).
+Two extensions are flagged in `Capabilities`: `carries_state` (a carry between
+layers) and `takes_memory` (extra `memory=`/`memory_mask=` keys and values before
+x, for Transformer-XL's segment recurrence).
 
 Auxiliary losses (adaptive span L1, routing commitment, ACT ponder cost) are sown
 by the mixer as `self.sow(nnx.Intermediate, 'aux_loss', value)` (a scalar); the
@@ -37,7 +40,7 @@ from typing import Any, Callable, Iterator
 from flax import nnx
 
 # Importing these registers every variant (each package imports its modules).
-_VARIANT_PACKAGES = ("models.attention",)
+_VARIANT_PACKAGES = ("models.attention", "models.mixers")
 
 # Keyword arguments every builder takes; everything else is an hparam.
 _BUILD_ARGS = ("dim", "num_heads", "max_len", "causal", "rngs")
@@ -65,6 +68,10 @@ class Capabilities:
     # sequence): it is called `mixer(x, padding_mask=..., deterministic=...,
     # carry=carry_or_None) -> (y, new_carry)`, with carry=None in the first layer.
     carries_state: bool = False
+    # The mixer also accepts `memory=mem_BxMxD_or_None, memory_mask=mask_BxM_or_None`:
+    # extra keys/values placed before x (Transformer-XL's previous segment, passed by
+    # the segment_recurrent stack). Without memory it is an ordinary mixer.
+    takes_memory: bool = False
     # Block settings the variant implies (keys of models.blocks.BLOCK_DEFAULTS), e.g.
     # {"kind": "gated"} for GTrXL; the user's config.block still overrides them.
     block: dict[str, Any] | None = None

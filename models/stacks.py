@@ -9,12 +9,16 @@ and called as `stack(x_BxLxD, padding_mask_BxL, deterministic=...) -> x_BxLxD`.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Mapping
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-from models.blocks import BLOCK_KINDS
+from models import layers, registry
+from models.blocks import BLOCK_KINDS, EncoderBlock
 
 
 class SequentialStack(nnx.Module):
@@ -35,8 +39,283 @@ class SequentialStack(nnx.Module):
                                        carry=carry)
             else:
                 x_BxLxD = layer(x_BxLxD, padding_mask, deterministic=deterministic)
+            x_BxLxD = layers.constrain(x_BxLxD, ("batch", None, None))
         return x_BxLxD
 
 
+def _zero_cotangent(x: jax.Array) -> Any:
+    """The cotangent of an input that gets none: float0 for ints, bools and RNG keys."""
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        return jnp.zeros_like(x)
+    return np.zeros(x.shape, jax.dtypes.float0)
+
+
+class ReversibleStack(nnx.Module):
+    """RevNet residuals (Gomez et al. 2017, as in Reformer): activations recomputed
+    in the backward pass, so activation memory does not grow with depth.
+
+    The input is duplicated, x1 = x2 = x, and each pre_ln block maps
+
+        y1 = x1 + F(x2),  F = Dropout(mixer(LN(.)))   (EncoderBlock.mix)
+        y2 = x2 + G(y1),  G = MLP(LN(.))              (EncoderBlock.feed_forward)
+
+    and the stack returns (y1 + y2) / 2 (Reformer concatenates the halves and
+    projects; the mean keeps the width and the encoder unchanged). A `jax.custom_vjp`
+    over the whole stack keeps only the last (y1, y2) from the forward pass; the
+    backward pass inverts one layer at a time, x2 = y2 - G(y1), x1 = y1 - F(x2),
+    and takes `jax.vjp` of F and G there. The blocks' RNG states (dropout, hashing)
+    go into the pure functions explicitly, so the recomputation draws the same
+    masks as the forward pass; the advanced states are written back afterwards.
+
+    Mixers that carry state between layers (Luna) or sow an aux_loss, and block
+    kinds other than pre_ln, are refused with a ValueError. With attention dropout
+    on, XLA (CPU) still holds about two L x L buffers per layer; a forward pass of
+    the sequential stack alone shows the same growth, so it is not the recomputation.
+    """
+
+    def __init__(self, *, num_layers: int, block: Mapping[str, Any], rngs: nnx.Rngs,
+                 **block_args: Any):
+        self.model = block_args.get("model", "transformer")
+        if block["kind"] != "pre_ln":
+            raise ValueError(f"the reversible stack needs block kind 'pre_ln' (its residual "
+                             f"branches are F and G), got {block['kind']!r}")
+        if registry.capabilities(self.model).carries_state:
+            raise ValueError(f"model {self.model!r} carries state between layers, which the "
+                             "reversible stack does not support; use stack 'sequential'")
+        self.blocks = nnx.List([EncoderBlock(block=dict(block), rngs=rngs, **block_args)
+                                for _ in range(num_layers)])
+
+    def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None, *,
+                 deterministic: bool) -> jax.Array:
+        splits = [nnx.split(layer, nnx.Param, ...) for layer in self.blocks]
+        graphdefs = [g for g, _, _ in splits]
+        model = self.model
+
+        def branch(i: int, which: str, params: Any, rest: Any, x_BxLxD: jax.Array,
+                   mask: jax.Array | None) -> tuple[jax.Array, Any]:
+            # Fresh Variables: the RNG counters are advanced here, maybe inside jax.vjp.
+            layer = nnx.merge(graphdefs[i], params, rest, copy=True)
+            if which == "F":
+                out_BxLxD = layer.mix(x_BxLxD, mask, deterministic=deterministic)
+            else:
+                out_BxLxD = layer.feed_forward(x_BxLxD, deterministic=deterministic)
+            if jax.tree.leaves(nnx.state(layer, nnx.Intermediate)):
+                raise ValueError(f"model {model!r} sows an aux_loss, which the reversible "
+                                 "stack does not support; use stack 'sequential'")
+            return out_BxLxD, nnx.state(layer, nnx.Not(nnx.Param))
+
+        def forward(params, rests, x_BxLxD, mask):
+            x1_BxLxD = x2_BxLxD = x_BxLxD
+            mids, outs = [], []
+            for i, (p, r) in enumerate(zip(params, rests)):
+                f_BxLxD, mid = branch(i, "F", p, r, x2_BxLxD, mask)
+                y1_BxLxD = x1_BxLxD + f_BxLxD
+                g_BxLxD, out = branch(i, "G", p, mid, y1_BxLxD, mask)
+                x1_BxLxD, x2_BxLxD = y1_BxLxD, x2_BxLxD + g_BxLxD
+                mids.append(mid)
+                outs.append(out)
+            return x1_BxLxD, x2_BxLxD, mids, outs
+
+        @jax.custom_vjp
+        def run(params, rests, x_BxLxD, mask):
+            y1_BxLxD, y2_BxLxD, _, outs = forward(params, rests, x_BxLxD, mask)
+            return (y1_BxLxD + y2_BxLxD) / 2, outs
+
+        def run_fwd(params, rests, x_BxLxD, mask):
+            y1_BxLxD, y2_BxLxD, mids, outs = forward(params, rests, x_BxLxD, mask)
+            # Residuals: the last activations and the (small) RNG states, nothing per layer.
+            return ((y1_BxLxD + y2_BxLxD) / 2, outs), (params, rests, mids, y1_BxLxD,
+                                                       y2_BxLxD, mask)
+
+        def run_bwd(residuals, cotangents):
+            params, rests, mids, y1_BxLxD, y2_BxLxD, mask = residuals
+            dy_BxLxD, _ = cotangents  # RNG states get no cotangent
+            dy1_BxLxD = dy2_BxLxD = dy_BxLxD / 2
+            dparams = [None] * len(params)
+            for i in reversed(range(len(params))):
+                # The barrier ties this layer's recomputation (its RNG states included)
+                # to the cotangents of the layer above, so that XLA cannot schedule it
+                # early and hold every layer's activations at once again.
+                y1_BxLxD, y2_BxLxD, dy1_BxLxD, dy2_BxLxD, rest, mid = (
+                    jax.lax.optimization_barrier(
+                        (y1_BxLxD, y2_BxLxD, dy1_BxLxD, dy2_BxLxD, rests[i], mids[i])))
+                g_BxLxD, g_vjp = jax.vjp(
+                    lambda p, h: branch(i, "G", p, mid, h, mask)[0], params[i], y1_BxLxD)
+                x2_BxLxD = y2_BxLxD - g_BxLxD
+                dp_g, dy1_from_g = g_vjp(dy2_BxLxD)
+                dy1_BxLxD = dy1_BxLxD + dy1_from_g
+                f_BxLxD, f_vjp = jax.vjp(
+                    lambda p, h: branch(i, "F", p, rest, h, mask)[0], params[i], x2_BxLxD)
+                x1_BxLxD = y1_BxLxD - f_BxLxD
+                dp_f, dx2_from_f = f_vjp(dy1_BxLxD)
+                dparams[i] = jax.tree.map(jnp.add, dp_f, dp_g)
+                y1_BxLxD, y2_BxLxD = x1_BxLxD, x2_BxLxD
+                dy2_BxLxD = dy2_BxLxD + dx2_from_f  # dx1 = dy1: the identity path
+            return (dparams, jax.tree.map(_zero_cotangent, rests), dy1_BxLxD + dy2_BxLxD,
+                    jax.tree.map(_zero_cotangent, mask))
+
+        run.defvjp(run_fwd, run_bwd)
+        y_BxLxD, outs = run([p for _, p, _ in splits], [r for _, _, r in splits], x_BxLxD,
+                            padding_mask)
+        if not deterministic:  # deterministic calls draw nothing: states are unchanged
+            for layer, out in zip(self.blocks, outs):
+                nnx.update(layer, out)  # advanced RNG states: new dropout masks next call
+        return y_BxLxD
+
+
+class SegmentRecurrentStack(nnx.Module):
+    """Transformer-XL's segment-level recurrence (Dai et al. 2019).
+
+    The sequence is cut into segments of `block["segment_len"]` (0 = the whole
+    input; the last segment is padded and masked), processed left to right by all
+    layers; layer i of segment s attends to its memory, the stop-gradient inputs
+    of layer i over the last `block["mem_len"]` positions (0 = segment_len) before
+    the segment, padding mask included. Segment outputs are concatenated back to
+    BxLxD. Needs a mixer with `Capabilities.takes_memory`. Segments are a Python
+    loop (their count is static): the blocks hold dropout RNG state and may sow
+    aux losses, which a `jax.lax.scan` body would have to thread by hand.
+    """
+
+    def __init__(self, *, num_layers: int, block: Mapping[str, Any], rngs: nnx.Rngs,
+                 **block_args: Any):
+        model = block_args.get("model", "transformer")
+        caps = registry.capabilities(model)
+        if not caps.takes_memory or caps.carries_state:
+            raise ValueError(f"the segment_recurrent stack needs a mixer that takes memory "
+                             f"(Capabilities.takes_memory), e.g. 'transformer_xl'; "
+                             f"{model!r} does not")
+        kind = BLOCK_KINDS[block["kind"]]
+        if "memory" not in inspect.signature(kind.__call__).parameters:
+            raise ValueError(f"block kind {block['kind']!r} does not pass memory to its "
+                             "mixer; the segment_recurrent stack needs 'pre_ln' or 'gated'")
+        self.segment_len = int(block["segment_len"])
+        self.mem_len = int(block["mem_len"])
+        if self.segment_len < 0 or self.mem_len < 0:
+            raise ValueError(f"block segment_len ({self.segment_len}) and mem_len "
+                             f"({self.mem_len}) must be >= 0 (0 = default)")
+        self.blocks = nnx.List([kind(block=dict(block), rngs=rngs, **block_args)
+                                for _ in range(num_layers)])
+
+    def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None, *,
+                 deterministic: bool) -> jax.Array:
+        batch, length, _ = x_BxLxD.shape
+        seg_len = min(self.segment_len or length, length)
+        mem_len = self.mem_len or seg_len
+        num_segments = -(-length // seg_len)
+        extra = num_segments * seg_len - length
+        mask_BxL = (jnp.ones((batch, length), jnp.bool_) if padding_mask is None
+                    else padding_mask.astype(jnp.bool_))
+        x_BxPxD = jnp.pad(x_BxLxD, ((0, 0), (0, extra), (0, 0)))
+        mask_BxP = jnp.pad(mask_BxL, ((0, 0), (0, extra)))
+        memories: list[tuple[jax.Array, jax.Array] | None] = [None] * len(self.blocks)
+        outputs = []
+        for s in range(num_segments):
+            h_BxSxD = x_BxPxD[:, s * seg_len:(s + 1) * seg_len]
+            m_BxS = mask_BxP[:, s * seg_len:(s + 1) * seg_len]
+            for i, layer in enumerate(self.blocks):
+                memory = memories[i]
+                if memory is None:
+                    new_memory = (h_BxSxD, m_BxS)
+                else:
+                    new_memory = (jnp.concatenate([memory[0], h_BxSxD], axis=1),
+                                  jnp.concatenate([memory[1], m_BxS], axis=1))
+                memories[i] = (jax.lax.stop_gradient(new_memory[0][:, -mem_len:]),
+                               new_memory[1][:, -mem_len:])
+                h_BxSxD = layer(h_BxSxD, m_BxS, deterministic=deterministic,
+                                memory=None if memory is None else memory[0],
+                                memory_mask=None if memory is None else memory[1])
+            outputs.append(h_BxSxD)
+        return jnp.concatenate(outputs, axis=1)[:, :length]
+
+
+class UniversalStack(nnx.Module):
+    """Universal Transformer (Dehghani et al. 2019) with ACT halting (Graves 2016).
+
+    One block of `block["kind"]` (shared weights) is applied up to T =
+    `block["act_max_steps"]` (0 = num_layers) times. Before each step the position
+    and timestep sinusoids are added to the block's input; a halting unit
+    p = sigmoid(Linear(.)) per position accumulates until it would pass 1 - eps
+    (`act_epsilon`), when the position halts with the remainder R as its last
+    weight; at step T every running position halts. The output is the sum of the
+    step outputs weighted by these halting weights (summing to 1 per position); a
+    halted position's state is copied unchanged to later steps (it is still a key
+    for the others). The ponder cost `ponder_weight * mean(N + R)` over real
+    positions is sown as `aux_loss`. All T steps are computed (static shapes);
+    halting only sets the weights.
+    """
+
+    def __init__(self, *, num_layers: int, dim: int, block: Mapping[str, Any],
+                 rngs: nnx.Rngs, **block_args: Any):
+        kind = BLOCK_KINDS[block["kind"]]
+        self.layer = kind(dim=dim, block=dict(block), rngs=rngs, **block_args)
+        self.max_steps = int(block["act_max_steps"]) or num_layers
+        self.threshold = 1.0 - float(block["act_epsilon"])
+        self.ponder_weight = float(block["ponder_weight"])
+        if self.max_steps < 1 or not 0.0 < self.threshold <= 1.0:
+            raise ValueError(f"universal stack: act_max_steps must be >= 0 and act_epsilon "
+                             f"in [0, 1), got {block['act_max_steps']}, {block['act_epsilon']}")
+        # Bias 1 as in tensor2tensor's ACT: positions start by halting after a few steps.
+        self.halting = layers.dense(dim, 1, ("embed", None),
+                                    bias_init=jax.nn.initializers.constant(1.0), rngs=rngs)
+
+    def act(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None, *,
+            deterministic: bool) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+        """(output_BxLxD, weights_TxBxL, steps_BxL (N), remainders_BxL (R))."""
+        from models.encoder import sinusoidal_positions  # encoder imports this module
+
+        batch, length, dim = x_BxLxD.shape
+        position_1xLxD = sinusoidal_positions(length, dim)[None]
+        timestep_TxD = sinusoidal_positions(self.max_steps, dim)
+        cumulative_BxL = jnp.zeros((batch, length), jnp.float32)
+        remainders_BxL = jnp.zeros_like(cumulative_BxL)
+        steps_BxL = jnp.zeros_like(cumulative_BxL)
+        output_BxLxD = jnp.zeros_like(x_BxLxD)
+        # Tracked as its own flag: 1 - cumulative after halting may round below 1.
+        running_BxL = jnp.ones_like(cumulative_BxL)
+        state_BxLxD, carry, weights = x_BxLxD, None, []
+        for t in range(self.max_steps):
+            in_BxLxD = state_BxLxD + position_1xLxD + timestep_TxD[t]
+            p_BxL = jax.nn.sigmoid(self.halting(in_BxLxD)[..., 0].astype(jnp.float32))
+            if t == self.max_steps - 1:
+                halts_BxL, continues_BxL = running_BxL, jnp.zeros_like(running_BxL)
+            else:
+                passes_BxL = cumulative_BxL + p_BxL * running_BxL > self.threshold
+                halts_BxL = jnp.where(passes_BxL, running_BxL, 0.0)
+                continues_BxL = jnp.where(passes_BxL, 0.0, running_BxL)
+            cumulative_BxL = cumulative_BxL + p_BxL * continues_BxL
+            step_remainder_BxL = halts_BxL * (1.0 - cumulative_BxL)
+            remainders_BxL = remainders_BxL + step_remainder_BxL
+            cumulative_BxL = cumulative_BxL + step_remainder_BxL
+            steps_BxL = steps_BxL + continues_BxL + halts_BxL
+            weight_BxL = p_BxL * continues_BxL + step_remainder_BxL
+            weights.append(weight_BxL)
+            if self.layer.carries_state:
+                new_BxLxD, carry = self.layer(in_BxLxD, padding_mask,
+                                              deterministic=deterministic, carry=carry)
+            else:
+                new_BxLxD = self.layer(in_BxLxD, padding_mask, deterministic=deterministic)
+            weight_BxLx1 = weight_BxL[..., None].astype(new_BxLxD.dtype)
+            output_BxLxD = output_BxLxD + weight_BxLx1 * new_BxLxD
+            state_BxLxD = jnp.where(running_BxL[..., None] > 0, new_BxLxD, state_BxLxD)
+            running_BxL = continues_BxL
+        return output_BxLxD, jnp.stack(weights), steps_BxL, remainders_BxL
+
+    def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None, *,
+                 deterministic: bool) -> jax.Array:
+        output_BxLxD, _, steps_BxL, remainders_BxL = self.act(
+            x_BxLxD, padding_mask, deterministic=deterministic)
+        ponder_BxL = steps_BxL + remainders_BxL
+        if padding_mask is None:
+            ponder = jnp.mean(ponder_BxL)
+        else:  # padded positions do not count
+            real_BxL = padding_mask.astype(jnp.float32)
+            ponder = jnp.sum(ponder_BxL * real_BxL) / jnp.maximum(jnp.sum(real_BxL), 1.0)
+        self.sow(nnx.Intermediate, "aux_loss", self.ponder_weight * ponder)
+        return output_BxLxD
+
+
 # stack name -> stack class (constructor and call as in the module docstring).
-STACKS: dict[str, type[nnx.Module]] = {"sequential": SequentialStack}
+STACKS: dict[str, type[nnx.Module]] = {"sequential": SequentialStack,
+                                       "reversible": ReversibleStack,
+                                       "segment_recurrent": SegmentRecurrentStack,
+                                       "universal": UniversalStack}

@@ -1,0 +1,180 @@
+"""Block kinds and stacks: the GTrXL gated block and the universal (ACT) stack."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from models import stacks
+from models.blocks import GatedBlock, GruGate, resolve_block
+from models.encoder import Encoder, sinusoidal_positions
+
+DIM, HEADS, BATCH, LEN, MLP = 16, 2, 2, 8, 32
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def normal(seed: int, shape: tuple[int, ...]) -> jnp.ndarray:
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
+
+
+def gated_block(model: str = "transformer", gate_bias: float = 2.0, seed: int = 0):
+    return GatedBlock(dim=DIM, num_heads=HEADS, mlp_dim=MLP, max_len=LEN, model=model,
+                      block=resolve_block(model, {"kind": "gated", "gate_bias": gate_bias}),
+                      dropout_rate=0.0, rngs=nnx.Rngs(params=seed, dropout=1))
+
+
+def test_gru_gate_matches_formula():
+    gate = GruGate(DIM, gate_bias=2.0, rngs=nnx.Rngs(0))
+    x, y = normal(0, (BATCH, LEN, DIM)), normal(1, (BATCH, LEN, DIM))
+    w = np.asarray(gate.w_rzg.kernel[...], np.float64)
+    u = np.asarray(gate.u_rz.kernel[...], np.float64)
+    u_g = np.asarray(gate.u_g.kernel[...], np.float64)
+    w_r, w_z, w_g = w[:, :DIM], w[:, DIM:2 * DIM], w[:, 2 * DIM:]
+    u_r, u_z = u[:, :DIM], u[:, DIM:]
+    xd, yd = np.asarray(x, np.float64), np.asarray(y, np.float64)
+
+    def sigmoid(a):
+        return 1 / (1 + np.exp(-a))
+
+    r = sigmoid(yd @ w_r + xd @ u_r)
+    z = sigmoid(yd @ w_z + xd @ u_z - 2.0)
+    h = np.tanh(yd @ w_g + (r * xd) @ u_g)
+    np.testing.assert_allclose(np.asarray(gate(x, y)), (1 - z) * xd + z * h, **TOL)
+
+
+def relative_deviation(block, x) -> float:
+    y = block(x, None, deterministic=True)
+    return float(jnp.max(jnp.abs(y - x)) / jnp.max(jnp.abs(x)))
+
+
+def test_gated_block_starts_near_identity():
+    x = normal(2, (BATCH, LEN, DIM))
+    deviations = {b: relative_deviation(gated_block(gate_bias=b), x) for b in (0.0, 2.0, 8.0)}
+    print("max |block(x) - x| / max |x| at init, by gate_bias:", deviations)
+    # b_g > 0 pulls both gates towards passing x through, monotonically.
+    assert deviations[8.0] < 0.01 < deviations[2.0] < 0.6
+    assert deviations[2.0] < deviations[0.0]
+
+
+@pytest.mark.parametrize("model", ["local", "linear"])
+def test_gated_kind_wraps_any_mixer(model):
+    encoder = Encoder(vocab_size=11, max_len=LEN, model=model, emb_dim=DIM, num_heads=HEADS,
+                      num_layers=1, mlp_dim=MLP, block={"kind": "gated"},
+                      rngs=nnx.Rngs(params=0, dropout=1))
+    assert isinstance(encoder.stack.blocks[0], GatedBlock)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(1, 11, (BATCH, LEN)))
+    mask = jnp.arange(LEN)[None] < jnp.array([[LEN], [5]])
+    y, _ = encoder(tokens, mask, deterministic=True)
+    changed = jnp.where(mask, tokens, 3)
+    y_changed, _ = encoder(changed, mask, deterministic=True)
+    real = np.asarray(mask)
+    assert np.isfinite(np.asarray(y)).all()
+    np.testing.assert_allclose(np.asarray(y)[real], np.asarray(y_changed)[real], **TOL)
+
+
+def universal_stack(model: str = "transformer", **block) -> nnx.Module:
+    settings = resolve_block(model, {"stack": "universal", **block})
+    return stacks.UniversalStack(num_layers=2, dim=DIM, num_heads=HEADS, mlp_dim=MLP,
+                                 max_len=LEN, model=model, model_hparams={}, causal=False,
+                                 dropout_rate=0.0, block=settings,
+                                 rngs=nnx.Rngs(params=0, dropout=1))
+
+
+def set_halting(stack, bias: float, kernel_scale: float = 0.0, seed: int = 0) -> None:
+    kernel = stack.halting.kernel
+    kernel[...] = kernel_scale * normal(seed, kernel.shape)
+    stack.halting.bias[...] = jnp.full(stack.halting.bias.shape, bias)
+
+
+@pytest.mark.parametrize("max_steps", [3, 6])
+def test_act_with_constant_halting_probability(max_steps):
+    """p = 0.3 at every step: weights 0.3, 0.3, 0.3 then the remainder 0.1 (N = 4,
+    R = 0.1), or with T = 3 a forced halt at step 3 with R = 0.4."""
+    stack = universal_stack(act_max_steps=max_steps, ponder_weight=0.5)
+    set_halting(stack, float(np.log(0.3 / 0.7)))
+    x = normal(3, (BATCH, LEN, DIM))
+    y, weights, steps, remainders = stack.act(x, None, deterministic=True)
+    expected = [0.3, 0.3, 0.4] if max_steps == 3 else [0.3, 0.3, 0.3, 0.1, 0.0, 0.0]
+    np.testing.assert_allclose(np.asarray(weights)[:, 0, 0], expected, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(steps), min(max_steps, 4))
+    np.testing.assert_allclose(np.asarray(remainders), 0.4 if max_steps == 3 else 0.1,
+                               atol=1e-6)
+    # Every position halts together, so the output is the weighted sum of the shared
+    # block applied to the state plus the position and timestep signals.
+    state, ref = x, 0.0
+    signals = sinusoidal_positions(LEN, DIM)[None]
+    for t, w in enumerate(expected):
+        state = stack.layer(state + signals + sinusoidal_positions(max_steps, DIM)[t], None,
+                            deterministic=True)
+        ref = ref + w * state
+    np.testing.assert_allclose(np.asarray(y), np.asarray(ref), **TOL)
+
+    stack(x, None, deterministic=True)
+    (aux,) = jax.tree.leaves(nnx.pop(stack, nnx.Intermediate))
+    np.testing.assert_allclose(float(aux), 0.5 * (min(max_steps, 4) + float(remainders[0, 0])),
+                               rtol=1e-5)
+
+
+def act_reference(stack, x, max_steps: int, threshold: float = 0.99) -> np.ndarray:
+    """Graves' ACT written per position in numpy around the stack's own block and halting
+    unit; a halted position's state is copied to later steps (Dehghani et al. 2.2)."""
+    kernel = np.asarray(stack.halting.kernel[...], np.float64)[:, 0]
+    bias = float(stack.halting.bias[...][0])
+    state, out = x, np.zeros(x.shape)
+    cumulative, halted = np.zeros(x.shape[:2]), np.zeros(x.shape[:2], bool)
+    for t in range(max_steps):
+        inp = state + sinusoidal_positions(LEN, DIM)[None] + sinusoidal_positions(
+            max_steps, DIM)[t]
+        p = 1 / (1 + np.exp(-(np.asarray(inp, np.float64) @ kernel + bias)))
+        new = stack.layer(inp, None, deterministic=True)
+        weight, halts = np.zeros(x.shape[:2]), np.zeros(x.shape[:2], bool)
+        for b in range(x.shape[0]):
+            for i in range(x.shape[1]):
+                if halted[b, i]:
+                    continue
+                if t == max_steps - 1 or cumulative[b, i] + p[b, i] > threshold:
+                    weight[b, i], halts[b, i] = 1 - cumulative[b, i], True
+                else:
+                    weight[b, i] = p[b, i]
+                    cumulative[b, i] += p[b, i]
+        out += weight[..., None] * np.asarray(new, np.float64)
+        state = jnp.where(jnp.asarray(halted)[..., None], state, new)
+        halted |= halts
+    return out
+
+
+def test_act_weights_sum_to_one_and_steps_are_bounded():
+    stack = universal_stack(act_max_steps=4)
+    # A halting unit that varies by position and step: some halt early, some never.
+    set_halting(stack, -0.5, kernel_scale=1.0)
+    x = normal(4, (BATCH, LEN, DIM))
+    y, weights, steps, remainders = stack.act(x, None, deterministic=True)
+    np.testing.assert_allclose(np.asarray(y), act_reference(stack, x, 4), **TOL)
+    weights, steps = np.asarray(weights), np.asarray(steps)
+    np.testing.assert_allclose(weights.sum(0), 1.0, atol=1e-6)
+    assert (weights >= 0).all()
+    assert (steps >= 1).all() and (steps <= 4).all()
+    assert len(np.unique(steps)) > 1, "test should mix early and late halting"
+    # Weights after a position's halting step are exactly zero.
+    after = np.arange(4)[:, None, None] >= steps[None]
+    assert (weights[after] == 0).all()
+    assert ((0 < np.asarray(remainders)) & (np.asarray(remainders) <= 1)).all()
+
+
+def test_universal_stack_wraps_any_mixer_and_masks_padding():
+    encoder = Encoder(vocab_size=11, max_len=LEN, model="local", emb_dim=DIM,
+                      num_heads=HEADS, num_layers=2, mlp_dim=MLP,
+                      block={"stack": "universal", "kind": "gated"},
+                      rngs=nnx.Rngs(params=0, dropout=1))
+    tokens = jnp.asarray(np.random.default_rng(1).integers(1, 11, (BATCH, LEN)))
+    mask = jnp.arange(LEN)[None] < jnp.array([[LEN], [5]])
+    y, _ = encoder(tokens, mask, deterministic=True)
+    aux = jax.tree.leaves(nnx.pop(encoder, nnx.Intermediate))
+    y_changed, _ = encoder(jnp.where(mask, tokens, 7), mask, deterministic=True)
+    aux_changed = jax.tree.leaves(nnx.pop(encoder, nnx.Intermediate))
+    real = np.asarray(mask)
+    np.testing.assert_allclose(np.asarray(y)[real], np.asarray(y_changed)[real], **TOL)
+    # The ponder cost counts real positions only.
+    np.testing.assert_allclose(np.asarray(aux), np.asarray(aux_changed), **TOL)
