@@ -10,6 +10,7 @@ import pytest
 from flax import nnx
 
 from models import registry
+from tests.models.helpers import randomize_params
 
 DIM, HEADS, MAX_LEN, BATCH = 16, 2, 8, 2
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -22,10 +23,7 @@ def normal(seed: int, shape: tuple[int, ...]) -> jnp.ndarray:
 def build(*, causal: bool = False, seed: int = 0, **hparams) -> nnx.Module:
     model = registry.build("lite", dim=DIM, num_heads=HEADS, max_len=MAX_LEN, causal=causal,
                            rngs=nnx.Rngs(params=0, dropout=1), **hparams)
-    rng = np.random.default_rng(seed)  # every Param redrawn (zero biases included)
-    nnx.update(model, jax.tree.map(
-        lambda leaf: jnp.asarray(0.5 * rng.standard_normal(leaf.shape), leaf.dtype),
-        nnx.state(model, nnx.Param)))
+    randomize_params(model, seed=seed)
     return model
 
 

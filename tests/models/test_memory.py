@@ -9,6 +9,7 @@ from flax import nnx
 
 from models import registry
 from models.encoder import Encoder
+from tests.models.helpers import f64, randomize_params
 
 DIM, HEADS, BATCH = 8, 2, 2
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -20,10 +21,7 @@ def normal(seed: int, shape: tuple[int, ...]) -> jnp.ndarray:
 
 def randomize(model: nnx.Module, seed: int = 0) -> nnx.Module:
     """Every Param (zero biases included) redrawn at random."""
-    rng = np.random.default_rng(seed)
-    nnx.update(model, jax.tree.map(
-        lambda leaf: jnp.asarray(0.5 * rng.standard_normal(leaf.shape), leaf.dtype),
-        nnx.state(model, nnx.Param)))
+    randomize_params(model, seed=seed)
     return model
 
 
@@ -34,10 +32,6 @@ def build(name: str, **hparams):
 
 def lengths_mask(length: int, real: tuple[int, ...]) -> np.ndarray:
     return np.arange(length)[None, :] < np.asarray(real)[:, None]
-
-
-def f64(a) -> np.ndarray:
-    return np.asarray(a[...] if hasattr(a, "value") else a, np.float64)
 
 
 def linear(layer: nnx.Linear, x) -> np.ndarray:

@@ -8,6 +8,7 @@ import pytest
 from flax import nnx
 
 from models import registry
+from tests.models.helpers import randomize_params
 
 DIM, MAX_LEN, BATCH = 8, 8, 2
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -19,10 +20,7 @@ def normal(seed: int, shape: tuple[int, ...]) -> jnp.ndarray:
 
 def randomize(model: nnx.Module, seed: int = 0) -> nnx.Module:
     """Every Param (ones and zeros included) redrawn at random."""
-    rng = np.random.default_rng(seed)
-    nnx.update(model, jax.tree.map(
-        lambda leaf: jnp.asarray(0.5 * rng.standard_normal(leaf.shape), leaf.dtype),
-        nnx.state(model, nnx.Param)))
+    randomize_params(model, seed=seed)
     return model
 
 

@@ -11,6 +11,7 @@ from flax import nnx
 
 from models import registry
 from models.attention import probsparse
+from tests.models.helpers import f64, randomize_params
 
 DIM, HEADS, BATCH, MAX_LEN = 16, 2, 2, 16
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -23,15 +24,8 @@ def normal(seed: int, shape: tuple[int, ...]) -> jnp.ndarray:
 def build(causal: bool = False, **hparams) -> nnx.Module:
     model = registry.build("informer", dim=DIM, num_heads=HEADS, max_len=MAX_LEN,
                            causal=causal, rngs=nnx.Rngs(params=0, dropout=1), **hparams)
-    rng = np.random.default_rng(3)  # biases too, so nothing is zero
-    nnx.update(model, jax.tree.map(
-        lambda leaf: jnp.asarray(0.5 * rng.standard_normal(leaf.shape), leaf.dtype),
-        nnx.state(model, nnx.Param)))
+    randomize_params(model, seed=3)
     return model
-
-
-def f64(a) -> np.ndarray:
-    return np.asarray(a[...] if hasattr(a, "value") else a, np.float64)
 
 
 def heads(layer: nnx.Linear, x) -> np.ndarray:

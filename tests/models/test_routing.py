@@ -10,6 +10,7 @@ from flax import nnx
 
 from models import registry
 from models.attention.routing import Centroids
+from tests.models.helpers import f64, randomize_params
 
 DIM, HEADS, BATCH, LEN = 16, 2, 2, 12
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -23,15 +24,8 @@ def build(causal: bool = False, **hparams) -> nnx.Module:
     model = registry.build("routing", dim=DIM, num_heads=HEADS, max_len=16, causal=causal,
                            rngs=nnx.Rngs(params=0, dropout=1), attention_dropout=0.0,
                            **hparams)
-    rng = np.random.default_rng(3)  # every Param (zero biases included) at random
-    nnx.update(model, jax.tree.map(
-        lambda leaf: jnp.asarray(0.5 * rng.standard_normal(leaf.shape), leaf.dtype),
-        nnx.state(model, nnx.Param)))
+    randomize_params(model, seed=3)
     return model
-
-
-def f64(a) -> np.ndarray:
-    return np.asarray(a[...] if hasattr(a, "value") else a, np.float64)
 
 
 def linear(layer: nnx.Linear, x) -> np.ndarray:

@@ -10,6 +10,7 @@ import pytest
 from flax import nnx
 
 from models import registry
+from tests.models.helpers import f64, randomize_params
 
 DIM, HEADS, BATCH, LEN, RANK = 16, 2, 2, 16, 4
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -23,15 +24,8 @@ def normal(seed: int, shape: tuple[int, ...]) -> jnp.ndarray:
 def build(causal: bool = False, **hparams) -> nnx.Module:
     model = registry.build("sac", dim=DIM, num_heads=HEADS, max_len=LEN, causal=causal,
                            rngs=nnx.Rngs(params=0, dropout=1), rank=RANK, **hparams)
-    rng = np.random.default_rng(3)  # biases and LayerNorm too, so nothing is trivial
-    nnx.update(model, jax.tree.map(
-        lambda leaf: jnp.asarray(0.5 * rng.standard_normal(leaf.shape), leaf.dtype),
-        nnx.state(model, nnx.Param)))
+    randomize_params(model, seed=3)
     return model
-
-
-def f64(a) -> np.ndarray:
-    return np.asarray(a[...] if hasattr(a, "value") else a, np.float64)
 
 
 def linear(layer: nnx.Linear, x) -> np.ndarray:

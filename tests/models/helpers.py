@@ -1,0 +1,22 @@
+"""Helpers shared by the variant tests: random weights and float64 views for references."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+
+def randomize_params(module: nnx.Module, seed: int = 3, scale: float = 0.5) -> nnx.Module:
+    """Redraws every Param of `module` (zero biases and unit scales included) at random, so
+    that a reference test cannot pass by a term being zero."""
+    rng = np.random.default_rng(seed)
+    nnx.update(module, jax.tree.map(
+        lambda leaf: jnp.asarray(scale * rng.standard_normal(leaf.shape), leaf.dtype),
+        nnx.state(module, nnx.Param)))
+    return module
+
+
+def f64(a) -> np.ndarray:
+    """A Param or an array as a float64 numpy array."""
+    return np.asarray(a[...] if hasattr(a, "value") else a, np.float64)
