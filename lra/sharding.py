@@ -62,8 +62,8 @@ def mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
         raise ConfigError(f"config.mesh_shape={shape}: use positive sizes and at most one -1")
     known = math.prod(s for s in shape if s != -1)
     if num_devices % known:
-        raise ConfigError(f"config.mesh_shape={shape} does not divide the {num_devices} "
-                          "devices")
+        raise ConfigError(f"config.mesh_shape={shape} needs a multiple of {known} devices; "
+                          f"there are {num_devices}")
     resolved = tuple(num_devices // known if s == -1 else s for s in shape)
     if math.prod(resolved) != num_devices:
         raise ConfigError(f"config.mesh_shape={shape} uses {math.prod(resolved)} devices, but "

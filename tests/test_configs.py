@@ -65,3 +65,18 @@ def test_validate_rejects_bad_values():
     c.num_heads = 3
     with pytest.raises(ConfigError, match="divisible by config.num_heads"):
         common.validate(c)
+
+
+def test_mesh_shape_resolves_and_rejects_impossible_shapes():
+    from lra import sharding
+
+    assert sharding.mesh_shape((-1, 1), 8) == (8, 1)
+    assert sharding.mesh_shape((2, -1), 8) == (2, 4)
+    with pytest.raises(ConfigError, match="needs a multiple of 3 devices; there are 8"):
+        sharding.mesh_shape((3, -1), 8)
+    with pytest.raises(ConfigError, match="at most one -1"):
+        sharding.mesh_shape((-1, -1), 8)
+    with pytest.raises(ConfigError, match="uses 2 devices, but there are 8"):
+        sharding.mesh_shape((2, 1), 8)
+    with pytest.raises(ConfigError, match="2 entries"):
+        sharding.mesh_shape((8,), 8)
