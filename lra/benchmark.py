@@ -51,7 +51,9 @@ def _define_flags() -> None:
     flags.DEFINE_integer("num_layers", 0, "Layers in train_step mode (0: the task config's).")
     flags.DEFINE_string("attention_impl", "dense", "train_step mode: config.attention_impl "
                         "(dense, blocksparse, pallas) for the variants that take it.")
-    flags.DEFINE_integer("repeats", 3, "Timed calls per cell (the median is reported).")
+    flags.DEFINE_integer("repeats", 3, "Timed calls per cell (the median is reported); 0: "
+                         "compile only and report memory, e.g. at lengths this machine "
+                         "cannot run in reasonable time.")
     flags.DEFINE_string("task", "text", "Task whose config (model size, presets) is used; "
                         "LRA measured on text.")
     flags.DEFINE_string("csv", None, "Also write the rows to this CSV file.")
@@ -83,14 +85,16 @@ def measure(model: str, length: int, *, batch_size: int, dim: int, num_heads: in
     compiled = step.lower(params, x).compile()
     analysis = compiled.memory_analysis()
     temp = getattr(analysis, "temp_size_in_bytes", None) if analysis is not None else None
+    row = {"model": model, "length": length, "time_s": None, "temp_bytes": temp}
+    if repeats == 0:
+        return row
     jax.block_until_ready(compiled(params, x))  # warm-up
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         jax.block_until_ready(compiled(params, x))
         times.append(time.perf_counter() - start)
-    row = {"model": model, "length": length, "time_s": statistics.median(times),
-           "temp_bytes": temp}
+    row["time_s"] = statistics.median(times)
     device = jax.devices()[0]
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     if stats and "peak_bytes_in_use" in stats:
@@ -135,6 +139,9 @@ def measure_train_step(model: str, length: int, *, task: str = "text", batch_siz
     compiled = jax.jit(train_step, donate_argnums=0).lower(state, batch).compile()
     analysis = compiled.memory_analysis()
     temp = getattr(analysis, "temp_size_in_bytes", None) if analysis is not None else None
+    row = {"model": model, "length": length, "time_s": None, "temp_bytes": temp}
+    if repeats == 0:  # memory only: XLA's analysis needs no run
+        return row
     state, metrics = compiled(state, batch)  # warm-up
     jax.block_until_ready(metrics)
     times = []
@@ -143,8 +150,7 @@ def measure_train_step(model: str, length: int, *, task: str = "text", batch_siz
         state, metrics = compiled(state, batch)
         jax.block_until_ready(metrics)
         times.append(time.perf_counter() - start)
-    row = {"model": model, "length": length, "time_s": statistics.median(times),
-           "temp_bytes": temp}
+    row["time_s"] = statistics.median(times)
     stats = jax.devices()[0].memory_stats()
     if stats and "peak_bytes_in_use" in stats:
         row["device_peak_bytes"] = stats["peak_bytes_in_use"]
@@ -173,14 +179,17 @@ def table(rows: list[dict], lengths: list[int]) -> str:
             if r is None or "error" in r:
                 cells.append(f"- ({r['error']})" if r else "-")
                 continue
-            ms, mib = r["time_s"] * 1e3, (r["temp_bytes"] or 0) / 2**20
-            cell = f"{ms:.1f} ms, {mib:.1f} MiB"
+            mib = (r["temp_bytes"] or 0) / 2**20
+            cell = (f"{r['time_s'] * 1e3:.1f} ms, " if r["time_s"] else "") + f"{mib:.1f} MiB"
             if r.get("device_peak_bytes"):
                 cell += f" (peak {r['device_peak_bytes'] / 2**20:.0f} MiB)"
             if base and "error" not in base and m != "transformer":
-                speed = base["time_s"] / r["time_s"]
-                mem = (base["temp_bytes"] / r["temp_bytes"]) if r["temp_bytes"] else float("nan")
-                cell += f" ({speed:.2f}x faster, {mem:.2f}x less mem)"
+                ratios = []
+                if r["time_s"] and base["time_s"]:
+                    ratios.append(f"{base['time_s'] / r['time_s']:.2f}x faster")
+                if r["temp_bytes"] and base["temp_bytes"]:
+                    ratios.append(f"{base['temp_bytes'] / r['temp_bytes']:.2f}x less mem")
+                cell += f" ({', '.join(ratios)})" if ratios else ""
             cells.append(cell)
         ok = [by.get((m, l)) for l in lengths]
         tg = growth_exponent(lengths, [r["time_s"] if r and "error" not in r else None for r in ok])

@@ -32,3 +32,12 @@ def test_measure_train_step_with_task_model():
     dual = benchmark.measure_train_step("local", 32, task="retrieval", batch_size=2, dim=16,
                                         num_heads=2, num_layers=1, repeats=1)
     assert dual["time_s"] > 0
+
+
+def test_memory_only_cells():
+    rows = [benchmark.measure_train_step(m, 64, task="listops", batch_size=2, dim=16,
+                                         num_heads=2, num_layers=1, repeats=0)
+            for m in ("transformer", "linear")]
+    assert all(r["time_s"] is None and r["temp_bytes"] > 0 for r in rows)
+    text = benchmark.table(rows, [64])
+    assert "ms" not in text and "x less mem)" in text and "faster" not in text
