@@ -92,3 +92,17 @@ def constrain(x: jax.Array, names: Names) -> jax.Array:
         return x
     spec = jax.sharding.PartitionSpec(*(rules.get(n) if n else None for n in names))
     return jax.lax.with_sharding_constraint(x, spec)
+
+
+def valid_mask(padding_mask: jax.Array | None, batch: int, length: int) -> jax.Array:
+    """[batch, length] bool, True at real tokens (all True without a padding mask)."""
+    if padding_mask is None:
+        return jnp.ones((batch, length), jnp.bool_)
+    return padding_mask.astype(jnp.bool_)
+
+
+def noise_stream(rngs: nnx.Rngs) -> nnx.RngStream:
+    """A stream of the module's own for training-time randomness (hash planes, samples,
+    Gumbel noise): forked from `dropout` like nnx.Dropout's, so every training call
+    draws afresh; from `params` when the Rngs has no dropout stream."""
+    return rngs["dropout" if "dropout" in rngs else "params"].fork()

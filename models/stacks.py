@@ -203,8 +203,7 @@ class SegmentRecurrentStack(nnx.Module):
         mem_len = self.mem_len or seg_len
         num_segments = -(-length // seg_len)
         extra = num_segments * seg_len - length
-        mask_BxL = (jnp.ones((batch, length), jnp.bool_) if padding_mask is None
-                    else padding_mask.astype(jnp.bool_))
+        mask_BxL = layers.valid_mask(padding_mask, batch, length)
         x_BxPxD = jnp.pad(x_BxLxD, ((0, 0), (0, extra), (0, 0)))
         mask_BxP = jnp.pad(mask_BxL, ((0, 0), (0, extra)))
         memories: list[tuple[jax.Array, jax.Array] | None] = [None] * len(self.blocks)

@@ -77,16 +77,12 @@ def read_split(data_dir: str, split: str, max_length: int) -> dict[str, np.ndarr
             "targets": np.array(targets, dtype=np.int32)}
 
 
-def _read(data_dir: str, split: str, max_length: int) -> dict[str, np.ndarray]:
-    return read_split(data_dir, split, max_length)
-
-
 registry.register(registry.Task(
     name="retrieval",
     num_classes=NUM_CLASSES,
     vocab_size=VOCAB_SIZE,
     max_length=MAX_LENGTH,
-    reader=_read,
+    reader=read_split,
     dual_input=True,
     default_data_dir="data/retrieval",
     how_to_get_data=HOW_TO_GET_DATA,

@@ -84,16 +84,12 @@ def read_split(data_dir: str, split: str, max_length: int) -> dict[str, np.ndarr
     return {"inputs": inputs, "mask": mask, "targets": np.array(targets, dtype=np.int32)}
 
 
-def _read(data_dir: str, split: str, max_length: int) -> dict[str, np.ndarray]:
-    return read_split(data_dir, split, max_length)
-
-
 registry.register(registry.Task(
     name="text",
     num_classes=NUM_CLASSES,
     vocab_size=VOCAB_SIZE,
     max_length=MAX_LENGTH,
-    reader=_read,
+    reader=read_split,
     default_data_dir="data/text",
     how_to_get_data=HOW_TO_GET_DATA,
 ))

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models import registry
+from models import layers, registry
 from models.attention.dense import MultiHeadAttention, dot_product_attention
 
 
@@ -114,8 +114,7 @@ class BPAttention(MultiHeadAttention):
                  deterministic: bool = True) -> jax.Array:
         b, length, _ = x_BxLxD.shape
         q_BxHxLxK, k_BxHxLxK, v_BxHxLxK = self.project_qkv(x_BxLxD)
-        real_BxL = (jnp.ones((b, length), jnp.bool_) if padding_mask is None
-                    else padding_mask.astype(jnp.bool_))
+        real_BxL = layers.valid_mask(padding_mask, b, length)
         # Static on the host: the shapes depend only on L.
         pool_NxL = jnp.asarray(pooling_matrix(length, self.max_level))
         allowed_LxLN = jnp.asarray(bp_mask(length, self.k, self.max_level, self.causal))

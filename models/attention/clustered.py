@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models import registry
+from models import layers, registry
 from models.attention.dense import DropoutFn, MultiHeadAttention
 
 MODES = ("clustered", "improved")
@@ -116,16 +116,13 @@ class ClusteredAttention(MultiHeadAttention):
                 raise ValueError(f"clustered: {name} must be >= {low}, got {value}")
         self.num_clusters, self.iterations, self.topk = num_clusters, iterations, topk
         self.bits, self.mode, self.hash_seed = bits, mode, hash_seed
-        # Forked like nnx.Dropout's stream: each training call draws fresh hyperplanes.
-        stream = "dropout" if "dropout" in rngs else "params"
-        self.hash_rngs = rngs[stream].fork()
+        self.hash_rngs = layers.noise_stream(rngs)
 
     def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None = None,
                  deterministic: bool = True) -> jax.Array:
         q_BxHxLxK, k_BxHxLxK, v_BxHxLxK = self.project_qkv(x_BxLxD)
         b, h, length, _ = q_BxHxLxK.shape
-        valid_BxL = (jnp.ones((b, length), jnp.bool_) if padding_mask is None
-                     else padding_mask.astype(jnp.bool_))
+        valid_BxL = layers.valid_mask(padding_mask, b, length)
         key = jax.random.key(self.hash_seed) if deterministic else self.hash_rngs()
         cluster_BxHxL, ac_BxHxCxL = centroid_attention(
             q_BxHxLxK, k_BxHxLxK, valid_BxL, key, bits=self.bits,

@@ -377,9 +377,7 @@ class FeatureProjection(nnx.Module):
             w_MxK = orthogonal_gaussian(key, num_features, dim)
         self.features = RandomFeatures(jnp.asarray(w_MxK))
         self.count = RedrawCounter(jnp.zeros((), jnp.int32))
-        # Forked like nnx.Dropout's stream: redraws advance this module's own counter.
-        stream = "dropout" if "dropout" in rngs else "params"
-        self.rngs = rngs[stream].fork()
+        self.rngs = layers.noise_stream(rngs)
 
     def __call__(self, *, deterministic: bool) -> jax.Array:
         """The projection for this call; a training call then advances the schedule."""

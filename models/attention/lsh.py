@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models import registry
+from models import layers, registry
 from models.attention.dense import MultiHeadAttention
 
 SELF_LOGIT = -1e5  # trax's self-attention penalty: used only when nothing else is there
@@ -92,8 +92,7 @@ class LSHAttention(MultiHeadAttention):
             k_BxHxLxK = q_BxHxLxK / jnp.maximum(norm, 1e-6)
         else:
             k_BxHxLxK = self.split_heads(self.key(x_BxLxD))
-        real_BxL = (jnp.ones((batch, seq_len), jnp.bool_) if padding_mask is None
-                    else padding_mask.astype(jnp.bool_))
+        real_BxL = layers.valid_mask(padding_mask, batch, seq_len)
         pad = ((0, 0), (0, 0), (0, extra), (0, 0))
         q_BxHxPxK, k_BxHxPxK, v_BxHxPxK = (jnp.pad(t, pad) for t in
                                            (q_BxHxLxK, k_BxHxLxK, v_BxHxLxK))

@@ -189,8 +189,7 @@ class Poolingformer(MultiHeadAttention):
     def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None = None,
                  deterministic: bool = True) -> jax.Array:
         batch, seq_len, _ = x_BxLxD.shape
-        real_BxL = (jnp.ones((batch, seq_len), jnp.bool_) if padding_mask is None
-                    else padding_mask.astype(jnp.bool_))
+        real_BxL = layers.valid_mask(padding_mask, batch, seq_len)
         dropout_fn = self.dropout_fn(deterministic)
         w1, w2 = self.window1, self.window2
         size, stride = self.pool_size, self.pool_stride

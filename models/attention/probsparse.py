@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models import registry
+from models import layers, registry
 from models.attention.dense import (MultiHeadAttention, dot_product_attention,
                                     make_attention_mask)
 
@@ -112,16 +112,13 @@ class ProbSparseAttention(MultiHeadAttention):
         self.factor = factor
         self.max_len = max_len
         self.sample_seed = sample_seed
-        # Forked like nnx.Dropout's stream: each training call draws fresh samples.
-        stream = "dropout" if "dropout" in rngs else "params"
-        self.sample_rngs = rngs[stream].fork()
+        self.sample_rngs = layers.noise_stream(rngs)
 
     def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None = None,
                  deterministic: bool = True) -> jax.Array:
         q_BxHxLxK, k_BxHxLxK, v_BxHxLxK = self.project_qkv(x_BxLxD)
         b, _, length, _ = q_BxHxLxK.shape
-        valid_BxL = (jnp.ones((b, length), jnp.bool_) if padding_mask is None
-                     else padding_mask.astype(jnp.bool_))
+        valid_BxL = layers.valid_mask(padding_mask, b, length)
         u = num_selected(self.factor, length)
         key = (jax.random.key(self.sample_seed) if deterministic else self.sample_rngs())
         m_BxHxL = query_sparsity(q_BxHxLxK, k_BxHxLxK, valid_BxL, key, num_samples=u,

@@ -78,10 +78,8 @@ class RelativeAttention(MultiHeadAttention):
             kv_in_BxSxD = jnp.concatenate([memory.astype(x_BxLxD.dtype), x_BxLxD], axis=1)
             if memory_mask is not None or padding_mask is not None:
                 mem_len = memory.shape[1]
-                mem_mask = (jnp.ones((batch, mem_len), jnp.bool_) if memory_mask is None
-                            else memory_mask.astype(jnp.bool_))
-                seg_mask = (jnp.ones((batch, q_len), jnp.bool_) if padding_mask is None
-                            else padding_mask.astype(jnp.bool_))
+                mem_mask = layers.valid_mask(memory_mask, batch, mem_len)
+                seg_mask = layers.valid_mask(padding_mask, batch, q_len)
                 kv_mask_BxS = jnp.concatenate([mem_mask, seg_mask], axis=1)
         kv_len = kv_in_BxSxD.shape[1]
         q_BxHxQxK = self.split_heads(self.query(x_BxLxD))

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models import registry
+from models import layers, registry
 from models.attention.dense import MultiHeadAttention, attend_logits
 
 # The logit of a query for its own (shared) key: below any real logit, above masked keys,
@@ -97,8 +97,7 @@ class RoutingAttention(MultiHeadAttention):
         else:
             k_BxHxLxK = self.split_heads(self.key(x_BxLxD))
             kn_BxHxLxK = l2_normalize(k_BxHxLxK)
-        real_BxL = (jnp.ones((b, seq_len), jnp.bool_) if padding_mask is None
-                    else padding_mask.astype(jnp.bool_))
+        real_BxL = layers.valid_mask(padding_mask, b, seq_len)
         mu_HxCxK = self.centroids[...]
         w = self.group_size(seq_len)
         dropout_fn = self.dropout_fn(deterministic)

@@ -90,9 +90,7 @@ class SinkhornAttention(MultiHeadAttention):
         self.sort_hidden = layers.dense(dim, dim, ("embed", "mlp"), rngs=rngs)
         self.sort_logits = layers.dense(dim, num_heads * self.max_blocks, ("mlp", None),
                                         rngs=rngs)
-        # Forked like nnx.Dropout's stream: the noise advances this module's own counter.
-        stream = "dropout" if "dropout" in rngs else "params"
-        self.gumbel_rngs = rngs[stream].fork() if gumbel_noise else None
+        self.gumbel_rngs = layers.noise_stream(rngs) if gumbel_noise else None
 
     def sort_matrix(self, x_BxLxD: jax.Array, real_BxL: jax.Array,
                     deterministic: bool) -> jax.Array:
@@ -135,8 +133,7 @@ class SinkhornAttention(MultiHeadAttention):
         bs = self.block_size
         n = -(-seq_len // bs)
         pad = n * bs - seq_len
-        real_BxL = (jnp.ones((b, seq_len), jnp.bool_) if padding_mask is None
-                    else padding_mask.astype(jnp.bool_))
+        real_BxL = layers.valid_mask(padding_mask, b, seq_len)
         real_BxL = jnp.pad(real_BxL, ((0, 0), (0, pad)))
         x_BxLxD = jnp.pad(x_BxLxD, ((0, 0), (0, pad), (0, 0)))
         q, k, v = self.project_qkv(x_BxLxD)

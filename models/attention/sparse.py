@@ -359,8 +359,7 @@ class StarAttention(MultiHeadAttention):
 
     def __call__(self, x_BxLxD, padding_mask=None, deterministic=True):
         b, length, _ = x_BxLxD.shape
-        real_BxL = (jnp.ones((b, length), jnp.bool_) if padding_mask is None
-                    else padding_mask.astype(jnp.bool_))
+        real_BxL = layers.valid_mask(padding_mask, b, length)
         n_Bx1 = jnp.maximum(real_BxL.sum(-1, keepdims=True), 1)
         pos_1xL = jnp.arange(length)[None]
         prev_BxL = jnp.where(pos_1xL == 0, n_Bx1 - 1, pos_1xL - 1)

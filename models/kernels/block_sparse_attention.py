@@ -426,6 +426,26 @@ def _row_of(lists: _Lists, head, block, n: int):
     return (head if lists.heads > 1 else 0) * n + block
 
 
+def _tpu_tile(rows: int, width: int, index_map):
+    return pl.BlockSpec((pl.squeezed, pl.squeezed, rows, width), index_map)
+
+
+def _tpu_query_major_maps(by_q: _Lists, nq: int, m: int):
+    """Index maps of the forward and dQ grids (b, h, query block, s): step s of query
+    block qi visits key block idx[row * m + s] of the compacted layout."""
+
+    def q_map(bi, hi, qi, s, *_):
+        return bi, hi, qi, 0
+
+    def kv_map(bi, hi, qi, s, idx, cnt, full):
+        return bi, hi, idx[_row_of(by_q, hi, qi, nq) * m + s], 0
+
+    def valid_map(bi, hi, qi, s, idx, cnt, full):
+        return bi, 0, idx[_row_of(by_q, hi, qi, nq) * m + s]
+
+    return q_map, kv_map, valid_map
+
+
 def _forward(q, k, v, valid, cfg: _Config, poison=None):
     """Padded inputs -> (out, lse Lq x 1 per row)."""
     by_q, _ = _lists(cfg)
@@ -461,14 +481,7 @@ def _forward(q, k, v, valid, cfg: _Config, poison=None):
                          _gpu_valid(valid)],
                      out_shapes, [_gpu_block(bq, dv), _gpu_block(bq, 1)], poison)
 
-    def kv_map(bi, hi, qi, s, idx, cnt, full):
-        return bi, hi, idx[_row_of(by_q, hi, qi, nq) * m + s], 0
-
-    def valid_map(bi, hi, qi, s, idx, cnt, full):
-        return bi, 0, idx[_row_of(by_q, hi, qi, nq) * m + s]
-
-    def q_map(bi, hi, qi, s, *_):
-        return bi, hi, qi, 0
+    q_map, kv_map, valid_map = _tpu_query_major_maps(by_q, nq, m)
 
     def kernel(idx_ref, cnt_ref, full_ref, q_ref, k_ref, v_ref, valid_ref, *refs):
         o_ref, lse_ref, m_ref, l_ref, acc_ref = refs[-5:]
@@ -495,13 +508,10 @@ def _forward(q, k, v, valid, cfg: _Config, poison=None):
             o_ref[...] = out.astype(o_ref.dtype)
             lse_ref[...] = lse
 
-    def tile(rows, width, index_map):
-        return pl.BlockSpec((pl.squeezed, pl.squeezed, rows, width), index_map)
-
     return _call(kernel, cfg, "forward", (b, h, nq, m), tables + (q, k, v, valid),
-                 [tile(bq, q.shape[-1], q_map), tile(bk, k.shape[-1], kv_map),
-                  tile(bk, dv, kv_map), pl.BlockSpec((pl.squeezed, 1, bk), valid_map)],
-                 out_shapes, [tile(bq, dv, q_map), tile(bq, 1, q_map)], poison,
+                 [_tpu_tile(bq, q.shape[-1], q_map), _tpu_tile(bk, k.shape[-1], kv_map),
+                  _tpu_tile(bk, dv, kv_map), pl.BlockSpec((pl.squeezed, 1, bk), valid_map)],
+                 out_shapes, [_tpu_tile(bq, dv, q_map), _tpu_tile(bq, 1, q_map)], poison,
                  num_scalar=3, scratch=((bq, 1), (bq, 1), (bq, dv)))
 
 
@@ -539,14 +549,7 @@ def _backward_dq(q, k, v, valid, do, lse, delta, cfg: _Config, poison=None):
                          _gpu_block(bq, do.shape[-1]), _gpu_block(bq, 1), _gpu_block(bq, 1)],
                      out_shapes, [_gpu_block(bq, dk)], poison)[0]
 
-    def kv_map(bi, hi, qi, s, idx, cnt, full):
-        return bi, hi, idx[_row_of(by_q, hi, qi, nq) * m + s], 0
-
-    def valid_map(bi, hi, qi, s, idx, cnt, full):
-        return bi, 0, idx[_row_of(by_q, hi, qi, nq) * m + s]
-
-    def q_map(bi, hi, qi, s, *_):
-        return bi, hi, qi, 0
+    q_map, kv_map, valid_map = _tpu_query_major_maps(by_q, nq, m)
 
     def kernel(idx_ref, cnt_ref, full_ref, q_ref, k_ref, v_ref, valid_ref, do_ref,
                lse_ref, delta_ref, *refs):
@@ -570,14 +573,13 @@ def _backward_dq(q, k, v, valid, do, lse, delta, cfg: _Config, poison=None):
         def _finish():
             dq_ref[...] = acc_ref[...]
 
-    def tile(rows, width, index_map):
-        return pl.BlockSpec((pl.squeezed, pl.squeezed, rows, width), index_map)
-
     return _call(kernel, cfg, "backward_dq", (b, h, nq, m), inputs,
-                 [tile(bq, dk, q_map), tile(bk, k.shape[-1], kv_map),
-                  tile(bk, v.shape[-1], kv_map), pl.BlockSpec((pl.squeezed, 1, bk), valid_map),
-                  tile(bq, do.shape[-1], q_map), tile(bq, 1, q_map), tile(bq, 1, q_map)],
-                 out_shapes, [tile(bq, dk, q_map)], poison, num_scalar=3,
+                 [_tpu_tile(bq, dk, q_map), _tpu_tile(bk, k.shape[-1], kv_map),
+                  _tpu_tile(bk, v.shape[-1], kv_map),
+                  pl.BlockSpec((pl.squeezed, 1, bk), valid_map),
+                  _tpu_tile(bq, do.shape[-1], q_map), _tpu_tile(bq, 1, q_map),
+                  _tpu_tile(bq, 1, q_map)],
+                 out_shapes, [_tpu_tile(bq, dk, q_map)], poison, num_scalar=3,
                  scratch=((bq, dk),))[0]
 
 
@@ -654,14 +656,13 @@ def _backward_dkv(q, k, v, valid, do, lse, delta, cfg: _Config, poison=None):
             dk_ref[...] = dk_acc[...]
             dv_ref[...] = dv_acc[...]
 
-    def tile(rows, width, index_map):
-        return pl.BlockSpec((pl.squeezed, pl.squeezed, rows, width), index_map)
-
     return _call(kernel, cfg, "backward_dkv", (b, h, nk, m), inputs,
-                 [tile(bq, q.shape[-1], q_map), tile(bk, dk, k_map), tile(bk, dv, k_map),
+                 [_tpu_tile(bq, q.shape[-1], q_map), _tpu_tile(bk, dk, k_map),
+                  _tpu_tile(bk, dv, k_map),
                   pl.BlockSpec((pl.squeezed, 1, bk), valid_map),
-                  tile(bq, do.shape[-1], q_map), tile(bq, 1, q_map), tile(bq, 1, q_map)],
-                 out_shapes, [tile(bk, dk, k_map), tile(bk, dv, k_map)], poison,
+                  _tpu_tile(bq, do.shape[-1], q_map), _tpu_tile(bq, 1, q_map),
+                  _tpu_tile(bq, 1, q_map)],
+                 out_shapes, [_tpu_tile(bk, dk, k_map), _tpu_tile(bk, dv, k_map)], poison,
                  num_scalar=3, scratch=((bk, dk), (bk, dv)))
 
 
