@@ -13,12 +13,15 @@ batch 32) on random tokens of length L. --mode=mixer: one token mixer's forward 
            reproducible, independent of the allocator; on a GPU also the device's peak;
 and, per model, the ratios to `transformer` at the same L (measured in the same run) and
 the growth exponent in L (slope of log time / log memory against log L).
-Markdown goes to stdout (and `--csv` to a file); progress goes to stderr.
+Markdown goes to stdout; progress goes to stderr. `--csv` receives each cell as it is
+measured, with its settings; running again with the same --csv and settings measures only
+the cells it lacks (a stopped run resumes; delete the file to measure afresh).
 """
 from __future__ import annotations
 
 import csv
 import math
+import os
 import statistics
 import sys
 import time
@@ -56,7 +59,9 @@ def _define_flags() -> None:
                          "cannot run in reasonable time.")
     flags.DEFINE_string("task", "text", "Task whose config (model size, presets) is used; "
                         "LRA measured on text.")
-    flags.DEFINE_string("csv", None, "Also write the rows to this CSV file.")
+    flags.DEFINE_string("csv", None, "Also write each cell to this CSV file as it is "
+                        "measured; cells already there (same settings) are not measured "
+                        "again.")
     flags.DEFINE_integer("transformer_max_length", 0,
                          "Skip `transformer` above this length (0 = never): quadratic "
                          "memory and time make it the slowest cell by far.")
@@ -195,9 +200,48 @@ def table(rows: list[dict], lengths: list[int]) -> str:
         tg = growth_exponent(lengths, [r["time_s"] if r and "error" not in r else None for r in ok])
         mg = growth_exponent(lengths, [r["temp_bytes"] if r and "error" not in r else None
                                        for r in ok])
-        cells += [f"L^{tg:.2f}" if tg is not None else "-", f"L^{mg:.2f}" if mg is not None else "-"]
+        cells += [f"L^{tg:.2f}" if tg is not None else "-",
+                  f"L^{mg:.2f}" if mg is not None else "-"]
         lines.append("| " + " | ".join([m] + cells) + " |")
     return "\n".join(lines)
+
+
+CSV_FIELDS = ["model", "length", "time_s", "temp_bytes", "device_peak_bytes", "error",
+              "mode", "task", "batch_size", "dim", "num_heads", "num_layers",
+              "attention_impl", "repeats", "platform"]
+
+
+def append_csv(path: str, row: dict, settings: dict) -> None:
+    """Appends one cell (with the settings it was measured under) to `path`."""
+    new = not os.path.exists(path) or os.path.getsize(path) == 0
+    with open(path, "a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        if new:
+            writer.writeheader()
+        writer.writerow({k: {**row, **settings}.get(k) for k in CSV_FIELDS})
+
+
+def read_csv(path: str, settings: dict) -> dict[tuple[str, int], dict]:
+    """Cells of an earlier run in `path` measured under the same `settings` (errors are
+    measured again), keyed by (model, length)."""
+    if not os.path.exists(path):
+        return {}
+    with open(path, newline="") as f:
+        records = list(csv.DictReader(f))
+    if records and set(records[0]) != set(CSV_FIELDS):
+        raise SystemExit(f"error: {path} was not written by this benchmark version; "
+                         "give another --csv or delete it")
+    done = {}
+    for rec in records:
+        if rec["error"] or any(rec[k] != str(v) for k, v in settings.items()):
+            continue
+        done[(rec["model"], int(rec["length"]))] = {
+            "model": rec["model"], "length": int(rec["length"]),
+            "time_s": float(rec["time_s"]) if rec["time_s"] else None,
+            "temp_bytes": int(rec["temp_bytes"]) if rec["temp_bytes"] else None,
+            **({"device_peak_bytes": int(rec["device_peak_bytes"])}
+               if rec["device_peak_bytes"] else {})}
+    return done
 
 
 def main(argv):
@@ -207,15 +251,28 @@ def main(argv):
     if "transformer" not in models:
         models = ["transformer", *models]  # ratios need the reference in the same run
     lengths = [int(l) for l in FLAGS.lengths]
+    settings = {"mode": FLAGS.mode, "task": FLAGS.task, "batch_size": FLAGS.batch_size,
+                "dim": FLAGS.dim, "num_heads": FLAGS.num_heads, "num_layers": FLAGS.num_layers,
+                "attention_impl": FLAGS.attention_impl, "repeats": FLAGS.repeats,
+                "platform": jax.devices()[0].platform}
+    done = read_csv(FLAGS.csv, settings) if FLAGS.csv else {}
+    if done:
+        print(f"{FLAGS.csv}: reusing {len(done)} cells measured with the same settings",
+              file=sys.stderr)
     rows = []
-    total = len(models) * len(lengths)
-    started = time.perf_counter()
-    for n, (model, length) in enumerate(((m, l) for m in models for l in lengths), 1):
+    cells = [(m, l) for m in models for l in lengths]
+    todo = sum((m, l) not in done for m, l in cells)
+    started, measured = time.perf_counter(), 0
+    for model, length in cells:
+        if (model, length) in done:
+            rows.append(done[(model, length)])
+            continue
         elapsed = time.perf_counter() - started
-        eta = f", ETA {elapsed / (n - 1) * (total - n + 1):.0f}s" if n > 1 else ""
-        bar = "#" * (20 * (n - 1) // total)
-        print(f"[{bar:<20}] {n}/{total} {model} L={length} ({elapsed:.0f}s{eta})",
+        eta = f", ETA {elapsed / measured * (todo - measured):.0f}s" if measured else ""
+        bar = "#" * (20 * measured // todo)
+        print(f"[{bar:<20}] {measured + 1}/{todo} {model} L={length} ({elapsed:.0f}s{eta})",
               file=sys.stderr, flush=True)
+        measured += 1
         if (model == "transformer" and FLAGS.transformer_max_length
                 and length > FLAGS.transformer_max_length):
             rows.append({"model": model, "length": length, "error": "skipped"})
@@ -233,6 +290,8 @@ def main(argv):
         except Exception as e:  # noqa: BLE001  a variant that cannot run at L: say why
             reason = str(e).splitlines()[0][:80] if str(e) else type(e).__name__
             rows.append({"model": model, "length": length, "error": reason})
+        if FLAGS.csv:  # written as cells finish: a long run that is stopped keeps them
+            append_csv(FLAGS.csv, rows[-1], settings)
     what = (f"One training step of the {FLAGS.task} model" if FLAGS.mode == "train_step"
             else "Forward+backward of one mixer")
     sizes = ", ".join(f"{k} {v}" for k, v in (
@@ -243,13 +302,6 @@ def main(argv):
     print(f"{what}; {sizes}; {jax.devices()[0].platform}, jax {jax.__version__}. "
           f"Cells: time per step, XLA temporary memory (ratios to transformer).\n")
     print(table(rows, lengths))
-    if FLAGS.csv:
-        keys = ["model", "length", "time_s", "temp_bytes", "device_peak_bytes", "error"]
-        with open(FLAGS.csv, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=keys)
-            writer.writeheader()
-            for r in rows:
-                writer.writerow({k: r.get(k) for k in keys})
 
 
 if __name__ == "__main__":

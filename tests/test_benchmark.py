@@ -41,3 +41,38 @@ def test_memory_only_cells():
     assert all(r["time_s"] is None and r["temp_bytes"] > 0 for r in rows)
     text = benchmark.table(rows, [64])
     assert "ms" not in text and "x less mem)" in text and "faster" not in text
+
+
+def test_csv_round_trip_keeps_only_matching_settings(tmp_path):
+    path = str(tmp_path / "cells.csv")
+    settings = {"mode": "train_step", "task": "text", "dim": 0, "repeats": 0,
+                "platform": "cpu"}
+    benchmark.append_csv(path, {"model": "transformer", "length": 1024, "time_s": None,
+                                "temp_bytes": 123}, settings)
+    benchmark.append_csv(path, {"model": "linear", "length": 1024, "time_s": 0.5,
+                                "temp_bytes": 7, "device_peak_bytes": 9}, settings)
+    benchmark.append_csv(path, {"model": "local", "length": 1024, "error": "boom"}, settings)
+    benchmark.append_csv(path, {"model": "fnet", "length": 1024, "time_s": 1.0,
+                                "temp_bytes": 1}, {**settings, "dim": 64})
+    done = benchmark.read_csv(path, settings)
+    assert set(done) == {("transformer", 1024), ("linear", 1024)}  # errors are re-measured
+    assert done[("transformer", 1024)] == {"model": "transformer", "length": 1024,
+                                           "time_s": None, "temp_bytes": 123}
+    assert done[("linear", 1024)]["device_peak_bytes"] == 9
+    assert benchmark.read_csv(str(tmp_path / "none.csv"), settings) == {}
+
+
+def test_program_resumes_from_its_csv(tmp_path):
+    import subprocess
+    import sys
+    path = str(tmp_path / "cells.csv")
+    cmd = [sys.executable, "-m", "lra.benchmark", "--models=linear", "--lengths=32",
+           "--task=listops", "--batch_size=2", "--dim=16", "--num_heads=2", "--num_layers=1",
+           "--repeats=0", f"--csv={path}"]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "| linear |" in first.stdout and "x less mem" in first.stdout
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "reusing 2 cells" in second.stderr and "1/" not in second.stderr
+    assert second.stdout.split("\n", 1)[1] == first.stdout.split("\n", 1)[1]
