@@ -120,6 +120,16 @@ class MultiHeadAttention(nnx.Module):
             return None
         return lambda w: self.attention_dropout(w, deterministic=False)
 
+    def dropout_seed(self) -> jax.Array:
+        """An int32 seed from the attention-dropout stream (for kernels that hash their
+        own keep mask); advances the stream like one dropout call."""
+        rngs = self.attention_dropout.rngs
+        if rngs is None:
+            raise ValueError("attention dropout in training needs a 'dropout' rng stream")
+        key = rngs[self.attention_dropout.rng_collection]() if isinstance(rngs, nnx.Rngs) \
+            else rngs()
+        return jax.random.bits(key, (), jnp.uint32).view(jnp.int32)
+
     def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None = None,
                  deterministic: bool = True) -> jax.Array:
         q_BxHxLxK, k_BxHxLxK, v_BxHxLxK = self.project_qkv(x_BxLxD)

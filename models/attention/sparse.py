@@ -4,7 +4,7 @@
 is restricted to a pattern, computed either densely (`attention_impl="dense"`: the
 full masked L x L softmax) or block-sparsely (`"blocksparse"`: only the non-empty
 blocks, `models.kernels.block_sparse_attention`; `"pallas"`: the same blocks through its
-flash-attention kernels, interpreted on CPU, without attention dropout). The builders
+flash-attention kernels, interpreted on CPU; attention dropout by a hashed mask). The builders
 below turn each paper's hyperparameters into a pattern; only `global` with extra
 learned tokens and `axial` in its two-pass form need code of their own.
 
@@ -51,15 +51,13 @@ class PatternAttention(MultiHeadAttention):
                deterministic: bool) -> jax.Array:
         dropout_fn = self.dropout_fn(deterministic)
         if self.attention_impl == "pallas":
-            # The kernels never hold the weights, so they cannot drop them: refuse a
-            # non-zero rate rather than silently train without it.
-            if dropout_fn is not None and self.attention_dropout.rate > 0:
-                raise ValueError(f"attention_impl='pallas' does not support attention "
-                                 f"dropout (rate {self.attention_dropout.rate}); set it to 0 "
-                                 f"(config.attention_dropout_rate=0)")
+            # The kernels hash their own keep mask from one seed per call.
+            rate = 0.0 if deterministic else self.attention_dropout.rate
+            seed = self.dropout_seed() if rate > 0 else None
             return block_sparse_attention(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, pattern,
                                           padding_mask=padding_mask, backend="pallas",
-                                          block_q=self.block_size, block_k=self.block_size)
+                                          block_q=self.block_size, block_k=self.block_size,
+                                          dropout_rate=rate, dropout_seed=seed)
         if self.attention_impl == "blocksparse":
             return block_sparse_attention(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, pattern,
                                           padding_mask=padding_mask, block_q=self.block_size,

@@ -25,8 +25,11 @@ the log-sum-exp.
   index, so the pipeline fetches nothing new, and `pl.when` skips their compute.
 
 A query with no key at all gets output 0 and zero gradients (as `dot_product_attention`).
-Attention-weight dropout is not supported by the kernels (they never materialise the
-weights); ask for it and they raise.
+Attention-weight dropout (`dropout_rate`, `dropout_seed`): the kernels never hold the whole
+weight matrix, so the keep mask is a counter-based hash of (seed, batch, head, query, key)
+(`dropout_multiplier`), recomputed tile by tile in the forward and both backward passes:
+the same mask in all three, no mask in memory. The normaliser sums the undropped weights,
+so the output is exactly softmax(...) * mask / (1 - rate) @ v.
 """
 from __future__ import annotations
 
@@ -52,13 +55,18 @@ def block_sparse_attention(q_BxHxQxK: jax.Array, k_BxHxKvxK: jax.Array,
                            v_BxHxKvxD: jax.Array, pattern: masks.Pattern, *,
                            padding_mask: jax.Array | None = None, backend: str = "xla",
                            block_q: int | None = None, block_k: int | None = None,
-                           dropout_fn: DropoutFn | None = None, platform: str | None = None,
+                           dropout_fn: DropoutFn | None = None, dropout_rate: float = 0.0,
+                           dropout_seed: jax.Array | None = None, platform: str | None = None,
                            interpret: bool | None = None) -> jax.Array:
     """softmax(q k^T / sqrt(K)) v restricted to `pattern`; returns BxHxQxD.
 
     `padding_mask` is bool BxKv (True = real key). Queries are the last Q of the Kv
     positions, as in `models.attention.dense.make_attention_mask`. A query with no
     key to attend to gets output 0, like `dot_product_attention`.
+
+    Attention dropout: backend="xla" applies `dropout_fn` to the weights; backend="pallas"
+    takes `dropout_rate` and an int32 `dropout_seed` (scalar) instead and drops weight
+    (b, h, i, j) where `dropout_multiplier` says so.
 
     `block_q`, `block_k`: tile sizes; default 64 (xla, Triton) or 128 (Mosaic).
     backend="pallas" only: `platform` "gpu" (Triton) or "tpu" (Mosaic) picks the kernel
@@ -78,12 +86,20 @@ def block_sparse_attention(q_BxHxQxK: jax.Array, k_BxHxKvxK: jax.Array,
                          f"{(b, kv_len)}")
     if backend == "pallas":
         if dropout_fn is not None:
-            raise ValueError("block_sparse_attention: the Pallas kernels do not support "
-                             "attention dropout; set attention_dropout=0 or use backend='xla'")
+            raise ValueError("block_sparse_attention: backend='pallas' takes dropout_rate "
+                             "and dropout_seed, not dropout_fn")
+        if not 0.0 <= dropout_rate < 1.0:
+            raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}")
+        if dropout_rate > 0 and dropout_seed is None:
+            raise ValueError("dropout_rate > 0 needs a dropout_seed")
         cfg = make_config(q_BxHxQxK, k_BxHxKvxK, pattern, block_q=block_q, block_k=block_k,
-                          platform=platform, interpret=interpret)
+                          platform=platform, interpret=interpret, dropout_rate=dropout_rate)
         valid = _key_validity(padding_mask, b, kv_len, cfg)
-        return _pallas_attention(q_BxHxQxK, k_BxHxKvxK, v_BxHxKvxD, valid, cfg)
+        seed = jnp.reshape(jnp.asarray(0 if dropout_seed is None else dropout_seed,
+                                       jnp.int32), (1,))
+        return _pallas_attention(q_BxHxQxK, k_BxHxKvxK, v_BxHxKvxD, valid, seed, cfg)
+    if dropout_rate:
+        raise ValueError("backend='xla' takes dropout_fn, not dropout_rate")
     bq, bk = min(block_q or 64, q_len), min(block_k or 64, kv_len)
     lay = pattern.blocks(q_len, kv_len, bq, bk)
     nq, nk = lay.layout.shape[-2:]
@@ -214,6 +230,7 @@ class _Config(NamedTuple):
     scale: float
     platform: str  # "gpu" (Triton) or "tpu" (Mosaic)
     interpret: bool
+    dropout_rate: float = 0.0
 
     @property
     def num_q_blocks(self) -> int:
@@ -234,7 +251,8 @@ def _tile(block: int, length: int, platform: str) -> int:
 
 def make_config(q: jax.Array, k: jax.Array, pattern: masks.Pattern, *,
                 block_q: int | None = None, block_k: int | None = None,
-                platform: str | None = None, interpret: bool | None = None) -> _Config:
+                platform: str | None = None, interpret: bool | None = None,
+                dropout_rate: float = 0.0) -> _Config:
     """Resolves the kernel flavour, interpret mode and tile sizes."""
     device = jax.default_backend()
     platform = platform or ("tpu" if device == "tpu" else "gpu")
@@ -248,7 +266,7 @@ def make_config(q: jax.Array, k: jax.Array, pattern: masks.Pattern, *,
         # The key-validity tile (1, bk) has bk on the lanes: compiled Mosaic wants 128s.
         bk = -(-bk // 128) * 128
     return _Config(pattern, q_len, kv_len, bq, bk, 1.0 / math.sqrt(q.shape[-1]), platform,
-                   bool(interpret))
+                   bool(interpret), float(dropout_rate))
 
 
 class _Lists(NamedTuple):
@@ -275,11 +293,16 @@ def _compact(layout_PxRxC: np.ndarray) -> _Lists:
                   layout_PxRxC.shape[0])
 
 
-@functools.lru_cache(maxsize=128)
 def _lists(cfg: _Config) -> tuple[_Lists, _Lists]:
     """Key blocks of each query block (forward, dQ) and query blocks of each key block
     (dK/dV: the transposed layout)."""
-    lay = cfg.pattern.blocks(cfg.q_len, cfg.kv_len, cfg.block_q, cfg.block_k)
+    return _layout_lists(cfg.pattern, cfg.q_len, cfg.kv_len, cfg.block_q, cfg.block_k)
+
+
+@functools.lru_cache(maxsize=128)
+def _layout_lists(pattern: masks.Pattern, q_len: int, kv_len: int, block_q: int,
+                  block_k: int) -> tuple[_Lists, _Lists]:
+    lay = pattern.blocks(q_len, kv_len, block_q, block_k)
     nq, nk = lay.layout.shape[-2:]
     layout = lay.layout.reshape(-1, nq, nk)
     by_q = _compact(layout)
@@ -330,8 +353,9 @@ def _dot(a, b, contract: tuple[int, int], dtype):
 # Tile math shared by both flavours: one (query block, key block) pair.
 
 
-def _fwd_step(q, k, v, keep, state, scale):
-    """Online softmax: folds one key block into (running max, normaliser, accumulator)."""
+def _fwd_step(q, k, v, keep, state, scale, drop=None):
+    """Online softmax: folds one key block into (running max, normaliser, accumulator);
+    `drop` (0 or 1/(1-rate) per weight) scales what reaches the accumulator only."""
     m_Bqx1, l_Bqx1, acc_BqxD = state
     s = jnp.where(keep, _dot(q, k, (1, 1), q.dtype) * scale, _NEG)
     m_new = jnp.maximum(m_Bqx1, jnp.max(s, axis=1, keepdims=True))
@@ -339,7 +363,7 @@ def _fwd_step(q, k, v, keep, state, scale):
     p = jnp.where(keep, jnp.exp(s - m_new), 0.0)
     alpha = jnp.exp(m_Bqx1 - m_new)
     return (m_new, alpha * l_Bqx1 + jnp.sum(p, axis=1, keepdims=True),
-            alpha * acc_BqxD + _dot(p, v, (1, 0), v.dtype))
+            alpha * acc_BqxD + _dot(p if drop is None else p * drop, v, (1, 0), v.dtype))
 
 
 def _fwd_init(block_q: int, dim_v: int):
@@ -355,21 +379,64 @@ def _fwd_finish(state):
     return out, jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), 0.0)
 
 
-def _probs_and_dlogits(q, k, v, do, lse, delta, keep, scale):
+def _probs_and_dlogits(q, k, v, do, lse, delta, keep, scale, drop):
+    """Undropped weights P and dLogits. With dropout, O = (P * drop) V, so dP = (dO V^T)
+    * drop, and delta = rowsum(dO * O) is still rowsum(P * dP)."""
     p = jnp.where(keep, jnp.exp(_dot(q, k, (1, 1), q.dtype) * scale - lse), 0.0)
     dp = _dot(do, v, (1, 1), v.dtype)
+    if drop is not None:
+        dp = dp * drop
     return p, p * (dp - delta)
 
 
-def _dq_step(q, k, v, do, lse, delta, keep, dq, scale):
-    _, ds = _probs_and_dlogits(q, k, v, do, lse, delta, keep, scale)
+def _dq_step(q, k, v, do, lse, delta, keep, dq, scale, drop=None):
+    _, ds = _probs_and_dlogits(q, k, v, do, lse, delta, keep, scale, drop)
     return dq + _dot(ds, k, (1, 0), k.dtype) * scale
 
 
-def _dkv_step(q, k, v, do, lse, delta, keep, state, scale):
+def _dkv_step(q, k, v, do, lse, delta, keep, state, scale, drop=None):
     dk, dv = state
-    p, ds = _probs_and_dlogits(q, k, v, do, lse, delta, keep, scale)
-    return (dk + _dot(ds, q, (0, 0), q.dtype) * scale, dv + _dot(p, do, (0, 0), do.dtype))
+    p, ds = _probs_and_dlogits(q, k, v, do, lse, delta, keep, scale, drop)
+    return (dk + _dot(ds, q, (0, 0), q.dtype) * scale,
+            dv + _dot(p if drop is None else p * drop, do, (0, 0), do.dtype))
+
+
+# Attention dropout: murmur3's 32-bit finaliser as a counter-based generator, in int32
+# (wrapping multiplies, logical shifts) so Triton, Mosaic and XLA compute the same bits.
+def _as_int32(x: int) -> int:
+    return int(np.array(x, np.uint32).view(np.int32))
+
+
+_MIX1, _MIX2, _GOLDEN = _as_int32(0x85EBCA6B), _as_int32(0xC2B2AE35), _as_int32(0x9E3779B9)
+
+
+def _fmix(x):
+    x = x ^ lax.shift_right_logical(x, 16)
+    x = x * _MIX1
+    x = x ^ lax.shift_right_logical(x, 13)
+    x = x * _MIX2
+    return x ^ lax.shift_right_logical(x, 16)
+
+
+def dropout_multiplier(seed, batch_head, i, j, rate: float) -> jax.Array:
+    """f32 0 or 1/(1 - rate) for attention weight (batch_head, query i, key j) under int32
+    `seed`; batch_head = batch * num_heads + head. Broadcasts; the kernels call it on
+    tiles of iotas, the tests on whole index grids."""
+    h = _fmix(jnp.asarray(seed, jnp.int32) ^ (jnp.asarray(batch_head, jnp.int32) * _GOLDEN))
+    h = _fmix(_fmix(h ^ jnp.asarray(i, jnp.int32)) ^ jnp.asarray(j, jnp.int32))
+    threshold = min(int(rate * 2.0**31), 2**31 - 1)
+    keep = lax.shift_right_logical(h, 1) >= threshold  # 31 uniform bits, never negative
+    return jnp.where(keep, jnp.float32(1.0 / (1.0 - rate)), jnp.float32(0.0))
+
+
+def _drop(cfg: _Config, seed_ref, batch_head, q_block, k_block):
+    """The dropout multipliers of one tile, or None without dropout."""
+    if not cfg.dropout_rate:
+        return None
+    shape = (cfg.block_q, cfg.block_k)
+    i = q_block * cfg.block_q + lax.broadcasted_iota(jnp.int32, shape, 0)
+    j = k_block * cfg.block_k + lax.broadcasted_iota(jnp.int32, shape, 1)
+    return dropout_multiplier(seed_ref[0], batch_head, i, j, cfg.dropout_rate)
 
 
 # --------------------------------------------------------------------------------------
@@ -437,29 +504,31 @@ def _tpu_query_major_maps(by_q: _Lists, nq: int, m: int):
     def q_map(bi, hi, qi, s, *_):
         return bi, hi, qi, 0
 
-    def kv_map(bi, hi, qi, s, idx, cnt, full):
+    def kv_map(bi, hi, qi, s, idx, *_):
         return bi, hi, idx[_row_of(by_q, hi, qi, nq) * m + s], 0
 
-    def valid_map(bi, hi, qi, s, idx, cnt, full):
+    def valid_map(bi, hi, qi, s, idx, *_):
         return bi, 0, idx[_row_of(by_q, hi, qi, nq) * m + s]
 
     return q_map, kv_map, valid_map
 
 
-def _forward(q, k, v, valid, cfg: _Config, poison=None):
+def _forward(q, k, v, valid, seed, cfg: _Config, poison=None):
     """Padded inputs -> (out, lse Lq x 1 per row)."""
     by_q, _ = _lists(cfg)
     b, h, lq, _ = q.shape
     dv, nq, bq, bk = v.shape[-1], cfg.num_q_blocks, cfg.block_q, cfg.block_k
     out_shapes = (jax.ShapeDtypeStruct((b, h, lq, dv), q.dtype),
                   jax.ShapeDtypeStruct((b, h, lq, 1), _F32))
-    tables = tuple(jnp.asarray(t) for t in (by_q.indices, by_q.counts, by_q.full))
+    tables = tuple(jnp.asarray(t) for t in (by_q.indices, by_q.counts, by_q.full)) + (seed,)
     m = by_q.width
 
     if cfg.platform == "gpu":
-        def kernel(idx_ref, cnt_ref, full_ref, q_ref, k_ref, v_ref, valid_ref, *refs):
+        def kernel(idx_ref, cnt_ref, full_ref, seed_ref, q_ref, k_ref, v_ref, valid_ref,
+                   *refs):
             o_ref, lse_ref = refs[-2:]
             hi, qi = pl.program_id(1), pl.program_id(2)
+            bh = pl.program_id(0) * h + hi
             row = _row_of(by_q, hi, qi, nq)
             q_tile = q_ref[...]
 
@@ -468,7 +537,7 @@ def _forward(q, k, v, valid, cfg: _Config, poison=None):
                 cols = pl.ds(pl.multiple_of(kb * bk, bk), bk)
                 keep = _keep(cfg, hi, qi, kb, valid_ref[cols][None, :], full_ref[row * m + s])
                 return _fwd_step(q_tile, k_ref[cols, :], v_ref[cols, :], keep, state,
-                                 cfg.scale)
+                                 cfg.scale, _drop(cfg, seed_ref, bh, qi, kb))
 
             state = lax.fori_loop(0, cnt_ref[row], body, _fwd_init(bq, dv))
             out, lse = _fwd_finish(state)
@@ -483,9 +552,10 @@ def _forward(q, k, v, valid, cfg: _Config, poison=None):
 
     q_map, kv_map, valid_map = _tpu_query_major_maps(by_q, nq, m)
 
-    def kernel(idx_ref, cnt_ref, full_ref, q_ref, k_ref, v_ref, valid_ref, *refs):
+    def kernel(idx_ref, cnt_ref, full_ref, seed_ref, q_ref, k_ref, v_ref, valid_ref, *refs):
         o_ref, lse_ref, m_ref, l_ref, acc_ref = refs[-5:]
         hi, qi, s = pl.program_id(1), pl.program_id(2), pl.program_id(3)
+        bh = pl.program_id(0) * h + hi
         row = _row_of(by_q, hi, qi, nq)
 
         @pl.when(s == 0)
@@ -495,10 +565,11 @@ def _forward(q, k, v, valid, cfg: _Config, poison=None):
 
         @pl.when(s < cnt_ref[row])
         def _step():
-            keep = _keep(cfg, hi, qi, idx_ref[row * m + s], valid_ref[...],
-                         full_ref[row * m + s])
+            kb = idx_ref[row * m + s]
+            keep = _keep(cfg, hi, qi, kb, valid_ref[...], full_ref[row * m + s])
             state = _fwd_step(q_ref[...], k_ref[...], v_ref[...], keep,
-                              (m_ref[...], l_ref[...], acc_ref[...]), cfg.scale)
+                              (m_ref[...], l_ref[...], acc_ref[...]), cfg.scale,
+                              _drop(cfg, seed_ref, bh, qi, kb))
             for ref, x in zip((m_ref, l_ref, acc_ref), state):
                 ref[...] = x
 
@@ -512,24 +583,25 @@ def _forward(q, k, v, valid, cfg: _Config, poison=None):
                  [_tpu_tile(bq, q.shape[-1], q_map), _tpu_tile(bk, k.shape[-1], kv_map),
                   _tpu_tile(bk, dv, kv_map), pl.BlockSpec((pl.squeezed, 1, bk), valid_map)],
                  out_shapes, [_tpu_tile(bq, dv, q_map), _tpu_tile(bq, 1, q_map)], poison,
-                 num_scalar=3, scratch=((bq, 1), (bq, 1), (bq, dv)))
+                 num_scalar=4, scratch=((bq, 1), (bq, 1), (bq, dv)))
 
 
-def _backward_dq(q, k, v, valid, do, lse, delta, cfg: _Config, poison=None):
+def _backward_dq(q, k, v, valid, seed, do, lse, delta, cfg: _Config, poison=None):
     """dQ: the forward's loop over each query block's key blocks."""
     by_q, _ = _lists(cfg)
     b, h, lq, dk = q.shape
     nq, bq, bk = cfg.num_q_blocks, cfg.block_q, cfg.block_k
     out_shapes = (jax.ShapeDtypeStruct((b, h, lq, dk), _F32),)
-    tables = tuple(jnp.asarray(t) for t in (by_q.indices, by_q.counts, by_q.full))
+    tables = tuple(jnp.asarray(t) for t in (by_q.indices, by_q.counts, by_q.full)) + (seed,)
     m = by_q.width
     inputs = tables + (q, k, v, valid, do, lse, delta)
 
     if cfg.platform == "gpu":
-        def kernel(idx_ref, cnt_ref, full_ref, q_ref, k_ref, v_ref, valid_ref, do_ref,
-                   lse_ref, delta_ref, *refs):
+        def kernel(idx_ref, cnt_ref, full_ref, seed_ref, q_ref, k_ref, v_ref, valid_ref,
+                   do_ref, lse_ref, delta_ref, *refs):
             dq_ref = refs[-1]
             hi, qi = pl.program_id(1), pl.program_id(2)
+            bh = pl.program_id(0) * h + hi
             row = _row_of(by_q, hi, qi, nq)
             q_tile, do_tile, lse_tile, delta_tile = (
                 r[...] for r in (q_ref, do_ref, lse_ref, delta_ref))
@@ -539,7 +611,8 @@ def _backward_dq(q, k, v, valid, do, lse, delta, cfg: _Config, poison=None):
                 cols = pl.ds(pl.multiple_of(kb * bk, bk), bk)
                 keep = _keep(cfg, hi, qi, kb, valid_ref[cols][None, :], full_ref[row * m + s])
                 return _dq_step(q_tile, k_ref[cols, :], v_ref[cols, :], do_tile, lse_tile,
-                                delta_tile, keep, dq, cfg.scale)
+                                delta_tile, keep, dq, cfg.scale,
+                                _drop(cfg, seed_ref, bh, qi, kb))
 
             dq_ref[...] = lax.fori_loop(0, cnt_ref[row], body, jnp.zeros((bq, dk), _F32))
 
@@ -551,10 +624,11 @@ def _backward_dq(q, k, v, valid, do, lse, delta, cfg: _Config, poison=None):
 
     q_map, kv_map, valid_map = _tpu_query_major_maps(by_q, nq, m)
 
-    def kernel(idx_ref, cnt_ref, full_ref, q_ref, k_ref, v_ref, valid_ref, do_ref,
+    def kernel(idx_ref, cnt_ref, full_ref, seed_ref, q_ref, k_ref, v_ref, valid_ref, do_ref,
                lse_ref, delta_ref, *refs):
         dq_ref, acc_ref = refs[-2:]
         hi, qi, s = pl.program_id(1), pl.program_id(2), pl.program_id(3)
+        bh = pl.program_id(0) * h + hi
         row = _row_of(by_q, hi, qi, nq)
 
         @pl.when(s == 0)
@@ -563,11 +637,11 @@ def _backward_dq(q, k, v, valid, do, lse, delta, cfg: _Config, poison=None):
 
         @pl.when(s < cnt_ref[row])
         def _step():
-            keep = _keep(cfg, hi, qi, idx_ref[row * m + s], valid_ref[...],
-                         full_ref[row * m + s])
+            kb = idx_ref[row * m + s]
+            keep = _keep(cfg, hi, qi, kb, valid_ref[...], full_ref[row * m + s])
             acc_ref[...] = _dq_step(q_ref[...], k_ref[...], v_ref[...], do_ref[...],
                                     lse_ref[...], delta_ref[...], keep, acc_ref[...],
-                                    cfg.scale)
+                                    cfg.scale, _drop(cfg, seed_ref, bh, qi, kb))
 
         @pl.when(s == m - 1)
         def _finish():
@@ -579,26 +653,27 @@ def _backward_dq(q, k, v, valid, do, lse, delta, cfg: _Config, poison=None):
                   pl.BlockSpec((pl.squeezed, 1, bk), valid_map),
                   _tpu_tile(bq, do.shape[-1], q_map), _tpu_tile(bq, 1, q_map),
                   _tpu_tile(bq, 1, q_map)],
-                 out_shapes, [_tpu_tile(bq, dk, q_map)], poison, num_scalar=3,
+                 out_shapes, [_tpu_tile(bq, dk, q_map)], poison, num_scalar=4,
                  scratch=((bq, dk),))[0]
 
 
-def _backward_dkv(q, k, v, valid, do, lse, delta, cfg: _Config, poison=None):
+def _backward_dkv(q, k, v, valid, seed, do, lse, delta, cfg: _Config, poison=None):
     """dK and dV: each key block walks its list of query blocks (the transposed layout)."""
     _, by_k = _lists(cfg)
     b, h, lk, dk = k.shape
     dv, nk, bq, bk = v.shape[-1], cfg.num_k_blocks, cfg.block_q, cfg.block_k
     out_shapes = (jax.ShapeDtypeStruct((b, h, lk, dk), _F32),
                   jax.ShapeDtypeStruct((b, h, lk, dv), _F32))
-    tables = tuple(jnp.asarray(t) for t in (by_k.indices, by_k.counts, by_k.full))
+    tables = tuple(jnp.asarray(t) for t in (by_k.indices, by_k.counts, by_k.full)) + (seed,)
     m = by_k.width
     inputs = tables + (q, k, v, valid, do, lse, delta)
 
     if cfg.platform == "gpu":
-        def kernel(idx_ref, cnt_ref, full_ref, q_ref, k_ref, v_ref, valid_ref, do_ref,
-                   lse_ref, delta_ref, *refs):
+        def kernel(idx_ref, cnt_ref, full_ref, seed_ref, q_ref, k_ref, v_ref, valid_ref,
+                   do_ref, lse_ref, delta_ref, *refs):
             dk_ref, dv_ref = refs[-2:]
             hi, ki = pl.program_id(1), pl.program_id(2)
+            bh = pl.program_id(0) * h + hi
             row = _row_of(by_k, hi, ki, nk)
             k_tile, v_tile, valid_tile = k_ref[...], v_ref[...], valid_ref[...][None, :]
 
@@ -607,7 +682,8 @@ def _backward_dkv(q, k, v, valid, do, lse, delta, cfg: _Config, poison=None):
                 rows = pl.ds(pl.multiple_of(qb * bq, bq), bq)
                 keep = _keep(cfg, hi, qb, ki, valid_tile, full_ref[row * m + s])
                 return _dkv_step(q_ref[rows, :], k_tile, v_tile, do_ref[rows, :],
-                                 lse_ref[rows, :], delta_ref[rows, :], keep, state, cfg.scale)
+                                 lse_ref[rows, :], delta_ref[rows, :], keep, state, cfg.scale,
+                                 _drop(cfg, seed_ref, bh, qb, ki))
 
             init = (jnp.zeros((bk, dk), _F32), jnp.zeros((bk, dv), _F32))
             dk_out, dv_out = lax.fori_loop(0, cnt_ref[row], body, init)
@@ -621,7 +697,7 @@ def _backward_dkv(q, k, v, valid, do, lse, delta, cfg: _Config, poison=None):
                          _gpu_row(do), _gpu_row(lse), _gpu_row(delta)],
                      out_shapes, [_gpu_block(bk, dk), _gpu_block(bk, dv)], poison)
 
-    def q_map(bi, hi, ki, s, idx, cnt, full):
+    def q_map(bi, hi, ki, s, idx, *_):
         return bi, hi, idx[_row_of(by_k, hi, ki, nk) * m + s], 0
 
     def k_map(bi, hi, ki, s, *_):
@@ -630,10 +706,11 @@ def _backward_dkv(q, k, v, valid, do, lse, delta, cfg: _Config, poison=None):
     def valid_map(bi, hi, ki, s, *_):
         return bi, 0, ki
 
-    def kernel(idx_ref, cnt_ref, full_ref, q_ref, k_ref, v_ref, valid_ref, do_ref,
+    def kernel(idx_ref, cnt_ref, full_ref, seed_ref, q_ref, k_ref, v_ref, valid_ref, do_ref,
                lse_ref, delta_ref, *refs):
         dk_ref, dv_ref, dk_acc, dv_acc = refs[-4:]
         hi, ki, s = pl.program_id(1), pl.program_id(2), pl.program_id(3)
+        bh = pl.program_id(0) * h + hi
         row = _row_of(by_k, hi, ki, nk)
 
         @pl.when(s == 0)
@@ -643,11 +720,12 @@ def _backward_dkv(q, k, v, valid, do, lse, delta, cfg: _Config, poison=None):
 
         @pl.when(s < cnt_ref[row])
         def _step():
-            keep = _keep(cfg, hi, idx_ref[row * m + s], ki, valid_ref[...],
-                         full_ref[row * m + s])
+            qb = idx_ref[row * m + s]
+            keep = _keep(cfg, hi, qb, ki, valid_ref[...], full_ref[row * m + s])
             dk_new, dv_new = _dkv_step(q_ref[...], k_ref[...], v_ref[...], do_ref[...],
                                        lse_ref[...], delta_ref[...], keep,
-                                       (dk_acc[...], dv_acc[...]), cfg.scale)
+                                       (dk_acc[...], dv_acc[...]), cfg.scale,
+                                       _drop(cfg, seed_ref, bh, qb, ki))
             dk_acc[...] = dk_new
             dv_acc[...] = dv_new
 
@@ -663,7 +741,7 @@ def _backward_dkv(q, k, v, valid, do, lse, delta, cfg: _Config, poison=None):
                   _tpu_tile(bq, do.shape[-1], q_map), _tpu_tile(bq, 1, q_map),
                   _tpu_tile(bq, 1, q_map)],
                  out_shapes, [_tpu_tile(bk, dk, k_map), _tpu_tile(bk, dv, k_map)], poison,
-                 num_scalar=3, scratch=((bk, dk), (bk, dv)))
+                 num_scalar=4, scratch=((bk, dk), (bk, dv)))
 
 
 # --------------------------------------------------------------------------------------
@@ -690,18 +768,18 @@ def _padded_qkv(q, k, v, cfg: _Config):
     return _pad(q, lq, cfg), _pad(k, lk, cfg), _pad(v, lk, cfg)
 
 
-def _fwd_padded(q, k, v, valid, cfg: _Config, poison=None):
+def _fwd_padded(q, k, v, valid, seed, cfg: _Config, poison=None):
     """Padded (out, lse) from unpadded inputs."""
-    return _forward(*_padded_qkv(q, k, v, cfg), valid, cfg, poison)
+    return _forward(*_padded_qkv(q, k, v, cfg), valid, seed, cfg, poison)
 
 
-def _bwd_padded(q, k, v, valid, out_p, lse, g, cfg: _Config, poison=None):
+def _bwd_padded(q, k, v, valid, seed, out_p, lse, g, cfg: _Config, poison=None):
     """Unpadded (dq, dk, dv) from unpadded inputs, the padded forward results and g."""
     qp, kp, vp = _padded_qkv(q, k, v, cfg)
     gp = _pad(g, qp.shape[2], cfg)
     # delta_i = dO_i . O_i (in f32): the softmax Jacobian's row term.
     delta = jnp.sum(gp.astype(_F32) * out_p.astype(_F32), axis=-1, keepdims=True)
-    args = (qp, kp, vp, valid, gp, lse, delta, cfg)
+    args = (qp, kp, vp, valid, seed, gp, lse, delta, cfg)
     dq = _backward_dq(*args, None if poison is None else poison[:1])
     dk, dv = _backward_dkv(*args, None if poison is None else poison[1:])
     return (dq[:, :, :q.shape[2], :q.shape[3]].astype(q.dtype),
@@ -709,20 +787,20 @@ def _bwd_padded(q, k, v, valid, out_p, lse, g, cfg: _Config, poison=None):
             dv[:, :, :v.shape[2], :v.shape[3]].astype(v.dtype))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _pallas_attention(q, k, v, valid, cfg: _Config):
-    out, _ = _fwd_padded(q, k, v, valid, cfg)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _pallas_attention(q, k, v, valid, seed, cfg: _Config):
+    out, _ = _fwd_padded(q, k, v, valid, seed, cfg)
     return out[:, :, :q.shape[2], :v.shape[3]]
 
 
-def _pallas_attention_fwd(q, k, v, valid, cfg: _Config):
-    out, lse = _fwd_padded(q, k, v, valid, cfg)
-    return out[:, :, :q.shape[2], :v.shape[3]], (q, k, v, valid, out, lse)
+def _pallas_attention_fwd(q, k, v, valid, seed, cfg: _Config):
+    out, lse = _fwd_padded(q, k, v, valid, seed, cfg)
+    return out[:, :, :q.shape[2], :v.shape[3]], (q, k, v, valid, seed, out, lse)
 
 
 def _pallas_attention_bwd(cfg: _Config, residuals, g):
-    q, k, v, valid, out, lse = residuals
-    return _bwd_padded(q, k, v, valid, out, lse, g, cfg) + (None,)
+    q, k, v, valid, seed, out, lse = residuals
+    return _bwd_padded(q, k, v, valid, seed, out, lse, g, cfg) + (None, None)
 
 
 _pallas_attention.defvjp(_pallas_attention_fwd, _pallas_attention_bwd)

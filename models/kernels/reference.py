@@ -52,10 +52,12 @@ def linear_attention_cumsum(q_BxHxLxK: jnp.ndarray, k_BxHxLxK: jnp.ndarray,
 
 
 def masked_softmax_attention(q_BxHxQxK: jnp.ndarray, k_BxHxKvxK: jnp.ndarray,
-                             v_BxHxKvxD: jnp.ndarray, allowed_BxHxQxKv: jnp.ndarray
+                             v_BxHxKvxD: jnp.ndarray, allowed_BxHxQxKv: jnp.ndarray,
+                             multiplier_BxHxQxKv: jnp.ndarray | None = None
                              ) -> jnp.ndarray:
     """softmax(q k^T / sqrt(K)) v over the allowed keys, in float32, via the full L x L
-    score matrix; a query with no allowed key gets 0 (and zero gradients)."""
+    score matrix; a query with no allowed key gets 0 (and zero gradients). The weights
+    are multiplied by `multiplier_BxHxQxKv` (dropout: 0 or 1/(1-rate)) after the softmax."""
     q, k, v = (x.astype(jnp.float32) for x in (q_BxHxQxK, k_BxHxKvxK, v_BxHxKvxD))
     scores = jnp.einsum("bhqk,bhsk->bhqs", q, k, precision=_HIGHEST) / jnp.sqrt(q.shape[-1])
     scores = jnp.where(allowed_BxHxQxKv, scores, -jnp.inf)
@@ -64,4 +66,6 @@ def masked_softmax_attention(q_BxHxQxK: jnp.ndarray, k_BxHxKvxK: jnp.ndarray,
     weights = jnp.where(allowed_BxHxQxKv, jnp.exp(scores - row_max), 0.0)
     total = jnp.sum(weights, axis=-1, keepdims=True)
     weights = weights / jnp.where(total > 0, total, 1.0)
+    if multiplier_BxHxQxKv is not None:
+        weights = weights * multiplier_BxHxQxKv
     return jnp.einsum("bhqs,bhsd->bhqd", weights, v, precision=_HIGHEST)

@@ -96,10 +96,12 @@ def _poisoned_run(pattern, platform, q, k, v, do, padding, block):
     def nan(x, dim=None, dtype=jnp.float32):
         return jnp.full(x.shape[:3] + (dim or x.shape[3],), jnp.nan, dtype)
 
+    seed = jnp.zeros((1,), jnp.int32)
+
     def run(q, k, v, do, valid):
-        out, lse = bsa._fwd_padded(q, k, v, valid, cfg, (nan(qp, vp.shape[3], q.dtype),
-                                                         nan(qp, 1)))
-        grads = bsa._bwd_padded(q, k, v, valid, out, lse, do.astype(q.dtype), cfg,
+        out, lse = bsa._fwd_padded(q, k, v, valid, seed, cfg,
+                                   (nan(qp, vp.shape[3], q.dtype), nan(qp, 1)))
+        grads = bsa._bwd_padded(q, k, v, valid, seed, out, lse, do.astype(q.dtype), cfg,
                                 (nan(qp), nan(kp), nan(vp)))
         return out, lse, grads
 
@@ -179,6 +181,71 @@ def test_public_entry_point_and_custom_vjp(platform):
         _assert_close(grad, ref_grad, jnp.float32, "grad")
 
 
+def _dropout_multipliers(seed, b, h, q_len, kv_len, rate):
+    """The kernels' keep mask for every (batch, head, query, key), built outside them."""
+    bh = (jnp.arange(b)[:, None] * h + jnp.arange(h)[None, :])[:, :, None, None]
+    i = jnp.arange(q_len)[None, None, :, None]
+    j = jnp.arange(kv_len)[None, None, None, :]
+    return bsa.dropout_multiplier(seed, bh, i, j, rate)
+
+
+@pytest.mark.parametrize("platform", ["gpu", "tpu"], ids=["triton", "mosaic"])
+def test_dropout_matches_reference_with_the_same_mask(platform):
+    """Forward and all three gradients with dropout equal the O(L^2) reference that drops
+    the same weights (`dropout_multiplier` on the whole index grid)."""
+    pattern = masks.local(4) | masks.global_tokens([0])
+    q, _, _, do, _ = _inputs(3, 2, 2, 20, 20, 8, jnp.float32)
+    _, k, v, _, padding = _inputs(4, 2, 2, 20, 33, 8, jnp.float32)
+    rate, seed = 0.3, jnp.int32(1234)
+
+    def loss(fn, q, k, v):
+        return jnp.sum(fn(q, k, v) * do)
+
+    kernel = functools.partial(bsa.block_sparse_attention, pattern=pattern,
+                               padding_mask=padding, backend="pallas", block_q=16,
+                               block_k=16, dropout_rate=rate, dropout_seed=seed,
+                               platform=platform, interpret=_interpret(platform))
+    multiplier = _dropout_multipliers(seed, 2, 2, 20, 33, rate)
+    ref = functools.partial(reference.masked_softmax_attention,
+                            allowed_BxHxQxKv=_allowed(pattern, 2, 2, 20, 33, padding),
+                            multiplier_BxHxQxKv=multiplier)
+    out, grads = _run_fast(jax.value_and_grad(functools.partial(loss, kernel), (0, 1, 2)),
+                           q, k, v)
+    ref_out, ref_grads = _run_fast(jax.value_and_grad(functools.partial(loss, ref), (0, 1, 2)),
+                                   q, k, v)
+    np.testing.assert_allclose(out, ref_out, rtol=1e-5)
+    for what, grad, ref_grad in zip("qkv", grads, ref_grads):
+        _assert_close(grad, ref_grad, jnp.float32, f"d{what}")
+    # The mask matters: without it the reference is another function.
+    plain = functools.partial(reference.masked_softmax_attention,
+                              allowed_BxHxQxKv=_allowed(pattern, 2, 2, 20, 33, padding))
+    assert not np.allclose(loss(plain, q, k, v), ref_out, rtol=1e-3)
+
+
+def test_dropout_multiplier_statistics():
+    rate = 0.1
+    m = np.asarray(_dropout_multipliers(jnp.int32(7), 2, 4, 256, 512, rate))
+    assert set(np.unique(m)) == {0.0, np.float32(1 / (1 - rate))}
+    dropped = m == 0
+    # 1M draws: the fraction is within 5 standard deviations (3e-4) of the rate.
+    assert abs(dropped.mean() - rate) < 5 * np.sqrt(rate * (1 - rate) / dropped.size)
+    # No structure along rows, columns or heads: every slice drops about `rate`.
+    for axis in (1, 2, 3):
+        per_slice = dropped.mean(axis=tuple(a for a in range(4) if a != axis))
+        assert np.all(np.abs(per_slice - rate) < 0.05), axis
+    # Neighbouring weights, heads and seeds are (nearly) uncorrelated.
+    def corr(a, b):
+        return np.corrcoef(a.ravel().astype(np.float64), b.ravel().astype(np.float64))[0, 1]
+    assert abs(corr(dropped[..., 1:], dropped[..., :-1])) < 0.01
+    assert abs(corr(dropped[:, :, 1:], dropped[:, :, :-1])) < 0.01
+    assert abs(corr(dropped[:, 1:], dropped[:, :-1])) < 0.01
+    other = np.asarray(_dropout_multipliers(jnp.int32(8), 2, 4, 256, 512, rate)) == 0
+    assert abs(corr(dropped, other)) < 0.01
+    # The same seed gives the same mask (the backward passes rely on it).
+    again = np.asarray(_dropout_multipliers(jnp.int32(7), 2, 4, 256, 512, rate)) == 0
+    assert np.array_equal(dropped, again)
+
+
 def test_block_lists_are_the_layout_and_its_transpose():
     pattern = masks.per_head([masks.local(20), masks.strided(24)]) & masks.causal()
     cfg = bsa._Config(pattern, 100, 130, 16, 32, 1.0, "gpu", True)
@@ -204,11 +271,12 @@ def test_block_lists_are_the_layout_and_its_transpose():
 LOWERING_PATTERNS = ["local", "causal", "strided_local", "random", "per_head_causal"]
 
 
-def _forward_and_backward(pattern, platform):
+def _forward_and_backward(pattern, platform, dropout_rate=0.0):
     def fn(q, k, v, g, padding):
         out, vjp = jax.vjp(functools.partial(
             bsa.block_sparse_attention, pattern=pattern, padding_mask=padding,
-            backend="pallas", block_q=128, block_k=128, platform=platform, interpret=False),
+            backend="pallas", block_q=128, block_k=128, platform=platform, interpret=False,
+            dropout_rate=dropout_rate, dropout_seed=jnp.int32(5) if dropout_rate else None),
             q, k, v)
         return out, vjp(g)
     return fn
@@ -235,9 +303,15 @@ def _pattern(name):
             "random": masks.random(0.2, seed=0, block=128) | masks.global_tokens([0])}[name]
 
 
-@pytest.mark.parametrize("name,dtype", list(_lowering_cases(LOWERING_PATTERNS)))
-def test_triton_kernels_lower_for_cuda(name, dtype):
-    lowered = jax.jit(_forward_and_backward(_pattern(name), "gpu")).trace(
+def _with_dropout(cases):
+    return [*cases, pytest.param("local", jnp.bfloat16, 0.1, id="bf16-local-dropout")]
+
+
+@pytest.mark.parametrize("name,dtype,dropout_rate", _with_dropout(
+    pytest.param(*c.values, 0.0, id=c.id, marks=c.marks)
+    for c in _lowering_cases(LOWERING_PATTERNS)))
+def test_triton_kernels_lower_for_cuda(name, dtype, dropout_rate):
+    lowered = jax.jit(_forward_and_backward(_pattern(name), "gpu", dropout_rate)).trace(
         *_lowering_args(dtype)).lower(lowering_platforms=("cuda",))
     # forward, backward dQ, backward dK/dV: three Triton calls.
     assert lowered.as_text().count("__gpu$xla.gpu.triton") == 3
@@ -246,19 +320,29 @@ def test_triton_kernels_lower_for_cuda(name, dtype):
 # Predicates with integer floor division (random, fixed, bigbird, local_2d) lower too, but
 # Mosaic's `sign` rule asks the attached TPU for its generation, so they cannot be exported
 # from a host without one.
-@pytest.mark.parametrize("name,dtype", list(_lowering_cases(
-    [n for n in LOWERING_PATTERNS if n != "random"])))
-def test_mosaic_kernels_export_for_tpu(name, dtype):
-    exported = jax.export.export(jax.jit(_forward_and_backward(_pattern(name), "tpu")),
-                                 platforms=["tpu"])(*_lowering_args(dtype))
+@pytest.mark.parametrize("name,dtype,dropout_rate", _with_dropout(
+    pytest.param(*c.values, 0.0, id=c.id, marks=c.marks)
+    for c in _lowering_cases([n for n in LOWERING_PATTERNS if n != "random"])))
+def test_mosaic_kernels_export_for_tpu(name, dtype, dropout_rate):
+    exported = jax.export.export(
+        jax.jit(_forward_and_backward(_pattern(name), "tpu", dropout_rate)),
+        platforms=["tpu"])(*_lowering_args(dtype))
     assert exported.mlir_module().count("tpu_custom_call") == 3
 
 
 def test_bad_arguments_raise():
     q = jnp.ones((1, 1, 8, 4))
-    with pytest.raises(ValueError, match="dropout"):
+    with pytest.raises(ValueError, match="dropout_rate and dropout_seed"):
         bsa.block_sparse_attention(q, q, q, masks.local(1), backend="pallas",
                                    dropout_fn=lambda w: w)
+    with pytest.raises(ValueError, match="needs a dropout_seed"):
+        bsa.block_sparse_attention(q, q, q, masks.local(1), backend="pallas",
+                                   dropout_rate=0.1)
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        bsa.block_sparse_attention(q, q, q, masks.local(1), backend="pallas",
+                                   dropout_rate=1.0, dropout_seed=0)
+    with pytest.raises(ValueError, match="takes dropout_fn"):
+        bsa.block_sparse_attention(q, q, q, masks.local(1), dropout_rate=0.1)
     with pytest.raises(ValueError, match="platform"):
         bsa.block_sparse_attention(q, q, q, masks.local(1), backend="pallas", platform="cpu")
     with pytest.raises(ValueError, match="backend"):

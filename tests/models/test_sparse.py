@@ -195,10 +195,20 @@ def test_dense_and_pallas_agree(name, causal):
     _assert_agree(name, "pallas", causal)
 
 
-def test_pallas_refuses_attention_dropout():
-    model = build("local", attention_impl="pallas", attention_dropout=0.1)
-    with pytest.raises(ValueError, match="dropout"):
-        model(normal(0, (B, LEN, DIM)), deterministic=False)
+def test_pallas_attention_dropout_in_training():
+    """The kernels' own dropout (numerics: tests/kernels): on in training only, a fresh
+    mask every call, and about `rate` of the weights dropped."""
+    model = build("local", attention_impl="pallas", attention_dropout=0.5)
+    x = normal(0, (B, LEN, DIM))
+    run = nnx.jit(lambda m, x, det: m(x, deterministic=det), static_argnums=2)
+    y_eval, y_eval2 = run(model, x, True), run(model, x, True)
+    y1, y2 = run(model, x, False), run(model, x, False)
+    np.testing.assert_array_equal(y_eval, y_eval2)
+    assert np.all(np.isfinite(np.asarray(y1)))
+    assert not np.allclose(y1, y_eval, atol=1e-3) and not np.allclose(y1, y2, atol=1e-3)
+    # Dropout is unbiased: the mean over many masks approaches the eval output.
+    mean = np.mean([np.asarray(run(model, x, False)) for _ in range(40)], axis=0)
+    assert np.abs(mean - y_eval).mean() < 0.3 * np.abs(np.asarray(y1) - y_eval).mean()
 
 
 def from_sets(allowed, length=LEN):
