@@ -64,6 +64,9 @@ def _define_flags() -> None:
     flags.DEFINE_list("densities", ["1.0", "0.5", "0.1"],
                       "Block-sparse: fractions of blocks kept (random block patterns).")
     flags.DEFINE_integer("block_size", None, "Block-sparse tile (default: the kernel's).")
+    flags.DEFINE_float("dropout_rate", 0.0, "Block-sparse: attention dropout in the Pallas "
+                       "kernel (hashed mask) and the XLA path (a Bernoulli mask); the dense "
+                       "reference has none.")
 
 
 def _time(fn, *args, repeats: int) -> float | None:
@@ -178,9 +181,20 @@ def _linear_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> None:
     print()
 
 
+def _dropout_args(backend: str, rate: float) -> dict:
+    if not rate:
+        return {}
+    if backend == "pallas":
+        return {"dropout_rate": rate, "dropout_seed": jnp.int32(0)}
+    key = jax.random.key(0)
+    return {"dropout_fn": lambda w: jnp.where(jax.random.bernoulli(key, 1 - rate, w.shape),
+                                              w / (1 - rate), 0.0)}
+
+
 def _block_sparse_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> None:
     print("### Block-sparse softmax attention\n")
-    print(f"tile {FLAGS.block_size or 'default'}; density = kept blocks / all blocks\n")
+    print(f"tile {FLAGS.block_size or 'default'}; density = kept blocks / all blocks; "
+          f"attention dropout {FLAGS.dropout_rate} (Pallas, XLA)\n")
     print("| L | density | Pallas fwd ms | Pallas fwd+bwd ms | TFLOP/s fwd | TFLOP/s fwd+bwd "
           "| XLA fwd ms | XLA fwd+bwd ms | vs XLA fwd | vs XLA fwd+bwd | dense fwd+bwd ms "
           "| vs dense fwd | vs dense fwd+bwd |")
@@ -212,7 +226,8 @@ def _block_sparse_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> No
                     times[backend] = (None, None)
                     continue
                 attn = functools.partial(block_sparse_attention, pattern=pattern,
-                                         backend=backend, block_q=tile, block_k=tile)
+                                         backend=backend, block_q=tile, block_k=tile,
+                                         **_dropout_args(backend, FLAGS.dropout_rate))
                 fwd, fwd_bwd = _fwd_and_fwd_bwd(attn)
                 times[backend] = (_time(fwd, q, k, v, repeats=FLAGS.repeats),
                                   _time(fwd_bwd, q, k, v, g, repeats=FLAGS.repeats))
