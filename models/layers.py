@@ -106,3 +106,36 @@ def noise_stream(rngs: nnx.Rngs) -> nnx.RngStream:
     Gumbel noise): forked from `dropout` like nnx.Dropout's, so every training call
     draws afresh; from `params` when the Rngs has no dropout stream."""
     return rngs["dropout" if "dropout" in rngs else "params"].fork()
+
+
+def mesh_axes(names: Names, sizes: Sequence[int]) -> tuple[str | None, ...] | None:
+    """The mesh axis that each logical name maps to under the enclosing rules and mesh
+    (as `constrain` would shard), None for a name that is unmapped, on a mesh axis of size
+    1, or whose size the mesh axis does not divide; None altogether outside a mesh or
+    when nothing is sharded. For kernels that must be `shard_map`ped by hand (XLA cannot
+    partition a Pallas custom call)."""
+    rules = dict(flax_spmd.get_logical_axis_rules() or ())
+    mesh = jax.sharding.get_abstract_mesh()
+    if not rules or mesh.empty:
+        return None
+    axes = []
+    for name, size in zip(names, sizes):
+        axis = rules.get(name) if name else None
+        if isinstance(axis, (tuple, list)):
+            axis = axis[0] if len(axis) == 1 else None  # one mesh axis per dimension here
+        n = mesh.shape[axis] if axis in mesh.shape else 1
+        axes.append(axis if n > 1 and size % n == 0 else None)
+    return tuple(axes) if any(axes) else None
+
+
+def manual_shards(fn, args: Sequence[jax.Array], in_specs: Sequence, out_spec,
+                  like: jax.Array) -> jax.Array:
+    """`jax.shard_map(fn)` over the enclosing mesh, for kernels XLA cannot partition. On
+    Explicit mesh axes the arguments are resharded to `in_specs` first and the result
+    back to `like`'s sharding (Auto axes reshard by themselves)."""
+    explicit = jax.sharding.AxisType.Explicit in jax.sharding.get_abstract_mesh().axis_types
+    if explicit:
+        args = [jax.sharding.reshard(a, s) for a, s in zip(args, in_specs)]
+    out = jax.shard_map(fn, in_specs=tuple(in_specs), out_specs=out_spec,
+                        check_vma=False)(*args)
+    return jax.sharding.reshard(out, jax.typeof(like).sharding.spec) if explicit else out

@@ -100,6 +100,22 @@ def test_fsdp_and_head_parallel_match_data_parallel(listops_dir, tmp_path):
     assert heads["param_bytes_per_device"] < data["param_bytes"]
 
 
+def test_pallas_attention_with_dropout_is_the_same_on_any_mesh(listops_dir, tmp_path):
+    """The Pallas kernels run per shard (shard_map) under data x head parallelism, and
+    their hashed attention-dropout mask uses global batch and head indices, so training
+    follows the one-device run."""
+    flags = _flags(listops_dir, 3, "--config.model=local", "--config.attention_impl=pallas",
+                   "--config.dropout_rate=0", "--config.attention_dropout_rate=0.2")
+    one, _ = _run(tmp_path / "one", flags, devices=1)
+    heads, _ = _run(tmp_path / "heads", flags + ["--config.sharding=heads",
+                                                 "--config.mesh_shape=(2,2)"], devices=4)
+    assert heads["mesh_shape"] == {"data": 2, "model": 2}
+    np.testing.assert_allclose(_losses(heads), _losses(one), rtol=RTOL)
+    no_dropout, _ = _run(tmp_path / "plain", flags + ["--config.attention_dropout_rate=0"],
+                         devices=1)
+    assert not np.allclose(_losses(no_dropout)[1:], _losses(one)[1:], rtol=RTOL)
+
+
 def test_dead_process_stops_the_others_and_run_resumes(listops_dir, tmp_path):
     workdir = tmp_path / "run"
     flags = _flags(listops_dir, 400, "--config.checkpoint_freq=2",

@@ -41,11 +41,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.sharding import PartitionSpec as P
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as plgpu
 
-from models import masks
+from models import layers, masks
 
 BACKENDS = ("xla", "pallas")
 DropoutFn = Callable[[jax.Array], jax.Array]
@@ -95,9 +96,8 @@ def block_sparse_attention(q_BxHxQxK: jax.Array, k_BxHxKvxK: jax.Array,
         cfg = make_config(q_BxHxQxK, k_BxHxKvxK, pattern, block_q=block_q, block_k=block_k,
                           platform=platform, interpret=interpret, dropout_rate=dropout_rate)
         valid = _key_validity(padding_mask, b, kv_len, cfg)
-        seed = jnp.reshape(jnp.asarray(0 if dropout_seed is None else dropout_seed,
-                                       jnp.int32), (1,))
-        return _pallas_attention(q_BxHxQxK, k_BxHxKvxK, v_BxHxKvxD, valid, seed, cfg)
+        seed = jnp.asarray(0 if dropout_seed is None else dropout_seed, jnp.int32)
+        return _sharded_pallas_attention(q_BxHxQxK, k_BxHxKvxK, v_BxHxKvxD, valid, seed, cfg)
     if dropout_rate:
         raise ValueError("backend='xla' takes dropout_fn, not dropout_rate")
     bq, bk = min(block_q or 64, q_len), min(block_k or 64, kv_len)
@@ -429,6 +429,12 @@ def dropout_multiplier(seed, batch_head, i, j, rate: float) -> jax.Array:
     return jnp.where(keep, jnp.float32(1.0 / (1.0 - rate)), jnp.float32(0.0))
 
 
+def _batch_head(seed_ref, head):
+    """The global batch * heads + head of this program (seed_ref: seed, batch offset,
+    head offset, total heads; the offsets are non-zero inside a shard_map)."""
+    return (seed_ref[1] + pl.program_id(0)) * seed_ref[3] + seed_ref[2] + head
+
+
 def _drop(cfg: _Config, seed_ref, batch_head, q_block, k_block):
     """The dropout multipliers of one tile, or None without dropout."""
     if not cfg.dropout_rate:
@@ -528,7 +534,7 @@ def _forward(q, k, v, valid, seed, cfg: _Config, poison=None):
                    *refs):
             o_ref, lse_ref = refs[-2:]
             hi, qi = pl.program_id(1), pl.program_id(2)
-            bh = pl.program_id(0) * h + hi
+            bh = _batch_head(seed_ref, hi)
             row = _row_of(by_q, hi, qi, nq)
             q_tile = q_ref[...]
 
@@ -555,7 +561,7 @@ def _forward(q, k, v, valid, seed, cfg: _Config, poison=None):
     def kernel(idx_ref, cnt_ref, full_ref, seed_ref, q_ref, k_ref, v_ref, valid_ref, *refs):
         o_ref, lse_ref, m_ref, l_ref, acc_ref = refs[-5:]
         hi, qi, s = pl.program_id(1), pl.program_id(2), pl.program_id(3)
-        bh = pl.program_id(0) * h + hi
+        bh = _batch_head(seed_ref, hi)
         row = _row_of(by_q, hi, qi, nq)
 
         @pl.when(s == 0)
@@ -601,7 +607,7 @@ def _backward_dq(q, k, v, valid, seed, do, lse, delta, cfg: _Config, poison=None
                    do_ref, lse_ref, delta_ref, *refs):
             dq_ref = refs[-1]
             hi, qi = pl.program_id(1), pl.program_id(2)
-            bh = pl.program_id(0) * h + hi
+            bh = _batch_head(seed_ref, hi)
             row = _row_of(by_q, hi, qi, nq)
             q_tile, do_tile, lse_tile, delta_tile = (
                 r[...] for r in (q_ref, do_ref, lse_ref, delta_ref))
@@ -628,7 +634,7 @@ def _backward_dq(q, k, v, valid, seed, do, lse, delta, cfg: _Config, poison=None
                lse_ref, delta_ref, *refs):
         dq_ref, acc_ref = refs[-2:]
         hi, qi, s = pl.program_id(1), pl.program_id(2), pl.program_id(3)
-        bh = pl.program_id(0) * h + hi
+        bh = _batch_head(seed_ref, hi)
         row = _row_of(by_q, hi, qi, nq)
 
         @pl.when(s == 0)
@@ -673,7 +679,7 @@ def _backward_dkv(q, k, v, valid, seed, do, lse, delta, cfg: _Config, poison=Non
                    do_ref, lse_ref, delta_ref, *refs):
             dk_ref, dv_ref = refs[-2:]
             hi, ki = pl.program_id(1), pl.program_id(2)
-            bh = pl.program_id(0) * h + hi
+            bh = _batch_head(seed_ref, hi)
             row = _row_of(by_k, hi, ki, nk)
             k_tile, v_tile, valid_tile = k_ref[...], v_ref[...], valid_ref[...][None, :]
 
@@ -710,7 +716,7 @@ def _backward_dkv(q, k, v, valid, seed, do, lse, delta, cfg: _Config, poison=Non
                lse_ref, delta_ref, *refs):
         dk_ref, dv_ref, dk_acc, dv_acc = refs[-4:]
         hi, ki, s = pl.program_id(1), pl.program_id(2), pl.program_id(3)
-        bh = pl.program_id(0) * h + hi
+        bh = _batch_head(seed_ref, hi)
         row = _row_of(by_k, hi, ki, nk)
 
         @pl.when(s == 0)
@@ -791,6 +797,30 @@ def _bwd_padded(q, k, v, valid, seed, out_p, lse, g, cfg: _Config, poison=None):
 def _pallas_attention(q, k, v, valid, seed, cfg: _Config):
     out, _ = _fwd_padded(q, k, v, valid, seed, cfg)
     return out[:, :, :q.shape[2], :v.shape[3]]
+
+
+def _sharded_pallas_attention(q, k, v, valid, seed, cfg: _Config):
+    """The kernels on each device's shard of the batch (and of the heads, for a pattern
+    shared by all heads) when the enclosing logical rules and mesh shard them, as XLA
+    cannot partition a Pallas call; the dropout hash gets global batch and head indices,
+    so the result does not depend on the mesh."""
+    b, h = q.shape[:2]
+    axes = layers.mesh_axes(("batch", "act_heads" if cfg.pattern.num_heads is None else None),
+                            (b, h))
+
+    def local(q, k, v, valid, seed):
+        lb, lh = q.shape[:2]
+        offsets = [lax.axis_index(a) * n if a else 0 for a, n in zip(axes or (None, None),
+                                                                     (lb, lh))]
+        scalars = jnp.stack([seed, *(jnp.asarray(o, jnp.int32) for o in offsets),
+                             jnp.int32(h)])
+        return _pallas_attention(q, k, v, valid, scalars, cfg)
+
+    if axes is None:
+        return local(q, k, v, valid, seed)
+    spec = P(*axes, None, None)
+    return layers.manual_shards(local, (q, k, v, valid, seed),
+                                (spec, spec, spec, P(axes[0], None, None), P()), spec, q)
 
 
 def _pallas_attention_fwd(q, k, v, valid, seed, cfg: _Config):

@@ -36,6 +36,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as plgpu
+from jax.sharding import PartitionSpec as P
+
+from models import layers
 
 _F32 = jnp.float32
 # Chunk sizes that suit each target: a 64 x 64 score tile keeps a Triton program within
@@ -443,4 +446,16 @@ def linear_attention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax.
     """
     cfg = make_config(q_BxHxLxK, causal=causal, backend=backend, chunk_size=chunk_size,
                       eps=eps, platform=platform, interpret=interpret)
-    return _linear_attention(q_BxHxLxK, k_BxHxLxK, v_BxHxLxV, cfg)
+
+    def run(q, k, v):
+        return _linear_attention(q, k, v, cfg)
+
+    # XLA cannot partition a Pallas call: under a mesh whose rules shard batch or heads,
+    # each device runs the kernels on its own shard.
+    axes = (layers.mesh_axes(("batch", "act_heads"), q_BxHxLxK.shape[:2])
+            if backend == "pallas" else None)
+    if axes is None:
+        return run(q_BxHxLxK, k_BxHxLxK, v_BxHxLxV)
+    spec = P(*axes, None, None)
+    return layers.manual_shards(run, (q_BxHxLxK, k_BxHxLxK, v_BxHxLxV), (spec,) * 3, spec,
+                                q_BxHxLxK)

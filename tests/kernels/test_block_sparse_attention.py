@@ -96,7 +96,7 @@ def _poisoned_run(pattern, platform, q, k, v, do, padding, block):
     def nan(x, dim=None, dtype=jnp.float32):
         return jnp.full(x.shape[:3] + (dim or x.shape[3],), jnp.nan, dtype)
 
-    seed = jnp.zeros((1,), jnp.int32)
+    seed = jnp.array([0, 0, 0, q.shape[1]], jnp.int32)  # seed, offsets, heads
 
     def run(q, k, v, do, valid):
         out, lse = bsa._fwd_padded(q, k, v, valid, seed, cfg,
@@ -347,3 +347,4 @@ def test_bad_arguments_raise():
         bsa.block_sparse_attention(q, q, q, masks.local(1), backend="pallas", platform="cpu")
     with pytest.raises(ValueError, match="backend"):
         bsa.block_sparse_attention(q, q, q, masks.local(1), backend="cuda")
+
