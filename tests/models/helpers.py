@@ -20,3 +20,9 @@ def randomize_params(module: nnx.Module, seed: int = 3, scale: float = 0.5) -> n
 def f64(a) -> np.ndarray:
     """A Param or an array as a float64 numpy array."""
     return np.asarray(a[...] if hasattr(a, "value") else a, np.float64)
+
+
+def normal(seed: int, shape: tuple[int, ...]) -> jax.Array:
+    """Standard-normal float32 inputs. numpy draws: jax.random compiles a program per
+    shape, slow on small CPUs."""
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)

@@ -10,13 +10,10 @@ from flax import nnx
 from models import stacks
 from models.blocks import GatedBlock, GruGate, resolve_block
 from models.encoder import Encoder, sinusoidal_positions
+from tests.models.helpers import normal
 
 DIM, HEADS, BATCH, LEN, MLP = 16, 2, 2, 8, 32
 TOL = dict(rtol=1e-5, atol=1e-5)
-
-
-def normal(seed: int, shape: tuple[int, ...]) -> jnp.ndarray:
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
 
 
 def gated_block(model: str = "transformer", gate_bias: float = 2.0, seed: int = 0):

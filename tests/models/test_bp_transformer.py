@@ -9,13 +9,10 @@ from flax import nnx
 
 from models import registry
 from models.attention import bp
+from tests.models.helpers import normal
 
 DIM, HEADS = 16, 2
 TOL = dict(rtol=2e-5, atol=2e-5)
-
-
-def normal(seed, shape):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
 
 
 def loop_nodes(i: int, length: int, k: int, max_level: int,

@@ -13,6 +13,7 @@ import pytest
 from flax import nnx
 
 from models import registry
+from tests.models.helpers import normal
 
 BATCH, LEN, DIM, HEADS, MAX_LEN = 2, 16, 32, 2, 16
 SHORT_LEN = 12  # a length below max_len for variable-length variants
@@ -44,11 +45,6 @@ def build(name: str, *, causal: bool = False, **overrides) -> nnx.Module:
     mixer = registry.build(name, dim=DIM, num_heads=HEADS, max_len=MAX_LEN, causal=causal,
                            rngs=nnx.Rngs(params=0, dropout=1), **hparams)
     return ThroughCarry(mixer) if caps.carries_state else mixer
-
-
-def normal(seed: int, shape: tuple[int, ...]) -> jax.Array:
-    # numpy draws: jax.random compiles a program per shape, slow on small CPUs.
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
 
 
 def random_x(seed: int = 0, length: int = LEN) -> jax.Array:

@@ -15,15 +15,11 @@ from flax import nnx
 from models import registry
 from models.attention.dense import dot_product_attention, make_attention_mask
 from models.encoder import Classifier
+from tests.models.helpers import normal
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TINY = dict(vocab_size=16, num_classes=3, max_len=20, emb_dim=32, num_heads=2, num_layers=2,
             qkv_dim=32, mlp_dim=64)
-
-
-def normal(seed: int, shape: tuple[int, ...]) -> jax.Array:
-    # numpy draws: jax.random compiles a program per shape, slow on small CPUs.
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
 
 
 def tokens(seed: int, shape: tuple[int, ...]) -> jax.Array:

@@ -10,14 +10,10 @@ import pytest
 from flax import nnx
 
 from models import registry
-from tests.models.helpers import randomize_params
+from tests.models.helpers import normal, randomize_params
 
 DIM, HEADS, MAX_LEN, BATCH = 16, 2, 8, 2
 TOL = dict(rtol=1e-5, atol=1e-5)
-
-
-def normal(seed: int, shape: tuple[int, ...]) -> jnp.ndarray:
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
 
 
 def build(*, causal: bool = False, seed: int = 0, **hparams) -> nnx.Module:

@@ -8,13 +8,10 @@ import pytest
 from flax import nnx
 
 from models import registry
+from tests.models.helpers import normal
 
 DIM, HEADS, MAX_LEN, BATCH = 8, 2, 8, 2
 TOL = dict(rtol=1e-5, atol=1e-5)
-
-
-def normal(seed: int, shape: tuple[int, ...]) -> jnp.ndarray:
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
 
 
 def randomize(model: nnx.Module, seed: int = 0, keep: tuple[str, ...] = ()) -> nnx.Module:

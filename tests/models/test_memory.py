@@ -9,14 +9,10 @@ from flax import nnx
 
 from models import registry
 from models.encoder import Encoder
-from tests.models.helpers import f64, randomize_params
+from tests.models.helpers import f64, normal, randomize_params
 
 DIM, HEADS, BATCH = 8, 2, 2
 TOL = dict(rtol=1e-5, atol=1e-5)
-
-
-def normal(seed: int, shape: tuple[int, ...]) -> jnp.ndarray:
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
 
 
 def randomize(model: nnx.Module, seed: int = 0) -> nnx.Module:

@@ -12,14 +12,11 @@ from flax import nnx
 
 from models import registry, stacks
 from models.blocks import resolve_block
+from tests.models.helpers import normal
 
 DIM, HEADS, BATCH, MLP = 16, 2, 2, 32
 HEAD_DIM = DIM // HEADS
 TOL = dict(rtol=1e-5, atol=1e-5)
-
-
-def normal(seed: int, shape: tuple[int, ...]) -> jnp.ndarray:
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
 
 
 def randomize(module: nnx.Module, seed: int = 0, scale: float = 0.5) -> nnx.Module:

@@ -10,13 +10,10 @@ from flax import nnx
 from models import stacks
 from models.blocks import MlpBlock, resolve_block
 from models.encoder import Encoder
+from tests.models.helpers import normal
 
 DIM, MLP_DIM, BATCH, LEN = 16, 32, 2, 12
 TOL = dict(rtol=1e-5, atol=1e-5)
-
-
-def normal(seed: int, shape: tuple[int, ...]) -> jnp.ndarray:
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
 
 
 def mlp(chunks: int, dropout_rate: float = 0.0) -> MlpBlock:

@@ -10,15 +10,11 @@ import pytest
 from flax import nnx
 
 from models import registry
-from tests.models.helpers import f64, randomize_params
+from tests.models.helpers import f64, normal, randomize_params
 
 DIM, HEADS, BATCH, LEN, RANK = 16, 2, 2, 16, 4
 TOL = dict(rtol=1e-5, atol=1e-5)
 REAL = np.arange(LEN)[None, :] < np.array([[LEN], [LEN - 5]])
-
-
-def normal(seed: int, shape: tuple[int, ...]) -> jnp.ndarray:
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
 
 
 def build(causal: bool = False, **hparams) -> nnx.Module:

@@ -8,13 +8,10 @@ import pytest
 from flax import nnx
 
 from models import registry
+from tests.models.helpers import normal
 
 DIM, HEADS, BATCH, LEN, MAX_LEN = 16, 2, 2, 12, 16
 TOL = dict(rtol=1e-5, atol=1e-5)
-
-
-def normal(seed: int, shape: tuple[int, ...]) -> jnp.ndarray:
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
 
 
 def build(causal: bool = False, **hparams) -> nnx.Module:

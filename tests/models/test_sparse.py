@@ -11,15 +11,12 @@ from models import masks, registry
 from models.attention import sparse
 from models.attention.dense import dot_product_attention
 from models.kernels import block_sparse_attention
+from tests.models.helpers import normal
 
 B, H, D = 2, 2, 8
 TOL = dict(rtol=2e-5, atol=2e-5)
 PATTERN_VARIANTS = ["local", "strided", "fixed", "dilated", "global", "random",
                     "block_local", "local_2d", "longformer", "bigbird", "axial"]
-
-
-def normal(seed, shape):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
 
 
 def reference_attention(q, k, v, allowed_HxQxKv, key_mask_BxKv=None) -> np.ndarray:
