@@ -26,3 +26,10 @@ def normal(seed: int, shape: tuple[int, ...]) -> jax.Array:
     """Standard-normal float32 inputs. numpy draws: jax.random compiles a program per
     shape, slow on small CPUs."""
     return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
+
+
+def project_heads(layer: nnx.Linear, x, num_heads: int) -> np.ndarray:
+    """A projection in float64, split into heads: [B, L, F] -> [B, H, L, F / H]."""
+    y = f64(x) @ f64(layer.kernel) + f64(layer.bias)
+    b, l, f = y.shape
+    return y.reshape(b, l, num_heads, f // num_heads).transpose(0, 2, 1, 3)

@@ -11,7 +11,7 @@ from flax import nnx
 
 from models import registry
 from models.attention import probsparse
-from tests.models.helpers import f64, normal, randomize_params
+from tests.models.helpers import f64, normal, project_heads, randomize_params
 
 DIM, HEADS, BATCH, MAX_LEN = 16, 2, 2, 16
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -25,9 +25,7 @@ def build(causal: bool = False, **hparams) -> nnx.Module:
 
 
 def heads(layer: nnx.Linear, x) -> np.ndarray:
-    y = f64(x) @ f64(layer.kernel) + f64(layer.bias)
-    b, l, f = y.shape
-    return y.reshape(b, l, HEADS, f // HEADS).transpose(0, 2, 1, 3)
+    return project_heads(layer, x, HEADS)
 
 
 def reference(model, x, real_BxL, *, causal: bool, factor: int, seed: int = 0) -> np.ndarray:
