@@ -10,7 +10,9 @@ batch 32) on random tokens of length L. --mode=mixer: one token mixer's forward 
 (gradients w.r.t. parameters and input) on a random [batch, L, dim] input. Reported per cell:
   time     median wall time of one step (ms; steps/s = 1000 / ms), after a warm-up call;
   memory   XLA's compiled temporary memory (`memory_analysis().temp_size_in_bytes`):
-           reproducible, independent of the allocator; on a GPU also the device's peak;
+           reproducible, independent of the allocator; on a GPU or TPU also the device's
+           peak (`memory_stats`), each cell then measured in a fresh process (--isolate)
+           because that peak is a high-water mark of the whole process;
 and, per model, the ratios to `transformer` at the same L (measured in the same run) and
 the growth exponent in L (slope of log time / log memory against log L).
 Markdown goes to stdout; progress goes to stderr. `--csv` receives each cell as it is
@@ -20,9 +22,11 @@ the cells it lacks (a stopped run resumes; delete the file to measure afresh).
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -62,6 +66,14 @@ def _define_flags() -> None:
     flags.DEFINE_string("csv", None, "Also write each cell to this CSV file as it is "
                         "measured; cells already there (same settings) are not measured "
                         "again.")
+    flags.DEFINE_enum("isolate", "auto", ["auto", "true", "false"],
+                      "Measure each cell in a fresh process. The device's peak "
+                      "(memory_stats) is a process-wide high-water mark that JAX cannot "
+                      "reset, so only a fresh process reports a cell's own peak; a cell that "
+                      "kills its process (an out-of-memory abort) then costs that cell only. "
+                      "auto: true on GPU/TPU, false on CPU (no device peak there).")
+    flags.DEFINE_string("cell", None, "Internal (--isolate): measure the one cell "
+                        "MODEL:LENGTH and print it as a JSON line.")
     flags.DEFINE_integer("transformer_max_length", 0,
                          "Skip `transformer` above this length (0 = never): quadratic "
                          "memory and time make it the slowest cell by far.")
@@ -248,9 +260,52 @@ def read_csv(path: str, settings: dict) -> dict[tuple[str, int], dict]:
     return done
 
 
+def measure_cell(model: str, length: int) -> dict:
+    """One cell under the flags' settings; a variant that cannot run at L gives an error
+    row saying why instead of raising."""
+    try:
+        if FLAGS.mode == "train_step":
+            return measure_train_step(
+                model, length, task=FLAGS.task, batch_size=FLAGS.batch_size,
+                dim=FLAGS.dim, num_heads=FLAGS.num_heads, num_layers=FLAGS.num_layers,
+                repeats=FLAGS.repeats, attention_impl=FLAGS.attention_impl)
+        return measure(model, length, batch_size=FLAGS.batch_size or 1,
+                       dim=FLAGS.dim or 256, num_heads=FLAGS.num_heads or 4,
+                       repeats=FLAGS.repeats, task=FLAGS.task)
+    except Exception as e:  # noqa: BLE001
+        reason = str(e).splitlines()[0][:80] if str(e) else type(e).__name__
+        return {"model": model, "length": length, "error": reason}
+
+
+_CELL_PREFIX = "benchmark-cell: "
+
+
+def isolated_cell(model: str, length: int, setting_flags: list[str]) -> dict:
+    """measure_cell in a fresh `python -m lra.benchmark --cell=...` process."""
+    cmd = [sys.executable, "-m", "lra.benchmark", f"--cell={model}:{length}", *setting_flags]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(_CELL_PREFIX):
+            return json.loads(line[len(_CELL_PREFIX):])
+    last = (proc.stderr.strip().splitlines() or ["no output"])[-1][:80]
+    return {"model": model, "length": length,
+            "error": f"process died (exit {proc.returncode}): {last}"}
+
+
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
+    if FLAGS.cell:
+        model, length = FLAGS.cell.rsplit(":", 1)
+        print(_CELL_PREFIX + json.dumps(measure_cell(model, int(length))), flush=True)
+        return
+    if FLAGS.isolate == "false":
+        platform, isolate = jax.devices()[0].platform, False
+    else:  # this process must not claim the accelerator the cell processes will need
+        platform = subprocess.run(
+            [sys.executable, "-c", "import jax; print(jax.devices()[0].platform)"],
+            capture_output=True, text=True, check=True).stdout.split()[-1]
+        isolate = FLAGS.isolate == "true" or platform != "cpu"
     models = registry.available() if FLAGS.models == ["all"] else FLAGS.models
     if "transformer" not in models:
         models = ["transformer", *models]  # ratios need the reference in the same run
@@ -258,7 +313,8 @@ def main(argv):
     settings = {"mode": FLAGS.mode, "task": FLAGS.task, "batch_size": FLAGS.batch_size,
                 "dim": FLAGS.dim, "num_heads": FLAGS.num_heads, "num_layers": FLAGS.num_layers,
                 "attention_impl": FLAGS.attention_impl, "repeats": FLAGS.repeats,
-                "platform": jax.devices()[0].platform}
+                "platform": platform}
+    setting_flags = [f"--{k}={v}" for k, v in settings.items() if k != "platform"]
     done = read_csv(FLAGS.csv, settings) if FLAGS.csv else {}
     if done:
         print(f"{FLAGS.csv}: reusing {len(done)} cells measured with the same settings",
@@ -281,19 +337,8 @@ def main(argv):
                 and length > FLAGS.transformer_max_length):
             rows.append({"model": model, "length": length, "error": "skipped"})
             continue
-        try:
-            if FLAGS.mode == "train_step":
-                rows.append(measure_train_step(
-                    model, length, task=FLAGS.task, batch_size=FLAGS.batch_size,
-                    dim=FLAGS.dim, num_heads=FLAGS.num_heads, num_layers=FLAGS.num_layers,
-                    repeats=FLAGS.repeats, attention_impl=FLAGS.attention_impl))
-            else:
-                rows.append(measure(model, length, batch_size=FLAGS.batch_size or 1,
-                                    dim=FLAGS.dim or 256, num_heads=FLAGS.num_heads or 4,
-                                    repeats=FLAGS.repeats, task=FLAGS.task))
-        except Exception as e:  # noqa: BLE001  a variant that cannot run at L: say why
-            reason = str(e).splitlines()[0][:80] if str(e) else type(e).__name__
-            rows.append({"model": model, "length": length, "error": reason})
+        rows.append(isolated_cell(model, length, setting_flags) if isolate
+                    else measure_cell(model, length))
         if FLAGS.csv:  # written as cells finish: a long run that is stopped keeps them
             append_csv(FLAGS.csv, rows[-1], settings)
     what = (f"One training step of the {FLAGS.task} model" if FLAGS.mode == "train_step"
@@ -303,7 +348,7 @@ def main(argv):
         ("layers", FLAGS.num_layers)) if v) or "the task config's sizes"
     if FLAGS.mode == "train_step" and FLAGS.attention_impl != "dense":
         what += f" (attention_impl={FLAGS.attention_impl} where a variant takes it)"
-    print(f"{what}; {sizes}; {jax.devices()[0].platform}, jax {jax.__version__}. "
+    print(f"{what}; {sizes}; {platform}, jax {jax.__version__}. "
           f"Cells: time per step, XLA temporary memory (ratios to transformer).\n")
     print(table(rows, lengths))
 

@@ -76,3 +76,32 @@ def test_program_resumes_from_its_csv(tmp_path):
     assert second.returncode == 0, second.stderr[-2000:]
     assert "reusing 2 cells" in second.stderr and "L=32" not in second.stderr  # no progress
     assert second.stdout.split("\n", 1)[1] == first.stdout.split("\n", 1)[1]
+
+
+def test_isolated_cells_match_in_process_cells(tmp_path):
+    """--isolate=true measures each cell in a fresh process (the device peak needs it);
+    the numbers are the in-process ones, and the CSV settings are the same."""
+    import subprocess
+    import sys
+    base = [sys.executable, "-m", "lra.benchmark", "--models=linear", "--lengths=32,64",
+            "--task=listops", "--batch_size=2", "--dim=16", "--num_heads=2",
+            "--num_layers=1", "--repeats=0"]
+    runs = {}
+    for isolate in ("true", "false"):
+        path = str(tmp_path / f"{isolate}.csv")
+        proc = subprocess.run([*base, f"--isolate={isolate}", f"--csv={path}"],
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        runs[isolate] = benchmark.read_csv(path, {"mode": "train_step", "platform": "cpu"})
+    assert len(runs["true"]) == 4  # transformer and linear at 2 lengths
+    assert runs["true"] == runs["false"]
+    assert all(r["temp_bytes"] > 0 for r in runs["true"].values())
+
+
+def test_isolated_cell_reports_a_dead_process(monkeypatch):
+    import subprocess
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(
+        a, -6, stdout="", stderr="RESOURCE_EXHAUSTED: out of memory\nAborted\n"))
+    row = benchmark.isolated_cell("transformer", 4096, ["--mode=train_step"])
+    assert row == {"model": "transformer", "length": 4096,
+                   "error": "process died (exit -6): Aborted"}
