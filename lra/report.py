@@ -10,6 +10,14 @@ and writes, into `--out` (default: the directory itself):
   efficiency_accuracy.png   LRA's Figure 3: mean accuracy against training speed (steps/s
                             relative to `transformer` on the same task), marker area from
                             compiled training-step memory relative to `transformer`.
+
+The runs' own steps/s are only comparable when the runs had the machine to themselves.
+`--efficiency=bench.csv` takes speed and memory from an `lra.benchmark --csv` file instead
+(as LRA's Figure 3 does, at one length: `--efficiency_length`, default the longest at which
+`transformer` was measured):
+
+  python -m lra.benchmark --models=all --lengths=1024 --csv=bench.csv
+  python -m lra.report workdirs/sweep_listops_mini --efficiency=bench.csv
 """
 from __future__ import annotations
 
@@ -30,6 +38,10 @@ def _define_flags() -> None:
     # Defined only when run as a program, so importing this module (tests, notebooks,
     # other tools) never claims global absl flag names.
     flags.DEFINE_string("out", None, "Output directory (default: the input directory).")
+    flags.DEFINE_string("efficiency", None, "An lra.benchmark --csv file: Figure 3 takes "
+                        "speed and memory from it instead of from the runs.")
+    flags.DEFINE_integer("efficiency_length", 0, "Length of the --efficiency cells to use "
+                         "(0: the longest at which transformer was measured).")
 
 
 def collect(root: str) -> list[dict]:
@@ -64,6 +76,36 @@ def summarize(results: list[dict]) -> dict[tuple[str, str], dict]:
         "memory_bytes": mean(rs, "train_step_temp_bytes"),
         "baseline": mean(rs, "majority_baseline_accuracy"),
     } for key, rs in groups.items()}
+
+
+def efficiency_ratios(path: str, length: int = 0) -> tuple[int, dict[str, tuple]]:
+    """(L, {model: (speed ratio, memory ratio)}) against `transformer` from an
+    `lra.benchmark --csv` file. The cells measured with the file's last settings are used
+    (a file can hold several runs); a ratio is None where a cell has no value."""
+    with open(path, newline="") as f:
+        records = list(csv.DictReader(f))
+    if not records or "temp_bytes" not in records[0]:
+        raise ValueError(f"{path}: not an lra.benchmark --csv file")
+    setting_keys = [k for k in records[0] if k not in
+                    ("model", "length", "time_s", "temp_bytes", "device_peak_bytes", "error")]
+    last = {k: records[-1][k] for k in setting_keys}
+    cells = {(r["model"], int(r["length"])): r for r in records
+             if not r["error"] and all(r[k] == v for k, v in last.items())}
+    base_lengths = sorted(l for m, l in cells if m == "transformer")
+    if not base_lengths:
+        raise ValueError(f"{path}: no transformer cell to take ratios against")
+    length = length or base_lengths[-1]
+    if length not in base_lengths:
+        raise ValueError(f"{path}: transformer was not measured at L={length} "
+                         f"(measured: {base_lengths})")
+    base = cells[("transformer", length)]
+
+    def ratio(num, den):
+        return float(num) / float(den) if num and den else None
+
+    return length, {m: (ratio(base["time_s"], r["time_s"]),
+                        ratio(r["temp_bytes"], base["temp_bytes"]))
+                    for (m, l), r in cells.items() if l == length}
 
 
 def tasks_and_models(summary):
@@ -106,13 +148,10 @@ def markdown(header, rows) -> str:
     return "\n".join(lines)
 
 
-def plot(summary, path: str) -> None:
-    """Accuracy vs relative speed, marker area from relative memory (LRA Figure 3)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def figure_points(summary, efficiency: tuple[int, dict] | None = None) -> list[tuple]:
+    """(model, speed ratio, mean accuracy %, memory ratio) per model; speed and memory are
+    means over tasks of the runs' own, or from `efficiency` (see efficiency_ratios), where
+    a model the benchmark lacks gets speed None."""
     tasks, models = tasks_and_models(summary)
     points = []
     for m in models:
@@ -126,30 +165,52 @@ def plot(summary, path: str) -> None:
                 speeds.append(s["steps_per_sec"] / base["steps_per_sec"])
             if base and base["memory_bytes"] and s["memory_bytes"]:
                 mems.append(s["memory_bytes"] / base["memory_bytes"])
-        if accs:
-            points.append((m, statistics.fmean(speeds) if speeds else 1.0,
-                           100 * statistics.fmean(accs), statistics.fmean(mems) if mems else 1.0))
+        if not accs:
+            continue
+        speed = statistics.fmean(speeds) if speeds else 1.0
+        mem = statistics.fmean(mems) if mems else 1.0
+        if efficiency is not None:
+            speed, mem = efficiency[1].get(m, (None, None))
+            mem = mem or 1.0
+        points.append((m, speed, 100 * statistics.fmean(accs), mem))
+    return points
+
+
+def plot(summary, path: str, efficiency: tuple[int, dict] | None = None) -> None:
+    """Accuracy vs relative speed, marker area from relative memory (LRA Figure 3)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks, _ = tasks_and_models(summary)
+    points = figure_points(summary, efficiency)
+    unmeasured = [p[0] for p in points if p[1] is None]
     fig, ax = plt.subplots(figsize=(7, 5))
-    for name, speed, acc, mem in points:
+    for name, speed, acc, mem in (p for p in points if p[1] is not None):
         ax.scatter(speed, acc, s=400 * mem, alpha=0.5)
         ax.annotate(name, (speed, acc), xytext=(0, 10), textcoords="offset points",
-                    ha="center", fontsize=8)
+                    ha="center", fontsize=7)
     baselines = [s["baseline"] for (t, _), s in summary.items() if s["baseline"]]
     if baselines:  # a variant on this line learned nothing
         ax.axhline(100 * statistics.fmean(baselines), color="gray", linestyle="--",
                    linewidth=1, label="majority class (mean over tasks)")
         ax.legend(fontsize=8, loc="lower right")
     ax.margins(0.15)  # room for the names of the outermost points
-    ax.set_xlabel("training speed relative to transformer (steps/s ratio)")
+    ax.set_xlabel("training speed relative to transformer (steps/s ratio)" + (
+        f", lra.benchmark at L={efficiency[0]}" if efficiency else ", from the runs"))
     ax.set_ylabel(f"test accuracy, mean over {', '.join(tasks)} (%)")
     ax.set_title("Accuracy vs speed; marker area = training-step memory vs transformer")
+    if unmeasured:
+        fig.text(0.01, 0.01, "not in the benchmark: " + ", ".join(unmeasured), fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def report(root: str, out: str | None = None) -> dict[str, str]:
+def report(root: str, out: str | None = None, efficiency_csv: str | None = None,
+           efficiency_length: int = 0) -> dict[str, str]:
     """Writes results.md, results.csv and efficiency_accuracy.png; returns their paths."""
     out = out or root
     os.makedirs(out, exist_ok=True)
@@ -164,14 +225,16 @@ def report(root: str, out: str | None = None) -> dict[str, str]:
         writer = csv.writer(f)
         writer.writerow(header)
         writer.writerows(rows)
-    plot(summary, paths["plot"])
+    efficiency = (efficiency_ratios(efficiency_csv, efficiency_length)
+                  if efficiency_csv else None)
+    plot(summary, paths["plot"], efficiency)
     return paths
 
 
 def main(argv):
     if len(argv) != 2:
         raise app.UsageError("usage: python -m lra.report <directory of runs> [--out=<dir>]")
-    paths = report(argv[1], FLAGS.out)
+    paths = report(argv[1], FLAGS.out, FLAGS.efficiency, FLAGS.efficiency_length)
     print(open(paths["markdown"]).read())
     print(f"Wrote {paths['markdown']}, {paths['csv']}, {paths['plot']}")
 

@@ -34,6 +34,44 @@ def test_report_table_csv_and_plot(tmp_path):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def test_figure_takes_speed_and_memory_from_a_benchmark_csv(tmp_path):
+    from lra import benchmark
+    bench = str(tmp_path / "bench.csv")
+    old = {"mode": "train_step", "repeats": 3}
+    new = {"mode": "train_step", "repeats": 5}
+    benchmark.append_csv(bench, {"model": "transformer", "length": 1024, "time_s": 9.0,
+                                 "temp_bytes": 9}, old)  # an earlier run: ignored
+    for model, length, time_s, temp in [("transformer", 1024, 0.2, 400),
+                                        ("linear", 1024, 0.05, 100),
+                                        ("transformer", 2048, 0.8, 1600),
+                                        ("linear", 2048, 0.1, 200)]:
+        benchmark.append_csv(bench, {"model": model, "length": length, "time_s": time_s,
+                                     "temp_bytes": temp}, new)
+    benchmark.append_csv(bench, {"model": "transformer", "length": 4096,
+                                 "error": "out of memory"}, new)
+    length, ratios = report.efficiency_ratios(bench)
+    assert length == 2048  # the longest with a transformer value
+    assert ratios == {"transformer": (1.0, 1.0), "linear": (8.0, 0.125)}
+    assert report.efficiency_ratios(bench, 1024)[1]["linear"] == (4.0, 0.25)
+    with pytest.raises(ValueError, match="not measured at L=4096"):
+        report.efficiency_ratios(bench, 4096)
+
+    root = str(tmp_path / "runs")
+    _write(root, "listops", "transformer", 0, 0.30, sps=10.0)
+    _write(root, "listops", "linear", 0, 0.20, sps=1.0)  # a run that shared the machine
+    _write(root, "listops", "lite", 0, 0.25)  # not benchmarked
+    summary = report.summarize(report.collect(root))
+    assert report.figure_points(summary) == [("transformer", 1.0, 30.0, 1.0),
+                                             ("linear", 0.1, 20.0, 1.0),
+                                             ("lite", 1.0, 25.0, 1.0)]
+    assert report.figure_points(summary, (length, ratios)) == [
+        ("transformer", 1.0, 30.0, 1.0), ("linear", 8.0, 20.0, 0.125),
+        ("lite", None, 25.0, 1.0)]
+    paths = report.report(root, out=str(tmp_path / "out"), efficiency_csv=bench)
+    with open(paths["plot"], "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
 def test_report_without_results(tmp_path):
     with pytest.raises(FileNotFoundError, match="no results.json"):
         report.report(str(tmp_path))
