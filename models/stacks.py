@@ -21,14 +21,28 @@ from models import layers, registry
 from models.blocks import BLOCK_KINDS, EncoderBlock
 
 
+def layer_args(block_args: Mapping[str, Any], layer: int) -> dict[str, Any]:
+    """block_args for layer `layer`: a mixer whose pattern is drawn from a `seed` (random
+    keys: `random`, `bigbird`) gets seed + layer, so each layer has its own fixed pattern,
+    as in BigBird; with one seed for all, every layer would draw the same keys."""
+    model = block_args.get("model", "transformer")
+    accepted = registry.accepted_hparams(model)
+    if "seed" not in accepted:
+        return dict(block_args)
+    hparams = dict(block_args.get("model_hparams") or {})
+    hparams["seed"] = int(hparams.get("seed", accepted["seed"])) + layer
+    return {**block_args, "model_hparams": hparams}
+
+
 class SequentialStack(nnx.Module):
     """num_layers blocks of `block["kind"]`, applied in order, each with its own weights."""
 
     def __init__(self, *, num_layers: int, block: Mapping[str, Any], rngs: nnx.Rngs,
                  **block_args: Any):
         kind = BLOCK_KINDS[block["kind"]]
-        self.blocks = nnx.List([kind(block=dict(block), rngs=rngs, **block_args)
-                                for _ in range(num_layers)])
+        self.blocks = nnx.List([kind(block=dict(block), rngs=rngs,
+                                     **layer_args(block_args, l))
+                                for l in range(num_layers)])
 
     def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array, *,
                  deterministic: bool) -> jax.Array:
@@ -82,8 +96,9 @@ class ReversibleStack(nnx.Module):
         if registry.capabilities(self.model).carries_state:
             raise ValueError(f"model {self.model!r} carries state between layers, which the "
                              "reversible stack does not support; use stack 'sequential'")
-        self.blocks = nnx.List([EncoderBlock(block=dict(block), rngs=rngs, **block_args)
-                                for _ in range(num_layers)])
+        self.blocks = nnx.List([EncoderBlock(block=dict(block), rngs=rngs,
+                                             **layer_args(block_args, l))
+                                for l in range(num_layers)])
 
     def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None, *,
                  deterministic: bool) -> jax.Array:
@@ -193,8 +208,9 @@ class SegmentRecurrentStack(nnx.Module):
         if self.segment_len < 0 or self.mem_len < 0:
             raise ValueError(f"block segment_len ({self.segment_len}) and mem_len "
                              f"({self.mem_len}) must be >= 0 (0 = default)")
-        self.blocks = nnx.List([kind(block=dict(block), rngs=rngs, **block_args)
-                                for _ in range(num_layers)])
+        self.blocks = nnx.List([kind(block=dict(block), rngs=rngs,
+                                     **layer_args(block_args, l))
+                                for l in range(num_layers)])
 
     def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None, *,
                  deterministic: bool) -> jax.Array:

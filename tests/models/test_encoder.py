@@ -273,3 +273,26 @@ def test_block_settings_resolve_and_reject_unknown_values():
         resolve_block("transformer", {"stack": "nope"})
     with pytest.raises(ValueError, match="unknown block kind"):
         tiny_classifier(block={"kind": "nope"})
+
+
+@pytest.mark.parametrize("stack", ["sequential", "reversible"])
+def test_seeded_patterns_differ_per_layer(stack):
+    """`random` and `bigbird` draw their keys from `seed`: layer l uses seed + l, so the
+    layers do not all attend to the same random keys."""
+    def layer_masks(model, **hparams):
+        model = Classifier(**dict(TINY, num_layers=3), model=model, model_hparams=hparams,
+                           block={"stack": stack}, rngs=nnx.Rngs(0))
+        i, j = np.arange(20)[:, None], np.arange(20)[None, :]
+        return [np.asarray(layer.mixer.pattern.mask(i, j))
+                for layer in model.encoder.stack.blocks]
+
+    masks_L = layer_masks("random", num_random=4, seed=5)
+    assert all(m.sum() < 20 * 20 for m in masks_L)
+    assert not np.array_equal(masks_L[0], masks_L[1])
+    assert not np.array_equal(masks_L[1], masks_L[2])
+    # seed 5 + layer 1 is what a one-layer model with seed 6 draws
+    assert np.array_equal(masks_L[1], layer_masks("random", num_random=4, seed=6)[0])
+    big_L = layer_masks("bigbird", block=2, num_random_blocks=2, num_global_blocks=1)
+    assert not np.array_equal(big_L[0], big_L[1])
+    local_L = layer_masks("local", window=2)  # no seed: unchanged
+    assert all(np.array_equal(local_L[0], m) for m in local_L)
