@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import math
 import multiprocessing
 import os
@@ -295,7 +296,9 @@ def generate(output_dir: str, *, resolution: int = 32, difficulty: str = "hard",
     """Writes one difficulty folder in LRA's layout; returns its path.
 
     Image `index` goes to imgs/<index // images_per_folder>/; its pixels depend only on
-    (seed, resolution, difficulty, index).
+    (seed, resolution, difficulty, index). A folder whose metadata file is complete is
+    kept (that file is written after its images), so a stopped run resumes; the settings
+    are recorded in generator.json and another seed or folder size is refused.
     """
     if resolution not in SETTINGS:
         raise ConfigError(f"--resolution={resolution}; choose one of {sorted(SETTINGS)}")
@@ -310,12 +313,27 @@ def generate(output_dir: str, *, resolution: int = 32, difficulty: str = "hard",
     folder, contour_length = DIFFICULTIES[difficulty]
     root = os.path.join(output_dir, f"pathfinder{resolution}", folder)
     os.makedirs(os.path.join(root, "metadata"), exist_ok=True)
+    settings = {"seed": seed, "resolution": resolution, "contour_length": contour_length,
+                "images_per_folder": images_per_folder}
+    settings_path = os.path.join(root, "generator.json")
+    if os.path.exists(settings_path):
+        with open(settings_path) as f:
+            before = json.load(f)
+        if before != settings:
+            raise ConfigError(f"{root} was generated with {before}, not {settings}; give "
+                              "another --output_dir or delete that folder")
+    with open(settings_path, "w") as f:
+        json.dump(settings, f)
     jobs = [(root, k, start, min(start + images_per_folder, num_images), resolution,
              contour_length, seed)
             for k, start in enumerate(range(0, num_images, images_per_folder))]
     log = print if verbose else (lambda *_a, **_k: None)
+    kept = [job for job in jobs if _complete(root, job[1], job[3] - job[2])]
+    if kept:
+        log(f"pathfinder: {len(kept)} of {len(jobs)} folders already complete, kept")
+        jobs = [job for job in jobs if job not in kept]
     t0 = time.monotonic()
-    done = 0
+    done = kept_images = sum(job[3] - job[2] for job in kept)
     # The worker by its importable name: under `python -m` this file is __main__.
     worker = importlib.import_module("lra.tasks.pathfinder")._write_folder
     with multiprocessing.get_context("spawn").Pool(workers) if workers > 1 else _Serial() as pool:
@@ -326,8 +344,17 @@ def generate(output_dir: str, *, resolution: int = 32, difficulty: str = "hard",
             os.replace(path + ".tmp", path)  # never a plausible-looking partial file
             done += len(rows)
             log(f"pathfinder: {done}/{num_images} images, "
-                f"{done / (time.monotonic() - t0):.0f}/s", flush=True)
+                f"{(done - kept_images) / (time.monotonic() - t0):.0f}/s", flush=True)
     return root
+
+
+def _complete(root: str, k: int, num_rows: int) -> bool:
+    """Folder k's metadata file exists with all its rows (written after the images)."""
+    path = os.path.join(root, "metadata", f"{k}.npy")
+    if not os.path.exists(path):
+        return False
+    with open(path, encoding="ascii", errors="replace") as f:
+        return sum(1 for line in f if line.strip()) == num_rows
 
 
 class _Serial:

@@ -203,3 +203,28 @@ def test_bad_generator_arguments(tmp_path):
         pathfinder.generate(str(tmp_path), resolution=48, num_images=1, verbose=False)
     with pytest.raises(ConfigError, match="difficulty"):
         pathfinder.generate(str(tmp_path), difficulty="extreme", num_images=1, verbose=False)
+
+
+def test_a_stopped_generation_resumes(generated, tmp_path, monkeypatch):
+    """Complete folders are kept, the rest written again; the result is the same bytes."""
+    out = str(tmp_path)
+    kwargs = dict(resolution=32, difficulty="hard", num_images=10, seed=5, workers=1,
+                  images_per_folder=4, verbose=False)
+    pathfinder.generate(out, **kwargs)
+    root = os.path.join(out, "pathfinder32", HARD)
+    os.remove(os.path.join(root, "metadata", "1.npy"))  # stopped while writing folder 1
+    with open(os.path.join(root, "metadata", "2.npy"), "w") as f:
+        f.write("imgs/2 sample_0.png 0 1\n")  # a short file is not complete
+    written = []
+    real = pathfinder._write_folder
+    monkeypatch.setattr(pathfinder, "_write_folder",
+                        lambda job: written.append(job[1]) or real(job))
+    pathfinder.generate(out, **kwargs)
+    assert written == [1, 2]
+    for sub in ("metadata", "imgs/1", "imgs/2"):
+        a = os.path.join(generated, "pathfinder32", HARD, sub)
+        for name in os.listdir(a):
+            assert (open(os.path.join(a, name), "rb").read()
+                    == open(os.path.join(root, sub, name), "rb").read())
+    with pytest.raises(ConfigError, match="generated with"):
+        pathfinder.generate(out, **dict(kwargs, seed=6))
