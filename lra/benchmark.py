@@ -63,6 +63,9 @@ def _define_flags() -> None:
                          "cannot run in reasonable time.")
     flags.DEFINE_string("task", "text", "Task whose config (model size, presets) is used; "
                         "LRA measured on text.")
+    flags.DEFINE_string("config_arg", "", "train_step mode: extra get_config arguments, "
+                        "e.g. 'mini' to time the mini configs' steps (how long a mini sweep "
+                        "takes: steps x time per step).")
     flags.DEFINE_string("csv", None, "Also write each cell to this CSV file as it is "
                         "measured; cells already there (same settings) are not measured "
                         "again.")
@@ -126,15 +129,18 @@ def measure(model: str, length: int, *, batch_size: int, dim: int, num_heads: in
 
 def measure_train_step(model: str, length: int, *, task: str = "text", batch_size: int = 0,
                        dim: int = 0, num_heads: int = 0, num_layers: int = 0,
-                       repeats: int = 3, attention_impl: str = "dense") -> dict:
+                       repeats: int = 3, attention_impl: str = "dense",
+                       config_arg: str = "") -> dict:
     """Time (s) and compiled temporary memory (bytes) of one training step of `model` on
-    `task`'s config at max_length `length` (sizes: the config's, unless given)."""
+    `task`'s config (get_config("model=<model>,<config_arg>")) at max_length `length`
+    (sizes: the config's, unless given)."""
     import importlib
 
     import lra.tasks
     from lra import train
 
-    config = importlib.import_module(f"configs.{task}").get_config(f"model={model}")
+    config = importlib.import_module(f"configs.{task}").get_config(
+        f"model={model}" + (f",{config_arg}" if config_arg else ""))
     config.max_length = length
     if attention_impl != "dense" and "attention_impl" in registry.accepted_hparams(model):
         config.attention_impl = attention_impl
@@ -224,7 +230,7 @@ def table(rows: list[dict], lengths: list[int]) -> str:
 
 CSV_FIELDS = ["model", "length", "time_s", "temp_bytes", "device_peak_bytes", "error",
               "mode", "task", "batch_size", "dim", "num_heads", "num_layers",
-              "attention_impl", "repeats", "platform"]
+              "attention_impl", "repeats", "platform", "config_arg"]
 
 
 def append_csv(path: str, row: dict, settings: dict) -> None:
@@ -268,7 +274,8 @@ def measure_cell(model: str, length: int) -> dict:
             return measure_train_step(
                 model, length, task=FLAGS.task, batch_size=FLAGS.batch_size,
                 dim=FLAGS.dim, num_heads=FLAGS.num_heads, num_layers=FLAGS.num_layers,
-                repeats=FLAGS.repeats, attention_impl=FLAGS.attention_impl)
+                repeats=FLAGS.repeats, attention_impl=FLAGS.attention_impl,
+                config_arg=FLAGS.config_arg)
         return measure(model, length, batch_size=FLAGS.batch_size or 1,
                        dim=FLAGS.dim or 256, num_heads=FLAGS.num_heads or 4,
                        repeats=FLAGS.repeats, task=FLAGS.task)
@@ -313,7 +320,7 @@ def main(argv):
     settings = {"mode": FLAGS.mode, "task": FLAGS.task, "batch_size": FLAGS.batch_size,
                 "dim": FLAGS.dim, "num_heads": FLAGS.num_heads, "num_layers": FLAGS.num_layers,
                 "attention_impl": FLAGS.attention_impl, "repeats": FLAGS.repeats,
-                "platform": platform}
+                "platform": platform, "config_arg": FLAGS.config_arg}
     setting_flags = [f"--{k}={v}" for k, v in settings.items() if k != "platform"]
     done = read_csv(FLAGS.csv, settings) if FLAGS.csv else {}
     if done:
@@ -341,7 +348,9 @@ def main(argv):
                     else measure_cell(model, length))
         if FLAGS.csv:  # written as cells finish: a long run that is stopped keeps them
             append_csv(FLAGS.csv, rows[-1], settings)
-    what = (f"One training step of the {FLAGS.task} model" if FLAGS.mode == "train_step"
+    what = (f"One training step of the {FLAGS.task}"
+            f"{':' + FLAGS.config_arg if FLAGS.config_arg else ''} model"
+            if FLAGS.mode == "train_step"
             else "Forward+backward of one mixer")
     sizes = ", ".join(f"{k} {v}" for k, v in (
         ("batch", FLAGS.batch_size), ("dim", FLAGS.dim), ("heads", FLAGS.num_heads),

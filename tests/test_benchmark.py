@@ -43,6 +43,15 @@ def test_memory_only_cells():
     assert "ms" not in text and "x less mem)" in text and "faster" not in text
 
 
+def test_config_arg_measures_that_config():
+    """--config_arg=mini times the mini step: listops mini is 64 wide with 2 layers, the
+    base config 512 wide with 4; only the length is the same."""
+    mini, base = (benchmark.measure_train_step("transformer", 64, task="listops",
+                                               repeats=0, config_arg=arg, batch_size=2)
+                  for arg in ("mini", ""))
+    assert 0 < mini["temp_bytes"] < base["temp_bytes"] / 4
+
+
 def test_csv_round_trip_keeps_only_matching_settings(tmp_path):
     path = str(tmp_path / "cells.csv")
     settings = {"mode": "train_step", "task": "text", "dim": 0, "repeats": 0,
