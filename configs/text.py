@@ -13,7 +13,9 @@ Arguments after the colon (comma separated):
   model=<name>   any name in models.registry.available() (default transformer)
   runlocal       tiny model, 128 bytes and 20 steps: about a minute on 2 CPU cores
   mini           the first 256 bytes of each review, a 64-wide 2-layer model, 2000 steps of
-                 batch 32 (same data folder): minutes on a laptop
+                 batch 32 (same data folder). One training step on one CPU core (measured
+                 with `lra.benchmark --task=text --config_arg=mini --lengths=256`):
+                 transformer 0.57 s, linear 0.29 s, i.e. 19 and 10 minutes a run
 """
 from configs import common
 
