@@ -42,6 +42,10 @@ RESUME_FIXED_FIELDS = (
 )
 
 
+# Steps the host may dispatch ahead of the device: enough to overlap input and compute.
+MAX_STEPS_AHEAD = 2
+
+
 class Preempted(Exception):
     """SIGTERM arrived; the state was saved. Re-run the same command to resume."""
 
@@ -189,6 +193,14 @@ def _load_data(config, task) -> dict[str, dict[str, np.ndarray]]:
 
 def _to_global(batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
     return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
+
+
+def _bound_steps_in_flight(pending: list[tuple[int, Any]]) -> None:
+    """Waits for all but the newest MAX_STEPS_AHEAD dispatched steps. JAX dispatches
+    without limit: unchecked, the host queues every step up to the next log line (with
+    their batches), and SIGTERM's checkpoint then waits for all of them."""
+    if len(pending) > MAX_STEPS_AHEAD:
+        jax.block_until_ready(pending[-1 - MAX_STEPS_AHEAD][1])
 
 
 def _format_duration(seconds: float) -> str:
@@ -402,6 +414,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             batch = _to_global(next(train_iter), batch_sharding)
             state, metrics = train_step(state, batch)
             pending.append((step, metrics))
+            _bound_steps_in_flight(pending)
             is_last = step == config.num_train_steps
             if first_step_of_segment:
                 # The first step of a process compiles: keep it out of steps/s.

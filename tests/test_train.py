@@ -85,6 +85,40 @@ def test_test_accuracy_uses_best_checkpoint_not_last(tiny_listops_config, listop
     assert results["test_loss"] == pytest.approx(reference["test_loss"], rel=1e-6)
 
 
+def test_host_stays_at_most_two_steps_ahead(tiny_listops_config, listops_dir, tmp_path,
+                                            monkeypatch):
+    """JAX dispatches asynchronously without limit. With a device slower than the host,
+    the loop used to queue every step up to the next log line; SIGTERM then waited for
+    all of them (a Pathfinder run at 5 s a step ignored it for minutes)."""
+    import jax
+    real_make_steps, real_bound = train.make_steps, train._bound_steps_in_flight
+
+    def slow_device_steps(*args, **kwargs):
+        train_step, eval_step = real_make_steps(*args, **kwargs)
+
+        def slow_train_step(state, batch):
+            state, metrics = train_step(state, batch)
+            x = jnp.full((400, 400), 1e-3)
+            busy = jax.lax.fori_loop(0, 40, lambda _, y: jnp.tanh(y @ x), x)
+            return state, {**metrics, "busy": jnp.sum(busy)}
+
+        return slow_train_step, eval_step
+
+    not_done = []
+
+    def watching_bound(pending):
+        real_bound(pending)
+        not_done.append(sum(not m["loss"].is_ready() for _, m in pending))
+
+    monkeypatch.setattr(train, "make_steps", slow_device_steps)
+    monkeypatch.setattr(train, "_bound_steps_in_flight", watching_bound)
+    config = tiny_listops_config(listops_dir, num_train_steps=30, eval_frequency=30)
+    config.log_every_steps = 30
+    train.train_and_evaluate(config, str(tmp_path))
+    assert len(not_done) == 30
+    assert max(not_done) <= train.MAX_STEPS_AHEAD, not_done
+
+
 def test_resume_after_sigkill_matches_uninterrupted(listops_dir, tmp_path):
     flags = ["--config=configs/listops.py:runlocal", f"--config.data_dir={listops_dir}",
              "--config.max_length=48", "--config.num_train_steps=300",
