@@ -234,7 +234,10 @@ def report(root: str, out: str | None = None, efficiency_csv: str | None = None,
 def main(argv):
     if len(argv) != 2:
         raise app.UsageError("usage: python -m lra.report <directory of runs> [--out=<dir>]")
-    paths = report(argv[1], FLAGS.out, FLAGS.efficiency, FLAGS.efficiency_length)
+    try:
+        paths = report(argv[1], FLAGS.out, FLAGS.efficiency, FLAGS.efficiency_length)
+    except (FileNotFoundError, ValueError) as e:  # no runs, or a bad --efficiency file
+        raise SystemExit(f"error: {e}") from None
     print(open(paths["markdown"]).read())
     print(f"Wrote {paths['markdown']}, {paths['csv']}, {paths['plot']}")
 
