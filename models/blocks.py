@@ -3,14 +3,14 @@
 `EncoderBlock` is LRA's pre-LayerNorm Transformer block with the attention
 replaced by any registered token mixer. Which block (and which stack, see
 `models.stacks`) a model uses is data: a `block` dict, resolved by
-`resolve_block(model, overrides)` from `BLOCK_DEFAULTS`, the variant's
+`models.stacks.resolve_block(model, overrides)` from `BLOCK_DEFAULTS`, the variant's
 `Capabilities.block` and the user's `config.block`. So a residual form (e.g. a
 gated or reversible one) wraps any mixer and the classifier has no special cases.
 
 Every block kind is built as
 
     kind(dim=, num_heads=, mlp_dim=, max_len=, model=, model_hparams=, causal=,
-         dropout_rate=, block=resolved_block_dict, rngs=)
+         dropout_rate=, prefix_len=, block=resolved_block_dict, rngs=)
 
 and called as `block(x_BxLxD, padding_mask, deterministic=..., carry=None)`,
 returning x, or (x, new_carry) when `block.carries_state` (the mixer threads a
@@ -101,13 +101,14 @@ class EncoderBlock(nnx.Module):
 
     def __init__(self, *, dim: int, num_heads: int, mlp_dim: int, max_len: int,
                  model: str = "transformer", model_hparams: Mapping[str, Any] | None = None,
-                 causal: bool = False, dropout_rate: float = 0.1,
+                 causal: bool = False, dropout_rate: float = 0.1, prefix_len: int = 0,
                  block: Mapping[str, Any] | None = None, rngs: nnx.Rngs):
         block = {**BLOCK_DEFAULTS, **dict(block or {})}
         self.mixer_norm = layers.layer_norm(dim, rngs=rngs)
         self.carries_state = registry.capabilities(model).carries_state
         self.mixer = registry.build(model, dim=dim, num_heads=num_heads, max_len=max_len,
-                                    causal=causal, rngs=rngs, **dict(model_hparams or {}))
+                                    causal=causal, prefix_len=prefix_len, rngs=rngs,
+                                    **dict(model_hparams or {}))
         self.dropout = nnx.Dropout(dropout_rate, rngs=rngs)
         self.mlp_norm = layers.layer_norm(dim, rngs=rngs)
         self.mlp = MlpBlock(dim=dim, mlp_dim=mlp_dim, dropout_rate=dropout_rate,
@@ -206,30 +207,3 @@ class GatedBlock(EncoderBlock):
 
 # kind name -> block class (constructor and call as in the module docstring).
 BLOCK_KINDS: dict[str, type[nnx.Module]] = {"pre_ln": EncoderBlock, "gated": GatedBlock}
-
-
-def resolve_block(model: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The block settings `model` runs with: defaults < variant's < overrides.
-
-    Raises ValueError on an unknown key, kind or stack (listing the valid ones).
-    """
-    from models import stacks  # stacks imports this module
-
-    implied = registry.capabilities(model).block or {}
-    overrides = dict(overrides or {})
-    for source, values in (("Capabilities.block of " + repr(model), implied),
-                           ("config.block", overrides)):
-        unknown = sorted(set(values) - set(BLOCK_DEFAULTS))
-        if unknown:
-            raise ValueError(f"unknown {source} key(s) {', '.join(map(repr, unknown))}; "
-                             f"valid: {', '.join(sorted(BLOCK_DEFAULTS))}")
-    resolved = {**BLOCK_DEFAULTS, **implied, **overrides}
-    if resolved["kind"] not in BLOCK_KINDS:
-        raise ValueError(f"unknown block kind {resolved['kind']!r}; "
-                         f"valid: {', '.join(sorted(BLOCK_KINDS))}")
-    if resolved["stack"] not in stacks.STACKS:
-        raise ValueError(f"unknown block stack {resolved['stack']!r}; "
-                         f"valid: {', '.join(sorted(stacks.STACKS))}")
-    if int(resolved["ffn_chunks"]) < 1:
-        raise ValueError(f"block ffn_chunks must be >= 1, got {resolved['ffn_chunks']}")
-    return resolved

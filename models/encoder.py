@@ -5,7 +5,6 @@ The pieces are separate so that a dual encoder (retrieval) can reuse `Encoder`,
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping
 
 import jax
@@ -13,20 +12,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models import layers, registry, stacks
-from models.blocks import resolve_block
+from models.layers import sinusoidal_positions  # noqa: F401  (re-exported)
+from models.stacks import resolve_block
 
 POOLINGS = ("CLS", "MEAN", "MAX", "SUM")
 POS_EMBS = ("learned", "sinusoidal")
-
-
-def sinusoidal_positions(length: int, dim: int) -> jax.Array:
-    """LRA's fixed table: even features sin(p / 10000^(2i/d)), odd features cos."""
-    pos_Lx1 = jnp.arange(length, dtype=jnp.float32)[:, None]
-    inv_freq_F = jnp.exp(jnp.arange(0, dim, 2, dtype=jnp.float32) * -(math.log(10000.0) / dim))
-    angles_LxF = pos_Lx1 * inv_freq_F
-    table_LxD = jnp.zeros((length, dim), jnp.float32)
-    table_LxD = table_LxD.at[:, 0::2].set(jnp.sin(angles_LxF))
-    return table_LxD.at[:, 1::2].set(jnp.cos(angles_LxF[:, :dim // 2]))
 
 
 class Embeddings(nnx.Module):
@@ -84,13 +74,25 @@ class Encoder(nnx.Module):
         self.embeddings = Embeddings(vocab_size=vocab_size, emb_dim=emb_dim, max_len=max_len,
                                      pos_emb=pos_emb, cls_token=cls_token,
                                      dropout_rate=dropout_rate, rngs=rngs)
-        # Mixers see the CLS position too, so fixed-length ones need max_len + 1.
+        # Mixers see the CLS position too, so fixed-length ones need max_len + 1; it is
+        # a prefix before the content, so that geometry stated for the content (windows,
+        # 2-D rasters) is not shifted by it.
         seq_len = max_len + int(cls_token)
         self.block = resolve_block(model, block)
+        segment_len = int(self.block["segment_len"])
+        if (cls_token and self.block["stack"] == "segment_recurrent"
+                and 0 < segment_len < seq_len):
+            # CLS is position 0, in the first segment, and memory flows forward only: the
+            # pooled summary would see the first segment_len - 1 tokens and nothing else.
+            raise ValueError(
+                f"pooling='CLS' with the segment_recurrent stack ({model!r}): the CLS token "
+                f"sits in the first segment and would see only its first {segment_len - 1} "
+                f"tokens; use pooling='MEAN' (the task configs do for this model)")
         self.stack = stacks.STACKS[self.block["stack"]](
             num_layers=num_layers, dim=emb_dim, num_heads=num_heads, mlp_dim=mlp_dim,
             max_len=seq_len, model=model, model_hparams=model_hparams, causal=causal,
-            dropout_rate=dropout_rate, block=self.block, rngs=rngs)
+            dropout_rate=dropout_rate, prefix_len=int(cls_token), block=self.block,
+            rngs=rngs)
         self.norm = layers.layer_norm(emb_dim, rngs=rngs)
 
     def __call__(self, inputs_BxL: jax.Array, mask_BxL: jax.Array | None = None, *,

@@ -22,6 +22,7 @@ try to shard at creation, which would need a mesh whose axes are these names.
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import jax
@@ -139,3 +140,13 @@ def manual_shards(fn, args: Sequence[jax.Array], in_specs: Sequence, out_spec,
     out = jax.shard_map(fn, in_specs=tuple(in_specs), out_specs=out_spec,
                         check_vma=False)(*args)
     return jax.sharding.reshard(out, jax.typeof(like).sharding.spec) if explicit else out
+
+
+def sinusoidal_positions(length: int, dim: int) -> jax.Array:
+    """LRA's fixed table: even features sin(p / 10000^(2i/d)), odd features cos."""
+    pos_Lx1 = jnp.arange(length, dtype=jnp.float32)[:, None]
+    inv_freq_F = jnp.exp(jnp.arange(0, dim, 2, dtype=jnp.float32) * -(math.log(10000.0) / dim))
+    angles_LxF = pos_Lx1 * inv_freq_F
+    table_LxD = jnp.zeros((length, dim), jnp.float32)
+    table_LxD = table_LxD.at[:, 0::2].set(jnp.sin(angles_LxF))
+    return table_LxD.at[:, 1::2].set(jnp.cos(angles_LxF[:, :dim // 2]))

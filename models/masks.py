@@ -159,6 +159,35 @@ class Intersection(Pattern):
         return functools.reduce(lambda a, b: a & b, (p.mask(i, j, xp) for p in self.parts))
 
 
+@dataclasses.dataclass(frozen=True)
+class Prefixed(Pattern):
+    """`pattern` over the positions after the first `prefix` (in their own coordinates,
+    counted from 0), and the first `prefix` positions global (they see, and are seen
+    by, every position).
+
+    The encoder puts a CLS token before the content; a pattern stated for the content
+    (a window, a 2-D raster) must not be shifted by it, and the CLS slot is a summary
+    token of its own (global, as Longformer and BigBird treat it), never a pixel.
+    """
+
+    pattern: Pattern
+    prefix: int
+
+    @property
+    def num_heads(self) -> int | None:
+        return self.pattern.num_heads
+
+    def _mask(self, i, j, xp):
+        n = self.prefix
+        return self.pattern.mask(i - n, j - n, xp) | (i < n) | (j < n)
+
+
+def prefixed(pattern: Pattern, prefix: int) -> Pattern:
+    """`pattern` on the content after `prefix` global positions (`prefix` 0: unchanged)."""
+    _check(prefix=prefix)
+    return pattern if prefix == 0 else Prefixed(pattern, int(prefix))
+
+
 def _heads(parts: Sequence[Pattern]) -> int | None:
     heads = {p.num_heads for p in parts} - {None}
     if len(heads) > 1:

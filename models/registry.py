@@ -44,8 +44,14 @@ _VARIANT_PACKAGES = ("models.attention", "models.mixers")
 
 # Keyword arguments every builder takes; everything else is an hparam.
 _BUILD_ARGS = ("dim", "num_heads", "max_len", "causal", "rngs")
+# Keyword arguments a builder may take, set by the encoder, never by a config: how many
+# positions before the content are not content (the CLS slot). A builder whose geometry
+# is stated for the content (windows, 2-D rasters) takes it; others never see it.
+_OPTIONAL_BUILD_ARGS = ("prefix_len",)
 
 Builder = Callable[..., nnx.Module]
+
+RECEPTIVE_FIELDS = ("global", "pattern", "content")
 
 
 class RegistryError(ValueError):
@@ -72,6 +78,12 @@ class Capabilities:
     # extra keys/values placed before x (Transformer-XL's previous segment, passed by
     # the segment_recurrent stack). Without memory it is an ordinary mixer.
     takes_memory: bool = False
+    # Which positions reach which outputs in one layer (tests/models/test_fidelity.py
+    # checks it inside the Classifier): "global" (every real position reaches every
+    # output), "pattern" (exactly the mixer's `pattern` attribute, a models.masks.Pattern
+    # over the positions it sees), or "content" (chosen from the data: buckets,
+    # clusters, sorting; no fixed claim).
+    receptive_field: str = "global"
     # Block settings the variant implies (keys of models.blocks.BLOCK_DEFAULTS), e.g.
     # {"kind": "gated"} for GTrXL; the user's config.block still overrides them.
     block: dict[str, Any] | None = None
@@ -83,6 +95,7 @@ class _Entry:
     capabilities: Capabilities
     hparams: dict[str, Any]  # accepted name -> default (inspect.Parameter.empty if none)
     open_hparams: bool  # the builder takes **kwargs
+    takes_prefix: bool  # the builder takes prefix_len
 
 
 _REGISTRY: dict[str, _Entry] = {}
@@ -97,7 +110,7 @@ def _signature_hparams(name: str, builder: Builder) -> tuple[dict[str, Any], boo
             f"missing: {', '.join(missing)}")
     hparams = {
         p.name: p.default for p in params.values()
-        if p.name not in _BUILD_ARGS
+        if p.name not in _BUILD_ARGS + _OPTIONAL_BUILD_ARGS
         and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
     }
     open_hparams = any(p.kind is p.VAR_KEYWORD for p in params.values())
@@ -125,10 +138,14 @@ def register(name: str, builder: Builder | None = None,
         raise TypeError("register() needs capabilities=Capabilities(...)")
     if builder is None:
         return lambda fn: register(name, fn, capabilities)
+    if capabilities.receptive_field not in RECEPTIVE_FIELDS:
+        raise RegistryError(f"{name!r}: receptive_field must be one of {RECEPTIVE_FIELDS}, "
+                            f"got {capabilities.receptive_field!r}")
     if name in _REGISTRY:
         raise RegistryError(f"model {name!r} is already registered")
     hparams, open_hparams = _signature_hparams(name, builder)
-    entry = _Entry(builder, capabilities, hparams, open_hparams)
+    takes_prefix = "prefix_len" in inspect.signature(builder).parameters
+    entry = _Entry(builder, capabilities, hparams, open_hparams, takes_prefix)
     # A misspelt key in the flags fails at import, not deep inside the suite.
     _check_hparams(name, entry, capabilities.test_hparams)
     _check_hparams(name, entry, capabilities.dense_equivalent or {})
@@ -180,11 +197,20 @@ def accepted_hparams(name: str) -> dict[str, Any]:
 
 
 def build(name: str, *, dim: int, num_heads: int, max_len: int, causal: bool = False,
-          rngs: nnx.Rngs, **hparams: Any) -> nnx.Module:
-    """Builds the token mixer `name`; raises RegistryError on what it cannot do."""
+          prefix_len: int = 0, rngs: nnx.Rngs, **hparams: Any) -> nnx.Module:
+    """Builds the token mixer `name`; raises RegistryError on what it cannot do.
+
+    `max_len` counts every position the mixer sees; the first `prefix_len` of them are
+    not content (the encoder's CLS slot). Builders that take `prefix_len` state their
+    geometry for the content and make the prefix global; to the others the prefix is
+    one more token.
+    """
     entry = _entry(name)
     if causal and not entry.capabilities.causal:
         raise RegistryError(f"model {name!r} does not support causal=True")
+    if not 0 <= prefix_len < max_len:
+        raise RegistryError(f"prefix_len must be in [0, max_len={max_len}), got {prefix_len}")
     _check_hparams(name, entry, hparams)
+    extra = {"prefix_len": prefix_len} if entry.takes_prefix else {}
     return entry.builder(dim=dim, num_heads=num_heads, max_len=max_len, causal=causal,
-                         rngs=rngs, **hparams)
+                         rngs=rngs, **extra, **hparams)

@@ -3,7 +3,10 @@
 Every stack is built as
 
     stack(num_layers=, dim=, num_heads=, mlp_dim=, max_len=, model=, model_hparams=,
-          causal=, dropout_rate=, block=resolved_block_dict, rngs=)
+          causal=, dropout_rate=, prefix_len=, block=resolved_block_dict, rngs=)
+
+(`resolve_block(model, overrides)` gives the block dict). `prefix_len` positions come
+before the content (the CLS slot); the blocks pass it to the mixers.
 
 and called as `stack(x_BxLxD, padding_mask_BxL, deterministic=...) -> x_BxLxD`.
 """
@@ -18,7 +21,7 @@ import numpy as np
 from flax import nnx
 
 from models import layers, registry
-from models.blocks import BLOCK_KINDS, EncoderBlock
+from models.blocks import BLOCK_DEFAULTS, BLOCK_KINDS, EncoderBlock
 
 
 def layer_args(block_args: Mapping[str, Any], layer: int) -> dict[str, Any]:
@@ -276,11 +279,9 @@ class UniversalStack(nnx.Module):
     def act(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None, *,
             deterministic: bool) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
         """(output_BxLxD, weights_TxBxL, steps_BxL (N), remainders_BxL (R))."""
-        from models.encoder import sinusoidal_positions  # encoder imports this module
-
         batch, length, dim = x_BxLxD.shape
-        position_1xLxD = sinusoidal_positions(length, dim)[None]
-        timestep_TxD = sinusoidal_positions(self.max_steps, dim)
+        position_1xLxD = layers.sinusoidal_positions(length, dim)[None]
+        timestep_TxD = layers.sinusoidal_positions(self.max_steps, dim)
         cumulative_BxL = jnp.zeros((batch, length), jnp.float32)
         remainders_BxL = jnp.zeros_like(cumulative_BxL)
         steps_BxL = jnp.zeros_like(cumulative_BxL)
@@ -334,3 +335,28 @@ STACKS: dict[str, type[nnx.Module]] = {"sequential": SequentialStack,
                                        "reversible": ReversibleStack,
                                        "segment_recurrent": SegmentRecurrentStack,
                                        "universal": UniversalStack}
+
+
+def resolve_block(model: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The block settings `model` runs with: defaults < variant's < overrides.
+
+    Raises ValueError on an unknown key, kind or stack (listing the valid ones).
+    """
+    implied = registry.capabilities(model).block or {}
+    overrides = dict(overrides or {})
+    for source, values in (("Capabilities.block of " + repr(model), implied),
+                           ("config.block", overrides)):
+        unknown = sorted(set(values) - set(BLOCK_DEFAULTS))
+        if unknown:
+            raise ValueError(f"unknown {source} key(s) {', '.join(map(repr, unknown))}; "
+                             f"valid: {', '.join(sorted(BLOCK_DEFAULTS))}")
+    resolved = {**BLOCK_DEFAULTS, **implied, **overrides}
+    if resolved["kind"] not in BLOCK_KINDS:
+        raise ValueError(f"unknown block kind {resolved['kind']!r}; "
+                         f"valid: {', '.join(sorted(BLOCK_KINDS))}")
+    if resolved["stack"] not in STACKS:
+        raise ValueError(f"unknown block stack {resolved['stack']!r}; "
+                         f"valid: {', '.join(sorted(STACKS))}")
+    if int(resolved["ffn_chunks"]) < 1:
+        raise ValueError(f"block ffn_chunks must be >= 1, got {resolved['ffn_chunks']}")
+    return resolved

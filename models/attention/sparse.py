@@ -32,7 +32,8 @@ class PatternAttention(MultiHeadAttention):
 
     def __init__(self, *, pattern: masks.Pattern, dim: int, num_heads: int, causal: bool,
                  qkv_dim: int | None, attention_dropout: float, use_bias: bool,
-                 attention_impl: str, block_size: int | None, rngs: nnx.Rngs):
+                 attention_impl: str, block_size: int | None, rngs: nnx.Rngs,
+                 prefix_len: int = 0):
         super().__init__(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
                          attention_dropout=attention_dropout, use_bias=use_bias, rngs=rngs)
         if attention_impl not in IMPLS:
@@ -42,6 +43,8 @@ class PatternAttention(MultiHeadAttention):
         if pattern.num_heads not in (None, num_heads):
             raise registry.RegistryError(
                 f"per-head pattern has {pattern.num_heads} heads, the model {num_heads}")
+        # The pattern is stated for the content; the prefix (CLS) positions are global.
+        pattern = masks.prefixed(pattern, prefix_len)
         self.pattern = pattern & masks.causal() if causal else pattern
         self.attention_impl = attention_impl
         self.block_size = block_size
@@ -102,9 +105,12 @@ class AxialSumAttention(PatternAttention):
     """Axial attention as two passes (row softmax, column softmax) over the same
     projections, summed: each position mixes its row and its column."""
 
-    def __init__(self, *, width: int, **kwargs):
-        super().__init__(pattern=masks.all_(), **kwargs)
-        self.passes = (masks.axial(width, 0), masks.axial(width, 1))
+    def __init__(self, *, width: int, prefix_len: int = 0, **kwargs):
+        # `pattern` (which positions reach which) is the union of the passes.
+        super().__init__(pattern=masks.axial(width, 0) | masks.axial(width, 1),
+                         prefix_len=prefix_len, **kwargs)
+        self.passes = tuple(masks.prefixed(masks.axial(width, axis), prefix_len)
+                            for axis in (0, 1))
 
     def __call__(self, x_BxLxD, padding_mask=None, deterministic=True):
         q, k, v = self.project_qkv(x_BxLxD)
@@ -117,17 +123,18 @@ class AxialSumAttention(PatternAttention):
 # Builders: the paper's hyperparameters -> a pattern.
 
 def _common(dim, num_heads, causal, rngs, qkv_dim, attention_dropout, use_bias,
-            attention_impl, block_size):
+            attention_impl, block_size, prefix_len):
     return dict(dim=dim, num_heads=num_heads, causal=causal, rngs=rngs, qkv_dim=qkv_dim,
                 attention_dropout=attention_dropout, use_bias=use_bias,
-                attention_impl=attention_impl, block_size=block_size)
+                attention_impl=attention_impl, block_size=block_size,
+                prefix_len=prefix_len)
 
 
 def _caps(description: str, *, causal: bool, test_hparams: dict,
           dense_equivalent: dict | None) -> registry.Capabilities:
     return registry.Capabilities(description=description, causal=causal, padding=True,
                                  variable_length=True, dense_equivalent=dense_equivalent,
-                                 test_hparams=test_hparams)
+                                 test_hparams=test_hparams, receptive_field="pattern")
 
 
 def _build(pattern, *, causal, **common):
@@ -137,13 +144,13 @@ def _build(pattern, *, causal, **common):
 @registry.register("local", capabilities=_caps(
     "sliding-window attention |i-j| <= window", causal=True,
     test_hparams=dict(window=2, block_size=4), dense_equivalent=dict(window=16)))
-def build_local(*, dim, num_heads, max_len, causal, rngs, window: int = 128,
+def build_local(*, dim, num_heads, max_len, causal, rngs, prefix_len=0, window: int = 128,
                 qkv_dim=None, attention_dropout=0.1, use_bias=True,
                 attention_impl="dense", block_size=64):
     del max_len
     return _build(masks.local(window), **_common(
         dim, num_heads, causal, rngs, qkv_dim, attention_dropout, use_bias, attention_impl,
-        block_size))
+        block_size, prefix_len))
 
 
 def _head_split(a: masks.Pattern, b: masks.Pattern, heads: str,
@@ -160,22 +167,24 @@ def _head_split(a: masks.Pattern, b: masks.Pattern, heads: str,
     "union or split over heads", causal=True,
     test_hparams=dict(stride=4, heads="split", block_size=4),
     dense_equivalent=dict(stride=1, heads="union")))
-def build_strided(*, dim, num_heads, max_len, causal, rngs, stride: int | None = None,
+def build_strided(*, dim, num_heads, max_len, causal, rngs,
+                  prefix_len=0, stride: int | None = None,
                   heads: str = "union", lra_causal: bool = False, qkv_dim=None,
                   attention_dropout=0.1, use_bias=True, attention_impl="dense",
                   block_size=64):
-    stride = stride or max(1, round(math.sqrt(max_len)))  # l ~ sqrt(n)
+    stride = stride or max(1, round(math.sqrt(max_len - prefix_len)))  # l ~ sqrt(n)
     pattern = _head_split(masks.sparse_a1(stride), masks.strided(stride), heads, num_heads)
     return _build(pattern, **_common(dim, num_heads, causal or lra_causal, rngs, qkv_dim,
                                      attention_dropout, use_bias, attention_impl,
-                                     block_size))
+                                     block_size, prefix_len))
 
 
 @registry.register("fixed", capabilities=_caps(
     "Sparse Transformer fixed: own block (A1) and the last c of every block (A2)",
     causal=True, test_hparams=dict(block=4, c=1, heads="split", block_size=4),
     dense_equivalent=dict(block=16, c=1, heads="union")))
-def build_fixed(*, dim, num_heads, max_len, causal, rngs, block: int = 128, c: int = 8,
+def build_fixed(*, dim, num_heads, max_len, causal, rngs,
+                prefix_len=0, block: int = 128, c: int = 8,
                 heads: str = "union", lra_causal: bool = False, qkv_dim=None,
                 attention_dropout=0.1, use_bias=True, attention_impl="dense",
                 block_size=64):
@@ -184,65 +193,71 @@ def build_fixed(*, dim, num_heads, max_len, causal, rngs, block: int = 128, c: i
     pattern = _head_split(masks.SameBlock(block), masks.Summary(block, c), heads, num_heads)
     return _build(pattern, **_common(dim, num_heads, causal or lra_causal, rngs, qkv_dim,
                                      attention_dropout, use_bias, attention_impl,
-                                     block_size))
+                                     block_size, prefix_len))
 
 
 @registry.register("dilated", capabilities=_caps(
     "dilated window: j = i + k*dilation for |k| <= window", causal=True,
     test_hparams=dict(window=2, dilation=2, block_size=4),
     dense_equivalent=dict(window=16, dilation=1)))
-def build_dilated(*, dim, num_heads, max_len, causal, rngs, window: int = 64,
+def build_dilated(*, dim, num_heads, max_len, causal, rngs, prefix_len=0, window: int = 64,
                   dilation: int = 2, qkv_dim=None, attention_dropout=0.1, use_bias=True,
                   attention_impl="dense", block_size=64):
     del max_len
     return _build(masks.dilated(window, dilation), **_common(
         dim, num_heads, causal, rngs, qkv_dim, attention_dropout, use_bias, attention_impl,
-        block_size))
+        block_size, prefix_len))
 
 
 @registry.register("global", capabilities=_caps(
-    "global tokens attend to and are attended by all: the first num_global positions "
-    "(e.g. CLS) or extra learned tokens", causal=False,
+    "global tokens attend to and are attended by all: the first num_global content "
+    "positions (and the CLS slot) or extra learned tokens", causal=False,
     test_hparams=dict(num_global=2, block_size=4),
     dense_equivalent=dict(num_global=16, extra_tokens=False)))
-def build_global(*, dim, num_heads, max_len, causal, rngs, num_global: int = 1,
+def build_global(*, dim, num_heads, max_len, causal, rngs,
+                 prefix_len=0, num_global: int = 1,
                  extra_tokens: bool = False, qkv_dim=None, attention_dropout=0.1,
                  use_bias=True, attention_impl="dense", block_size=64):
     del max_len
     common = _common(dim, num_heads, causal, rngs, qkv_dim, attention_dropout, use_bias,
-                     attention_impl, block_size)
-    # Every token also sees itself, so no row is empty.
-    pattern = masks.global_tokens(range(num_global)) | masks.local(0)
+                     attention_impl, block_size, prefix_len)
     if extra_tokens:
-        return GlobalTokenAttention(num_tokens=num_global, pattern=pattern, **common)
-    return _build(pattern, **common)
+        # The learned tokens go before everything: they and the prefix are global, and
+        # every content token sees itself, so no row is empty.
+        common["prefix_len"] = num_global + prefix_len
+        return GlobalTokenAttention(num_tokens=num_global, pattern=masks.local(0), **common)
+    # Every token also sees itself, so no row is empty.
+    return _build(masks.global_tokens(range(num_global)) | masks.local(0), **common)
 
 
 @registry.register("random", capabilities=_caps(
     "each query attends to itself and num_random random keys (seeded hash of i, j)",
     causal=True, test_hparams=dict(num_random=4, block_size=4),
     dense_equivalent=dict(num_random=16)))
-def build_random(*, dim, num_heads, max_len, causal, rngs, num_random: int = 8,
+def build_random(*, dim, num_heads, max_len, causal, rngs,
+                 prefix_len=0, num_random: int = 8,
                  seed: int = 0, qkv_dim=None, attention_dropout=0.1, use_bias=True,
                  attention_impl="dense", block_size=64):
     # The rate is fixed from max_len so that a shorter input sees the same pattern.
-    pattern = masks.random(num_keys=num_random, kv_len=max_len, seed=seed) | masks.local(0)
+    pattern = (masks.random(num_keys=num_random, kv_len=max_len - prefix_len, seed=seed)
+               | masks.local(0))
     return _build(pattern, **_common(dim, num_heads, causal, rngs, qkv_dim,
                                      attention_dropout, use_bias, attention_impl,
-                                     block_size))
+                                     block_size, prefix_len))
 
 
 @registry.register("block_local", capabilities=_caps(
     "Image Transformer 1D: query blocks see their block plus `memory` preceding positions",
     causal=True, test_hparams=dict(block=4, memory=2, block_size=4),
     dense_equivalent=dict(block=16, memory=0)))
-def build_block_local(*, dim, num_heads, max_len, causal, rngs, block: int = 128,
+def build_block_local(*, dim, num_heads, max_len, causal, rngs,
+                      prefix_len=0, block: int = 128,
                       memory: int = 128, qkv_dim=None, attention_dropout=0.1,
                       use_bias=True, attention_impl="dense", block_size=64):
     del max_len
     return _build(masks.block_local(block, memory), **_common(
         dim, num_heads, causal, rngs, qkv_dim, attention_dropout, use_bias, attention_impl,
-        block_size))
+        block_size, prefix_len))
 
 
 def _width(width: int | None, max_len: int) -> int:
@@ -256,15 +271,17 @@ def _width(width: int | None, max_len: int) -> int:
                       flange_width=1, block_size=4),
     dense_equivalent=dict(width=4, query_height=4, query_width=4, flange_height=0,
                           flange_width=0)))
-def build_local_2d(*, dim, num_heads, max_len, causal, rngs, width: int | None = None,
+def build_local_2d(*, dim, num_heads, max_len, causal, rngs,
+                   prefix_len=0, width: int | None = None,
                    query_height: int = 8, query_width: int = 16, flange_height: int = 8,
                    flange_width: int = 8, qkv_dim=None, attention_dropout=0.1,
                    use_bias=True, attention_impl="dense", block_size=64):
-    pattern = masks.local_2d(_width(width, max_len), (query_height, query_width),
+    # The raster is the content's: the CLS slot (prefix) is a global token, not a pixel.
+    pattern = masks.local_2d(_width(width, max_len - prefix_len), (query_height, query_width),
                              (flange_height, flange_width))
     return _build(pattern, **_common(dim, num_heads, causal, rngs, qkv_dim,
                                      attention_dropout, use_bias, attention_impl,
-                                     block_size))
+                                     block_size, prefix_len))
 
 
 @registry.register("longformer", capabilities=_caps(
@@ -272,7 +289,8 @@ def build_local_2d(*, dim, num_heads, max_len, causal, rngs, width: int | None =
     causal=False, test_hparams=dict(window=2, num_global=1, dilation=2, dilated_heads=1,
                                     block_size=4),
     dense_equivalent=dict(window=16, dilation=1)))
-def build_longformer(*, dim, num_heads, max_len, causal, rngs, window: int = 256,
+def build_longformer(*, dim, num_heads, max_len, causal, rngs,
+                     prefix_len=0, window: int = 256,
                      num_global: int = 1, dilation: int = 1, dilated_heads: int = 0,
                      qkv_dim=None, attention_dropout=0.1, use_bias=True,
                      attention_impl="dense", block_size=64):
@@ -288,7 +306,7 @@ def build_longformer(*, dim, num_heads, max_len, causal, rngs, window: int = 256
         pattern = plain | glob
     return _build(pattern, **_common(dim, num_heads, causal, rngs, qkv_dim,
                                      attention_dropout, use_bias, attention_impl,
-                                     block_size))
+                                     block_size, prefix_len))
 
 
 @registry.register("bigbird", capabilities=_caps(
@@ -296,30 +314,31 @@ def build_longformer(*, dim, num_heads, max_len, causal, rngs, window: int = 256
     "num_random_blocks random blocks per block row", causal=False,
     test_hparams=dict(block=4, num_random_blocks=1, num_global_blocks=1, block_size=4),
     dense_equivalent=dict(block=16)))
-def build_bigbird(*, dim, num_heads, max_len, causal, rngs, block: int = 64,
+def build_bigbird(*, dim, num_heads, max_len, causal, rngs, prefix_len=0, block: int = 64,
                   num_random_blocks: int = 3, num_global_blocks: int = 2, seed: int = 0,
                   qkv_dim=None, attention_dropout=0.1, use_bias=True,
                   attention_impl="dense", block_size: int | None = None):
     pattern = (masks.block_window(block, 1)
                | masks.global_tokens(range(num_global_blocks * block))
-               | masks.random(num_keys=num_random_blocks, kv_len=max_len, seed=seed,
-                              block=block))
+               | masks.random(num_keys=num_random_blocks, kv_len=max_len - prefix_len,
+                              seed=seed, block=block))
     # The pattern is made of `block` tiles, so the kernel uses them by default.
     return _build(pattern, **_common(dim, num_heads, causal, rngs, qkv_dim,
                                      attention_dropout, use_bias, attention_impl,
-                                     block_size or block))
+                                     block_size or block, prefix_len))
 
 
 @registry.register("axial", capabilities=_caps(
     "axial attention on a raster of `width` columns: row and column passes summed, "
     "or heads split between rows and columns", causal=False,
     test_hparams=dict(width=4, block_size=4), dense_equivalent=None))
-def build_axial(*, dim, num_heads, max_len, causal, rngs, width: int | None = None,
+def build_axial(*, dim, num_heads, max_len, causal, rngs,
+                prefix_len=0, width: int | None = None,
                 mode: str = "sum", qkv_dim=None, attention_dropout=0.1, use_bias=True,
                 attention_impl="dense", block_size=64):
-    width = _width(width, max_len)
+    width = _width(width, max_len - prefix_len)  # the content's raster, not the CLS slot
     common = _common(dim, num_heads, causal, rngs, qkv_dim, attention_dropout, use_bias,
-                     attention_impl, block_size)
+                     attention_impl, block_size, prefix_len)
     if mode == "sum":
         return AxialSumAttention(width=width, **common)
     if mode == "split":

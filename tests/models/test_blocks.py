@@ -8,7 +8,8 @@ import pytest
 from flax import nnx
 
 from models import stacks
-from models.blocks import GatedBlock, GruGate, resolve_block
+from models.blocks import GatedBlock, GruGate
+from models.stacks import resolve_block
 from models.encoder import Encoder, sinusoidal_positions
 from tests.models.helpers import normal
 

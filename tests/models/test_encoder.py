@@ -261,7 +261,8 @@ def test_listops_sized_parameter_count():
 
 
 def test_block_settings_resolve_and_reject_unknown_values():
-    from models.blocks import BLOCK_DEFAULTS, resolve_block
+    from models.blocks import BLOCK_DEFAULTS
+    from models.stacks import resolve_block
 
     assert resolve_block("transformer") == BLOCK_DEFAULTS
     assert resolve_block("transformer", {"ffn_chunks": 4})["ffn_chunks"] == 4

@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from models import registry, stacks
-from models.blocks import resolve_block
+from models.stacks import resolve_block
 from tests.models.helpers import normal
 
 DIM, HEADS, BATCH, MLP = 16, 2, 2, 32

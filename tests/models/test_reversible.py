@@ -8,7 +8,8 @@ import pytest
 from flax import nnx
 
 from models import stacks
-from models.blocks import MlpBlock, resolve_block
+from models.blocks import MlpBlock
+from models.stacks import resolve_block
 from models.encoder import Encoder
 from tests.models.helpers import normal
 
