@@ -1,4 +1,5 @@
-"""Dense multi-head softmax attention: the `transformer` mixer and the reference
+"""Dense multi-head softmax attention: the `transformer` mixer (registered in sparse.py,
+beside its block-sparse forms) and the reference
 that every other variant is tested against.
 
 `dot_product_attention` and `make_attention_mask` are pure functions so that
@@ -16,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models import layers, registry
+from models import layers
 
 DropoutFn = Callable[[jax.Array], jax.Array]
 
@@ -139,30 +140,3 @@ class MultiHeadAttention(nnx.Module):
         o_BxHxLxK = dot_product_attention(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, mask=mask,
                                           dropout_fn=self.dropout_fn(deterministic))
         return self.out(self.merge_heads(o_BxHxLxK))
-
-
-@registry.register("transformer", capabilities=registry.Capabilities(
-    description="softmax multi-head attention over all positions (the reference)",
-    causal=True, padding=True, variable_length=True, dense_equivalent={}))
-def build_transformer(*, dim: int, num_heads: int, max_len: int, causal: bool,
-                      rngs: nnx.Rngs, qkv_dim: int | None = None,
-                      attention_dropout: float = 0.1, use_bias: bool = True,
-                      attention_impl: str = "dense") -> MultiHeadAttention:
-    del max_len  # any length works
-    if attention_impl in ("blocksparse", "pallas"):  # the full pattern, block by block
-        from models import masks  # noqa: PLC0415  (sparse imports this module)
-        from models.attention.sparse import PatternAttention  # noqa: PLC0415
-        # pallas: the kernel's own default tile (64 on GPU, 128 on TPU).
-        return PatternAttention(pattern=masks.all_(), dim=dim, num_heads=num_heads,
-                                causal=causal, qkv_dim=qkv_dim,
-                                attention_dropout=attention_dropout, use_bias=use_bias,
-                                attention_impl=attention_impl,
-                                block_size=64 if attention_impl == "blocksparse" else None,
-                                rngs=rngs)
-    if attention_impl != "dense":
-        raise registry.RegistryError(
-            f"transformer: attention_impl={attention_impl!r} is not available; use 'dense', "
-            "'blocksparse' or 'pallas'")
-    return MultiHeadAttention(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
-                              attention_dropout=attention_dropout, use_bias=use_bias,
-                              rngs=rngs)

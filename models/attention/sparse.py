@@ -120,6 +120,36 @@ class AxialSumAttention(PatternAttention):
 
 
 # ----------------------------------------------------------------------------------
+# `transformer` lives here, not in dense.py: its block-sparse and Pallas forms are the
+# full pattern through PatternAttention (and dense.py must not import this module).
+
+
+@registry.register("transformer", capabilities=registry.Capabilities(
+    description="softmax multi-head attention over all positions (the reference)",
+    causal=True, padding=True, variable_length=True, dense_equivalent={}))
+def build_transformer(*, dim: int, num_heads: int, max_len: int, causal: bool,
+                      rngs: nnx.Rngs, qkv_dim: int | None = None,
+                      attention_dropout: float = 0.1, use_bias: bool = True,
+                      attention_impl: str = "dense") -> MultiHeadAttention:
+    del max_len  # any length works
+    if attention_impl in ("blocksparse", "pallas"):  # the full pattern, block by block
+        # pallas: the kernel's own default tile (64 on GPU, 128 on TPU).
+        return PatternAttention(pattern=masks.all_(), dim=dim, num_heads=num_heads,
+                                causal=causal, qkv_dim=qkv_dim,
+                                attention_dropout=attention_dropout, use_bias=use_bias,
+                                attention_impl=attention_impl,
+                                block_size=64 if attention_impl == "blocksparse" else None,
+                                rngs=rngs)
+    if attention_impl != "dense":
+        raise registry.RegistryError(
+            f"transformer: attention_impl={attention_impl!r} is not available; use 'dense', "
+            "'blocksparse' or 'pallas'")
+    return MultiHeadAttention(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
+                              attention_dropout=attention_dropout, use_bias=use_bias,
+                              rngs=rngs)
+
+
+# ----------------------------------------------------------------------------------
 # Builders: the paper's hyperparameters -> a pattern.
 
 def _common(dim, num_heads, causal, rngs, qkv_dim, attention_dropout, use_bias,

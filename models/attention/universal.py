@@ -9,7 +9,7 @@ Capabilities, and `--config.block.stack=universal` puts any other mixer in it.
 from __future__ import annotations
 
 from models import registry
-from models.attention.dense import build_transformer
+from models.attention.sparse import build_transformer
 
 registry.register("universal", build_transformer, registry.Capabilities(
     description="Universal Transformer: one shared block applied up to T times with ACT",
