@@ -51,7 +51,7 @@ _OPTIONAL_BUILD_ARGS = ("prefix_len",)
 
 Builder = Callable[..., nnx.Module]
 
-RECEPTIVE_FIELDS = ("global", "pattern", "content")
+RECEPTIVE_FIELDS = ("global", "pattern", "limited")
 
 
 class RegistryError(ValueError):
@@ -80,9 +80,11 @@ class Capabilities:
     takes_memory: bool = False
     # Which positions reach which outputs in one layer (tests/models/test_fidelity.py
     # checks it inside the Classifier): "global" (every real position reaches every
-    # output), "pattern" (exactly the mixer's `pattern` attribute, a models.masks.Pattern
-    # over the positions it sees), or "content" (chosen from the data: buckets,
-    # clusters, sorting; no fixed claim).
+    # output; the CLS summary sees everything), "pattern" (exactly the mixer's `pattern`
+    # attribute, a models.masks.Pattern over the positions it sees, the CLS prefix
+    # global), or "limited" (a neighbourhood chosen by the data or by windows that are
+    # not one mask: buckets, clusters, learned spans, ReLU feature supports, pooled
+    # windows; the CLS summary sees only what the method routes to position 0).
     receptive_field: str = "global"
     # Block settings the variant implies (keys of models.blocks.BLOCK_DEFAULTS), e.g.
     # {"kind": "gated"} for GTrXL; the user's config.block still overrides them.

@@ -25,6 +25,10 @@ rfa's kernel form normalises by den + 1e-6 instead of pushing den away from zero
 Choices beyond the papers (reasons at the code):
 - causal FAVOR+ stabilises keys with a running max instead of the paper code's global
   max (which lets future keys reach past outputs), carried as an exact decay;
+- FAVOR+ drops each query's exp(-|q'|^2/2) (a factor that cancels), puts -|k'|^2/2 into
+  the key stabiliser, and makes eps relative to the denominator (which is divided by
+  itself first): with the paper code's stabilisers and eps = 1e-6, the output collapsed
+  towards 0 at LRA's head size (d = 64) once the q, k weights grew;
 - random features (performer, rfa) are one m x d projection per layer shared by the
   heads, as in the Performer code; rfa redraws on the same schedule as performer;
 - rfa's gate exists only for causal=True; fast_weight with causal=False runs the same
@@ -182,6 +186,38 @@ def _away_from_zero(x: jax.Array, eps: float) -> jax.Array:
     return jnp.where(x >= 0, jnp.maximum(x, eps), jnp.minimum(x, -eps))
 
 
+# FAVOR+ (positive features): the denominator's scale is arbitrary. Each query's features
+# carry a free positive factor and the keys one per example and head (the stabilisers),
+# all of which cancel in num / den; only an eps added to den does not cancel. den can be
+# ~1e-4 at LRA's head size and far smaller as the q, k weights grow, so an absolute eps
+# (1e-6) shrinks the output towards 0. The helpers below divide den by itself first
+# (a stop_gradient scale, one per query), so eps is relative, O(eps) of the output,
+# and no gradient goes through 1/den^2 of a tiny den (which overflows in float32). A
+# query that sees no real key has num = den = 0 and gets 0.
+_TINY = float(jnp.finfo(jnp.float32).tiny)
+
+
+def _den_scale(den_BxHxL: jax.Array) -> jax.Array:
+    """den itself where it is a positive normal float, else 1; no gradient."""
+    return jax.lax.stop_gradient(jnp.where(den_BxHxL > _TINY, den_BxHxL, 1.0))
+
+
+def _unit_den_queries(phi_q_BxHxLxK: jax.Array, phi_k_BxHxLxK: jax.Array) -> jax.Array:
+    """Non-causal: each phi_q row divided by its own denominator phi_q . sum_j phi_k, so
+    the attention's den is 1 and its eps relative (the factor cancels in the ratio, so
+    its stop_gradient drops nothing but O(eps)). Padded keys must already be zero."""
+    den_BxHxL = jnp.einsum("bhlk,bhk->bhl", phi_q_BxHxLxK.astype(jnp.float32),
+                           jnp.sum(phi_k_BxHxLxK.astype(jnp.float32), axis=-2))
+    return phi_q_BxHxLxK / _den_scale(den_BxHxL)[..., None]
+
+
+def _relative_eps_ratio(num_BxHxLxD: jax.Array, den_BxHxL: jax.Array,
+                        eps: float) -> jax.Array:
+    """num / (den (1 + eps)) for den >= 0, computed as (num/s) / (den/s + eps), s = den."""
+    scale_BxHxL = _den_scale(den_BxHxL)
+    return (num_BxHxLxD / scale_BxHxL[..., None]) / (den_BxHxL / scale_BxHxL + eps)[..., None]
+
+
 @functools.partial(jax.jit, static_argnames=("causal", "chunk_size"))
 def delta_rule_attention(phi_q_BxHxLxK: jax.Array, phi_k_BxHxLxK: jax.Array,
                          v_BxHxLxD: jax.Array, beta_BxHxL: jax.Array, *, causal: bool,
@@ -272,25 +308,34 @@ def favor_softmax_features(x_BxHxLxK: jax.Array, w_MxK: jax.Array, *, is_query: 
                            mask_BxL: jax.Array | None = None) -> jax.Array:
     """FAVOR+ positive features: exp(w.x' - |x'|^2/2 - c) / sqrt(m), x' = x d^(-1/4).
 
-    E[phi(q).phi(k)] = exp(q.k / sqrt(d)) (up to the constants c, which cancel in the
-    normalised attention). c stabilises exp: for queries the max over each row's
-    features; for keys one max per example and head over all real keys and features,
-    as in the paper's code (padded keys excluded, so they cannot shift it).
+    E[phi(q).phi(k)] = exp(q.k / sqrt(d)) up to constants that cancel in the normalised
+    attention: a per-query factor, and one factor per example and head for the keys.
+    So a query's features are exp(w.q' - max_m w.q') / sqrt(m): its |q'|^2/2 is such a
+    per-query factor and is dropped, not subtracted. At LRA's head size (d = 64) with
+    unit-scale q, k, |q'|^2/2 = |q|^2 / (2 sqrt(d)) is ~4 and grows quadratically with the
+    weights; subtracting it (and the paper code's key max of w.k' alone, which leaves
+    exp(-|k'|^2/2) on every key) pushed the attention's denominator sum_j phi(q).phi(k_j)
+    to ~3e-7 (median; L = 1024) and ~1e-12 with q, k weights grown 1.5x, where it drowns
+    in an absolute eps (the output fell to ~0.5x, then ~0). Keys subtract one max per
+    example and head over all real keys and features of w.k' - |k'|^2/2, so the largest
+    key feature is 1/sqrt(m)
+    (padded keys excluded, so they cannot shift it); the largest query feature is too.
     """
     d, m = x_BxHxLxK.shape[-1], w_MxK.shape[0]
     x = x_BxHxLxK.astype(jnp.float32) * d ** -0.25
     proj_BxHxLxM = jnp.einsum("bhlk,mk->bhlm", x, w_MxK.astype(jnp.float32))
-    sq_norm_BxHxLx1 = 0.5 * jnp.sum(x * x, axis=-1, keepdims=True)
     if is_query:
         stab = jnp.max(proj_BxHxLxM, axis=-1, keepdims=True)
+        log_phi = proj_BxHxLxM
     else:
-        real = proj_BxHxLxM
+        log_phi = proj_BxHxLxM - 0.5 * jnp.sum(x * x, axis=-1, keepdims=True)
+        real = log_phi
         if mask_BxL is not None:
-            real = jnp.where(mask_BxL[:, None, :, None], proj_BxHxLxM, -jnp.inf)
+            real = jnp.where(mask_BxL[:, None, :, None], log_phi, -jnp.inf)
         stab = jnp.max(real, axis=(-2, -1), keepdims=True)
         stab = jnp.where(jnp.isfinite(stab), stab, 0.0)  # no real key at all
     stab = jax.lax.stop_gradient(stab)  # cancels in the ratio
-    return jnp.exp(proj_BxHxLxM - sq_norm_BxHxLx1 - stab) / math.sqrt(m)
+    return jnp.exp(log_phi - stab) / math.sqrt(m)
 
 
 def favor_causal_key_features(k_BxHxLxK: jax.Array, w_MxK: jax.Array, *,
@@ -308,7 +353,10 @@ def favor_causal_key_features(k_BxHxLxK: jax.Array, w_MxK: jax.Array, *,
     d, m = k_BxHxLxK.shape[-1], w_MxK.shape[0]
     x = k_BxHxLxK.astype(jnp.float32) * d ** -0.25
     proj_BxHxLxM = jnp.einsum("bhlk,mk->bhlm", x, w_MxK.astype(jnp.float32))
-    row_max_BxHxL = jnp.max(proj_BxHxLxM, axis=-1)
+    # The max includes -|k'|^2/2 (see `favor_softmax_features`): the largest key feature
+    # seen by each query is then exactly 1/sqrt(m), not exp(-|k'|^2/2) / sqrt(m).
+    log_phi_BxHxLxM = proj_BxHxLxM - 0.5 * jnp.sum(x * x, axis=-1, keepdims=True)
+    row_max_BxHxL = jnp.max(log_phi_BxHxLxM, axis=-1)
     if mask_BxL is not None:
         row_max_BxHxL = jnp.where(mask_BxL[:, None, :], row_max_BxHxL, -jnp.inf)
     prefix_BxHxL = jax.lax.stop_gradient(jax.lax.cummax(row_max_BxHxL, axis=2))
@@ -316,8 +364,7 @@ def favor_causal_key_features(k_BxHxLxK: jax.Array, w_MxK: jax.Array, *,
     prefix_BxHxL = jnp.where(jnp.isfinite(prefix_BxHxL), prefix_BxHxL, 0.0)
     previous_BxHxL = jnp.concatenate([prefix_BxHxL[..., :1], prefix_BxHxL[..., :-1]], -1)
     log_g_BxHxL = jnp.minimum(previous_BxHxL - prefix_BxHxL, 0.0)
-    sq_norm_BxHxLx1 = 0.5 * jnp.sum(x * x, axis=-1, keepdims=True)
-    phi_k = jnp.exp(proj_BxHxLxM - sq_norm_BxHxLx1 - prefix_BxHxL[..., None]) / math.sqrt(m)
+    phi_k = jnp.exp(log_phi_BxHxLxM - prefix_BxHxL[..., None]) / math.sqrt(m)
     return phi_k, log_g_BxHxL
 
 
@@ -519,14 +566,20 @@ class Performer(_KernelAttention):
         if self.kernel == "relu":
             phi_q, phi_k = relu_features(q_BxHxLxK, w_MxK), relu_features(k_BxHxLxK, w_MxK)
         elif self.causal:
+            # The causal den of query i needs keys j <= i only: normalised after the scan
+            # (`_relative_eps_ratio`), so neither eps nor a scale reaches back in time.
             phi_q = favor_softmax_features(q_BxHxLxK, w_MxK, is_query=True)
             phi_k, log_g = favor_causal_key_features(k_BxHxLxK, w_MxK, mask_BxL=mask)
             phi_k, v_BxHxLxK = self.drop_padded(phi_k, v_BxHxLxK, mask)
-            return gated_linear_attention(phi_q, phi_k, v_BxHxLxK, log_g,
-                                          chunk_size=self.chunk_size)
+            num, den = _causal_num_den(phi_q, phi_k, v_BxHxLxK, log_g, self.chunk_size)
+            return _relative_eps_ratio(num, den, 1e-6).astype(v_BxHxLxK.dtype)
         else:
             phi_q = favor_softmax_features(q_BxHxLxK, w_MxK, is_query=True)
             phi_k = favor_softmax_features(k_BxHxLxK, w_MxK, is_query=False, mask_BxL=mask)
+            phi_k, v_BxHxLxK = self.drop_padded(phi_k, v_BxHxLxK, mask)
+            # den = 1 before the (dense or Pallas) attention adds its eps: see
+            # `_unit_den_queries`. Padded keys are zero already, so they do not count.
+            return self.linear(_unit_den_queries(phi_q, phi_k), phi_k, v_BxHxLxK)
         phi_k, v_BxHxLxK = self.drop_padded(phi_k, v_BxHxLxK, mask)
         return self.linear(phi_q, phi_k, v_BxHxLxK)
 
@@ -648,7 +701,8 @@ class FastWeightAttention(_KernelAttention):
 
 @registry.register("fast_weight", capabilities=registry.Capabilities(
     description="fast-weight programmer: delta-rule memory, DPFP features (Schlag et al.)",
-    causal=True, padding=True, variable_length=True, test_hparams={"chunk_size": 5}))
+    causal=True, padding=True, variable_length=True, test_hparams={"chunk_size": 5},
+    receptive_field="limited"))  # DPFP features are ReLU products: some pairs are 0
 def build_fast_weight(*, dim: int, num_heads: int, max_len: int, causal: bool,
                       rngs: nnx.Rngs, qkv_dim: int | None = None, use_bias: bool = True,
                       feature_map: str = "dpfp", dpfp_nu: int = 1,

@@ -261,7 +261,7 @@ def _block_window_attention(q_BxHxLxK: jax.Array, k_BxHxSxK: jax.Array, v_BxHxSx
 
 @registry.register("poolingformer", capabilities=registry.Capabilities(
     description="Poolingformer: sliding-window attention plus pooled attention in a wider window",
-    causal=False, padding=True, variable_length=True,
+    causal=False, padding=True, variable_length=True, receptive_field="limited",
     test_hparams={"window1": 2, "window2": 6, "pool_size": 3, "pool_stride": 2}))
 def build_poolingformer(*, dim: int, num_heads: int, max_len: int, causal: bool,
                         rngs: nnx.Rngs, window1: int = 64, window2: int = 256,

@@ -13,11 +13,16 @@ The paper is a causal language model, where x = i - j >= 0 is the distance to a
 past key. The LRA classifier is bidirectional, so here x = |i - j| (the same span
 on both sides); with causal=True the future is masked as well and x = i - j.
 
-Deviations, with reasons:
-- z_h = S * p_h with p_h a parameter; the paper's code clamps p_h to [0, 1] after
-  each optimiser step, which a Flax module cannot do, so the forward pass uses
-  clip(p_h, 0, 1) with a straight-through gradient (the value is clamped, the
-  gradient still reaches p_h, so a span at 0 or S can move back).
+z_h = S * p_h with p_h the parameter `span_fraction`. As in the paper's code
+(facebookresearch/adaptive-span, `clamp_param`), p_h is clamped to [0, 1] after each
+optimiser step and is not weight-decayed: the Param carries the metadata
+`bounds=(0.0, 1.0)` and `no_weight_decay=True`, which `lra.train.make_optimizer` obeys
+for any parameter. The forward pass also uses clip(p_h, 0, 1) with a straight-through
+gradient, so a value set from outside the range acts clamped, and a span at 0 or S
+still gets the gradient that can move it back (the optimiser's clamp keeps it from
+drifting past).
+
+Deviation, with the reason:
 - The mask is applied to the full L x L weights: the paper also crops keys beyond
   the current span to save compute; at LRA lengths this is a dense computation.
 """
@@ -55,12 +60,16 @@ class AdaptiveSpanAttention(MultiHeadAttention):
         self.max_span = float(max_span)
         self.ramp = float(ramp)
         self.l1_weight = l1_weight
-        # The span as a fraction of max_span, one per head.
-        self.span_fraction = layers.param(jax.nn.initializers.constant(span_init), ("heads",),
-                                          (num_heads,), rngs=rngs)
+        # The span as a fraction of max_span, one per head. Param metadata that the
+        # optimiser obeys (lra.train.make_optimizer): clamped to [0, 1] after each step
+        # (the paper's `clamp_param`) and never weight-decayed.
+        init = layers.named(jax.nn.initializers.constant(span_init), ("heads",))
+        self.span_fraction = nnx.Param(init(rngs.params(), (num_heads,), jnp.float32),
+                                       bounds=(0.0, 1.0), no_weight_decay=True)
 
     def spans(self) -> jax.Array:
-        """z_h = S * clip(p_h, 0, 1), straight-through so clamped spans keep a gradient."""
+        """z_h = S * clip(p_h, 0, 1), straight-through so spans at 0 or S keep a gradient
+        (the optimiser clamps p_h itself after each step)."""
         p_H = self.span_fraction[...]
         clipped_H = p_H + jax.lax.stop_gradient(jnp.clip(p_H, 0.0, 1.0) - p_H)
         return self.max_span * clipped_H
@@ -100,7 +109,7 @@ class AdaptiveSpanAttention(MultiHeadAttention):
 
 @registry.register("adaptive_span", capabilities=registry.Capabilities(
     description="softmax attention with a learned soft span per head (L1 aux loss)",
-    causal=True, padding=True, variable_length=True,
+    causal=True, padding=True, variable_length=True, receptive_field="limited",
     dense_equivalent={"span_init": 1.0}, test_hparams={"ramp": 4.0}))
 def build_adaptive_span(*, dim: int, num_heads: int, max_len: int, causal: bool,
                         rngs: nnx.Rngs, max_span: int | None = None, ramp: float = 32.0,

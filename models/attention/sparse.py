@@ -6,7 +6,8 @@ full masked L x L softmax) or block-sparsely (`"blocksparse"`: only the non-empt
 blocks, `models.kernels.block_sparse_attention`; `"pallas"`: the same blocks through its
 flash-attention kernels, interpreted on CPU; attention dropout by a hashed mask). The builders
 below turn each paper's hyperparameters into a pattern; only `global` with extra
-learned tokens and `axial` in its two-pass form need code of their own.
+learned tokens, `longformer`'s global projections and `axial` in its two-pass form need
+code of their own.
 
 With causal=True every pattern is intersected with `masks.causal()`. The Sparse
 Transformer patterns are not causal by themselves in a classifier (LRA forced them
@@ -101,6 +102,53 @@ class GlobalTokenAttention(PatternAttention):
         return super().__call__(x_BxLxD, padding_mask, deterministic)[:, g:]
 
 
+class LongformerAttention(PatternAttention):
+    """Longformer (Beltagy et al. 2020, section 3.1): two sets of projections.
+
+    The global rows (the first `num_global_rows` positions: the prefix (CLS) and the
+    first num_global content positions) attend to every key with their own
+    `query_global`, `key_global`, `value_global`; every other row attends by `pattern`
+    (window, dilated on some heads, and the global keys) with `query`, `key`, `value`,
+    also to the global keys. As the paper's code, the global projections start as
+    copies of the local ones (separate parameters from then on). The global rows are few:
+    they are computed densely; `attention_impl` (block-sparse, Pallas) computes the rest.
+    With global_projections=False every row uses query/key/value (plain PatternAttention).
+    """
+
+    def __init__(self, *, num_global_rows: int, global_projections: bool = True, **kwargs):
+        super().__init__(**kwargs)
+        self.num_global_rows = num_global_rows
+        self.global_projections = global_projections
+        if global_projections:
+            self.query_global = nnx.clone(self.query)
+            self.key_global = nnx.clone(self.key)
+            self.value_global = nnx.clone(self.value)
+
+    def __call__(self, x_BxLxD, padding_mask=None, deterministic=True):
+        q, k, v = self.project_qkv(x_BxLxD)
+        o_BxHxLxK = self.attend(self.pattern, q, k, v, padding_mask, deterministic)
+        seq_len = x_BxLxD.shape[1]
+        g = min(self.num_global_rows, seq_len)
+        if self.global_projections and g > 0:
+            q_BxHxGxK = self.split_heads(self.query_global(x_BxLxD[:, :g]))
+            k_BxHxLxK = self.split_heads(self.key_global(x_BxLxD))
+            v_BxHxLxK = self.split_heads(self.value_global(x_BxLxD))
+            # The pattern's own rows for these positions (every key; & causal if causal).
+            allowed = self.pattern.mask(jnp.arange(g)[:, None], jnp.arange(seq_len)[None],
+                                        jnp)
+            if self.pattern.num_heads is None:
+                mask = jnp.broadcast_to(allowed, (g, seq_len))[None, None]
+            else:
+                mask = jnp.broadcast_to(allowed, (self.num_heads, g, seq_len))[None]
+            if padding_mask is not None:
+                mask = mask & padding_mask.astype(jnp.bool_)[:, None, None, :]
+            o_BxHxGxK = dot_product_attention(q_BxHxGxK, k_BxHxLxK, v_BxHxLxK, mask=mask,
+                                              dropout_fn=self.dropout_fn(deterministic))
+            o_BxHxLxK = jnp.concatenate([o_BxHxGxK.astype(o_BxHxLxK.dtype),
+                                         o_BxHxLxK[:, :, g:]], axis=2)
+        return self.out(self.merge_heads(o_BxHxLxK))
+
+
 class AxialSumAttention(PatternAttention):
     """Axial attention as two passes (row softmax, column softmax) over the same
     projections, summed: each position mixes its row and its column."""
@@ -193,8 +241,8 @@ def _head_split(a: masks.Pattern, b: masks.Pattern, heads: str,
 
 
 @registry.register("strided", capabilities=_caps(
-    "Sparse Transformer strided: A1 (previous stride) and A2 (every stride-th), "
-    "union or split over heads", causal=True,
+    "Sparse Transformer strided: A1 (previous stride; both sides when not causal) and A2 "
+    "(every stride-th), union or split over heads", causal=True,
     test_hparams=dict(stride=4, heads="split", block_size=4),
     dense_equivalent=dict(stride=1, heads="union")))
 def build_strided(*, dim, num_heads, max_len, causal, rngs,
@@ -203,7 +251,10 @@ def build_strided(*, dim, num_heads, max_len, causal, rngs,
                   attention_dropout=0.1, use_bias=True, attention_impl="dense",
                   block_size=64):
     stride = stride or max(1, round(math.sqrt(max_len - prefix_len)))  # l ~ sqrt(n)
-    pattern = _head_split(masks.sparse_a1(stride), masks.strided(stride), heads, num_heads)
+    # A2 is two-sided; A1 is the paper's {i-l, ..., i} when causal (or LRA's forced
+    # causal), and its bidirectional form {i-l, ..., i+l} in a non-causal classifier.
+    a1 = masks.sparse_a1(stride, two_sided=not (causal or lra_causal))
+    pattern = _head_split(a1, masks.strided(stride), heads, num_heads)
     return _build(pattern, **_common(dim, num_heads, causal or lra_causal, rngs, qkv_dim,
                                      attention_dropout, use_bias, attention_impl,
                                      block_size, prefix_len))
@@ -261,15 +312,20 @@ def build_global(*, dim, num_heads, max_len, causal, rngs,
 
 
 @registry.register("random", capabilities=_caps(
-    "each query attends to itself and num_random random keys (seeded hash of i, j)",
+    "each query attends to itself and exactly num_random other random keys (seeded, "
+    "Floyd's sampling per row)",
     causal=True, test_hparams=dict(num_random=4, block_size=4),
     dense_equivalent=dict(num_random=16)))
 def build_random(*, dim, num_heads, max_len, causal, rngs,
                  prefix_len=0, num_random: int = 8,
                  seed: int = 0, qkv_dim=None, attention_dropout=0.1, use_bias=True,
                  attention_impl="dense", block_size=64):
-    # The rate is fixed from max_len so that a shorter input sees the same pattern.
-    pattern = (masks.random(num_keys=num_random, kv_len=max_len - prefix_len, seed=seed)
+    # Every row: itself and exactly num_random distinct other keys, drawn (uniformly, per
+    # row) from the max_len - prefix_len content positions, so that a shorter input sees
+    # the same pattern (keys past its end are absent). Under causal the future ones are
+    # masked.
+    pattern = (masks.random(num_keys=num_random, kv_len=max_len - prefix_len, seed=seed,
+                            skip_window=0)
                | masks.local(0))
     return _build(pattern, **_common(dim, num_heads, causal, rngs, qkv_dim,
                                      attention_dropout, use_bias, attention_impl,
@@ -315,15 +371,15 @@ def build_local_2d(*, dim, num_heads, max_len, causal, rngs,
 
 
 @registry.register("longformer", capabilities=_caps(
-    "Longformer: sliding window (dilated on some heads) plus global tokens",
-    causal=False, test_hparams=dict(window=2, num_global=1, dilation=2, dilated_heads=1,
-                                    block_size=4),
-    dense_equivalent=dict(window=16, dilation=1)))
+    "Longformer: sliding window (dilated on some heads) plus global tokens, whose rows "
+    "use their own query/key/value projections", causal=False,
+    test_hparams=dict(window=2, num_global=1, dilation=2, dilated_heads=1, block_size=4),
+    dense_equivalent=dict(window=16, dilation=1, global_projections=False)))
 def build_longformer(*, dim, num_heads, max_len, causal, rngs,
                      prefix_len=0, window: int = 256,
                      num_global: int = 1, dilation: int = 1, dilated_heads: int = 0,
-                     qkv_dim=None, attention_dropout=0.1, use_bias=True,
-                     attention_impl="dense", block_size=64):
+                     global_projections: bool = True, qkv_dim=None, attention_dropout=0.1,
+                     use_bias=True, attention_impl="dense", block_size=64):
     del max_len
     if not 0 <= dilated_heads <= num_heads:
         raise registry.RegistryError(f"dilated_heads must be in [0, {num_heads}]")
@@ -334,24 +390,28 @@ def build_longformer(*, dim, num_heads, max_len, causal, rngs,
                                  + [plain] * (num_heads - dilated_heads)) | glob
     else:
         pattern = plain | glob
-    return _build(pattern, **_common(dim, num_heads, causal, rngs, qkv_dim,
-                                     attention_dropout, use_bias, attention_impl,
-                                     block_size, prefix_len))
+    # The global tokens: the prefix (CLS) and the first num_global content positions.
+    return LongformerAttention(
+        pattern=pattern, num_global_rows=prefix_len + num_global,
+        global_projections=global_projections, **_common(
+            dim, num_heads, causal, rngs, qkv_dim, attention_dropout, use_bias,
+            attention_impl, block_size, prefix_len))
 
 
 @registry.register("bigbird", capabilities=_caps(
-    "BigBird ITC: window of 3 blocks, the first num_global_blocks blocks global, "
-    "num_random_blocks random blocks per block row", causal=False,
+    "BigBird ITC: window of 3 blocks, num_global_blocks global blocks (first and last), "
+    "num_random_blocks random blocks per block row outside window and globals",
+    causal=False,
     test_hparams=dict(block=4, num_random_blocks=1, num_global_blocks=1, block_size=4),
     dense_equivalent=dict(block=16)))
 def build_bigbird(*, dim, num_heads, max_len, causal, rngs, prefix_len=0, block: int = 64,
                   num_random_blocks: int = 3, num_global_blocks: int = 2, seed: int = 0,
                   qkv_dim=None, attention_dropout=0.1, use_bias=True,
                   attention_impl="dense", block_size: int | None = None):
-    pattern = (masks.block_window(block, 1)
-               | masks.global_tokens(range(num_global_blocks * block))
-               | masks.random(num_keys=num_random_blocks, kv_len=max_len - prefix_len,
-                              seed=seed, block=block))
+    # Blocks of the content (max_len - prefix_len positions, as the reference's padded
+    # length): the first ceil(g/2) and the last floor(g/2) blocks are global.
+    pattern = masks.bigbird(block, max_len - prefix_len, num_global_blocks=num_global_blocks,
+                            num_random_blocks=num_random_blocks, seed=seed)
     # The pattern is made of `block` tiles, so the kernel uses them by default.
     return _build(pattern, **_common(dim, num_heads, causal, rngs, qkv_dim,
                                      attention_dropout, use_bias, attention_impl,
@@ -445,9 +505,10 @@ class StarAttention(MultiHeadAttention):
         return h_BxLxD
 
 
-@registry.register("star", capabilities=_caps(
-    "Star-Transformer: ring neighbours, own embedding and a relay node that attends to all",
-    causal=False, test_hparams=dict(cycles=2), dense_equivalent=None))
+@registry.register("star", capabilities=registry.Capabilities(
+    description="Star-Transformer: ring neighbours, own embedding and a relay node that "
+    "attends to all", causal=False, padding=True, variable_length=True,
+    test_hparams=dict(cycles=2)))  # global: every satellite reaches the relay
 def build_star(*, dim, num_heads, max_len, causal, rngs, cycles: int = 2, qkv_dim=None,
                attention_dropout=0.1, use_bias=True):
     del max_len, causal  # any length; causal=True is refused by the registry

@@ -6,6 +6,8 @@ the recurrent form, the random-feature estimator and the redraw schedule.
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -217,6 +219,67 @@ def test_performer_causal_padding_keeps_stabiliser():
     y_big = np.asarray(model(jnp.asarray(x_big), padding_mask=mask, deterministic=True))
     real = np.asarray(mask)
     np.testing.assert_allclose(y[real], y_big[real], **TOL)
+
+
+def favor_exact_estimator(q, k, v, w, *, causal, mask):
+    """The FAVOR+ estimate itself, in float64 with no eps: A_ij = phi(q_i).phi(k_j) over
+    the real (and, causal, past) keys, A V / A 1. The factors that cancel in the ratio
+    (each query's, and one over all keys) are taken out only to keep exp in range."""
+    d = q.shape[-1]
+    q, k, v, w = (np.asarray(a, np.float64) for a in (q, k, v, w))
+    real_Bx1x1xL = np.asarray(mask)[:, None, None, :]
+    log_q = (q * d ** -0.25) @ w.T
+    log_k = (k * d ** -0.25) @ w.T - 0.5 * ((k * d ** -0.25) ** 2).sum(-1, keepdims=True)
+    log_q -= log_q.max(-1, keepdims=True)
+    log_k -= np.where(real_Bx1x1xL[..., 0, :, None], log_k, -np.inf).max(axis=(-2, -1),
+                                                                            keepdims=True)
+    a = np.einsum("bhim,bhjm->bhij", np.exp(log_q), np.exp(log_k)) * real_Bx1x1xL
+    if causal:
+        a = np.tril(a)
+    return np.einsum("bhij,bhjd->bhid", a, v) / a.sum(-1, keepdims=True)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _attend_and_grads(graphdef, state, q, k, v, x, mask):
+    """A module's `attend` (inference) and the gradient of its real outputs' squares
+    with respect to q and k; one compile per graph (the weights are arguments)."""
+    def loss(q, k):
+        o = nnx.merge(graphdef, state).attend(q, k, v, x, mask, True)
+        return jnp.sum(jnp.where(mask[:, None, :, None], o, 0.0) ** 2), o
+    (_, o), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(q, k)
+    return o, grads
+
+
+@pytest.mark.parametrize("weight_scale", [1.0, 1.5, 2.5])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_performer_favor_keeps_scale_at_lra_head_size(causal, weight_scale):
+    """Regression: at LRA's head size (d = 64, m = 256, LayerNorm-scale inputs) the
+    stabilisers left the denominators at ~3e-7 (~1e-12 with 1.5x q, k weights), the
+    absolute eps = 1e-6 did not cancel, and the output fell to ~0.5x softmax's (~0 at
+    1.5x). The module (with padding) must give the FAVOR+ estimate itself, and so
+    softmax attention's scale: at m = 256 the estimate's own variance (~exp(|q'+k'|^2)
+    / m, |q'|^2 = |q|^2 / 8 ~ 8 here) makes its norm 0.9-3.4x softmax's (measured at
+    L = 512 and 1024), never ~0. Its gradients stay finite."""
+    length, real_len, dim = 512, 448, 128
+    model = build("performer", causal=causal, dim=dim, heads=2, qkv_dim=dim,
+                  num_features=256, kernel="softmax")
+    for proj in (model.query, model.key):  # xavier: q, k components ~ N(0, scale^2)
+        proj.kernel[...] = proj.kernel[...] * weight_scale
+    x = jnp.asarray(normal(50, (1, length, dim)))
+    mask = jnp.arange(length)[None] < real_len
+    q, k, v = model.project_qkv(x)
+    got, grads = _attend_and_grads(*nnx.split(model), q, k, v, x, mask)
+    got = np.asarray(got, np.float64)[:, :, :real_len]
+    want = favor_exact_estimator(q, k, v, model.projection.features[...], causal=causal,
+                                 mask=mask)[:, :, :real_len]
+    allowed = dense.make_attention_mask(mask, causal=causal, q_len=length, kv_len=length)
+    exact = np.asarray(dense.dot_product_attention(q, k, v, mask=allowed),
+                       np.float64)[:, :, :real_len]
+    estimator_error = np.linalg.norm(got - want) / np.linalg.norm(want)
+    assert estimator_error < 1e-3, estimator_error
+    ratio = np.linalg.norm(got) / np.linalg.norm(exact)
+    assert 0.7 < ratio < 5.0, ratio
+    assert all(np.isfinite(np.asarray(g)).all() for g in grads)
 
 
 def features_of(model: nnx.Module) -> np.ndarray:
