@@ -39,6 +39,8 @@ def _config(name: str, pooling: str, num_layers: int = 1):
     config.num_heads, config.mlp_dim, config.num_layers = 2, 32, num_layers
     config.dropout_rate = config.attention_dropout_rate = 0.0
     config.pooling = pooling
+    if config.block.stack == "segment_recurrent":  # three segments of 8
+        config.block.segment_len = config.block.mem_len = 8
     if two_d:  # the presets' sizes are for 32 x 32; these keep their shape at 8 x 8
         config.model_hparams.update({"local_2d": dict(query_height=2, query_width=4,
                                                       flange_height=2, flange_width=2),
@@ -91,7 +93,8 @@ def _segment_field(length: int, segment_len: int, mem_len: int) -> np.ndarray:
     seg = np.arange(length) // segment_len
     start = seg * segment_len
     j = np.arange(length)[None]
-    return (j >= start[:, None] - (mem_len or segment_len)) & (j < (start + segment_len)[:, None])
+    return ((j >= start[:, None] - (mem_len or segment_len))
+            & (j < (start + segment_len)[:, None]))
 
 
 def _expected(name: str, model, length: int) -> np.ndarray | None:
