@@ -57,7 +57,9 @@ def _define_flags() -> None:
                          "mode).")
     flags.DEFINE_integer("num_layers", 0, "Layers in train_step mode (0: the task config's).")
     flags.DEFINE_string("attention_impl", "dense", "train_step mode: config.attention_impl "
-                        "(dense, blocksparse, pallas) for the variants that take it.")
+                        "(dense, blocksparse, pallas) for the variants that have it; the "
+                        "others run their own (attention_impl=dense), marked in the table's "
+                        "impl column.")
     flags.DEFINE_integer("repeats", 3, "Timed calls per cell (the median is reported); 0: "
                          "compile only and report memory, e.g. at lengths this machine "
                          "cannot run in reasonable time.")
@@ -142,14 +144,13 @@ def measure_train_step(model: str, length: int, *, task: str = "text", batch_siz
     config = importlib.import_module(f"configs.{task}").get_config(
         f"model={model}" + (f",{config_arg}" if config_arg else ""))
     config.max_length = length
-    if attention_impl != "dense" and "attention_impl" in registry.accepted_hparams(model):
-        config.attention_impl = attention_impl
     for field, value in (("batch_size", batch_size), ("emb_dim", dim), ("qkv_dim", dim),
                          ("num_heads", num_heads), ("num_layers", num_layers)):
         if value:
             config[field] = value
     task_info = lra.tasks.get(task)
-    graphdef, params, rest = nnx.split(train.build_model(config, task_info), nnx.Param, ...)
+    built, impl = build_model_with_impl(config, task_info, attention_impl)
+    graphdef, params, rest = nnx.split(built, nnx.Param, ...)
     schedule = train.learning_rate_schedule(config)
     tx = train.make_optimizer(config, schedule)
     state = {"step": jnp.int32(0), "params": params, "rest": rest,
@@ -166,7 +167,8 @@ def measure_train_step(model: str, length: int, *, task: str = "text", batch_siz
         _MEMORY_ONLY_OPTIONS if repeats == 0 else None)
     analysis = compiled.memory_analysis()
     temp = getattr(analysis, "temp_size_in_bytes", None) if analysis is not None else None
-    row = {"model": model, "length": length, "time_s": None, "temp_bytes": temp}
+    row = {"model": model, "length": length, "time_s": None, "temp_bytes": temp,
+           "impl": impl}
     if repeats == 0:  # memory only: XLA's analysis needs no run
         return row
     state, metrics = compiled(state, batch)  # warm-up
@@ -184,6 +186,46 @@ def measure_train_step(model: str, length: int, *, task: str = "text", batch_siz
     return row
 
 
+def build_model_with_impl(config, task_info, attention_impl: str) -> tuple[nnx.Module, str]:
+    """`lra.train.build_model` with config.attention_impl = `attention_impl` where the
+    variant has that implementation (at this config), else with its own
+    (attention_impl="dense"); returns (model, the attention_impl it was built with).
+
+    Which values a variant takes is known only to its builder (and `Classifier` refuses any
+    but "dense" for attention-free mixers), so the requested value is tried first: a
+    ValueError (RegistryError included) there while "dense" builds means the variant lacks
+    that implementation. An error that "dense" gives too is the requested build's, raised.
+    """
+    from lra import train
+
+    config.attention_impl = attention_impl
+    if attention_impl == "dense":
+        return train.build_model(config, task_info), "dense"
+    try:
+        return train.build_model(config, task_info), attention_impl
+    except ValueError as e:
+        error = e
+    config.attention_impl = "dense"
+    try:
+        return train.build_model(config, task_info), "dense"
+    except Exception:  # noqa: BLE001  (not about the implementation: report the first)
+        raise error from None
+
+
+def first_line(text: str, limit: int = 300) -> str:
+    """The first non-empty line of `text`, whole up to `limit` characters; a longer one is
+    cut at the last word boundary before it, with an ellipsis (never mid-word)."""
+    line = next((l.strip() for l in text.splitlines() if l.strip()), "")
+    if len(line) <= limit:
+        return line
+    end = line.rfind(" ", 0, limit + 1)
+    if end <= 0:  # one long word first: keep it whole
+        end = line.find(" ", limit)
+        if end < 0:
+            return line
+    return line[:end].rstrip(" ,;:") + "..."
+
+
 def growth_exponent(lengths: list[int], values: list[float | None]) -> float | None:
     """Least-squares slope of log(value) against log(L); None with fewer than 2 points."""
     pts = [(math.log(l), math.log(v)) for l, v in zip(lengths, values) if v]
@@ -193,18 +235,33 @@ def growth_exponent(lengths: list[int], values: list[float | None]) -> float | N
     return float(np.polyfit(xs, ys, 1)[0])
 
 
-def table(rows: list[dict], lengths: list[int]) -> str:
-    """Markdown: per model and L, time and memory with ratios to transformer."""
+def table(rows: list[dict], lengths: list[int], attention_impl: str = "dense") -> str:
+    """Markdown: per model and L, time and memory with ratios to transformer.
+
+    With `attention_impl` other than "dense" (or rows measured with another), an impl column
+    gives the attention_impl each model's cells were measured with; `*` and a footnote mark
+    the variants that lack the requested one and ran their own.
+    """
     by = {(r["model"], r["length"]): r for r in rows}
     models = list(dict.fromkeys(r["model"] for r in rows))
-    head = ["model"] + [f"L={l}" for l in lengths] + ["time growth", "memory growth"]
+    show_impl = attention_impl != "dense" or any(r.get("impl", "dense") != "dense"
+                                                 for r in rows)
+    head = (["model"] + (["impl"] if show_impl else []) + [f"L={l}" for l in lengths]
+            + ["time growth", "memory growth"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    fallbacks = []
     for m in models:
         cells = []
+        if show_impl:
+            impls = list(dict.fromkeys(by[(m, l)]["impl"] for l in lengths
+                                       if by.get((m, l), {}).get("impl")))
+            if any(i != attention_impl for i in impls):
+                fallbacks.append(m)
+            cells.append("/".join(impls) + ("*" if m in fallbacks else "") if impls else "-")
         for l in lengths:
             r, base = by.get((m, l)), by.get(("transformer", l))
             if r is None or "error" in r:
-                cells.append(f"- ({r['error']})" if r else "-")
+                cells.append(f"- ({r['error']})".replace("|", "\\|") if r else "-")
                 continue
             mib = (r["temp_bytes"] or 0) / 2**20
             cell = (f"{r['time_s'] * 1e3:.1f} ms, " if r["time_s"] else "") + f"{mib:.1f} MiB"
@@ -225,11 +282,14 @@ def table(rows: list[dict], lengths: list[int]) -> str:
         cells += [f"L^{tg:.2f}" if tg is not None else "-",
                   f"L^{mg:.2f}" if mg is not None else "-"]
         lines.append("| " + " | ".join([m] + cells) + " |")
+    if fallbacks:
+        lines += ["", f"impl*: no attention_impl={attention_impl} in {', '.join(fallbacks)}; "
+                      "measured with the variant's own implementation (the impl shown)."]
     return "\n".join(lines)
 
 
 CSV_FIELDS = ["model", "length", "time_s", "temp_bytes", "device_peak_bytes", "error",
-              "mode", "task", "batch_size", "dim", "num_heads", "num_layers",
+              "impl", "mode", "task", "batch_size", "dim", "num_heads", "num_layers",
               "attention_impl", "repeats", "platform", "config_arg"]
 
 
@@ -262,7 +322,8 @@ def read_csv(path: str, settings: dict) -> dict[tuple[str, int], dict]:
             "time_s": float(rec["time_s"]) if rec["time_s"] else None,
             "temp_bytes": int(rec["temp_bytes"]) if rec["temp_bytes"] else None,
             **({"device_peak_bytes": int(rec["device_peak_bytes"])}
-               if rec["device_peak_bytes"] else {})}
+               if rec["device_peak_bytes"] else {}),
+            **({"impl": rec["impl"]} if rec["impl"] else {})}
     return done
 
 
@@ -280,7 +341,7 @@ def measure_cell(model: str, length: int) -> dict:
                        dim=FLAGS.dim or 256, num_heads=FLAGS.num_heads or 4,
                        repeats=FLAGS.repeats, task=FLAGS.task)
     except Exception as e:  # noqa: BLE001
-        reason = str(e).splitlines()[0][:80] if str(e) else type(e).__name__
+        reason = first_line(str(e)) or type(e).__name__
         return {"model": model, "length": length, "error": reason}
 
 
@@ -294,7 +355,7 @@ def isolated_cell(model: str, length: int, setting_flags: list[str]) -> dict:
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(_CELL_PREFIX):
             return json.loads(line[len(_CELL_PREFIX):])
-    last = (proc.stderr.strip().splitlines() or ["no output"])[-1][:80]
+    last = first_line((proc.stderr.strip().splitlines() or ["no output"])[-1])
     return {"model": model, "length": length,
             "error": f"process died (exit {proc.returncode}): {last}"}
 
@@ -355,11 +416,13 @@ def main(argv):
     sizes = ", ".join(f"{k} {v}" for k, v in (
         ("batch", FLAGS.batch_size), ("dim", FLAGS.dim), ("heads", FLAGS.num_heads),
         ("layers", FLAGS.num_layers)) if v) or "the task config's sizes"
-    if FLAGS.mode == "train_step" and FLAGS.attention_impl != "dense":
-        what += f" (attention_impl={FLAGS.attention_impl} where a variant takes it)"
+    attention_impl = FLAGS.attention_impl if FLAGS.mode == "train_step" else "dense"
+    if attention_impl != "dense":
+        what += (f" (attention_impl={attention_impl} where a variant has it, else its own: "
+                 "the impl column)")
     print(f"{what}; {sizes}; {platform}, jax {jax.__version__}. "
           f"Cells: time per step, XLA temporary memory (ratios to transformer).\n")
-    print(table(rows, lengths))
+    print(table(rows, lengths, attention_impl))
 
 
 if __name__ == "__main__":

@@ -89,12 +89,13 @@ def test_program_resumes_from_its_csv(tmp_path):
 
 def test_isolated_cells_match_in_process_cells(tmp_path):
     """--isolate=true measures each cell in a fresh process (the device peak needs it);
-    the numbers are the in-process ones, and the CSV settings are the same."""
+    the numbers are the in-process ones, and the CSV settings are the same, the impl
+    measured included (linear has no blocksparse: it runs its own)."""
     import subprocess
     import sys
     base = [sys.executable, "-m", "lra.benchmark", "--models=linear", "--lengths=32,64",
             "--task=listops", "--batch_size=2", "--dim=16", "--num_heads=2",
-            "--num_layers=1", "--repeats=0"]
+            "--num_layers=1", "--repeats=0", "--attention_impl=blocksparse"]
     runs = {}
     for isolate in ("true", "false"):
         path = str(tmp_path / f"{isolate}.csv")
@@ -103,6 +104,8 @@ def test_isolated_cells_match_in_process_cells(tmp_path):
         assert proc.returncode == 0, proc.stderr[-2000:]
         runs[isolate] = benchmark.read_csv(path, {"mode": "train_step", "platform": "cpu"})
     assert len(runs["true"]) == 4  # transformer and linear at 2 lengths
+    assert {(m, r["impl"]) for (m, _), r in runs["true"].items()} == {
+        ("transformer", "blocksparse"), ("linear", "dense")}
     assert runs["true"] == runs["false"]
     assert all(r["temp_bytes"] > 0 for r in runs["true"].values())
 
@@ -114,3 +117,64 @@ def test_isolated_cell_reports_a_dead_process(monkeypatch):
     row = benchmark.isolated_cell("transformer", 4096, ["--mode=train_step"])
     assert row == {"model": "transformer", "length": 4096,
                    "error": "process died (exit -6): Aborted"}
+
+
+def _flags(**overrides):
+    """The program's flags, at tiny sizes, for calling `benchmark.main` in-process."""
+    import types
+    return types.SimpleNamespace(**{
+        "mode": "train_step", "models": ["transformer"], "lengths": ["32"], "batch_size": 2,
+        "dim": 16, "num_heads": 2, "num_layers": 1, "attention_impl": "dense", "repeats": 1,
+        "task": "listops", "config_arg": "", "csv": None, "isolate": "false", "cell": None,
+        "transformer_max_length": 0, **overrides})
+
+
+def test_attention_impl_a_variant_lacks_runs_its_own(monkeypatch, capsys, tmp_path):
+    """--attention_impl=blocksparse: transformer and pattern variants run it; linear
+    (dense and pallas only) and attention-free fnet run their own, and the table says so."""
+    path = str(tmp_path / "cells.csv")
+    monkeypatch.setattr(benchmark, "FLAGS", _flags(
+        models=["transformer", "local", "linear", "fnet"], attention_impl="blocksparse",
+        csv=path))
+    benchmark.main([])
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in out.splitlines() if line.startswith("| ") and "L=32" not in line}
+    assert {m: cells[0] for m, cells in rows.items()} == {
+        "transformer": "blocksparse", "local": "blocksparse", "linear": "dense*",
+        "fnet": "dense*"}
+    assert all("ms" in cells[1] and "MiB" in cells[1] for cells in rows.values()), out
+    assert "impl*: no attention_impl=blocksparse in linear, fnet;" in out
+    done = benchmark.read_csv(path, {"attention_impl": "blocksparse"})
+    assert {m: r["impl"] for (m, _), r in done.items()} == {
+        "transformer": "blocksparse", "local": "blocksparse", "linear": "dense",
+        "fnet": "dense"}
+    benchmark.main([])  # resumed from the CSV: nothing measured, the same table
+    assert capsys.readouterr().out.split("\n", 1)[1] == out.split("\n", 1)[1]
+
+
+def test_error_messages_are_not_cut_mid_word(monkeypatch):
+    """A cell's error is the whole first line of the message (it was cut at 80 characters:
+    "...; valid: d"); only a line over 300 characters is shortened, at a word boundary."""
+    import subprocess
+    message = ("attention_impl='blocksparse' is not available for kernelised attention; "
+               "valid: dense, pallas")
+    assert len(message) > 80
+
+    def fail(*args, **kwargs):
+        raise ValueError(message + "\nTraceback details")
+    monkeypatch.setattr(benchmark, "FLAGS", _flags())
+    monkeypatch.setattr(benchmark, "measure_train_step", fail)
+    assert benchmark.measure_cell("linear", 32)["error"] == message
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(
+        a, 1, stdout="", stderr="Traceback ...\nValueError: " + message + "\n"))
+    assert benchmark.isolated_cell("linear", 32, [])["error"] == (
+        f"process died (exit 1): ValueError: {message}")
+    assert benchmark.table([{"model": "linear", "length": 32, "error": message}], [32]) \
+        .endswith(f"| linear | - ({message}) | - | - |")
+
+    words = " ".join(f"word{i}" for i in range(200))
+    short = benchmark.first_line(words, limit=100)
+    assert short.endswith("...") and len(short) <= 103
+    assert (short[:-3] + " ") == words[:len(short) - 2]  # ends at a word boundary
+    assert benchmark.first_line("x" * 500, limit=100) == "x" * 500  # one word: whole
