@@ -88,13 +88,62 @@ def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
     return schedule
 
 
+# Param metadata the optimiser obeys; a model sets them on its own parameters, e.g.
+# nnx.Param(value, no_weight_decay=True, bounds=(0.0, 1.0)) (adaptive_span's span).
+NO_WEIGHT_DECAY = "no_weight_decay"  # True: AdamW's weight decay leaves the parameter alone
+PARAM_BOUNDS = "bounds"  # (low, high): the parameter is clamped to it after every update
+
+
+def _metadata(x: Any) -> dict:
+    return x.get_metadata() if isinstance(x, nnx.Variable) else {}
+
+
+def _is_variable(x: Any) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def weight_decay_mask(params: Any) -> Any:
+    """True for the parameters AdamW decays: all but those marked `no_weight_decay`."""
+    return jax.tree.map(lambda v: not _metadata(v).get(NO_WEIGHT_DECAY, False), params,
+                        is_leaf=_is_variable)
+
+
+def clamp_to_bounds() -> optax.GradientTransformation:
+    """Changes the updates of parameters with `bounds` metadata so that
+    optax.apply_updates leaves them in [low, high] (adaptive-span's `clamp_param` after
+    each step); an update that stays inside is unchanged. Last in the chain."""
+
+    def update_fn(updates, state, params=None):
+        if params is None:
+            raise ValueError("clamp_to_bounds needs the params")
+
+        def project(p, u):
+            bounds = _metadata(p).get(PARAM_BOUNDS)
+            if bounds is None:
+                return u
+            lo, hi = bounds
+            p_val = p[...]
+            u_val = u[...] if isinstance(u, nnx.Variable) else u
+            new = p_val + u_val
+            u_val = jnp.where(new < lo, lo - p_val, jnp.where(new > hi, hi - p_val, u_val))
+            return u.replace(u_val) if isinstance(u, nnx.Variable) else u_val
+
+        return jax.tree.map(project, params, updates, is_leaf=_is_variable), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+
+
 def make_optimizer(config: ml_collections.ConfigDict,
                    schedule: optax.Schedule) -> optax.GradientTransformation:
+    """AdamW (weight decay on all parameters not marked `no_weight_decay`), after global
+    norm clipping if configured; parameters with `bounds` are clamped after each step."""
     adamw = optax.adamw(schedule, b1=config.adam_b1, b2=config.adam_b2,
-                        eps=config.adam_eps, weight_decay=config.weight_decay)
+                        eps=config.adam_eps, weight_decay=config.weight_decay,
+                        mask=weight_decay_mask)
     if config.grad_clip_norm > 0:
-        return optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), adamw)
-    return adamw
+        return optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), adamw,
+                           clamp_to_bounds())
+    return optax.chain(adamw, clamp_to_bounds())
 
 
 # ----------------------------------------------------------------------------- model

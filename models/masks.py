@@ -14,15 +14,23 @@ h mod len). As in `models.attention.dense.make_attention_mask`, the queries are 
 last q_len of the kv_len positions (query index i is position i + kv_len - q_len).
 
 The sets follow the papers (seeds/001, seeds/004): Sparse Transformer strided
-A1 = {max(0, i-l), ..., i}, A2 = {j : (i-j) mod l == 0}; fixed A1 = {j : floor(j/l) ==
-floor(i/l)}, A2 = {j : j mod l in {l-c, ..., l-1}}; none is forced causal (combine with
-`causal()` for that).
+A1 = {max(0, i-l), ..., i} (`sparse_a1`; `sparse_a1(l, two_sided=True)` is its
+bidirectional form {i-l, ..., i+l} for non-causal classifiers), A2 = {j : (i-j) mod l ==
+0}; fixed A1 = {j : floor(j/l) == floor(i/l)}, A2 = {j : j mod l in {l-c, ..., l-1}}; none
+is forced causal (combine with `causal()` for that).
+
+Random keys come in two forms: `random(rate)` keeps each (block x block) tile
+independently with probability `rate` (a density, e.g. for kernel benchmarks), and
+`random(num_keys=r, kv_len=n)` gives every row (block row) EXACTLY r distinct key
+(blocks) out of the n positions (ceil(n / block) blocks), uniformly at random: Floyd's
+algorithm run elementwise on the row index (r steps), still a pure predicate of (i, j).
+Its candidates can leave out a window around the row's block and blocks at the ends
+(BigBird draws its random blocks outside the window and the global blocks).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Any, Sequence
 
 import jax.numpy as jnp
@@ -310,8 +318,31 @@ class Global(Pattern):
 
 
 @dataclasses.dataclass(frozen=True)
+class GlobalRange(Pattern):
+    """Positions start <= g < stop attend to all positions and are attended by all
+    (a contiguous run of global tokens, e.g. BigBird's global blocks)."""
+
+    start: int
+    stop: int
+
+    def _mask(self, i, j, xp):
+        return ((i >= self.start) & (i < self.stop)) | ((j >= self.start) & (j < self.stop))
+
+
+def _fmix32(h, xp):
+    """murmur3's finaliser on uint32: every input bit reaches every output bit."""
+    u32 = xp.uint32
+    h = h ^ (h >> u32(16))
+    h = h * u32(0x85EBCA6B)
+    h = h ^ (h >> u32(13))
+    h = h * u32(0xC2B2AE35)
+    return h ^ (h >> u32(16))
+
+
+@dataclasses.dataclass(frozen=True)
 class Random(Pattern):
-    """Each (block of i, block of j) pair kept independently with probability `rate`.
+    """Each (block of i, block of j) pair kept independently with probability `rate`
+    (a Bernoulli density: rows get `rate` of the keys on average, not a fixed count).
 
     The coin is a hash of (i // block, j // block, seed), so the pattern is fixed,
     needs no state, and is the same under jit, vmap and on the host.
@@ -328,13 +359,65 @@ class Random(Pattern):
         h = ((i // self.block).astype(u32) * u32(0x9E3779B1)) ^ (
             (j // self.block).astype(u32) * u32(0x85EBCA77)) ^ u32(
                 (self.seed * 0xC2B2AE3D + 0x27D4EB2F) & 0xFFFFFFFF)
-        # murmur3's finaliser: every input bit reaches every output bit.
-        h = h ^ (h >> u32(16))
-        h = h * u32(0x85EBCA6B)
-        h = h ^ (h >> u32(13))
-        h = h * u32(0xC2B2AE35)
-        h = h ^ (h >> u32(16))
-        return h < u32(min(int(self.rate * 2.0**32), 0xFFFFFFFF))
+        return _fmix32(h, xp) < u32(min(int(self.rate * 2.0**32), 0xFFFFFFFF))
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomKeys(Pattern):
+    """Every block row sees exactly `num_keys` distinct random key blocks.
+
+    Key blocks are b = j // block of the `length` positions 0..length-1, i.e. blocks
+    0..nb-1 with nb = ceil(length / block). The candidates of row block a = i // block
+    are the blocks skip_first <= b < nb - skip_last, less those with |a - b| <=
+    skip_window (skip_window -1: none); with m candidates the row gets min(num_keys, m)
+    of them, each r-subset equally likely (Floyd's algorithm: for t = m-r, ..., m-1
+    draw x uniform in [0, t], take t instead if x was already taken). The draws are
+    hashes of (a, step, seed), computed elementwise on the row index in r steps of at
+    most r comparisons, so the pattern is a pure predicate of (i, j): fixed, stateless,
+    the same under jit, vmap, on the host and on kernel tiles.
+    """
+
+    num_keys: int
+    length: int
+    seed: int = 0
+    block: int = 1
+    skip_window: int = -1
+    skip_first: int = 0
+    skip_last: int = 0
+
+    def key_blocks(self, a: Array, xp: Any) -> list[Array]:
+        """The chosen key blocks of row blocks `a` (int arrays, -1 = none): num_keys
+        arrays shaped like `a`, distinct where >= 0."""
+        u32, i32 = xp.uint32, xp.int32
+        a = xp.asarray(a).astype(i32)
+        nb = -(-self.length // self.block)
+        lo, hi = self.skip_first, max(self.skip_first, nb - self.skip_last)
+        if self.skip_window >= 0:  # the excluded window [w_lo, w_lo + w) within [lo, hi)
+            w_lo = xp.clip(a - self.skip_window, lo, hi)
+            w = xp.clip(a + self.skip_window + 1, lo, hi) - w_lo
+        else:
+            w_lo, w = hi, 0
+        m = (hi - lo) - w  # candidates of each row
+        r = self.num_keys
+        base = _fmix32(a.astype(u32) * u32(0x9E3779B1)
+                       ^ u32((self.seed * 0xC2B2AE3D + 0x27D4EB2F) & 0xFFFFFFFF), xp)
+        ranks: list[Array] = []
+        for s in range(r):  # Floyd's steps: a loop over r, not over positions
+            t = m - r + s  # draw a rank in [0, t]; t < 0: this step does not happen
+            h = _fmix32(base ^ u32((s * 0x85EBCA77 + 0x165667B1) & 0xFFFFFFFF), xp)
+            x = (h % xp.asarray(xp.maximum(t + 1, 1)).astype(u32)).astype(i32)
+            taken = functools.reduce(lambda acc, c: acc | (c == x), ranks,
+                                     xp.zeros(xp.shape(x), bool))
+            ranks.append(xp.where(t < 0, -1, xp.where(taken, t, x)).astype(i32))
+        # Rank k -> the k-th candidate: lo + k, stepping over the window.
+        return [xp.where(k < 0, -1, lo + k + xp.where(lo + k >= w_lo, w, 0)) for k in ranks]
+
+    def _mask(self, i, j, xp):
+        shape = xp.broadcast_shapes(np.shape(i), np.shape(j))
+        b = j // self.block
+        with np.errstate(over="ignore"):  # uint32 hashing wraps (numpy scalars warn)
+            chosen = self.key_blocks(i // self.block, xp)
+        return functools.reduce(lambda acc, c: acc | (b == c), chosen, xp.zeros(shape, bool))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -401,9 +484,12 @@ def strided(stride: int) -> Pattern:
     return Strided(stride)
 
 
-def sparse_a1(stride: int) -> Pattern:
-    """Sparse Transformer strided A1 = {max(0, i - stride), ..., i}."""
-    return local(stride, after=0)
+def sparse_a1(stride: int, *, two_sided: bool = False) -> Pattern:
+    """Sparse Transformer strided A1 = {max(0, i - stride), ..., i} (the paper's, causal);
+    two_sided: {i - stride, ..., i + stride}, its bidirectional form for a non-causal
+    model (A2 = `strided` is two-sided already)."""
+    _check(stride=(stride, 1))
+    return local(stride) if two_sided else local(stride, after=0)
 
 
 def fixed(block: int, c: int) -> Pattern:
@@ -423,23 +509,64 @@ def global_tokens(idx: Sequence[int]) -> Pattern:
     return Global(tuple(int(g) for g in idx))
 
 
-def random(rate: float | None = None, *, num_keys: int | None = None,
-           kv_len: int | None = None, seed: int = 0, block: int = 1) -> Pattern:
-    """Random keys, either `rate` directly or `num_keys` out of kv_len (mean per row).
+def global_range(start: int, stop: int) -> Pattern:
+    """Positions start, ..., stop - 1 global (see and are seen by every position)."""
+    _check(start=start, stop=stop)
+    return GlobalRange(int(start), int(stop))
 
-    With block > 1 whole (block x block) tiles are chosen (BigBird's random blocks);
-    then num_keys counts blocks out of ceil(kv_len / block).
+
+def random(rate: float | None = None, *, num_keys: int | None = None,
+           kv_len: int | None = None, seed: int = 0, block: int = 1,
+           skip_window: int = -1, skip_first: int = 0, skip_last: int = 0) -> Pattern:
+    """Random keys: a density `rate`, or exactly `num_keys` per row out of kv_len.
+
+    rate: each (block x block) tile kept independently with probability rate (rows get
+    rate * kv_len keys on average). num_keys: every row (block row) gets exactly
+    min(num_keys, candidates) distinct keys (key blocks), a uniformly random subset of
+    the ceil(kv_len / block) blocks, leaving out those within `skip_window` blocks of
+    the row's block (-1: none; 0: the row's own block) and the first `skip_first` and
+    last `skip_last` blocks (`RandomKeys`). With block > 1 whole (block x block) tiles
+    are chosen (BigBird's random blocks).
     """
     if (rate is None) == (num_keys is None):
         raise ValueError("random: give exactly one of rate and num_keys")
+    _check(block=(block, 1))
     if num_keys is not None:
         if kv_len is None:
             raise ValueError("random: num_keys needs kv_len")
-        rate = num_keys / math.ceil(kv_len / block)
+        _check(num_keys=num_keys, kv_len=kv_len, skip_window=(skip_window, -1),
+               skip_first=skip_first, skip_last=skip_last)
+        nb = -(-kv_len // block)
+        if num_keys >= nb and skip_window < 0 and skip_first == skip_last == 0:
+            return All()  # every key (block)
+        return RandomKeys(int(num_keys), int(kv_len), int(seed), int(block), int(skip_window),
+                          int(skip_first), int(skip_last))
+    if skip_window != -1 or skip_first or skip_last:
+        raise ValueError("random: skip_window, skip_first and skip_last need num_keys")
     if rate < 0:
         raise ValueError(f"random: rate must be >= 0, got {rate}")
-    _check(block=(block, 1))
     return Random(float(min(rate, 1.0)), int(seed), int(block))
+
+
+def bigbird(block: int, length: int, *, num_global_blocks: int, num_random_blocks: int,
+            seed: int = 0) -> Pattern:
+    """BigBird ITC on `length` positions, in blocks of `block` (nb = ceil(length/block)).
+
+    As `bigbird_block_sparse_attention` (google-research/bigbird): a window of 3 blocks;
+    g global blocks, the first ceil(g/2) and the last floor(g/2) of the nb blocks (the
+    reference's g = 2: the first and the last block), whose rows see every key and whose
+    keys every row sees; and in every block row exactly r random blocks drawn from the
+    blocks outside its window and outside the global blocks (fewer when fewer remain).
+    """
+    _check(block=(block, 1), length=(length, 1), num_global_blocks=num_global_blocks,
+           num_random_blocks=num_random_blocks)
+    nb = -(-length // block)
+    first, last = -(-num_global_blocks // 2), num_global_blocks // 2
+    pattern = block_window(block, 1) | global_range(0, min(first * block, length))
+    if last:
+        pattern = pattern | global_range(max(0, (nb - last) * block), length)
+    return pattern | random(num_keys=num_random_blocks, kv_len=length, seed=seed,
+                            block=block, skip_window=1, skip_first=first, skip_last=last)
 
 
 def block_local(block: int, memory: int = 0) -> Pattern:

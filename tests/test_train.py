@@ -217,6 +217,81 @@ def test_learning_rate_schedule_matches_lra():
         train.learning_rate_schedule(config)
 
 
+@pytest.mark.parametrize("grad_clip_norm", [0.0, 1.0])
+def test_optimizer_clamps_bounded_params_and_does_not_decay_them(grad_clip_norm):
+    """adaptive_span's span (Param metadata bounds=(0, 1), no_weight_decay) is clamped
+    after every step, as the paper's `clamp_param`, and AdamW's weight decay leaves it
+    alone; every other parameter is decayed."""
+    import jax
+    import ml_collections
+    import optax
+    from flax import nnx
+
+    model = registry.build("adaptive_span", dim=9, num_heads=3, max_len=8, causal=False,
+                           rngs=nnx.Rngs(0))
+    model.span_fraction[...] = jnp.array([0.05, 0.5, 0.97])
+    _, params, _ = nnx.split(model, nnx.Param, ...)
+    mask = train.weight_decay_mask(params)
+    assert mask["span_fraction"] is False and mask["query"]["kernel"] is True
+    config = ml_collections.ConfigDict(dict(adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9,
+                                            weight_decay=0.5, grad_clip_norm=grad_clip_norm))
+    tx = train.make_optimizer(config, lambda step: 0.1)
+    opt_state = tx.init(params)
+
+    @jax.jit
+    def step(params, opt_state):
+        # The span's gradient pushes head 0 below 0 and head 2 above 1; head 1 and the
+        # other parameters get none, so only weight decay can move them.
+        grads = jax.tree.map(jnp.zeros_like, params)
+        grads["span_fraction"][...] = jnp.array([1.0, 0.0, -1.0])
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    kernel0 = np.asarray(params["query"]["kernel"][...])
+    for _ in range(4):
+        params, opt_state = step(params, opt_state)
+        span = np.asarray(params["span_fraction"][...])
+        assert 0.0 <= span.min() and span.max() <= 1.0
+    # Adam moves each step by ~lr = 0.1: without the clamp head 0 would be at -0.35.
+    np.testing.assert_array_equal(np.asarray(params["span_fraction"][...]), [0.0, 0.5, 1.0])
+    kernel = np.asarray(params["query"]["kernel"][...])
+    np.testing.assert_allclose(kernel, kernel0 * (1 - 0.1 * 0.5) ** 4, rtol=1e-5)
+
+
+def test_train_step_keeps_the_adaptive_span_in_range():
+    """The loop's train step: an L1 weight that drives every span below 0 leaves them at 0."""
+    import jax
+    from flax import nnx
+
+    import lra.tasks
+    from configs import listops
+
+    config = listops.get_config("model=adaptive_span,runlocal")
+    config.update(num_layers=1, emb_dim=16, qkv_dim=16, mlp_dim=16, num_heads=2,
+                  max_length=16, batch_size=2)
+    config.model_hparams.l1_weight = 10.0
+    config.model_hparams.span_init = 0.01
+    task = lra.tasks.get(config.task)
+    graphdef, params, rest = nnx.split(train.build_model(config, task), nnx.Param, ...)
+    schedule = train.learning_rate_schedule(config)
+    tx = train.make_optimizer(config, lambda step: 0.05)
+    train_step, _ = train.make_steps(graphdef, tx, schedule, task.num_classes)
+    rng = np.random.default_rng(0)
+    batch = {"inputs": jnp.asarray(rng.integers(1, task.vocab_size, (2, 16)), jnp.int32),
+             "mask": jnp.ones((2, 16), jnp.bool_), "targets": jnp.asarray([1, 2], jnp.int32)}
+    state = {"step": jnp.int32(0), "params": params, "rest": rest,
+             "opt_state": tx.init(params)}
+    step = jax.jit(train_step)
+    for _ in range(3):
+        state, metrics = step(state, batch)
+        assert float(metrics["aux_loss"]) >= 0.0
+    spans = [np.asarray(v[...]) for path, v in nnx.to_flat_state(state["params"])
+             if path[-1] == "span_fraction"]
+    assert spans
+    for span in spans:
+        np.testing.assert_array_equal(span, 0.0)
+
+
 # ----------------------------------------------------------------------------- bad input
 
 

@@ -38,6 +38,9 @@ def test_sparse_transformer_strided_sets(stride):
     assert_pattern(masks.sparse_a1(stride),
                    lambda i, j: j in range(max(0, i - stride), i + 1))
     assert_pattern(masks.strided(stride), lambda i, j: (i - j) % stride == 0)
+    # Its bidirectional form (non-causal classifiers): {i-l, ..., i+l}.
+    assert_pattern(masks.sparse_a1(stride, two_sided=True),
+                   lambda i, j: j in range(i - stride, i + stride + 1))
 
 
 @pytest.mark.parametrize("block,c", [(4, 1), (5, 2), (6, 6)])
@@ -110,7 +113,8 @@ def test_composition_and_per_head():
         _ = (heads | masks.per_head([a, b])).num_heads
 
 
-def test_random_is_deterministic_seeded_and_jit_vmap_friendly():
+def test_random_rate_is_deterministic_seeded_and_jit_vmap_friendly():
+    """random(rate): a Bernoulli density (each tile kept with probability rate)."""
     pattern = masks.random(0.3, seed=5)
     m = pattern.dense_np(64, 64)
     assert 0.2 < m.mean() < 0.4
@@ -120,10 +124,97 @@ def test_random_is_deterministic_seeded_and_jit_vmap_friendly():
     rows = jax.vmap(lambda i: pattern.mask(i, jnp.arange(64)))(jnp.arange(64))
     np.testing.assert_array_equal(np.asarray(rows), m)
     # Block-level coins: each (block x block) tile is all in or all out.
+    tiles = masks.random(0.3, seed=1, block=8).dense_np(64, 64)
+    t = tiles.reshape(8, 8, 8, 8)
+    assert (t.all(axis=(1, 3)) | ~t.any(axis=(1, 3))).all()
+
+
+@pytest.mark.parametrize("n,r", [(64, 5), (23, 1), (10, 9), (7, 0)])
+def test_random_num_keys_gives_every_row_exactly_r_distinct_keys(n, r):
+    """random(num_keys=r): exactly r keys per row (Floyd's algorithm on the row index)."""
+    pattern = masks.random(num_keys=r, kv_len=n, seed=5)
+    m = pattern.dense_np(n, n)
+    assert (m.sum(1) == r).all()
+    np.testing.assert_array_equal(np.asarray(pattern.dense(n, n)), m)
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda: pattern.dense(n, n))()), m)
+    rows = jax.vmap(lambda i: pattern.mask(i, jnp.arange(n)))(jnp.arange(n))
+    np.testing.assert_array_equal(np.asarray(rows), m)
+    if 0 < r < n - 1:
+        assert len({row.tobytes() for row in m}) > n // 2  # rows draw their own keys
+        assert (m != masks.random(num_keys=r, kv_len=n, seed=6).dense_np(n, n)).any()
+    # skip_window=0: the row's own key is never drawn, so r others (+ itself if unioned).
+    own = masks.random(num_keys=min(r, n - 1), kv_len=n, seed=5, skip_window=0)
+    m = (own | masks.local(0)).dense_np(n, n)
+    assert (m.sum(1) == min(r, n - 1) + 1).all() and m.diagonal().all()
+
+
+def test_random_num_keys_is_uniform_and_blockwise():
+    # Over many rows every key is drawn about r / n of the time (a uniform r-subset).
+    m = masks.random(num_keys=3, kv_len=10, seed=2).dense_np(20000, 10)
+    assert (m.sum(1) == 3).all()
+    np.testing.assert_allclose(m.mean(0), 0.3, atol=0.02)
+    # Blocks: exactly r key blocks per block row, whole tiles in or out.
     tiles = masks.random(num_keys=2, kv_len=64, seed=1, block=8).dense_np(64, 64)
     t = tiles.reshape(8, 8, 8, 8)
     assert (t.all(axis=(1, 3)) | ~t.any(axis=(1, 3))).all()
+    assert (t.all(axis=(1, 3)).sum(1) == 2).all()
     assert masks.random(num_keys=64, kv_len=64).dense_np(64, 64).all()
+    # A short last block (kv_len not a multiple of block) is a block like the others.
+    short = masks.random(num_keys=3, kv_len=22, seed=0, block=4)
+    assert (short.dense_np(22, 22)[::4].reshape(6, 22).sum(1) >= 3 * 4 - 2).all()
+
+
+def test_random_num_keys_skips_window_and_end_blocks():
+    n, block, r = 48, 4, 3  # 12 blocks
+    p = masks.random(num_keys=r, kv_len=n, seed=3, block=block, skip_window=1,
+                     skip_first=1, skip_last=2)
+    chosen = np.stack(p.key_blocks(np.arange(12), np))  # r x 12
+    for a in range(12):
+        candidates = [b for b in range(1, 10) if abs(a - b) > 1]
+        got = chosen[:, a]
+        assert len(set(got)) == r and set(got) <= set(candidates), (a, got)
+    # Fewer candidates than r: all of them, the other slots empty (-1).
+    few = masks.random(num_keys=5, kv_len=16, block=4, skip_window=1)  # 4 blocks
+    chosen = np.stack(few.key_blocks(np.arange(4), np))
+    assert sorted(chosen[:, 0]) == [-1, -1, -1, 2, 3]
+    assert sorted(chosen[:, 1]) == [-1, -1, -1, -1, 3]
+
+
+@pytest.mark.parametrize("length,block,g,r", [(40, 4, 2, 2), (23, 4, 3, 1), (64, 8, 1, 3),
+                                              (30, 5, 0, 2)])
+def test_bigbird_sets(length, block, g, r):
+    """BigBird ITC: window of 3 blocks; g global blocks, the first ceil(g/2) and the last
+    floor(g/2) (google-research/bigbird's first and last for g = 2); exactly r random
+    blocks per other block row, outside its window and the global blocks."""
+    pattern = masks.bigbird(block, length, num_global_blocks=g, num_random_blocks=r, seed=1)
+    m = pattern.dense_np(length, length)
+    np.testing.assert_array_equal(np.asarray(pattern.dense(length, length)), m)
+    nb = -(-length // block)
+    glob = set(range(-(-g // 2))) | set(range(nb - g // 2, nb))
+    blk = np.arange(length) // block
+    for a in range(nb):
+        rows = m[blk == a]
+        assert (rows == rows[0]).all()  # a block row shares its keys
+        seen = {b for b in range(nb) if rows[0][blk == b].all()}
+        assert not any(rows[0][blk == b].any() for b in range(nb) if b not in seen)
+        if a in glob:
+            assert seen == set(range(nb))
+            continue
+        window = {b for b in range(nb) if abs(a - b) <= 1}
+        assert window | glob <= seen
+        candidates = set(range(nb)) - window - glob
+        assert len(seen - window - glob) == min(r, len(candidates))
+    for b in glob:
+        assert m[:, blk == b].all()
+
+
+def test_bigbird_reference_layout():
+    """g = 2, as the reference: block 0 and the last block global."""
+    m = masks.bigbird(2, 16, num_global_blocks=2, num_random_blocks=1).dense_np(16, 16)
+    blocks = m[::2, ::2]
+    assert blocks[0].all() and blocks[-1].all() and blocks[:, 0].all() and blocks[:, -1].all()
+    assert not blocks[1:-1, 1:-1].all()
+    assert (blocks[2:-2].sum(1) == 3 + 2 + 1).all()  # window, 2 global blocks, 1 random
 
 
 def test_patterns_are_hashable_static_args():
@@ -135,7 +226,14 @@ def test_patterns_are_hashable_static_args():
 
 @pytest.mark.parametrize("bad", [lambda: masks.local(-1), lambda: masks.strided(0),
                                  lambda: masks.fixed(4, 5), lambda: masks.axial(4, 2),
-                                 lambda: masks.random(), lambda: masks.block_local(0)])
+                                 lambda: masks.random(),
+                                 lambda: masks.random(num_keys=2),
+                                 lambda: masks.random(0.5, skip_window=0),
+                                 lambda: masks.random(num_keys=-1, kv_len=4),
+                                 lambda: masks.sparse_a1(0),
+                                 lambda: masks.bigbird(0, 16, num_global_blocks=1,
+                                                       num_random_blocks=1),
+                                 lambda: masks.block_local(0)])
 def test_invalid_parameters_are_rejected(bad):
     with pytest.raises(ValueError):
         bad()
@@ -185,6 +283,13 @@ def patterns_strategy():
         st.builds(lambda g: masks.global_tokens(g), st.lists(st.integers(0, 20), max_size=3)),
         st.builds(lambda r, s, b: masks.random(r, seed=s, block=b), st.floats(0, 1),
                   st.integers(0, 9), small),
+        st.builds(lambda r, n, s, b, w: masks.random(num_keys=r, kv_len=n, seed=s, block=b,
+                                                     skip_window=w),
+                  st.integers(0, 4), st.integers(1, 30), st.integers(0, 9), small,
+                  st.integers(-1, 1)),
+        st.builds(lambda b, n, g, r: masks.bigbird(b, n, num_global_blocks=g,
+                                                   num_random_blocks=r),
+                  small, st.integers(1, 30), st.integers(0, 3), st.integers(0, 3)),
         st.builds(masks.block_local, small, st.integers(0, 6)),
         st.builds(lambda w, a, b: masks.local_2d(w, (a, b), (1, 1)), small, small, small),
         st.builds(masks.axial, small, st.integers(0, 1)),

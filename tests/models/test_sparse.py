@@ -49,6 +49,9 @@ KERNEL_CASES = [
     ("per_head_causal", masks.per_head([masks.local(2), masks.strided(4)]) & masks.causal(),
      8, 4),
     ("random_blocks", masks.random(0.3, seed=3, block=4) | masks.global_tokens([0]), 4, 4),
+    ("random_keys", masks.random(num_keys=5, kv_len=37, seed=3, skip_window=0)
+     | masks.local(0), 4, 8),
+    ("bigbird", masks.bigbird(4, 37, num_global_blocks=2, num_random_blocks=2, seed=1), 4, 4),
     ("local_2d", masks.local_2d(6, (2, 3), (1, 1)), 6, 6),
     ("empty_rows", masks.strided(4) & masks.local(2), 4, 4),  # rows with no key at all
 ]
@@ -215,7 +218,8 @@ def from_sets(allowed, length=LEN):
 # The test_hparams patterns written out as sets (per head when the variant splits heads).
 EXPECTED = {
     "local": lambda i, j: abs(i - j) <= 2,
-    "strided": [lambda i, j: i - 4 <= j <= i, lambda i, j: (i - j) % 4 == 0],
+    # Not causal: A1 both sides, {i-4, ..., i+4} (the causal A1 is the paper's one side).
+    "strided": [lambda i, j: abs(i - j) <= 4, lambda i, j: (i - j) % 4 == 0],
     "fixed": [lambda i, j: i // 4 == j // 4, lambda i, j: j % 4 == 3],
     "dilated": lambda i, j: abs(i - j) <= 4 and (i - j) % 2 == 0,
     "global": lambda i, j: i < 2 or j < 2 or i == j,
@@ -261,14 +265,117 @@ def test_causal_variant_is_pattern_and_causal():
     assert not np.allclose(np.asarray(build("strided")(x)), np.asarray(lra(x)), **TOL)
 
 
-def test_random_variant_is_seeded_and_sees_num_random_keys_on_average():
-    pattern = sparse.build_random(dim=DIM, num_heads=H, max_len=256, causal=False,
-                                  rngs=nnx.Rngs(0), num_random=8).pattern
-    m = pattern.dense_np(256, 256)
-    assert 6 < m.sum(1).mean() - 1 < 10 and m.diagonal().all()
-    other = sparse.build_random(dim=DIM, num_heads=H, max_len=256, causal=False,
-                                rngs=nnx.Rngs(0), num_random=8, seed=1).pattern
-    assert (other.dense_np(256, 256) != m).any()
+def test_strided_a1_is_two_sided_only_when_not_causal():
+    """Sparse Transformer A1 = {i-l, ..., i} is the paper's (causal) set; a non-causal
+    classifier uses its bidirectional form {i-l, ..., i+l}; LRA's forced-causal option and
+    causal=True keep the one-sided A1 (A2, every l-th, is two-sided in all cases)."""
+    a1_two = from_sets(lambda i, j: abs(i - j) <= 4)
+    a1_one = from_sets(lambda i, j: i - 4 <= j <= i)
+    a2 = from_sets(lambda i, j: (i - j) % 4 == 0)
+    tri = np.tri(LEN, dtype=bool)
+    for hparams, expected in [({}, [a1_two, a2]), ({"causal": True}, [a1_one & tri, a2 & tri]),
+                              ({"lra_causal": True}, [a1_one & tri, a2 & tri])]:
+        got = np.asarray(build("strided", **hparams).pattern.dense_np(LEN, LEN))
+        np.testing.assert_array_equal(got, np.stack(expected), err_msg=str(hparams))
+    union = build("strided", heads="union").pattern.dense_np(LEN, LEN)
+    np.testing.assert_array_equal(union, a1_two | a2)
+
+
+def test_random_variant_sees_itself_and_exactly_num_random_keys():
+    def pattern(seed=0, max_len=256, prefix_len=0):
+        return sparse.build_random(dim=DIM, num_heads=H, max_len=max_len, causal=False,
+                                   rngs=nnx.Rngs(0), num_random=8, seed=seed,
+                                   prefix_len=prefix_len).pattern
+    m = pattern().dense_np(256, 256)
+    assert (m.sum(1) == 8 + 1).all() and m.diagonal().all()
+    assert len({row.tobytes() for row in m}) == 256  # rows draw their own keys
+    assert (pattern(seed=1).dense_np(256, 256) != m).any()
+    # With a CLS slot: the CLS row and column are global, each content row sees CLS,
+    # itself and exactly 8 other content positions.
+    m = pattern(max_len=257, prefix_len=1).dense_np(257, 257)
+    assert m[0].all() and m[:, 0].all()
+    assert (m[1:, 1:].sum(1) == 8 + 1).all()
+
+
+def test_bigbird_global_blocks_are_first_and_last_of_the_content():
+    """g = 2 global blocks: the first and the last block of the max_len - prefix_len
+    content (google-research/bigbird), not the first two; the CLS slot is global too."""
+    model = registry.build("bigbird", dim=DIM, num_heads=H, max_len=33, causal=False,
+                           rngs=nnx.Rngs(0), prefix_len=1, block=4, num_random_blocks=1,
+                           num_global_blocks=2)
+    m = model.pattern.dense_np(33, 33)
+    content = m[1:, 1:]  # 8 blocks of 4
+    assert m[0].all() and m[:, 0].all()
+    for b in (0, 7):
+        assert content[4 * b:4 * b + 4].all() and content[:, 4 * b:4 * b + 4].all()
+    for b in range(1, 7):
+        assert not content[4 * b].all()
+        blocks = content[4 * b, ::4]
+        # 2 global blocks, the window's others, and 1 random block outside both.
+        assert blocks.sum() == 2 + len({b - 1, b, b + 1} - {0, 7}) + 1
+    pattern = masks.bigbird(4, 32, num_global_blocks=2, num_random_blocks=1)
+    np.testing.assert_array_equal(content, pattern.dense_np(32, 32))
+
+
+def longformer_reference(model, x, mask, num_global_rows):
+    """Local rows: the pattern with query/key/value; global rows: every real key with
+    query_global/key_global/value_global (Beltagy et al. 2020, section 3.1)."""
+    spec = EXPECTED["longformer"]
+    allowed = np.stack([from_sets(f) for f in spec])
+    q, k, v = model.project_qkv(x)
+    o = reference_attention(q, k, v, allowed, mask)
+    qg = model.split_heads(model.query_global(x))
+    kg = model.split_heads(model.key_global(x))
+    vg = model.split_heads(model.value_global(x))
+    og = reference_attention(qg, kg, vg, np.ones((H, LEN, LEN), bool), mask)
+    o[:, :, :num_global_rows] = og[:, :, :num_global_rows]
+    return model.out(model.merge_heads(jnp.asarray(o, jnp.float32)))
+
+
+def _perturb(module, seed):
+    rng = np.random.default_rng(seed)
+    nnx.update(module, jax.tree.map(
+        lambda leaf: leaf + jnp.asarray(0.5 * rng.standard_normal(leaf.shape), leaf.dtype),
+        nnx.state(module, nnx.Param)))
+
+
+@pytest.mark.parametrize("impl", ["dense", "blocksparse"])
+def test_longformer_global_rows_use_their_own_projections(impl):
+    model = build("longformer", attention_impl=impl)  # num_global 1: row 0 is global
+    for name in ("query", "key", "value"):  # the global ones start as copies
+        np.testing.assert_array_equal(getattr(model, f"{name}_global").kernel[...],
+                                      getattr(model, name).kernel[...])
+    x, mask = normal(9, (B, LEN, DIM)), key_mask()
+    real = np.asarray(mask)
+    y0 = np.asarray(model(x, padding_mask=mask))
+    _perturb(model.query_global, 0)  # Q_g changes the global rows only
+    y1 = np.asarray(model(x, padding_mask=mask))
+    assert np.abs(y1[:, 0] - y0[:, 0]).min() > 1e-4
+    np.testing.assert_array_equal(y1[:, 1:], y0[:, 1:])
+    _perturb(model.key_global, 1)
+    _perturb(model.value_global, 2)
+    y = model(x, padding_mask=mask)
+    expected = longformer_reference(model, x, mask, 1)
+    np.testing.assert_allclose(np.asarray(y)[real], np.asarray(expected)[real], **TOL)
+    np.testing.assert_array_equal(np.asarray(y)[:, 1:], y0[:, 1:])
+
+
+def test_longformer_global_rows_include_the_prefix():
+    """With a CLS slot the global rows are CLS and the first num_global content tokens;
+    global_projections=False: one set of projections (the dense limit's form)."""
+    model = registry.build("longformer", dim=DIM, num_heads=H, max_len=LEN, causal=False,
+                           rngs=nnx.Rngs(0), prefix_len=1, window=2, num_global=2)
+    assert model.num_global_rows == 3
+    x = normal(10, (B, LEN, DIM))
+    y0 = np.asarray(model(x))
+    _perturb(model.query_global, 3)
+    y1 = np.asarray(model(x))
+    assert (np.abs(y1 - y0).max(axis=(0, 2)) > 0).tolist() == [True] * 3 + [False] * (LEN - 3)
+    plain = build("longformer", global_projections=False)
+    assert not hasattr(plain, "query_global")
+    expected = pattern_reference(plain, x, np.stack([from_sets(f) for f in
+                                                     EXPECTED["longformer"]]), None)
+    np.testing.assert_allclose(np.asarray(plain(x)), np.asarray(expected), **TOL)
 
 
 def test_global_extra_tokens_reference():
