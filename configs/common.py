@@ -49,6 +49,8 @@ def base_config(*, task: str, model: str) -> ml_collections.ConfigDict:
     c.model = model
     # Variant hyperparameters (window, num_features, ...): from the shared presets, so
     # `--config.model_hparams.<name>=...` works for exactly the fields the variant takes.
+    # Stated here at the task's reference length; `finalize` rescales them (and the
+    # block's token counts) to the max_length the task config ends with.
     c.model_hparams = ml_collections.ConfigDict(presets.model_hparams(model, task))
     c.attention_impl = "dense"
     # Residual form and stack (models/blocks.py BLOCK_DEFAULTS, with what the variant
@@ -99,9 +101,31 @@ def base_config(*, task: str, model: str) -> ml_collections.ConfigDict:
 
 
 def _resolve_block(model: str) -> dict[str, Any]:
-    from models.blocks import resolve_block  # imports jax; only when a config is built
+    from models.stacks import resolve_block  # imports jax; only when a config is built
 
     return resolve_block(model)
+
+
+def finalize(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The last step of every task's get_config, once `mini`/`runlocal` have set
+    max_length: the variant's presets and the block's token counts (segment_len, ...)
+    scaled to it (configs/presets.py), so that a short config keeps each variant's
+    fraction of attended keys. model_hparams come from the presets (a task-specific value
+    belongs in presets.TASK_OVERRIDES); a block token count the task config changed is
+    kept. `--config.max_length=...` on the command line comes after get_config and does
+    not rescale them (see configs/presets.py)."""
+    c.model_hparams = ml_collections.ConfigDict(
+        presets.model_hparams(c.model, c.task, max_length=c.max_length))
+    stated = _resolve_block(c.model)
+    scaled = presets.block_settings(stated, c.task, max_length=c.max_length)
+    for key in presets.BLOCK_LENGTH_KEYS:
+        if key in c.block and c.block[key] == stated[key]:
+            c.block[key] = scaled[key]
+    if c.block.stack == "segment_recurrent" and c.pooling == "CLS":
+        # CLS is position 0, in the first segment, and memory flows forward only: it would
+        # summarise the first segment alone (models/encoder.py refuses it).
+        c.pooling = "MEAN"
+    return c
 
 
 def apply_runlocal(c: ml_collections.ConfigDict) -> None:

@@ -18,6 +18,8 @@ Arguments after the colon (comma separated):
                        --num_test_samples=1000 --min_length=10 --max_length=60 --max_depth=4
                    python launch.py --config=configs/listops.py:mini \
                        --workdir=workdirs/listops_mini/transformer
+                 The variants' sizes (window, block, chunk, k, ...) are scaled to the 64
+                 tokens (configs/presets.py): a window of 128 would be dense attention.
 
 Sequences longer than `max_length` are truncated to their first `max_length` tokens, as
 LRA does. Any field can be overridden: `--config.learning_rate=0.01`.
@@ -49,4 +51,4 @@ def get_config(arg: str | None = None):
         c.max_length = 128
         common.apply_runlocal(c)
         c.emb_dim, c.num_heads, c.num_layers, c.qkv_dim, c.mlp_dim = 32, 2, 1, 32, 64
-    return c
+    return common.finalize(c)

@@ -58,4 +58,4 @@ def get_config(arg: str | None = None):
     if arg.runlocal:
         common.apply_runlocal(c)
         c.emb_dim, c.num_heads, c.num_layers, c.qkv_dim, c.mlp_dim = 32, 2, 1, 16, 32
-    return c
+    return common.finalize(c)

@@ -56,4 +56,4 @@ def get_config(arg: str | None = None):
         c.task_options.resolution = 32
         c.max_length = 32 * 32
         common.apply_runlocal(c)
-    return c
+    return common.finalize(c)

@@ -1,13 +1,36 @@
 """Variant hyperparameter presets, shared by every task config.
 
-`model_hparams(model, task)` gives the keyword arguments passed to
+`model_hparams(model, task, max_length=L)` gives the keyword arguments passed to
 `models.registry.build(model, ...)`, beyond the common ones (dim, heads, qkv_dim, dropout).
 Defaults follow the papers and LRA's configs (see ../shared/VARIANTS.md); a task may
 override a variant's value where LRA did (e.g. a shorter window for a shorter task).
+
+Sizes that the papers or LRA chose for a sequence length (windows, blocks, chunks, k keys,
+inducing points, packed length, ...) are stated here at each task's reference length,
+`REFERENCE_LENGTHS[task]`: the full-size task config's max_length. `model_hparams` scales
+them to `max_length` (the ones listed in `LENGTH_SCALED`) so that every variant attends to
+the same fraction of the keys at any length: a `mini` config with 64 tokens gets
+ListOps' window of 128 tokens as a window of 4, not a window that covers the whole input
+(dense attention under another name). Sizes are rounded, at least 1, with the variants'
+constraints kept (reformer: n_buckets even, about L / chunk_len as at the reference;
+fixed: c <= block). At the reference length the presets are exactly the values below.
+Sizes that the builders already derive from max_len by the paper's rule (strided's
+stride and routing's clusters ~ sqrt(L), informer's u = factor * ceil(ln L), bp's levels
+~ log2 L, axial/local_2d's raster width ceil(sqrt(L))) are left to the builders.
+
+config.block's token counts (`BLOCK_LENGTH_KEYS`: the segment_recurrent stack's
+segment_len and mem_len) follow the same rule (`block_settings`).
+
+The task configs compute the hparams at the end of get_config (`common.finalize`), after `mini`/`runlocal`
+have set max_length. `--config.max_length=...` on the command line is applied by
+ml_collections after get_config, so it does NOT rescale them: set the sizes as well
+(`--config.model_hparams.window=...`). The hparams a run used are in its config and
+results.json (`config.model_hparams`).
 """
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Mapping
 
 from lra.errors import ConfigError
 
@@ -31,7 +54,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "strided": {"heads": "union"},  # stride defaults to ~sqrt(max_len)
     "fixed": {"block": 128, "c": 8, "heads": "union"},
     "dilated": {"window": 64, "dilation": 2},
-    "global": {"num_global": 1, "extra_tokens": False},  # position 0 = CLS
+    # The CLS slot (when pooling is CLS) is global in every pattern variant; num_global
+    # counts content positions on top of it.
+    "global": {"num_global": 1, "extra_tokens": False},
     "random": {"num_random": 8},
     "block_local": {"block": 128, "memory": 128},
     "local_2d": {"query_height": 8, "query_width": 16, "flange_height": 8,
@@ -72,11 +97,99 @@ PRESETS: dict[str, dict[str, Any]] = {
 TASK_OVERRIDES: dict[tuple[str, str], dict[str, Any]] = {}
 
 
-def model_hparams(model: str, task: str) -> dict[str, Any]:
+# Task -> the length its presets are stated at: its full-size config's max_length
+# (tests/test_configs.py checks that they agree).
+REFERENCE_LENGTHS: dict[str, int] = {
+    "listops": 2000, "text": 1000, "retrieval": 4000, "image": 1024, "pathfinder": 1024,
+    "pathx": 16384,
+}
+
+# model -> {hparam: how it follows the length L}: "linear" for a number of tokens
+# (value * L / L_ref: the fraction of the keys stays), "sqrt" for a side of a rectangle
+# on the raster of ceil(sqrt(L)) columns (value * sqrt(L / L_ref): the area fraction
+# stays). reformer's n_buckets follows chunk_len (see _scaled).
+LENGTH_SCALED: dict[str, dict[str, str]] = {
+    "linformer": {"k": "linear"},
+    "set_transformer": {"num_inducing": "linear"},
+    "luna": {"packed_len": "linear"},
+    "poolingformer": {"window1": "linear", "window2": "linear"},  # pool size/stride: ratios
+    "local": {"window": "linear"},
+    "fixed": {"block": "linear", "c": "linear"},
+    "dilated": {"window": "linear"},  # dilation: a ratio
+    "random": {"num_random": "linear"},
+    "block_local": {"block": "linear", "memory": "linear"},
+    "local_2d": {"query_height": "sqrt", "query_width": "sqrt", "flange_height": "sqrt",
+                 "flange_width": "sqrt"},
+    "longformer": {"window": "linear"},  # num_global: a count of tokens
+    "bigbird": {"block": "linear"},  # random/global blocks: counts of blocks
+    "sinkhorn": {"block_size": "linear"},
+    "reformer": {"chunk_len": "linear"},  # n_buckets: derived, see _scaled
+    "sac": {"k": "linear"},
+    "clustered": {"num_clusters": "linear", "topk": "linear"},
+    "adaptive_span": {"ramp": "linear"},  # the soft mask's ramp R, in tokens (S = max_len)
+}
+
+# config.block keys (models/blocks.py BLOCK_DEFAULTS) that are numbers of tokens, scaled
+# the same way by `block_settings`; 0 keeps its meaning ("the whole input" /
+# "segment_len").
+BLOCK_LENGTH_KEYS = ("segment_len", "mem_len")
+
+
+def _round(x: float) -> int:
+    return max(1, math.floor(x + 0.5))
+
+
+def _ratio(task: str, max_length: int | None) -> float:
+    if max_length is None:
+        return 1.0
+    if task not in REFERENCE_LENGTHS:
+        raise ConfigError(f"no reference length for task {task!r} to scale the presets to "
+                          f"max_length={max_length}; known: {', '.join(REFERENCE_LENGTHS)}")
+    if max_length <= 0:
+        raise ConfigError(f"max_length must be positive, got {max_length}")
+    return max_length / REFERENCE_LENGTHS[task]
+
+
+def _scaled(model: str, hparams: dict[str, Any], ratio: float) -> dict[str, Any]:
+    """`hparams` (stated at the reference length) at `ratio` times that length."""
+    if ratio == 1.0:
+        return dict(hparams)
+    out = dict(hparams)
+    for key, rule in LENGTH_SCALED.get(model, {}).items():
+        value = hparams.get(key)
+        if value is None or isinstance(value, bool):
+            continue
+        size = _round(value * (ratio if rule == "linear" else math.sqrt(ratio)))
+        out[key] = float(size) if isinstance(value, float) else size
+    if model == "fixed" and "c" in out and "block" in out:
+        out["c"] = min(out["c"], out["block"])  # masks.fixed: c <= block
+    if model == "reformer" and hparams.get("n_buckets", 1) > 1 and "chunk_len" in hparams:
+        # Keep L / n_buckets : chunk_len (a bucket about a chunk), n_buckets even.
+        buckets = (hparams["n_buckets"] * ratio * hparams["chunk_len"] / out["chunk_len"])
+        out["n_buckets"] = 2 * _round(buckets / 2)
+    return out
+
+
+def model_hparams(model: str, task: str, max_length: int | None = None) -> dict[str, Any]:
+    """The presets of `model` on `task`, scaled to `max_length` (None: the task's
+    reference length, i.e. the presets as stated)."""
     from models import registry  # the registry is the source of truth for names
 
     if model not in registry.available():
         raise ConfigError(
             f"unknown model {model!r}; available: {', '.join(registry.available())}"
         )
-    return {**PRESETS.get(model, {}), **TASK_OVERRIDES.get((model, task), {})}
+    stated = {**PRESETS.get(model, {}), **TASK_OVERRIDES.get((model, task), {})}
+    return _scaled(model, stated, _ratio(task, max_length))
+
+
+def block_settings(block: Mapping[str, Any], task: str,
+                   max_length: int | None = None) -> dict[str, Any]:
+    """Resolved config.block settings with the token counts (`BLOCK_LENGTH_KEYS`, e.g.
+    the segment_recurrent stack's segment_len 256) scaled like the presets."""
+    ratio = _ratio(task, max_length)
+    out = dict(block)
+    for key in BLOCK_LENGTH_KEYS:
+        if ratio != 1.0 and out.get(key):
+            out[key] = _round(out[key] * ratio)
+    return out

@@ -38,4 +38,4 @@ def get_config(arg: str | None = None):
         c.max_length = 128
         common.apply_runlocal(c)
         c.emb_dim, c.num_heads, c.num_layers, c.qkv_dim, c.mlp_dim = 32, 2, 1, 32, 64
-    return c
+    return common.finalize(c)

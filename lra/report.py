@@ -7,6 +7,10 @@ and writes, into `--out` (default: the directory itself):
   results.md / results.csv  test accuracy (%) per model (rows) and task (columns), mean over
                             seeds (± std when several), the average over tasks, and the
                             majority-class baseline of each task in its own row;
+                            `≡ dense` marks a cell whose runs reduce to dense attention at
+                            their length (lra/dense_check.py: e.g. a window that covers
+                            the whole input), with a footnote; a run the check cannot
+                            build gets no mark and a warning line;
   efficiency_accuracy.png   LRA's Figure 3: mean accuracy against training speed (steps/s
                             relative to `transformer` on the same task), marker area from
                             compiled training-step memory relative to `transformer`.
@@ -30,6 +34,12 @@ from collections import defaultdict
 from absl import app, flags
 
 TASK_ORDER = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
+DENSE_MARK = "≡ dense"
+DENSE_NOTE = (f"{DENSE_MARK}: at the run's length (config.max_length, plus 1 with CLS "
+              "pooling) the variant, with the hyperparameters the run used, attends to every "
+              "key: its window, blocks, chunks, k, ... cover the whole input, and it computes "
+              "what `transformer` computes (reformer, routing: on shared queries and keys; "
+              "lra/dense_check.py). The cell does not measure the variant's approximation.")
 
 FLAGS = flags.FLAGS
 
@@ -78,6 +88,34 @@ def summarize(results: list[dict]) -> dict[tuple[str, str], dict]:
     } for key, rs in groups.items()}
 
 
+def dense_marks(results: list[dict]) -> tuple[set[tuple[str, str]], list[str]]:
+    """(task, model) of the runs whose variant reduces to dense attention at their length
+    (any of the group's runs), from each run's resolved `config`; and warning lines for
+    the runs that could not be checked. Runs without a config are not checked;
+    `transformer` and the variants that are its mixer by construction (`universal`) are
+    never marked."""
+    marked, warnings = set(), []
+    for r in results:
+        config = r.get("config")
+        if not config or not config.get("model"):
+            continue
+        key = (r.get("task", config.get("task")), r.get("model", config["model"]))
+        if key in marked:
+            continue
+        try:
+            from lra import dense_check  # imports jax: only when a run has a config
+
+            if (not dense_check.always_dense(config["model"])
+                    and dense_check.run_reduces_to_dense(config)):
+                marked.add(key)
+        except Exception as e:  # noqa: BLE001  (an unknown model, a bad value, ...)
+            warning = (f"{key[0]} {key[1]}: could not check whether it reduces to dense "
+                       f"attention ({type(e).__name__}: {e})")
+            if warning not in warnings:
+                warnings.append(warning)
+    return marked, warnings
+
+
 def efficiency_ratios(path: str, length: int = 0) -> tuple[int, dict[str, tuple]]:
     """(L, {model: (speed ratio, memory ratio)}) against `transformer` from an
     `lra.benchmark --csv` file. The cells measured with the file's last settings are used
@@ -87,7 +125,8 @@ def efficiency_ratios(path: str, length: int = 0) -> tuple[int, dict[str, tuple]
     if not records or "temp_bytes" not in records[0]:
         raise ValueError(f"{path}: not an lra.benchmark --csv file")
     setting_keys = [k for k in records[0] if k not in
-                    ("model", "length", "time_s", "temp_bytes", "device_peak_bytes", "error")]
+                    ("model", "impl", "length", "time_s", "temp_bytes", "device_peak_bytes",
+                     "error")]
     last = {k: records[-1][k] for k in setting_keys}
     cells = {(r["model"], int(r["length"])): r for r in records
              if not r["error"] and all(r[k] == v for k, v in last.items())}
@@ -115,7 +154,9 @@ def tasks_and_models(summary):
     return tasks, models
 
 
-def table_rows(summary) -> tuple[list[str], list[list[str]]]:
+def table_rows(summary, dense: set[tuple[str, str]] = frozenset()
+               ) -> tuple[list[str], list[list[str]]]:
+    """Header and rows; a cell in `dense` (see dense_marks) carries DENSE_MARK."""
     tasks, models = tasks_and_models(summary)
     header = ["model", *tasks, "avg"]
     rows = []
@@ -130,6 +171,8 @@ def table_rows(summary) -> tuple[list[str], list[list[str]]]:
             cell = f"{100 * s['accuracy']:.2f}"
             if s["std"] is not None:
                 cell += f" ± {100 * s['std']:.2f}"
+            if (t, m) in dense:
+                cell += f" {DENSE_MARK}"
             cells.append(cell)
         # The average covers the tasks this model has; '*' marks a partial row.
         avg = f"{100 * statistics.fmean(accs):.2f}" if accs else "-"
@@ -214,14 +257,18 @@ def report(root: str, out: str | None = None, efficiency_csv: str | None = None,
     """Writes results.md, results.csv and efficiency_accuracy.png; returns their paths."""
     out = out or root
     os.makedirs(out, exist_ok=True)
-    summary = summarize(collect(root))
-    header, rows = table_rows(summary)
+    results = collect(root)
+    summary = summarize(results)
+    dense, warnings = dense_marks(results)
+    header, rows = table_rows(summary, dense)
+    notes = ([DENSE_NOTE] if dense else []) + [f"warning: {w}" for w in warnings]
     paths = {"markdown": os.path.join(out, "results.md"),
              "csv": os.path.join(out, "results.csv"),
              "plot": os.path.join(out, "efficiency_accuracy.png")}
-    with open(paths["markdown"], "w") as f:
+    with open(paths["markdown"], "w", encoding="utf-8") as f:
         f.write(markdown(header, rows) + "\n")
-    with open(paths["csv"], "w", newline="") as f:
+        f.write("".join(f"\n{note}\n" for note in notes))
+    with open(paths["csv"], "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(header)
         writer.writerows(rows)
@@ -238,7 +285,7 @@ def main(argv):
         paths = report(argv[1], FLAGS.out, FLAGS.efficiency, FLAGS.efficiency_length)
     except (FileNotFoundError, ValueError) as e:  # no runs, or a bad --efficiency file
         raise SystemExit(f"error: {e}") from None
-    print(open(paths["markdown"]).read())
+    print(open(paths["markdown"], encoding="utf-8").read())
     print(f"Wrote {paths['markdown']}, {paths['csv']}, {paths['plot']}")
 
 

@@ -94,3 +94,27 @@ def test_sweep_runs_skips_and_records_failures(listops_dir, tmp_path):
     error = open(os.path.join(sweep.run_dir(str(tmp_path), "listops", "transformer", 1),
                               "error.txt")).read()
     assert "learning_rate" in error
+
+
+def test_report_marks_runs_that_reduce_to_dense_attention(tmp_path):
+    """ListOps mini (64 tokens + CLS): the old window of 128 is dense attention."""
+    root = str(tmp_path)
+    runs = [("transformer", {}, 0.387), ("local", {"window": 128}, 0.387),
+            ("bigbird", {"block": 2, "num_random_blocks": 3, "num_global_blocks": 2}, 0.35),
+            ("nope", {}, 0.30)]  # a model this checkout does not have
+    for model, hparams, acc in runs:
+        _write(root, "listops", model, 0, acc)
+        path = os.path.join(root, "listops", model, "seed0", "results.json")
+        r = json.load(open(path))
+        r["config"] = {"task": "listops", "model": model, "model_hparams": hparams,
+                       "max_length": 64, "pooling": "CLS", "causal": False}
+        json.dump(r, open(path, "w"))
+    paths = report.report(root)
+    text = open(paths["markdown"], encoding="utf-8").read()
+    assert "| transformer | 38.70 | 38.70 |" in text
+    assert f"| local | 38.70 {report.DENSE_MARK} | 38.70 |" in text
+    assert "| bigbird | 35.00 | 35.00 |" in text
+    assert "| nope | 30.00 | 30.00 |" in text  # no mark ...
+    assert "warning: listops nope: could not check" in text  # ... and a warning line
+    assert report.DENSE_NOTE in text
+    assert f"38.70 {report.DENSE_MARK}" in open(paths["csv"], encoding="utf-8").read()
