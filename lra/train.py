@@ -133,17 +133,39 @@ def clamp_to_bounds() -> optax.GradientTransformation:
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
 
 
+def _has_marks(params: Any) -> bool:
+    """Whether any parameter asks for `bounds` or `no_weight_decay`."""
+    leaves = jax.tree.leaves(params, is_leaf=_is_variable)
+    return any(PARAM_BOUNDS in _metadata(v) or _metadata(v).get(NO_WEIGHT_DECAY, False)
+               for v in leaves)
+
+
 def make_optimizer(config: ml_collections.ConfigDict,
                    schedule: optax.Schedule) -> optax.GradientTransformation:
     """AdamW (weight decay on all parameters not marked `no_weight_decay`), after global
-    norm clipping if configured; parameters with `bounds` are clamped after each step."""
-    adamw = optax.adamw(schedule, b1=config.adam_b1, b2=config.adam_b2,
-                        eps=config.adam_eps, weight_decay=config.weight_decay,
-                        mask=weight_decay_mask)
-    if config.grad_clip_norm > 0:
-        return optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), adamw,
-                           clamp_to_bounds())
-    return optax.chain(adamw, clamp_to_bounds())
+    norm clipping if configured; parameters with `bounds` are clamped after each step.
+
+    Models without such marks get the plain chain, whose state has the layout of the
+    checkpoints written before the marks existed (so those runs still resume); the
+    choice is made from the parameters' metadata, which init and update both see."""
+    def chain(adamw: optax.GradientTransformation, *after: optax.GradientTransformation):
+        clip = ([optax.clip_by_global_norm(config.grad_clip_norm)]
+                if config.grad_clip_norm > 0 else [])
+        parts = clip + [adamw, *after]
+        return parts[0] if len(parts) == 1 else optax.chain(*parts)
+
+    adam = dict(b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps,
+                weight_decay=config.weight_decay)
+    plain = chain(optax.adamw(schedule, **adam))
+    marked = chain(optax.adamw(schedule, mask=weight_decay_mask, **adam), clamp_to_bounds())
+
+    def init(params):
+        return (marked if _has_marks(params) else plain).init(params)
+
+    def update(updates, state, params=None):
+        return (marked if _has_marks(params) else plain).update(updates, state, params)
+
+    return optax.GradientTransformation(init, update)
 
 
 # ----------------------------------------------------------------------------- model

@@ -218,6 +218,26 @@ def test_learning_rate_schedule_matches_lra():
 
 
 @pytest.mark.parametrize("grad_clip_norm", [0.0, 1.0])
+def test_optimizer_state_of_unmarked_models_keeps_the_plain_layout(grad_clip_norm):
+    """Checkpoints written before parameters could carry bounds/no_weight_decay hold the
+    plain (clip +) AdamW state; a model without such marks must still restore them."""
+    import jax
+    import ml_collections
+    import optax
+    from flax import nnx
+
+    model = registry.build("transformer", dim=8, num_heads=2, max_len=4, rngs=nnx.Rngs(0))
+    _, params, _ = nnx.split(model, nnx.Param, ...)
+    config = ml_collections.ConfigDict(dict(adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9,
+                                            weight_decay=0.1, grad_clip_norm=grad_clip_norm))
+    plain = optax.adamw(lambda step: 0.1, b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.1)
+    if grad_clip_norm:
+        plain = optax.chain(optax.clip_by_global_norm(grad_clip_norm), plain)
+    got = jax.tree.structure(train.make_optimizer(config, lambda step: 0.1).init(params))
+    assert got == jax.tree.structure(plain.init(params))
+
+
+@pytest.mark.parametrize("grad_clip_norm", [0.0, 1.0])
 def test_optimizer_clamps_bounded_params_and_does_not_decay_them(grad_clip_norm):
     """adaptive_span's span (Param metadata bounds=(0, 1), no_weight_decay) is clamped
     after every step, as the paper's `clamp_param`, and AdamW's weight decay leaves it
