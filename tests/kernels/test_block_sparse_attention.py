@@ -296,6 +296,15 @@ def _lowering_cases(names):
 
 
 def _pattern(name):
+    # As the variants build them inside the classifier: content patterns after a CLS slot.
+    if name == "prefixed_local":
+        return masks.prefixed(masks.local(100), 1)
+    if name == "random_keys":
+        return masks.prefixed(masks.random(num_keys=8, kv_len=999, seed=0, skip_window=0)
+                              | masks.local(0), 1)
+    if name == "bigbird":
+        return masks.prefixed(masks.bigbird(64, 999, num_global_blocks=2,
+                                            num_random_blocks=3), 1)
     if name == "per_head_causal":
         return masks.per_head([masks.local(100), masks.strided(50)], 3) & masks.causal()
     return {"local": masks.local(100), "causal": masks.causal(),
@@ -311,6 +320,17 @@ def _with_dropout(cases):
     pytest.param(*c.values, 0.0, id=c.id, marks=c.marks)
     for c in _lowering_cases(LOWERING_PATTERNS)))
 def test_triton_kernels_lower_for_cuda(name, dtype, dropout_rate):
+    _lower_for_cuda(name, dtype, dropout_rate)
+
+
+@pytest.mark.parametrize("name", ["prefixed_local", "random_keys", "bigbird"])
+def test_classifier_patterns_lower_for_cuda(name):
+    """The CLS prefix, exactly-r random keys (a per-row uint32 modulus) and BigBird's
+    first/last global blocks in Triton (lowering on this host; not a GPU run)."""
+    _lower_for_cuda(name, jnp.float32, 0.0)
+
+
+def _lower_for_cuda(name, dtype, dropout_rate):
     lowered = jax.jit(_forward_and_backward(_pattern(name), "gpu", dropout_rate)).trace(
         *_lowering_args(dtype)).lower(lowering_platforms=("cuda",))
     # forward, backward dQ, backward dK/dV: three Triton calls.
@@ -324,6 +344,15 @@ def test_triton_kernels_lower_for_cuda(name, dtype, dropout_rate):
     pytest.param(*c.values, 0.0, id=c.id, marks=c.marks)
     for c in _lowering_cases([n for n in LOWERING_PATTERNS if n != "random"])))
 def test_mosaic_kernels_export_for_tpu(name, dtype, dropout_rate):
+    _export_for_tpu(name, dtype, dropout_rate)
+
+
+def test_prefixed_pattern_exports_for_tpu():
+    """The CLS prefix around a content pattern in Mosaic (export on this host)."""
+    _export_for_tpu("prefixed_local", jnp.float32, 0.0)
+
+
+def _export_for_tpu(name, dtype, dropout_rate):
     exported = jax.export.export(
         jax.jit(_forward_and_backward(_pattern(name), "tpu", dropout_rate)),
         platforms=["tpu"])(*_lowering_args(dtype))
