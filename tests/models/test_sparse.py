@@ -152,8 +152,8 @@ def key_mask():
     return jnp.arange(LEN)[None] < jnp.array([[LEN], [11]])
 
 
-def _outputs_and_grads(name, impl, causal):
-    model = build(name, attention_impl=impl, causal=causal)
+def _outputs_and_grads(name, impl, causal, prefix_len=0):
+    model = build(name, attention_impl=impl, causal=causal, prefix_len=prefix_len)
     x, w, mask = normal(0, (B, LEN, DIM)), normal(1, (B, LEN, DIM)), key_mask()
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
@@ -168,11 +168,12 @@ def _outputs_and_grads(name, impl, causal):
     return y, grads
 
 
-def _assert_agree(name, impl, causal=None):
+def _assert_agree(name, impl, causal=None, prefix_len=0):
     """Same weights, `impl` against dense: outputs and gradients (causal where supported,
     unless `causal` says otherwise)."""
     causal = registry.capabilities(name).causal if causal is None else causal
-    (y_d, g_d), (y_s, g_s) = (_outputs_and_grads(name, i, causal) for i in ("dense", impl))
+    (y_d, g_d), (y_s, g_s) = (_outputs_and_grads(name, i, causal, prefix_len)
+                              for i in ("dense", impl))
     real = np.asarray(key_mask())
     np.testing.assert_allclose(np.asarray(y_s)[real], np.asarray(y_d)[real], **TOL)
     leaves_s, leaves_d = jax.tree.leaves(g_s), jax.tree.leaves(g_d)
@@ -184,6 +185,16 @@ def _assert_agree(name, impl, causal=None):
 @pytest.mark.parametrize("name", PATTERN_VARIANTS)
 def test_dense_and_blocksparse_agree(name):
     _assert_agree(name, "blocksparse")
+
+
+@pytest.mark.parametrize("name", ["local", "local_2d", "axial", "bigbird", "longformer"])
+def test_dense_and_blocksparse_agree_after_a_cls_slot(name):
+    """The pattern shifted past a global CLS slot (the classifier's prefix)."""
+    _assert_agree(name, "blocksparse", prefix_len=1)
+
+
+def test_dense_and_pallas_agree_after_a_cls_slot():
+    _assert_agree("local_2d", "pallas", prefix_len=1)
 
 
 # The Pallas kernels run interpreted on CPU (~5 s to compile each pass): by default the full
