@@ -18,9 +18,10 @@ misses keys then differs by O(1), not by O(1/L).
   construction (dense_equivalent {}, e.g. `universal`) always do (see `always_dense`).
 - Settings that choose how attention is computed, not how much of the sequence it sees,
   are ignored or set to their dense-equivalent values: attention_impl (all give the same
-  numbers), dropout, qkv_dim, and `FORM_KEYS` (reformer and routing with one chunk / one
-  cluster are full attention on shared queries and keys: the check compares them with
-  separate keys; longformer's global tokens with their own projections likewise).
+  numbers), dropout, qkv_dim, and the variant's `Capabilities.dense_form` (reformer and
+  routing with one chunk / one cluster are full attention on shared queries and keys:
+  the check compares them with separate keys; longformer's global tokens with their own
+  projections likewise).
 - A variant with a `pattern` (models.masks) is decided by the pattern where it can be:
   a pattern that misses a key is not dense (however few keys it misses, which one random
   input may not show), and plain `PatternAttention` with a pattern that keeps every key
@@ -44,11 +45,6 @@ from typing import Any, Mapping
 # Hyperparameters that do not change which keys a query sees (attention_impl: every
 # implementation gives the same numbers; the check uses the masked dense one).
 IGNORED = ("attention_impl", "attention_dropout", "qkv_dim")
-# dense_equivalent keys that choose a form of attention, not its extent: set to their
-# dense-equivalent value for the check.
-FORM_KEYS: dict[str, tuple[str, ...]] = {"reformer": ("shared_qk",),
-                                         "routing": ("shared_qk",),
-                                         "longformer": ("global_projections",)}
 DIM, HEADS = 16, 2
 INPUT_SCALE = 4.0  # x ~ 4 N(0, 1): logits of a few tens, a sharp softmax
 TOLERANCE = 1e-3  # relative to the largest output
@@ -105,9 +101,8 @@ def _check(model: str, hparams_json: str, length: int, causal: bool,
     if length > MAX_LENGTH:
         raise ValueError(f"dense check: length {length} > {MAX_LENGTH} (L x L logits)")
     hparams = {k: v for k, v in json.loads(hparams_json).items() if k not in IGNORED}
-    for name in FORM_KEYS.get(model, ()):
-        if name in caps.dense_equivalent:
-            hparams[name] = caps.dense_equivalent[name]
+    for name in caps.dense_form:  # the form of attention, not its extent
+        hparams[name] = caps.dense_equivalent[name]
     accepted = registry.accepted_hparams(model)
     if "attention_dropout" in accepted:
         hparams["attention_dropout"] = 0.0

@@ -69,6 +69,10 @@ class Capabilities:
     # hparams under which the variant equals `transformer` with the same
     # query/key/value/out weights; None when there is no such limit.
     dense_equivalent: dict[str, Any] | None = None
+    # Keys of dense_equivalent that choose the form of attention, not how much of the
+    # sequence it sees (e.g. reformer's shared_qk): lra.dense_check sets them to their
+    # dense_equivalent values when it asks whether a run attends to every key.
+    dense_form: tuple[str, ...] = ()
     test_hparams: dict[str, Any] = dataclasses.field(default_factory=dict)
     # The mixer threads a state from one layer to the next (e.g. Luna's packed
     # sequence): it is called `mixer(x, padding_mask=..., deterministic=...,
@@ -151,6 +155,8 @@ def register(name: str, builder: Builder | None = None,
     # A misspelt key in the flags fails at import, not deep inside the suite.
     _check_hparams(name, entry, capabilities.test_hparams)
     _check_hparams(name, entry, capabilities.dense_equivalent or {})
+    if not set(capabilities.dense_form) <= set(capabilities.dense_equivalent or {}):
+        raise RegistryError(f"{name!r}: dense_form keys must be keys of dense_equivalent")
     _REGISTRY[name] = entry
     return builder
 

@@ -171,6 +171,7 @@ class LSHAttention(MultiHeadAttention):
 @registry.register("reformer", capabilities=registry.Capabilities(
     description="Reformer: multi-round LSH attention on shared QK over sorted chunks",
     causal=False, padding=True, variable_length=True, receptive_field="limited",
+    dense_form=("shared_qk",),
     dense_equivalent={"n_buckets": 1, "n_hashes": 1, "chunk_len": 16, "shared_qk": False},
     test_hparams={"n_buckets": 4, "n_hashes": 2, "chunk_len": 4},
     block={"stack": "reversible", "ffn_chunks": 1}))

@@ -209,10 +209,12 @@ def _common(dim, num_heads, causal, rngs, qkv_dim, attention_dropout, use_bias,
 
 
 def _caps(description: str, *, causal: bool, test_hparams: dict,
-          dense_equivalent: dict | None) -> registry.Capabilities:
+          dense_equivalent: dict | None, dense_form: tuple[str, ...] = ()
+          ) -> registry.Capabilities:
     return registry.Capabilities(description=description, causal=causal, padding=True,
                                  variable_length=True, dense_equivalent=dense_equivalent,
-                                 test_hparams=test_hparams, receptive_field="pattern")
+                                 dense_form=dense_form, test_hparams=test_hparams,
+                                 receptive_field="pattern")
 
 
 def _build(pattern, *, causal, **common):
@@ -374,7 +376,8 @@ def build_local_2d(*, dim, num_heads, max_len, causal, rngs,
     "Longformer: sliding window (dilated on some heads) plus global tokens, whose rows "
     "use their own query/key/value projections", causal=False,
     test_hparams=dict(window=2, num_global=1, dilation=2, dilated_heads=1, block_size=4),
-    dense_equivalent=dict(window=16, dilation=1, global_projections=False)))
+    dense_equivalent=dict(window=16, dilation=1, global_projections=False),
+    dense_form=("global_projections",)))
 def build_longformer(*, dim, num_heads, max_len, causal, rngs,
                      prefix_len=0, window: int = 256,
                      num_global: int = 1, dilation: int = 1, dilated_heads: int = 0,
