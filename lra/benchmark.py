@@ -36,7 +36,7 @@ import numpy as np
 from absl import app, flags, logging
 from flax import nnx
 
-from configs import presets
+from configs import common, presets
 from models import registry
 
 FLAGS = flags.FLAGS
@@ -56,10 +56,10 @@ def _define_flags() -> None:
     flags.DEFINE_integer("num_heads", 0, "Attention heads (0: the task config's; 4 in mixer "
                          "mode).")
     flags.DEFINE_integer("num_layers", 0, "Layers in train_step mode (0: the task config's).")
-    flags.DEFINE_string("attention_impl", "dense", "train_step mode: config.attention_impl "
-                        "(dense, blocksparse, pallas) for the variants that have it; the "
-                        "others run their own (attention_impl=dense), marked in the table's "
-                        "impl column.")
+    flags.DEFINE_enum("attention_impl", "dense", list(common.ATTENTION_IMPLS),
+                      "train_step mode: config.attention_impl for the variants that have "
+                      "it; the others run their own (attention_impl=dense), marked in the "
+                      "table's impl column.")
     flags.DEFINE_integer("repeats", 3, "Timed calls per cell (the median is reported); 0: "
                          "compile only and report memory, e.g. at lengths this machine "
                          "cannot run in reasonable time.")

@@ -38,7 +38,6 @@ ValueError): the dense reference needs L x L logits.
 from __future__ import annotations
 
 import functools
-import inspect
 import json
 from typing import Any, Mapping
 
@@ -106,10 +105,9 @@ def _check(model: str, hparams_json: str, length: int, causal: bool,
     accepted = registry.accepted_hparams(model)
     if "attention_dropout" in accepted:
         hparams["attention_dropout"] = 0.0
-    extra = ({"prefix_len": prefix_len}
-             if "prefix_len" in inspect.signature(registry.build).parameters else {})
     variant = registry.build(model, dim=DIM, num_heads=HEADS, max_len=length, causal=causal,
-                             rngs=nnx.Rngs(params=0, dropout=1), **extra, **hparams)
+                             prefix_len=prefix_len, rngs=nnx.Rngs(params=0, dropout=1),
+                             **hparams)
     if not all(isinstance(getattr(variant, p, None), nnx.Linear) for p in DENSE_PARAMS):
         return False  # e.g. synthesizer's dense mode: no keys at all
     pattern = getattr(variant, "pattern", None)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models import layers, registry, stacks
-from models.layers import sinusoidal_positions  # noqa: F401  (re-exported)
+from models.layers import sinusoidal_positions
 from models.stacks import resolve_block
 
 POOLINGS = ("CLS", "MEAN", "MAX", "SUM")

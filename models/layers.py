@@ -23,7 +23,7 @@ try to shard at creation, which would need a mesh whose axes are these names.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -51,11 +51,14 @@ def named(init: Initializer, names: Names) -> Initializer:
 
 
 def param(init: Initializer, names: Names, shape: Sequence[int], *,
-          rngs: nnx.Rngs) -> nnx.Param:
-    """A free-standing Param with logical axis names (one key from the 'params' stream)."""
+          rngs: nnx.Rngs, **metadata: Any) -> nnx.Param:
+    """A free-standing Param with logical axis names (one key from the 'params' stream)
+    and any further metadata, e.g. the optimiser's `bounds` and `no_weight_decay`
+    (lra.train.make_optimizer)."""
     if len(names) != len(shape):
         raise ValueError(f"names {tuple(names)} do not match shape {tuple(shape)}")
-    return nnx.Param(named(init, names)(rngs.params(), tuple(shape), jnp.float32))
+    return nnx.Param(named(init, names)(rngs.params(), tuple(shape), jnp.float32),
+                     **metadata)
 
 
 def dense(in_features: int, out_features: int, names: tuple[str | None, str | None], *,

@@ -63,9 +63,9 @@ class AdaptiveSpanAttention(MultiHeadAttention):
         # The span as a fraction of max_span, one per head. Param metadata that the
         # optimiser obeys (lra.train.make_optimizer): clamped to [0, 1] after each step
         # (the paper's `clamp_param`) and never weight-decayed.
-        init = layers.named(jax.nn.initializers.constant(span_init), ("heads",))
-        self.span_fraction = nnx.Param(init(rngs.params(), (num_heads,), jnp.float32),
-                                       bounds=(0.0, 1.0), no_weight_decay=True)
+        self.span_fraction = layers.param(jax.nn.initializers.constant(span_init), ("heads",),
+                                          (num_heads,), rngs=rngs, bounds=(0.0, 1.0),
+                                          no_weight_decay=True)
 
     def spans(self) -> jax.Array:
         """z_h = S * clip(p_h, 0, 1), straight-through so spans at 0 or S keep a gradient
