@@ -360,13 +360,50 @@ def isolated_cell(model: str, length: int, setting_flags: list[str]) -> dict:
             "error": f"process died (exit {proc.returncode}): {last}"}
 
 
+def parse_lengths(values: list[str]) -> list[int]:
+    """--lengths as positive integers; a ValueError says which entry is wrong."""
+    if not values:
+        raise ValueError("--lengths is empty; give a comma list of positive integers, e.g. "
+                         "--lengths=1024,2048")
+    lengths = []
+    for v in values:
+        try:
+            length = int(v)
+        except ValueError:
+            length = None
+        if length is None or length < 1:
+            raise ValueError(f"--lengths: {v!r} is not a positive integer; give a comma list "
+                             "of sequence lengths, e.g. --lengths=1024,2048")
+        lengths.append(length)
+    return list(dict.fromkeys(lengths))
+
+
+def check_flags() -> list[int]:
+    """The flags' mistakes as one ValueError (before anything is compiled); the lengths."""
+    lengths = parse_lengths(FLAGS.lengths)
+    for name in ("batch_size", "dim", "num_heads", "num_layers", "repeats",
+                 "transformer_max_length"):
+        if getattr(FLAGS, name) < 0:
+            raise ValueError(f"--{name}={getattr(FLAGS, name)} must be >= 0 (see --helpfull)")
+    if not FLAGS.models:
+        raise ValueError("--models is empty; give registry names or 'all'")
+    return lengths
+
+
 def main(argv):
-    del argv
+    if len(argv) > 1:
+        print(f"error: unexpected arguments: {' '.join(argv[1:])}", file=sys.stderr)
+        sys.exit(2)
     logging.set_verbosity(logging.WARNING)
     if FLAGS.cell:
         model, length = FLAGS.cell.rsplit(":", 1)
         print(_CELL_PREFIX + json.dumps(measure_cell(model, int(length))), flush=True)
         return
+    try:
+        lengths = check_flags()
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     if FLAGS.isolate == "false":
         platform, isolate = jax.devices()[0].platform, False
     else:  # this process must not claim the accelerator the cell processes will need
@@ -377,7 +414,6 @@ def main(argv):
     models = registry.available() if FLAGS.models == ["all"] else FLAGS.models
     if "transformer" not in models:
         models = ["transformer", *models]  # ratios need the reference in the same run
-    lengths = [int(l) for l in FLAGS.lengths]
     settings = {"mode": FLAGS.mode, "task": FLAGS.task, "batch_size": FLAGS.batch_size,
                 "dim": FLAGS.dim, "num_heads": FLAGS.num_heads, "num_layers": FLAGS.num_layers,
                 "attention_impl": FLAGS.attention_impl, "repeats": FLAGS.repeats,

@@ -2,11 +2,18 @@ r"""Turn a directory of runs into LRA's Table 1 and Figure 3.
 
   python -m lra.report workdirs/sweep_listops_mini [--out=<dir>]
 
-Reads every `results.json` below the directory (any depth; e.g. a `lra.sweep` directory)
+Reads every `results.json` below the directory (any depth; e.g. a `lra.sweep` directory;
+a file that is not a run's results, e.g. corrupt or missing `task`, `model` or
+`test_accuracy`, is skipped with a warning line naming it, and counted)
 and writes, into `--out` (default: the directory itself):
   results.md / results.csv  test accuracy (%) per model (rows) and task (columns), mean over
                             seeds (± std when several), the average over tasks, and the
-                            majority-class baseline of each task in its own row;
+                            majority-class baseline of each task in its own row. Runs are
+                            averaged only when their recorded configs agree in every field
+                            but `random_seed` and NON_RESULT_FIELDS (logging and checkpoint
+                            frequency, device mesh and sharding); runs of one model that
+                            differ in another field are separate rows, labelled with the
+                            fields that differ, e.g. `transformer [learning_rate=0.01]`;
                             `≡ dense` marks a cell whose runs reduce to dense attention at
                             their length (lra/dense_check.py: e.g. a window that covers
                             the whole input), with a footnote; a run the check cannot
@@ -29,6 +36,7 @@ import csv
 import json
 import os
 import statistics
+import sys
 from collections import defaultdict
 
 from absl import app, flags
@@ -54,31 +62,163 @@ def _define_flags() -> None:
                          "(0: the longest at which transformer was measured).")
 
 
-def collect(root: str) -> list[dict]:
-    """Every results.json under `root`."""
-    found = []
-    for dirpath, _, files in os.walk(root):
-        if "results.json" in files:
-            with open(os.path.join(dirpath, "results.json")) as f:
+# Config fields that do not change a run's results (up to float summation order): runs that
+# differ only in these (and in the seed) are averaged together. Everything else, data_dir
+# included (another path may be other data), keeps runs apart. lra.sweep uses the same list
+# to decide that a finished run is the one it would start.
+SEED_FIELD = "random_seed"
+NON_RESULT_FIELDS = ("log_every_steps", "checkpoint_freq", "mesh_shape", "sharding")
+REQUIRED_KEYS = ("task", "model", "test_accuracy")
+_NUMERIC_KEYS = ("test_accuracy", "train_steps_per_sec", "train_step_temp_bytes",
+                 "majority_baseline_accuracy")
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _json_type(v) -> str:
+    return {list: "list", str: "string", int: "number", float: "number", bool: "boolean",
+            type(None): "null", dict: "object"}.get(type(v), type(v).__name__)
+
+
+def _problem(r) -> str | None:
+    """What makes a parsed results.json unusable, or None."""
+    if not isinstance(r, dict):
+        return f"a JSON {_json_type(r)}, not an object with {', '.join(REQUIRED_KEYS)}"
+    missing = [k for k in REQUIRED_KEYS if k not in r]
+    if missing:
+        return f"missing {', '.join(missing)}"
+    for k in ("task", "model"):
+        if not isinstance(r[k], str) or not r[k]:
+            return f"{k} is {r[k]!r}, not a name"
+    for k in _NUMERIC_KEYS:
+        if k in r and not (_is_number(r[k]) or (r[k] is None and k != "test_accuracy")):
+            return f"{k} is {r[k]!r}, not a number"
+    if r.get("config") is not None and not isinstance(r["config"], dict):
+        return f"config is a JSON {_json_type(r['config'])}, not an object"
+    return None
+
+
+def load(root: str) -> tuple[list[dict], list[str]]:
+    """(every usable results.json under `root`, one line per skipped file naming it and
+    why: unreadable, not JSON, not an object, required keys missing)."""
+    found, skipped = [], []
+    for dirpath, dirnames, files in os.walk(root):
+        dirnames.sort()
+        if "results.json" not in files:
+            continue
+        path = os.path.join(dirpath, "results.json")
+        try:
+            with open(path, encoding="utf-8") as f:
                 r = json.load(f)
-            r["_path"] = dirpath
-            found.append(r)
+        except (OSError, UnicodeDecodeError) as e:
+            skipped.append(f"{path}: cannot be read ({e}); skipped")
+            continue
+        except ValueError as e:
+            skipped.append(f"{path}: not valid JSON ({e}); skipped")
+            continue
+        problem = _problem(r)
+        if problem:
+            skipped.append(f"{path}: {problem}; skipped")
+            continue
+        r["_path"] = dirpath
+        found.append(r)
+    return found, skipped
+
+
+def collect(root: str) -> list[dict]:
+    """Every usable results.json under `root`; a skipped one gets a warning line on stderr
+    (see load)."""
+    found, skipped = load(root)
+    for line in skipped:
+        print(f"warning: {line}", file=sys.stderr)
     if not found:
-        raise FileNotFoundError(f"no results.json under {root}; run launch.py or lra.sweep first")
+        raise FileNotFoundError(_nothing_found(root, skipped))
     return found
 
 
+def _nothing_found(root: str, skipped: list[str]) -> str:
+    if not skipped:
+        return f"no results.json under {root}; run launch.py or lra.sweep first"
+    return (f"no usable results.json under {root}: {len(skipped)} skipped (first: "
+            f"{skipped[0]})")
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    """{'a': {'b': 1}} -> {'a.b': 1}; lists stay values."""
+    flat = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            flat.update(flatten(v, f"{prefix}{k}."))
+        else:
+            flat[f"{prefix}{k}"] = v
+    return flat
+
+
+def _grouping_config(r: dict) -> dict | None:
+    """The run's config without the seed and NON_RESULT_FIELDS (flattened), or None."""
+    config = r.get("config")
+    if not isinstance(config, dict):
+        return None
+    return {k: v for k, v in flatten(config).items()
+            if k != SEED_FIELD and k not in NON_RESULT_FIELDS}
+
+
+_ABSENT = "(absent)"
+
+
+def labels(results: list[dict]) -> list[str]:
+    """One row label per run: its model, or when runs of that model and task were made
+    with configs that differ beyond the seed and NON_RESULT_FIELDS, the model followed by
+    the differing fields, e.g. `transformer [learning_rate=0.01]`."""
+    canon = [json.dumps(_grouping_config(r), sort_keys=True, default=str) for r in results]
+    by_model = defaultdict(dict)  # (task, model) -> {canonical config: config}
+    for r, c in zip(results, canon):
+        by_model[(r["task"], r["model"])].setdefault(c, _grouping_config(r))
+    describe = {}
+    for key, configs in by_model.items():
+        if len(configs) == 1:
+            describe.update({(key, c): "" for c in configs})
+            continue
+        recorded = {c: cfg for c, cfg in configs.items() if cfg is not None}
+        fields = sorted({k for cfg in recorded.values() for k in cfg})
+        differing = [k for k in fields
+                     if len({json.dumps(cfg.get(k, _ABSENT), default=str)
+                             for cfg in recorded.values()}) > 1]
+        for c, cfg in configs.items():
+            if cfg is None:
+                text = "no config recorded"
+            elif differing:
+                text = ", ".join(f"{k}={_show(cfg.get(k, _ABSENT))}" for k in differing)
+            else:
+                text = "config recorded"
+            describe[(key, c)] = text
+    out = []
+    for r, c in zip(results, canon):
+        text = describe[((r["task"], r["model"]), c)]
+        out.append(f"{r['model']} [{text}]" if text else r["model"])
+    return out
+
+
+def _show(v) -> str:
+    return v if isinstance(v, str) else json.dumps(v)
+
+
 def summarize(results: list[dict]) -> dict[tuple[str, str], dict]:
-    """(task, model) -> mean/std test accuracy, seeds, speed, memory, baseline."""
+    """(task, row label) -> mean/std test accuracy, seeds, speed, memory, baseline, and the
+    model. Runs are averaged only when their configs agree but for the seed and
+    NON_RESULT_FIELDS (see labels); the label is then the model name."""
     groups = defaultdict(list)
-    for r in results:
-        groups[(r["task"], r["model"])].append(r)
+    for r, label in zip(results, labels(results)):
+        groups[(r["task"], label)].append(r)
 
     def mean(rs, key):
         values = [r[key] for r in rs if r.get(key) is not None]
         return statistics.fmean(values) if values else None
 
     return {key: {
+        "model": rs[0]["model"],
         "accuracy": mean(rs, "test_accuracy"),
         "std": statistics.stdev([r["test_accuracy"] for r in rs]) if len(rs) > 1 else None,
         "seeds": len(rs),
@@ -88,18 +228,33 @@ def summarize(results: list[dict]) -> dict[tuple[str, str], dict]:
     } for key, rs in groups.items()}
 
 
+def repeated_seeds(results: list[dict]) -> list[str]:
+    """Warning lines for rows that average several runs with the same recorded seed (e.g. a
+    copied run folder): those are not independent seeds."""
+    by_row = defaultdict(lambda: defaultdict(list))
+    for r, label in zip(results, labels(results)):
+        seed = (r.get("config") or {}).get(SEED_FIELD)
+        if seed is not None:
+            by_row[(r["task"], label)][json.dumps(seed)].append(r["_path"] if "_path" in r
+                                                                else "?")
+    return [f"{task} {label}: {len(paths)} runs with {SEED_FIELD}={seed} are averaged as if "
+            f"independent ({', '.join(paths)})"
+            for (task, label), seeds in by_row.items() for seed, paths in seeds.items()
+            if len(paths) > 1]
+
+
 def dense_marks(results: list[dict]) -> tuple[set[tuple[str, str]], list[str]]:
-    """(task, model) of the runs whose variant reduces to dense attention at their length
-    (any of the group's runs), from each run's resolved `config`; and warning lines for
-    the runs that could not be checked. Runs without a config are not checked;
-    `transformer` and the variants that are its mixer by construction (`universal`) are
-    never marked."""
+    """(task, row label) of the runs whose variant reduces to dense attention at their
+    length (any of the row's runs; see labels), from each run's resolved `config`; and
+    warning lines for the runs that could not be checked. Runs without a config are not
+    checked; `transformer` and the variants that are its mixer by construction
+    (`universal`) are never marked."""
     marked, warnings = set(), []
-    for r in results:
+    for r, label in zip(results, labels(results)):
         config = r.get("config")
         if not config or not config.get("model"):
             continue
-        key = (r.get("task", config.get("task")), r.get("model", config["model"]))
+        key = (r["task"], label)
         if key in marked:
             continue
         try:
@@ -150,7 +305,8 @@ def efficiency_ratios(path: str, length: int = 0) -> tuple[int, dict[str, tuple]
 def tasks_and_models(summary):
     tasks = [t for t in TASK_ORDER if any(k[0] == t for k in summary)]
     tasks += sorted({k[0] for k in summary} - set(tasks))
-    models = sorted({k[1] for k in summary}, key=lambda m: (m != "transformer", m))
+    model_of = {k[1]: s.get("model", k[1]) for k, s in summary.items()}
+    models = sorted(model_of, key=lambda m: (model_of[m] != "transformer", model_of[m], m))
     return tasks, models
 
 
@@ -194,13 +350,15 @@ def markdown(header, rows) -> str:
 def figure_points(summary, efficiency: tuple[int, dict] | None = None) -> list[tuple]:
     """(model, speed ratio, mean accuracy %, memory ratio) per model; speed and memory are
     means over tasks of the runs' own, or from `efficiency` (see efficiency_ratios), where
-    a model the benchmark lacks gets speed None."""
+    a model the benchmark lacks gets speed None. `model` is the row label (see labels);
+    the reference is the task's `transformer` row (the only transformer row if it has a
+    label)."""
     tasks, models = tasks_and_models(summary)
     points = []
     for m in models:
         speeds, mems, accs = [], [], []
         for t in tasks:
-            s, base = summary.get((t, m)), summary.get((t, "transformer"))
+            s, base = summary.get((t, m)), _reference(summary, t)
             if s is None or s["accuracy"] is None:
                 continue
             accs.append(s["accuracy"])
@@ -213,10 +371,20 @@ def figure_points(summary, efficiency: tuple[int, dict] | None = None) -> list[t
         speed = statistics.fmean(speeds) if speeds else 1.0
         mem = statistics.fmean(mems) if mems else 1.0
         if efficiency is not None:
-            speed, mem = efficiency[1].get(m, (None, None))
+            model = next(summary[(t, m)].get("model", m) for t in tasks if (t, m) in summary)
+            speed, mem = efficiency[1].get(model, (None, None))
             mem = mem or 1.0
         points.append((m, speed, 100 * statistics.fmean(accs), mem))
     return points
+
+
+def _reference(summary, task: str) -> dict | None:
+    """The `transformer` row of `task` that ratios are taken against: the plain one, or
+    the only one; None when there is none or several labelled ones."""
+    if (task, "transformer") in summary:
+        return summary[(task, "transformer")]
+    rows = [s for (t, _), s in summary.items() if t == task and s.get("model") == "transformer"]
+    return rows[0] if len(rows) == 1 else None
 
 
 def plot(summary, path: str, efficiency: tuple[int, dict] | None = None) -> None:
@@ -253,15 +421,32 @@ def plot(summary, path: str, efficiency: tuple[int, dict] | None = None) -> None
 
 
 def report(root: str, out: str | None = None, efficiency_csv: str | None = None,
-           efficiency_length: int = 0) -> dict[str, str]:
-    """Writes results.md, results.csv and efficiency_accuracy.png; returns their paths."""
+           efficiency_length: int = 0, skipped: list[str] | None = None) -> dict[str, str]:
+    """Writes results.md, results.csv and efficiency_accuracy.png; returns their paths.
+    The results.json files that were skipped (see load) are warning lines in results.md
+    and, when `skipped` is a list, appended to it."""
     out = out or root
+    results, skipped_here = load(root)
+    if skipped is not None:
+        skipped.extend(skipped_here)
+    if not results:
+        raise FileNotFoundError(_nothing_found(root, skipped_here))
     os.makedirs(out, exist_ok=True)
-    results = collect(root)
     summary = summarize(results)
     dense, warnings = dense_marks(results)
     header, rows = table_rows(summary, dense)
-    notes = ([DENSE_NOTE] if dense else []) + [f"warning: {w}" for w in warnings]
+    labelled = any(s.get("model", m) != m for (_, m), s in summary.items())
+    notes = ([DENSE_NOTE] if dense else [])
+    if labelled:
+        notes.append("model [field=value, ...]: runs of one model on one task whose recorded "
+                     "configs differ in these fields are separate rows; runs are averaged "
+                     f"only when their configs differ at most in {SEED_FIELD} and "
+                     f"{', '.join(NON_RESULT_FIELDS)}.")
+    notes += [f"warning: {w}" for w in warnings + repeated_seeds(results)]
+    if skipped_here:
+        notes.append(f"warning: {len(skipped_here)} results.json skipped (not in the table, "
+                     f"{len(results)} used):")
+        notes += [f"warning: {line}" for line in skipped_here]
     paths = {"markdown": os.path.join(out, "results.md"),
              "csv": os.path.join(out, "results.csv"),
              "plot": os.path.join(out, "efficiency_accuracy.png")}
@@ -280,13 +465,18 @@ def report(root: str, out: str | None = None, efficiency_csv: str | None = None,
 
 def main(argv):
     if len(argv) != 2:
-        raise app.UsageError("usage: python -m lra.report <directory of runs> [--out=<dir>]")
+        print("error: give one directory of runs: python -m lra.report <directory> "
+              "[--out=<dir>] [--efficiency=<bench.csv>]", file=sys.stderr)
+        sys.exit(2)
+    skipped = []
     try:
-        paths = report(argv[1], FLAGS.out, FLAGS.efficiency, FLAGS.efficiency_length)
-    except (FileNotFoundError, ValueError) as e:  # no runs, or a bad --efficiency file
+        paths = report(argv[1], FLAGS.out, FLAGS.efficiency, FLAGS.efficiency_length,
+                       skipped=skipped)
+    except (OSError, ValueError) as e:  # no runs, a bad --efficiency file, --out unwritable
         raise SystemExit(f"error: {e}") from None
     print(open(paths["markdown"], encoding="utf-8").read())
-    print(f"Wrote {paths['markdown']}, {paths['csv']}, {paths['plot']}")
+    print(f"Wrote {paths['markdown']}, {paths['csv']}, {paths['plot']}"
+          + (f"; {len(skipped)} results.json skipped (warnings above)" if skipped else ""))
 
 
 if __name__ == "__main__":

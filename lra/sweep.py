@@ -3,16 +3,29 @@ r"""Run many variants (and seeds) of one task into one directory.
   python -m lra.sweep --task=listops --models=all --config_arg=mini --seeds=0,1 \
       --sweep_dir=workdirs/sweep_listops_mini [--override=num_train_steps=500 ...]
 
-Each run is `launch.py --config=configs/<task>.py:model=<m>,<config_arg>
---config.random_seed=<s> --workdir=<sweep_dir>/<task>/<model>/seed<s>` in its own process
-(a crash or an out-of-memory in one variant does not stop the sweep). Finished runs
-(results.json present) are skipped; unfinished ones resume from their last checkpoint.
-A failed run leaves `error.txt` in its workdir and is retried by the next sweep.
+Each run is `launch.py --workdir=<workdir> --config=configs/<task>.py:model=<m>,<config_arg>
+--config.random_seed=<s> [--config.<override> ...]` in its own process
+(a crash or an out-of-memory in one variant does not stop the sweep), where <workdir> is
+`<sweep_dir>/<task>/<model>/seed<s>`, or `.../seed<s>-<hash>` with `--override`s (a short
+hash of them, order aside; the run's `sweep.json` lists them): another set of overrides
+is another set of runs, next to the first.
+
+A finished run (results.json present) is skipped if the config it recorded is the one this
+sweep would run (fields that do not change results, lra.report.NON_RESULT_FIELDS, aside);
+one that differs (another --config_arg, changed presets, a run started by hand) is not
+run again and not counted as done: the sweep names the differing fields and exits 1.
+Unfinished runs resume from their last checkpoint. A failed run leaves `error.txt` (its
+last stderr line) and `stderr.txt` (every attempt's whole stderr, appended) beside
+`log.txt` (stdout) in its workdir, and is retried by the next sweep.
 Then: `python -m lra.report <sweep_dir>`.
 """
 from __future__ import annotations
 
+import datetime
+import hashlib
+import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -30,54 +43,156 @@ def _define_flags() -> None:
     flags.DEFINE_string("task", "listops", "Task config: configs/<task>.py.")
     flags.DEFINE_list("models", ["all"], "Registry names, or 'all'.")
     flags.DEFINE_string("config_arg", "", "Extra config arguments, e.g. 'mini' or 'runlocal'.")
-    flags.DEFINE_list("seeds", ["0"], "Random seeds (config.random_seed).")
+    flags.DEFINE_list("seeds", ["0"], "Random seeds (config.random_seed), integers.")
     flags.DEFINE_string("sweep_dir", None, "Directory that receives every run.")
-    flags.DEFINE_multi_string("override", [], "Config overrides field=value, for every run.")
+    flags.DEFINE_multi_string("override", [], "Config overrides field=value, for every run; "
+                              "each set of overrides gets its own workdirs (seed<s>-<hash>).")
     flags.DEFINE_integer("timeout", 0, "Seconds per run before it is stopped (0 = none).")
 
 
-def run_dir(sweep_dir: str, task: str, model: str, seed: int) -> str:
-    return os.path.join(sweep_dir, task, model, f"seed{seed}")
+def normalized_overrides(overrides: list[str]) -> list[str]:
+    """`field=value` strings as launch.py applies them: the last value of a field wins;
+    sorted by field, so the order they were given in does not matter."""
+    last = {}
+    for o in overrides:
+        field, _, value = o.strip().partition("=")
+        last[field.strip()] = value
+    return [f"{f}={v}" for f, v in sorted(last.items())]
+
+
+def overrides_hash(overrides: list[str]) -> str:
+    """8 hex digits naming a set of overrides ('' for none)."""
+    norm = normalized_overrides(overrides)
+    if not norm:
+        return ""
+    return hashlib.sha256(json.dumps(norm).encode()).hexdigest()[:8]
+
+
+def run_dir(sweep_dir: str, task: str, model: str, seed: int,
+            overrides: list[str] = ()) -> str:
+    """`<sweep_dir>/<task>/<model>/seed<seed>`, with `-<overrides_hash>` when overridden."""
+    suffix = overrides_hash(list(overrides))
+    return os.path.join(sweep_dir, task, model, f"seed{seed}" + (f"-{suffix}" if suffix else ""))
+
+
+def config_flags_of(task: str, model: str, seed: int, config_arg: str,
+                    overrides: list[str]) -> list[str]:
+    """launch.py's --config flags for one run."""
+    arg = ",".join(filter(None, [f"model={model}", config_arg]))
+    return [f"--config={os.path.join(REPO, 'configs', task + '.py')}:{arg}",
+            f"--config.random_seed={seed}", *[f"--config.{o}" for o in overrides]]
 
 
 def command(task: str, model: str, seed: int, config_arg: str, workdir: str,
             overrides: list[str]) -> list[str]:
-    arg = ",".join(filter(None, [f"model={model}", config_arg]))
-    return [sys.executable, os.path.join(REPO, "launch.py"),
-            f"--config={os.path.join(REPO, 'configs', task + '.py')}:{arg}",
-            f"--config.random_seed={seed}", f"--workdir={workdir}",
-            *[f"--config.{o}" for o in overrides]]
+    return [sys.executable, os.path.join(REPO, "launch.py"), f"--workdir={workdir}",
+            *config_flags_of(task, model, seed, config_arg, overrides)]
+
+
+def expected_config(task: str, model: str, seed: int, config_arg: str,
+                    overrides: list[str]) -> dict:
+    """The resolved config launch.py builds for this run, as results.json records it
+    (JSON types). Raises what parsing the config raises (a bad override value, ...)."""
+    from ml_collections import config_flags
+
+    if REPO not in sys.path:  # task configs import `configs.common`
+        sys.path.insert(0, REPO)
+    argv = ["launch.py", *config_flags_of(task, model, seed, config_arg, overrides)]
+    values = flags.FlagValues()  # not absl's global FLAGS: no names claimed, none reused
+    config_flags.DEFINE_config_file("config", None, "", flag_values=values,
+                                    lock_config=True, sys_argv=argv)
+    values(argv)
+    return json.loads(json.dumps(values.config.to_dict(), default=str))
+
+
+def config_differences(recorded: dict, expected: dict) -> list[str]:
+    """'field: recorded -> expected' for each field (dotted, nested) whose values differ,
+    fields that do not change results (report.NON_RESULT_FIELDS) aside. A field only one
+    side has is not compared (a field added to the code since the run)."""
+    from lra.report import NON_RESULT_FIELDS, flatten
+
+    old, new = flatten(recorded), flatten(expected)
+    return [f"{k}: {json.dumps(old[k])} -> {json.dumps(new[k])}"
+            for k in sorted(old.keys() & new.keys())
+            if k not in NON_RESULT_FIELDS and old[k] != new[k]]
+
+
+def _finished_differences(results_path: str, task: str, model: str, seed: int,
+                          config_arg: str, overrides: list[str]) -> list[str]:
+    """Why the finished run in `results_path` is not this sweep's run ([] when it is)."""
+    try:
+        with open(results_path, encoding="utf-8") as f:
+            recorded = json.load(f).get("config")
+    except (OSError, ValueError, AttributeError) as e:
+        return [f"its results.json cannot be read ({type(e).__name__}: {e})"]
+    if not isinstance(recorded, dict):
+        return ["its results.json records no config"]
+    try:
+        expected = expected_config(task, model, seed, config_arg, overrides)
+    except (Exception, SystemExit) as e:  # noqa: BLE001  (bad override, bad config_arg)
+        return [f"this sweep's config cannot be built ({type(e).__name__}: {e})"]
+    return config_differences(recorded, expected)
+
+
+def _last_line(path: str, offset: int) -> str:
+    """The last non-empty line written to `path` after byte `offset`."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        text = f.read().decode("utf-8", "replace")
+    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    return lines[-1] if lines else ""
 
 
 def sweep(*, task: str, models: list[str], seeds: list[int], config_arg: str, sweep_dir: str,
           overrides: list[str], timeout: int = 0, log=print) -> dict[str, list]:
-    """Runs what is not finished; returns {'done': [...], 'skipped': [...], 'failed': [...]}."""
-    runs = [(m, s) for m in models for s in seeds]
-    outcome = {"done": [], "skipped": [], "failed": []}
+    """Runs what is not finished; returns {'done': [...], 'skipped': [...], 'failed': [...],
+    'refused': [...]} of (model, seed). 'refused': finished earlier with another config."""
+    runs = [(m, s) for m in models for s in dict.fromkeys(seeds)]
+    outcome = {"done": [], "skipped": [], "failed": [], "refused": []}
     for n, (model, seed) in enumerate(runs, 1):
-        workdir = run_dir(sweep_dir, task, model, seed)
+        workdir = run_dir(sweep_dir, task, model, seed, overrides)
         tag = f"[{n}/{len(runs)}] {task} {model} seed {seed}"
-        if os.path.exists(os.path.join(workdir, "results.json")):
-            outcome["skipped"].append((model, seed))
-            log(f"{tag}: finished earlier, skipped")
+        results = os.path.join(workdir, "results.json")
+        if os.path.exists(results):
+            differences = _finished_differences(results, task, model, seed, config_arg,
+                                                overrides)
+            if not differences:
+                outcome["skipped"].append((model, seed))
+                log(f"{tag}: finished earlier, skipped")
+            else:
+                outcome["refused"].append((model, seed))
+                log(f"{tag}: REFUSED: {workdir} holds a finished run of another config "
+                    f"({'; '.join(differences)}); use another --sweep_dir, or delete that "
+                    "folder to run this config there")
             continue
         os.makedirs(workdir, exist_ok=True)
+        with open(os.path.join(workdir, "sweep.json"), "w") as f:
+            json.dump({"task": task, "model": model, "seed": seed, "config_arg": config_arg,
+                       "overrides": normalized_overrides(overrides)}, f, indent=2)
+        cmd = command(task, model, seed, config_arg, workdir, overrides)
+        stderr_path = os.path.join(workdir, "stderr.txt")
         start = time.time()
-        log(f"{tag}: running ...")
-        with open(os.path.join(workdir, "log.txt"), "a") as out:
-            try:
-                proc = subprocess.run(
-                    command(task, model, seed, config_arg, workdir, overrides), cwd=REPO,
-                    stdout=out, stderr=subprocess.PIPE, text=True, timeout=timeout or None)
-                error = proc.stderr.strip().splitlines()[-1:] if proc.returncode else None
+        log(f"{tag}: running in {workdir} ...")
+        with open(os.path.join(workdir, "log.txt"), "a") as out, \
+                open(stderr_path, "ab") as err:
+            stamp = datetime.datetime.now().isoformat(timespec="seconds")
+            err.write(f"==== {stamp}: {shlex.join(cmd)}\n".encode())
+            err.flush()
+            offset = err.tell()
+            try:  # stderr straight to the file: all of it is kept, also on a timeout
+                proc = subprocess.run(cmd, cwd=REPO, stdout=out, stderr=err,
+                                      timeout=timeout or None)
+                error = (_last_line(stderr_path, offset) or f"exit code {proc.returncode}"
+                         if proc.returncode else None)
             except subprocess.TimeoutExpired:
-                error = [f"stopped after {timeout} s (--timeout)"]
+                error = f"stopped after {timeout} s (--timeout)"
         error_file = os.path.join(workdir, "error.txt")
         if error is not None:
             with open(error_file, "w") as f:
-                f.write((error[0] if error else "failed") + "\n")
+                f.write(f"{error}\nwhole stderr: {stderr_path}\n")
             outcome["failed"].append((model, seed))
-            log(f"{tag}: FAILED after {time.time() - start:.0f} s: {error[0] if error else ''}")
+            log(f"{tag}: FAILED after {time.time() - start:.0f} s: {error} "
+                f"(whole stderr: {stderr_path})")
         else:
             if os.path.exists(error_file):
                 os.remove(error_file)
@@ -86,24 +201,66 @@ def sweep(*, task: str, models: list[str], seeds: list[int], config_arg: str, sw
     return outcome
 
 
+def _fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse_seeds(values: list[str]) -> list[int]:
+    """--seeds as integers; a ValueError names the bad entry."""
+    if not values:
+        raise ValueError("--seeds is empty; give a comma list of integers, e.g. --seeds=0,1")
+    seeds = []
+    for v in values:
+        try:
+            seeds.append(int(v))
+        except ValueError:
+            raise ValueError(f"--seeds: {v!r} is not an integer; give a comma list of "
+                             "integers, e.g. --seeds=0,1") from None
+    return seeds
+
+
 def main(argv):
-    del argv
+    if len(argv) > 1:
+        _fail(f"unexpected arguments: {' '.join(argv[1:])}")
     if not FLAGS.sweep_dir:
-        raise app.UsageError("--sweep_dir is required")
+        _fail("--sweep_dir is required")
+    try:
+        seeds = parse_seeds(FLAGS.seeds)
+    except ValueError as e:
+        _fail(str(e))
+    if FLAGS.timeout < 0:
+        _fail(f"--timeout={FLAGS.timeout} must be >= 0 (0: no limit)")
+    bad = [o for o in FLAGS.override if not o.partition("=")[0].strip() or "=" not in o]
+    if bad:
+        _fail(f"--override={bad[0]!r} is not field=value (e.g. --override=num_train_steps=500)")
+    if not os.path.isfile(os.path.join(REPO, "configs", f"{FLAGS.task}.py")):
+        _fail(f"no task config configs/{FLAGS.task}.py; --task is one of "
+              + ", ".join(sorted(f[:-3] for f in os.listdir(os.path.join(REPO, "configs"))
+                                 if f.endswith(".py") and f not in
+                                 ("__init__.py", "common.py", "presets.py"))))
     from models import registry
 
     models = registry.available() if FLAGS.models == ["all"] else FLAGS.models
     unknown = [m for m in models if m not in registry.available()]
     if unknown:
-        raise app.UsageError(f"unknown models {unknown}; available: "
-                             f"{', '.join(registry.available())}")
-    outcome = sweep(task=FLAGS.task, models=models, seeds=[int(s) for s in FLAGS.seeds],
+        _fail(f"unknown models {unknown}; available: {', '.join(registry.available())}")
+    try:  # a bad --override or --config_arg: once here, not once per run
+        expected_config(FLAGS.task, models[0], seeds[0], FLAGS.config_arg, FLAGS.override)
+    except (AttributeError, KeyError) as e:  # --config.<field> that the config lacks
+        _fail(f"--override: unknown config field {str(e).strip(chr(39) + chr(34))!r}; the "
+              "fields are those of configs/common.py:base_config and the task config")
+    except Exception as e:  # noqa: BLE001  (a bad value, a bad --config_arg)
+        _fail(f"the config for {models[0]} cannot be built: {e}")
+    outcome = sweep(task=FLAGS.task, models=models, seeds=seeds,
                     config_arg=FLAGS.config_arg, sweep_dir=FLAGS.sweep_dir,
                     overrides=FLAGS.override, timeout=FLAGS.timeout)
     print(f"{len(outcome['done'])} run, {len(outcome['skipped'])} skipped, "
-          f"{len(outcome['failed'])} failed: {outcome['failed'] or ''}")
+          f"{len(outcome['failed'])} failed: {outcome['failed'] or ''}"
+          + (f", {len(outcome['refused'])} refused (another config finished there): "
+             f"{outcome['refused']}" if outcome["refused"] else ""))
     print(f"Report: python -m lra.report {FLAGS.sweep_dir}")
-    sys.exit(1 if outcome["failed"] else 0)
+    sys.exit(1 if outcome["failed"] or outcome["refused"] else 0)
 
 
 if __name__ == "__main__":

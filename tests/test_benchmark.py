@@ -1,6 +1,8 @@
 """The efficiency benchmark measures and tabulates (no assertions on speed)."""
 import math
 
+import pytest
+
 from lra import benchmark
 
 
@@ -178,3 +180,26 @@ def test_error_messages_are_not_cut_mid_word(monkeypatch):
     assert short.endswith("...") and len(short) <= 103
     assert (short[:-3] + " ") == words[:len(short) - 2]  # ends at a word boundary
     assert benchmark.first_line("x" * 500, limit=100) == "x" * 500  # one word: whole
+
+
+def test_bad_lengths_are_one_line_errors(monkeypatch, capsys):
+    """--lengths=0, negative or non-integer: a one-line error before anything compiles
+    (0 used to be measured, each cell failing with an unrelated message)."""
+    import subprocess
+    import sys
+    for bad in (["0"], ["-8"], ["1.5"], ["abc"], ["64", "0"], []):
+        monkeypatch.setattr(benchmark, "FLAGS", _flags(lengths=bad))
+        monkeypatch.setattr(benchmark, "measure_cell", lambda *a: pytest.fail("measured"))
+        with pytest.raises(SystemExit) as exit_info:
+            benchmark.main([])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: --lengths") and "\n" not in err, err
+        if bad:
+            assert repr(bad[-1]) in err and "positive integer" in err
+    assert benchmark.parse_lengths(["64", "32", "64"]) == [64, 32]
+    proc = subprocess.run([sys.executable, "-m", "lra.benchmark", "--lengths=0"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == ("error: --lengths: '0' is not a positive integer; give a "
+                                   "comma list of sequence lengths, e.g. --lengths=1024,2048")

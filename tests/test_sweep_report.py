@@ -1,6 +1,8 @@
 """lra.sweep runs and skips; lra.report tabulates and plots."""
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -83,16 +85,18 @@ def test_sweep_runs_skips_and_records_failures(listops_dir, tmp_path):
                              "num_train_steps=2", "eval_frequency=2"], log=lambda _: None)
     first = sweep.sweep(models=["transformer"], **common)
     assert first["done"] == [("transformer", 0)]
-    results = os.path.join(sweep.run_dir(str(tmp_path), "listops", "transformer", 0),
-                           "results.json")
+    results = os.path.join(sweep.run_dir(str(tmp_path), "listops", "transformer", 0,
+                                         common["overrides"]), "results.json")
     assert json.load(open(results))["steps"] == 2
+    # The config launch.py recorded is the one the sweep expects: skipped, not refused.
     again = sweep.sweep(models=["transformer"], **common)
     assert again["skipped"] == [("transformer", 0)] and not again["done"]
+    assert not again["refused"]
     bad = dict(common, overrides=common["overrides"] + ["learning_rate=oops"])
     failed = sweep.sweep(models=["transformer"], **dict(bad, seeds=[1]))
     assert failed["failed"] == [("transformer", 1)]
-    error = open(os.path.join(sweep.run_dir(str(tmp_path), "listops", "transformer", 1),
-                              "error.txt")).read()
+    error = open(os.path.join(sweep.run_dir(str(tmp_path), "listops", "transformer", 1,
+                                            bad["overrides"]), "error.txt")).read()
     assert "learning_rate" in error
 
 
@@ -118,3 +122,211 @@ def test_report_marks_runs_that_reduce_to_dense_attention(tmp_path):
     assert "warning: listops nope: could not check" in text  # ... and a warning line
     assert report.DENSE_NOTE in text
     assert f"38.70 {report.DENSE_MARK}" in open(paths["csv"], encoding="utf-8").read()
+
+
+# --- lra.sweep: what a failed run leaves, which finished runs count ---------------------
+
+SWEEP = dict(task="listops", config_arg="runlocal", models=["transformer"])
+
+
+def _fake_launch(monkeypatch, calls, stderr_lines=(), exit_code=0):
+    """sweep.command -> a tiny python process (no training): prints `stderr_lines`, exits
+    with `exit_code`, and on success writes a results.json with the expected config."""
+    def command(task, model, seed, config_arg, workdir, overrides):
+        calls.append(workdir)
+        config = sweep.expected_config(task, model, seed, config_arg, overrides)
+        script = ("import json, sys\n"
+                  f"for line in {list(stderr_lines)!r}: print(line, file=sys.stderr)\n"
+                  f"if {exit_code}: sys.exit({exit_code})\n"
+                  f"json.dump({{'config': {config!r}}}, open({workdir!r} + '/results.json', 'w'))\n")
+        return [sys.executable, "-c", script]
+    monkeypatch.setattr(sweep, "command", command)
+
+
+def test_sweep_keeps_the_whole_stderr_of_a_failed_run(tmp_path, monkeypatch):
+    lines = [f"warning {i}" for i in range(40)] + ["Traceback (most recent call last):",
+                                                   "ValueError: the real reason"]
+    logged, calls = [], []
+    _fake_launch(monkeypatch, calls, lines, exit_code=1)
+    outcome = sweep.sweep(seeds=[0], sweep_dir=str(tmp_path), overrides=[],
+                          log=logged.append, **SWEEP)
+    assert outcome["failed"] == [("transformer", 0)]
+    workdir = sweep.run_dir(str(tmp_path), "listops", "transformer", 0)
+    stderr_path = os.path.join(workdir, "stderr.txt")
+    kept = open(stderr_path).read()
+    assert all(line in kept for line in lines)  # all of it, beside log.txt
+    assert os.path.exists(os.path.join(workdir, "log.txt"))
+    failure = [l for l in logged if "FAILED" in l]
+    assert len(failure) == 1 and "\n" not in failure[0]
+    assert "ValueError: the real reason" in failure[0] and stderr_path in failure[0]
+    assert open(os.path.join(workdir, "error.txt")).read().splitlines()[0] == \
+        "ValueError: the real reason"
+    # A retry appends its own stderr; the message quotes the retry's last line.
+    _fake_launch(monkeypatch, calls, ["error: another reason"], exit_code=2)
+    logged.clear()
+    sweep.sweep(seeds=[0], sweep_dir=str(tmp_path), overrides=[], log=logged.append, **SWEEP)
+    kept = open(stderr_path).read()
+    assert "ValueError: the real reason" in kept and kept.count("====") == 2
+    assert "error: another reason" in [l for l in logged if "FAILED" in l][0]
+
+
+def test_sweep_gives_each_set_of_overrides_its_own_workdirs(tmp_path, monkeypatch):
+    root = str(tmp_path)
+    a, b = ["num_train_steps=3", "warmup=1"], ["num_train_steps=4", "warmup=1"]
+    assert sweep.run_dir(root, "listops", "transformer", 0) == os.path.join(
+        root, "listops", "transformer", "seed0")  # no overrides: the plain name
+    dir_a = sweep.run_dir(root, "listops", "transformer", 0, a)
+    assert dir_a != sweep.run_dir(root, "listops", "transformer", 0, b)
+    assert dir_a == sweep.run_dir(root, "listops", "transformer", 0, a[::-1])  # order aside
+    assert os.path.basename(dir_a).startswith("seed0-")
+    calls = []
+    _fake_launch(monkeypatch, calls)
+    first = sweep.sweep(seeds=[0], sweep_dir=root, overrides=a, log=lambda _: None, **SWEEP)
+    assert first["done"] == [("transformer", 0)] and calls == [dir_a]
+    assert json.load(open(os.path.join(dir_a, "sweep.json")))["overrides"] == a
+    # Changed overrides: not counted as done, run again next to the first.
+    second = sweep.sweep(seeds=[0], sweep_dir=root, overrides=b, log=lambda _: None, **SWEEP)
+    assert second["done"] == [("transformer", 0)] and not second["skipped"]
+    assert calls[-1] == sweep.run_dir(root, "listops", "transformer", 0, b)
+    # The same overrides again (another order): finished, skipped.
+    third = sweep.sweep(seeds=[0], sweep_dir=root, overrides=a[::-1], log=lambda _: None,
+                        **SWEEP)
+    assert third["skipped"] == [("transformer", 0)] and len(calls) == 2
+
+
+def test_sweep_refuses_a_finished_run_of_another_config(tmp_path, monkeypatch):
+    """A results.json in the sweep's workdir whose config is not the one the sweep would run
+    (another --config_arg, a run started by hand, changed presets) is neither skipped as
+    done nor overwritten: refused, naming the fields."""
+    root = str(tmp_path)
+    calls, logged = [], []
+    _fake_launch(monkeypatch, calls)
+    workdir = sweep.run_dir(root, "listops", "transformer", 0)
+    os.makedirs(workdir)
+    config = sweep.expected_config("listops", "transformer", 0, "runlocal", [])
+    config.update(num_train_steps=config["num_train_steps"] + 1,
+                  log_every_steps=config["log_every_steps"] + 1)  # the latter changes nothing
+    config["model_hparams"] = {"unused": 1}
+    json.dump({"task": "listops", "model": "transformer", "config": config},
+              open(os.path.join(workdir, "results.json"), "w"))
+    outcome = sweep.sweep(seeds=[0], sweep_dir=root, overrides=[], log=logged.append, **SWEEP)
+    assert outcome["refused"] == [("transformer", 0)]
+    assert not outcome["skipped"] and not outcome["done"] and not calls
+    (line,) = [l for l in logged if "REFUSED" in l]
+    assert "num_train_steps" in line and workdir in line
+    assert "log_every_steps" not in line  # NON_RESULT_FIELDS are not differences
+    # Another --config_arg for the same folder: refused too.
+    config = sweep.expected_config("listops", "transformer", 0, "runlocal", [])
+    json.dump({"task": "listops", "model": "transformer", "config": config},
+              open(os.path.join(workdir, "results.json"), "w"))
+    logged.clear()
+    mini = sweep.sweep(seeds=[0], sweep_dir=root, overrides=[], log=logged.append,
+                       **dict(SWEEP, config_arg="mini"))
+    assert mini["refused"] == [("transformer", 0)] and not calls
+    assert "max_length" in [l for l in logged if "REFUSED" in l][0]
+    same = sweep.sweep(seeds=[0], sweep_dir=root, overrides=[], log=lambda _: None, **SWEEP)
+    assert same["skipped"] == [("transformer", 0)]
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _cli(module, *args, cwd):
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": REPO})
+
+
+def _one_line_error(proc, *needles):
+    assert proc.returncode not in (0, None), proc
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_sweep_bad_seeds_is_one_line(tmp_path):
+    proc = _cli("lra.sweep", "--seeds=0,a", f"--sweep_dir={tmp_path}", "--models=transformer",
+                cwd=REPO)
+    _one_line_error(proc, "--seeds", "'a'", "integer")
+    assert not os.listdir(tmp_path)  # nothing started
+    assert sweep.parse_seeds(["1", "-2"]) == [1, -2]
+
+
+# --- lra.report: unusable results.json, configs that differ ---------------------------
+
+
+def test_report_skips_unusable_results_json_naming_each(tmp_path):
+    root = str(tmp_path)
+    _write(root, "listops", "transformer", 0, 0.30)
+    bad = {"corrupt": '{"task": "listops", "model": "tr', "list": "[1, 2]",
+           "missing": json.dumps({"task": "listops", "model": "linear"}),
+           "notnumber": json.dumps({"task": "listops", "model": "linear",
+                                    "test_accuracy": "high"})}
+    for name, text in bad.items():
+        os.makedirs(os.path.join(root, name))
+        open(os.path.join(root, name, "results.json"), "w").write(text)
+    skipped = []
+    paths = report.report(root, skipped=skipped)
+    text = open(paths["markdown"]).read()
+    assert "| transformer | 30.00 | 30.00 |" in text
+    assert "4 results.json skipped" in text and len(skipped) == 4
+    for name, why in [("corrupt", "not valid JSON"), ("list", "a JSON list"),
+                      ("missing", "missing test_accuracy"), ("notnumber", "not a number")]:
+        (line,) = [l for l in text.splitlines() if os.path.join(root, name) in l]
+        assert why in line
+    assert report.collect(root)[0]["model"] == "transformer"  # warns, does not raise
+
+
+def test_report_program_on_unusable_files_is_one_line(tmp_path):
+    os.makedirs(tmp_path / "a")
+    (tmp_path / "a" / "results.json").write_text("[]")
+    proc = _cli("lra.report", str(tmp_path), cwd=REPO)
+    _one_line_error(proc, "no usable results.json", "1 skipped",
+                    str(tmp_path / "a" / "results.json"))
+
+
+def _write_config(root, model, seed, acc, folder, **fields):
+    d = os.path.join(root, "listops", model, folder)
+    os.makedirs(d)
+    config = {"task": "listops", "model": model, "random_seed": seed, "learning_rate": 0.05,
+              "log_every_steps": 50, "model_hparams": {"window": 8}, "max_length": 64,
+              "pooling": "CLS", "causal": False}
+    for key, value in fields.items():
+        if "." in key:
+            outer, inner = key.split(".")
+            config[outer] = {**config[outer], inner: value}
+        else:
+            config[key] = value
+    with open(os.path.join(d, "results.json"), "w") as f:
+        json.dump({"task": "listops", "model": model, "test_accuracy": acc,
+                   "majority_baseline_accuracy": 0.2, "config": config}, f)
+
+
+def test_report_averages_only_runs_of_one_config(tmp_path):
+    root = str(tmp_path)
+    _write_config(root, "transformer", 0, 0.30, "a")
+    _write_config(root, "transformer", 1, 0.40, "b", log_every_steps=7)  # changes nothing
+    _write_config(root, "transformer", 0, 0.10, "c", learning_rate=0.5)
+    _write_config(root, "local", 0, 0.20, "d")
+    _write_config(root, "local", 0, 0.26, "e", **{"model_hparams.window": 16})
+    _write_config(root, "local", 1, 0.24, "f", **{"model_hparams.window": 16})
+    summary = report.summarize(report.collect(root))
+    assert summary[("listops", "transformer [learning_rate=0.05]")]["seeds"] == 2
+    assert summary[("listops", "transformer [learning_rate=0.5]")]["accuracy"] == 0.10
+    assert summary[("listops", "local [model_hparams.window=16]")]["seeds"] == 2
+    text = open(report.report(root)["markdown"], encoding="utf-8").read()
+    assert "| transformer [learning_rate=0.05] | 35.00 ± 7.07 | 35.00 |" in text
+    assert "| transformer [learning_rate=0.5] | 10.00 | 10.00 |" in text
+    assert "| local [model_hparams.window=8] | 20.00 | 20.00 |" in text
+    assert "| local [model_hparams.window=16] | 25.00 ± 1.41 | 25.00 |" in text
+    assert "are separate rows" in text
+    # One config: the plain model name, as before.
+    other = str(tmp_path / "other")
+    _write_config(other, "transformer", 0, 0.30, "a")
+    _write_config(other, "transformer", 1, 0.40, "b", checkpoint_freq=3, sharding="fsdp")
+    assert list(report.summarize(report.collect(other))) == [("listops", "transformer")]
+    # The same seed twice in one row is not two seeds: a warning says so.
+    _write_config(other, "transformer", 1, 0.40, "copy")
+    assert "2 runs with random_seed=1" in open(report.report(other)["markdown"]).read()

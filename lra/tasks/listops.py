@@ -150,6 +150,21 @@ def _check_generate_args(num_samples: dict[str, int], min_length: int, max_lengt
         )
 
 
+def _prepare_output_dir(output_dir: str) -> None:
+    """Creates `output_dir` (and its parents); a ConfigError says why it cannot be used."""
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise ConfigError(f"--output_dir={output_dir} is a file, not a folder; give a folder "
+                          "(it is created if missing)")
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+    except OSError as e:  # a parent is a file, no permission, read-only file system
+        raise ConfigError(f"cannot create --output_dir={output_dir}: {e.strerror or e}; "
+                          "give a folder you can write to") from None
+    if not os.access(output_dir, os.W_OK | os.X_OK):
+        raise ConfigError(f"--output_dir={output_dir} is not writable; give a folder you can "
+                          "write to")
+
+
 def generate(
     output_dir: str,
     *,
@@ -172,6 +187,7 @@ def generate(
     counts = {"num_train_samples": num_train_samples, "num_valid_samples": num_valid_samples,
               "num_test_samples": num_test_samples}
     _check_generate_args(counts, min_length, max_length, max_depth, max_args)
+    _prepare_output_dir(output_dir)  # before generating: a bad folder fails at once
     total = sum(counts.values())
     log = print if verbose else (lambda *_args, **_kw: None)
 
@@ -208,15 +224,18 @@ def generate(
 
     items = list(rows.items())
     bounds = [0, num_train_samples, num_train_samples + num_valid_samples, total]
-    os.makedirs(output_dir, exist_ok=True)
     paths = {}
     for i, split in enumerate(registry.SPLITS):
         path = os.path.join(output_dir, f"{task}_{split}.tsv")
         lines = [HEADER] + [f"{s}\t{v}" for s, v in items[bounds[i]:bounds[i + 1]]]
         # Write then rename, so an interrupted run never leaves a plausible-looking file.
-        with open(path + ".tmp", "w", encoding="utf-8", newline="\n") as f:
-            f.write("\n".join(lines) + "\n")
-        os.replace(path + ".tmp", path)
+        try:
+            with open(path + ".tmp", "w", encoding="utf-8", newline="\n") as f:
+                f.write("\n".join(lines) + "\n")
+            os.replace(path + ".tmp", path)
+        except OSError as e:  # disk full, a folder named like the file, ...
+            raise ConfigError(f"cannot write {path}: {e.strerror or e}; free space or give "
+                              "another --output_dir") from None
         paths[split] = path
     log(f"listops: wrote {total} trees in {time.monotonic() - start:.1f}s to "
         + ", ".join(paths.values()), flush=True)
@@ -413,7 +432,8 @@ def _main() -> None:
                      max_length=FLAGS.max_length, max_depth=FLAGS.max_depth,
                      max_args=FLAGS.max_args, seed=FLAGS.seed, task=FLAGS.task)
         except ConfigError as e:
-            sys.exit(f"error: {e}")
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
 
     app.run(main)
 

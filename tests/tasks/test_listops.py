@@ -209,6 +209,27 @@ def test_command_line_matches_generate(tmp_path):
     assert "--min_length=100" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_output_dir_that_is_a_file_is_refused_before_generating(tmp_path, monkeypatch):
+    """--output_dir naming a file (or below one) is a one-line error, found before any
+    tree is drawn (it was a FileExistsError traceback after generating everything)."""
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a folder")
+    monkeypatch.setattr(listops, "generate_tree",
+                        lambda *a, **k: pytest.fail("generated before checking the folder"))
+    for out, detail in [(a_file, "is a file, not a folder"),
+                        (a_file / "sub", "cannot create")]:
+        with pytest.raises(ConfigError, match=detail) as info:
+            listops.generate(str(out), **SMALL)
+        assert str(out) in str(info.value)
+    env = {**os.environ, "PYTHONPATH": REPO}
+    proc = subprocess.run([sys.executable, "-m", "lra.tasks.listops", f"--output_dir={a_file}"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == (f"error: --output_dir={a_file} is a file, not a folder; "
+                                   "give a folder (it is created if missing)")
+    assert a_file.read_text() == "not a folder"
+
+
 def test_tree_distribution_matches_value_p_and_max_args():
     # max_depth=3: nodes at depths 1-2 are drawn (operator with p=0.25), depth 3 is a digit.
     rng = random.Random(0)
