@@ -1,6 +1,7 @@
-"""Pathfinder: labels decidable from the image, LRA's release layout, reader and its errors."""
+"""Pathfinder: our generator draws what the original draws; the reader takes every form."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -8,63 +9,102 @@ import sys
 import numpy as np
 import pytest
 from PIL import Image
-from scipy import ndimage
 
 import lra.tasks
 from lra.errors import ConfigError, DataError
 from lra.tasks import pathfinder
+from lra.tasks import pathfinder_generator as gen
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HARD = "curv_contour_length_14"
+# Made by the original generator (github.com/drewlinsley/pathfinder, snakes2.py, run
+# unmodified with LRA's settings by run_original.py there; np.random.seed(seed), one stream
+# for all images): its images, its np.save'd metadata, and the marker centres it drew.
+ORIGINAL = os.path.join(REPO, "tests", "data", "pathfinder_original")
 
 
-def _agreement(num_images: int, seed: int) -> tuple[float, float]:
-    """(fraction whose markers are joined exactly when the label is 1, fraction positive)."""
-    agree = positives = 0
-    for i in range(num_images):
-        image, label, markers = pathfinder.generate_image(
-            32, 14, pathfinder._image_rng(seed, 32, 14, i))
-        agree += pathfinder.markers_connected(image, markers) == bool(label)
-        positives += label
-    return agree / num_images, positives / num_images
+@pytest.mark.parametrize("res,seed,n", [(32, 1, 10), (128, 2, 2)])
+def test_images_equal_the_original_generators(res, seed, n):
+    """Drawn from the same NumPy stream, every pixel, label, marker and metadata field is
+    the original's (at 128 px also the per-image margin, 2 or 3)."""
+    root = os.path.join(ORIGINAL, f"pathfinder{res}", HARD)
+    rows = np.load(os.path.join(root, "metadata", "0.npy"))
+    with open(os.path.join(ORIGINAL, f"markers{res}_seed{seed}.json")) as f:
+        markers = json.load(f)
+    rs = np.random.RandomState(seed)
+    for i in range(n):
+        image, label, info = gen.draw_image(gen.SETTINGS[res], 14, rs)
+        original = np.asarray(Image.open(os.path.join(root, "imgs", "0", f"sample_{i}.png")))
+        np.testing.assert_array_equal(image, original, err_msg=f"image {i}")
+        assert info["markers"] == markers[2 * i:2 * i + 2]
+        row = gen.metadata_row(0, i, label, gen.SETTINGS[res], 14, info["margin"])
+        assert row == " ".join(rows[i])
 
 
-def test_labels_decidable_from_the_image():
-    agreement, positives = _agreement(50, seed=123)
-    assert agreement == 1.0
-    assert 0.3 < positives < 0.7
+def test_contours_are_dashed_and_the_label_is_not_a_flood_fill(generated):
+    """What made the old stimulus easy: with dashed paddles and crossing contours, the
+    markers of most positives are not joined by ink, and some negatives' are."""
+    stats = pathfinder.statistics(os.path.join(generated, "pathfinder32", HARD))
+    assert stats["images"] == 10
+    assert stats["flood fill joins the markers, positives"] < 0.5
+    assert 0.2 < stats["fraction of pixels > 0"] < 0.6  # Lanczos ringing, as the original
+    assert stats["mean of non-zero pixels"] < 100  # gray strokes, not white
 
 
-@pytest.mark.slow
-def test_labels_decidable_from_the_image_1000():
-    agreement, positives = _agreement(1000, seed=7)
-    print(f"agreement {agreement:.4f}, positives {positives:.3f}")
-    assert agreement >= 0.99
-    assert 0.45 < positives < 0.55
+def test_statistics_of_the_originals_output_on_the_command_line():
+    proc = subprocess.run(
+        [sys.executable, "-m", "lra.tasks.pathfinder",
+         f"--stats={os.path.join(ORIGINAL, 'pathfinder32', HARD)}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "images" in proc.stdout and "8-connected components above 64" in proc.stdout
 
 
-def test_markers_connected_is_a_real_check():
-    image = np.zeros((16, 16), np.uint8)
-    image[4, 2:12] = 200  # one stroke from (2, 4) to (11, 4)
-    image[10, 2:12] = 200
-    assert pathfinder.markers_connected(image, np.array([[2.5, 4.5], [11.5, 4.5]]))
-    assert not pathfinder.markers_connected(image, np.array([[2.5, 4.5], [11.5, 10.5]]))
-    image[4:11, 7] = 200  # a bridge joins the two strokes
-    assert pathfinder.markers_connected(image, np.array([[2.5, 4.5], [11.5, 10.5]]))
+def test_reader_takes_the_original_generators_output_unchanged():
+    """metadata/0.npy there is a binary .npy array of 11-field string rows."""
+    with open(os.path.join(ORIGINAL, "pathfinder32", HARD, "metadata", "0.npy"), "rb") as f:
+        assert f.read(6) == b"\x93NUMPY"
+    task = lra.tasks.get("pathfinder")
+    rows = np.load(os.path.join(ORIGINAL, "pathfinder32", HARD, "metadata", "0.npy"))
+    for split, (lo, hi) in {"train": (0, 8), "val": (8, 9), "test": (9, 10)}.items():
+        data = task.load(ORIGINAL, split, 1024)
+        for n, row in enumerate(rows[lo:hi]):
+            pixels = np.asarray(Image.open(os.path.join(ORIGINAL, "pathfinder32", HARD,
+                                                        row[0], row[1])))
+            np.testing.assert_array_equal(data["inputs"][n], pixels.reshape(-1))
+            assert data["targets"][n] == int(row[3])
 
 
-def test_image_content():
-    rng = pathfinder._image_rng(0, 32, 14, 3)
-    image, label, markers = pathfinder.generate_image(32, 14, rng)
-    assert image.shape == (32, 32) and image.dtype == np.uint8
-    # Anti-aliased: intermediate gray levels, not just 0/255.
-    assert len(np.unique(image)) > 10
-    # Markers are drawn: the pixel under each centre is bright.
-    for x, y in np.floor(markers).astype(int):
-        assert image[y, x] > 200
-    ink = image > pathfinder.BINARY_THRESHOLD
-    _, num = ndimage.label(ink, structure=np.ones((3, 3)))
-    assert num >= 4  # two target contours and distractors, not one blob
+def test_reader_takes_python2_byte_string_arrays(tmp_path):
+    """The original ran under Python 2, where np.save wrote byte strings (dtype S)."""
+    _, labels, root = _release_folder(tmp_path)
+    table = np.array([[b"imgs/0", f"sample_{i}.png".encode(), str(i).encode(),
+                       str(labels[i]).encode(), b"1.0", b"14", b"4", b"2", b"0.5", b"1", b"1"]
+                      for i in range(10)])
+    assert table.dtype.kind == "S"
+    with open(root / "metadata" / "0.npy", "wb") as f:
+        np.save(f, table)
+    data = lra.tasks.get("pathfinder").load(str(tmp_path), "train", 64, resolution=8)
+    np.testing.assert_array_equal(data["targets"], labels[:8])
+
+
+@pytest.mark.parametrize("content,message", [
+    (b"\x00\xff\xfe binary", "holds binary data that is neither text nor a .npy array"),
+    ("npy-floats", r"holds a NumPy array of shape \(3,\) and dtype float64; expected rows"),
+    ("imgs/0 sample_0.png 0\n", r"0\.npy:1: a row of 3 field\(s\); expected rows"),
+])
+def test_bad_metadata_says_what_the_file_holds(tmp_path, content, message):
+    _, _, root = _release_folder(tmp_path)
+    path = root / "metadata" / "0.npy"
+    if content == "npy-floats":
+        with open(path, "wb") as f:
+            np.save(f, np.zeros(3))
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    with pytest.raises(DataError, match=message):
+        lra.tasks.get("pathfinder").load(str(tmp_path), "train", 64, resolution=8)
 
 
 def _generated(tmp_path_factory, workers: int, num_images: int = 10):
@@ -86,15 +126,17 @@ def test_layout_and_metadata_rows(generated):
                                                                    "sample_1.png"]
     rows = open(os.path.join(root, "metadata", "1.npy")).read().splitlines()
     assert len(rows) == 4
+    with open(os.path.join(root, "extra", "1.json")) as f:
+        extra = json.load(f)
     for i, row in enumerate(rows):
-        fields = row.split(" ")
-        assert fields[:3] == ["imgs/1", f"sample_{i}.png", str(i)]
-        assert fields[3] in ("0", "1")
-        markers = np.array(fields[4:], dtype=float).reshape(2, 2)
+        # LRA's 11 fields: folder, file, index, label, continuity, contour length,
+        # distractor length, paddle length, thickness, margin, number of paddle contrasts.
+        assert row.split(" ") == ["imgs/1", f"sample_{i}.png", str(i), str(extra[i]["label"]),
+                                  "1.0", "14", "4", "2", "0.5", "1", "1"]
         image = np.asarray(Image.open(os.path.join(root, "imgs", "1", f"sample_{i}.png")))
-        assert image.shape == (32, 32)
-        # The metadata's label is the image's: markers joined iff positive.
-        assert pathfinder.markers_connected(image, markers) == (fields[3] == "1")
+        assert image.shape == (32, 32) and image.max() == 255
+        for r, c in extra[i]["markers"]:  # marker centres are bright (side file, not rows)
+            assert image[r, c] > 150
 
 
 def test_output_does_not_depend_on_workers(generated, tmp_path_factory):
@@ -203,6 +245,9 @@ def test_bad_generator_arguments(tmp_path):
         pathfinder.generate(str(tmp_path), resolution=48, num_images=1, verbose=False)
     with pytest.raises(ConfigError, match="difficulty"):
         pathfinder.generate(str(tmp_path), difficulty="extreme", num_images=1, verbose=False)
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(ConfigError, match="a_file is a file, not a folder"):
+        pathfinder.generate(str(tmp_path / "a_file"), num_images=1, verbose=False)
 
 
 def test_a_stopped_generation_resumes(generated, tmp_path, monkeypatch):
@@ -216,8 +261,8 @@ def test_a_stopped_generation_resumes(generated, tmp_path, monkeypatch):
     with open(os.path.join(root, "metadata", "2.npy"), "w") as f:
         f.write("imgs/2 sample_0.png 0 1\n")  # a short file is not complete
     written = []
-    real = pathfinder._write_folder
-    monkeypatch.setattr(pathfinder, "_write_folder",
+    real = gen._write_folder
+    monkeypatch.setattr(gen, "_write_folder",
                         lambda job: written.append(job[1]) or real(job))
     pathfinder.generate(out, **kwargs)
     assert written == [1, 2]
