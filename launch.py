@@ -34,6 +34,15 @@ flags.DEFINE_integer("heartbeat_timeout", 100, "Seconds without a heartbeat afte
 _DISTRIBUTED_FLAGS = ("multihost", "coordinator_address", "num_processes", "process_id",
                       "heartbeat_timeout")
 
+# Exit codes (README, "Resuming, preemption, divergence"): 0 done; 1 a bug (traceback);
+# 2 a user error (one line: config, data, workdir, checkpoints, divergence); 3 another
+# process of a multi-process run died; 75 the workdir is in use by another run
+# (EX_TEMPFAIL); 143 preempted by SIGTERM after saving (128 + 15).
+EXIT_USER_ERROR = 2
+EXIT_LOST_PEER = 3
+EXIT_WORKDIR_BUSY = 75
+EXIT_PREEMPTED = 143
+
 
 def init_distributed(argv: list[str]) -> None:
     """Starts jax.distributed before anything touches a device.
@@ -58,19 +67,83 @@ def init_distributed(argv: list[str]) -> None:
         sys.exit(2)
     import jax
 
+    if "JAX_ENABLE_PREEMPTION_SERVICE" not in os.environ:
+        # The coordination service's preemption sync point (all processes agree on the
+        # step at which to save after a SIGTERM); on by default in jax 0.10, asked for
+        # explicitly in case a later version turns it off.
+        try:
+            jax.config.update("jax_enable_preemption_service", True)
+        except (AttributeError, KeyError, ValueError):
+            pass
+    who = (f"process {args.process_id} of {args.num_processes}"
+           if args.process_id is not None else "this process")
+    where = (f"the coordinator at {args.coordinator_address}" if args.coordinator_address
+             else "the coordinator (found from the cluster's environment)")
+    print(f"{who}: connecting to {where} and waiting until every process has started "
+          f"(up to 5 minutes)...", file=sys.stderr, flush=True)
     try:
         jax.distributed.initialize(
             coordinator_address=args.coordinator_address, num_processes=args.num_processes,
             process_id=args.process_id, heartbeat_timeout_seconds=args.heartbeat_timeout)
     except (RuntimeError, ValueError) as e:
-        print(f"error: cannot start the distributed runtime: {e}", file=sys.stderr)
-        sys.exit(2)
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        print(f"error: cannot start the distributed runtime: {first}", file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
+    print(f"process {jax.process_index()} of {jax.process_count()}: all processes connected.",
+          file=sys.stderr, flush=True)
+
+
+def _config_arg_index(argv: list[str]) -> tuple[int, bool] | None:
+    """Where `--config=<file>[:<args>]` (or `--config <file>...`) is in argv."""
+    for i, a in enumerate(argv):
+        if a.startswith("--config="):
+            return i, True
+        if a == "--config" and i + 1 < len(argv):
+            return i + 1, False
+    return None
+
+
+def fold_model_override(argv: list[str]) -> list[str]:
+    """`--config.model=X` means `--config=<file>:model=X`: a task config builds the model's
+    presets (model_hparams, block) from the model it is given, so overriding the name
+    after it would build X with another variant's settings."""
+    model, rest, i = None, [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("--config.model="):
+            model = a.split("=", 1)[1]
+        elif a == "--config.model" and i + 1 < len(argv):
+            model, i = argv[i + 1], i + 1
+        else:
+            rest.append(a)
+        i += 1
+    if model is None:
+        return argv
+    found = _config_arg_index(rest)
+    if found is None:
+        return argv  # absl reports the missing --config
+    index, inline = found
+    value = rest[index].split("=", 1)[1] if inline else rest[index]
+    path, colon, config_args = value.partition(":")
+    items = [s for s in config_args.split(",") if s]
+    given = [s.partition("=")[2] for s in items if s.partition("=")[0].strip() == "model"]
+    if given and given[-1] != model:
+        from lra.errors import ConfigError
+
+        raise ConfigError(f"--config.model={model} contradicts model={given[-1]} in "
+                         f"--config={value}; give the model once, as "
+                         f"--config={path}:model={model}")
+    items = [s for s in items if s.partition("=")[0].strip() != "model"] + [f"model={model}"]
+    value = f"{path}:{','.join(items)}"
+    rest[index] = f"--config={value}" if inline else value
+    return rest
 
 
 def parse_flags(argv: list[str]) -> list[str]:
     """absl's parsing, with config mistakes reported in one line instead of a traceback."""
     init_distributed(argv)
     try:
+        argv = fold_model_override(argv)
         return flags.FLAGS(argv)
     except flags.Error as e:
         message = str(e)
@@ -91,22 +164,31 @@ def main(argv):
         # orbax logs every save/restore at INFO; the progress lines are what users read.
         logging.set_verbosity(logging.WARNING)
     from lra import train  # after flag parsing, so --help is fast
-    from lra.errors import UserError
+    from lra.errors import UserError, WorkdirBusy
     from models.registry import RegistryError
 
     try:
         train.train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir)
+    except WorkdirBusy as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(EXIT_WORKDIR_BUSY)
     except (UserError, RegistryError) as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(EXIT_USER_ERROR)
     except train.Preempted:
-        sys.exit(143)  # 128 + SIGTERM, so schedulers see a preempted job
+        sys.exit(EXIT_PREEMPTED)  # 128 + SIGTERM, so schedulers see a preempted job
     except Exception as e:  # noqa: BLE001
         import jax
 
-        if jax.process_count() == 1 or not isinstance(e, jax.errors.JaxRuntimeError):
-            raise
-        _lost_peer(e, flags.FLAGS.workdir)
+        if jax.process_count() > 1:
+            # A collective, a barrier or a checkpoint write failed (gloo's ValueError, a
+            # JaxRuntimeError, ...): almost always another process died.
+            logging.info("the exception, for debugging", exc_info=True)
+            _lost_peer(e, flags.FLAGS.workdir)
+        if isinstance(e, OSError):  # the file system: full, read-only, gone
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(EXIT_USER_ERROR)
+        raise
 
 
 def _lost_peer(error: Exception, workdir: str) -> None:
@@ -118,15 +200,19 @@ def _lost_peer(error: Exception, workdir: str) -> None:
                    if d.isdigit())
     where = (f"the last complete checkpoint is step {steps[-1]} in {last}" if steps
              else "no checkpoint was completed")
-    first_line = str(error).strip().splitlines()[0][:300]
+    first_line = (str(error).strip().splitlines() or [""])[0][:300]
+    if not isinstance(error, jax.errors.JaxRuntimeError):
+        first_line = f"{type(error).__name__}: {first_line}"
     print(f"error: process {jax.process_index()} of {jax.process_count()} stopped: a "
           f"collective with the other processes failed ({first_line}); another process "
-          f"probably died, see its log. {where}; run the same command on every process to "
-          f"resume.", file=sys.stderr, flush=True)
+          f"probably died, see its log (--verbosity=0 prints this one's traceback). "
+          f"{where}; run the same command on every process to resume.",
+          file=sys.stderr, flush=True)
     sys.stdout.flush()
     # Skip interpreter exit: jax.distributed's shutdown barrier would wait for the dead
-    # process and then abort with a core dump.
-    os._exit(3)
+    # process and then abort with a core dump. (train_and_evaluate has already
+    # released the workdir lock on the way out.)
+    os._exit(EXIT_LOST_PEER)
 
 
 if __name__ == "__main__":

@@ -156,6 +156,17 @@ def apply_mini(c: ml_collections.ConfigDict, *, num_train_steps: int, warmup: in
     c.emb_dim, c.num_heads, c.num_layers, c.qkv_dim, c.mlp_dim = 64, 4, 2, 64, 128
 
 
+def _check_range(config, name: str, low: float, high: float | None = None, *,
+                 low_open: bool = False, high_open: bool = True, hint: str = "") -> None:
+    value = config[name]
+    ok = (value > low if low_open else value >= low) and (
+        high is None or (value < high if high_open else value <= high))
+    if not ok:
+        lo = f"{'>' if low_open else '>='} {low}"
+        hi = "" if high is None else f" and {'<' if high_open else '<='} {high}"
+        raise ConfigError(f"config.{name}={value!r} must be {lo}{hi}{hint}")
+
+
 def validate(config: ml_collections.ConfigDict) -> None:
     """Checks values that the config system cannot type-check. Raises ConfigError."""
     if config.attention_impl not in ATTENTION_IMPLS:
@@ -163,9 +174,25 @@ def validate(config: ml_collections.ConfigDict) -> None:
             f"config.attention_impl={config.attention_impl!r}; choose one of {ATTENTION_IMPLS}"
         )
     for name in ("batch_size", "num_train_steps", "eval_frequency", "checkpoint_freq",
-                 "log_every_steps", "max_length"):
+                 "log_every_steps", "max_length", "emb_dim", "num_heads", "num_layers",
+                 "qkv_dim", "mlp_dim"):
         if config[name] <= 0:
             raise ConfigError(f"config.{name} must be positive, got {config[name]}")
+    _check_range(config, "learning_rate", 0.0, low_open=True)
+    for name in ("dropout_rate", "attention_dropout_rate", "adam_b1", "adam_b2"):
+        _check_range(config, name, 0.0, 1.0)
+    for name in ("adam_eps", "weight_decay", "grad_clip_norm", "warmup", "steps_per_cycle",
+                 "random_seed"):
+        _check_range(config, name, 0.0)
+    if config.num_eval_steps == 0 or config.num_eval_steps < -1:
+        raise ConfigError(f"config.num_eval_steps={config.num_eval_steps} must be positive, or "
+                          "-1 for the whole validation split")
+    _check_range(config, "eval_batch_size", 0, hint=" (0 = batch_size)")
+    shape = config.mesh_shape
+    if (not isinstance(shape, (tuple, list))
+            or not all(isinstance(s, int) and not isinstance(s, bool) for s in shape)):
+        raise ConfigError(f"config.mesh_shape={shape!r} must be a tuple of integers, e.g. "
+                          "'(-1,1)' or '(2,4)'")
     if config.emb_dim % config.num_heads or config.qkv_dim % config.num_heads:
         raise ConfigError(
             f"config.emb_dim ({config.emb_dim}) and config.qkv_dim ({config.qkv_dim}) must be "

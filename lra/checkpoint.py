@@ -1,26 +1,42 @@
-"""Checkpoints: the last training state (for resuming) and the best weights (for testing).
+"""Checkpoints: the last training state (for resuming) and the best weights (for testing),
+and the workdir lock.
 
 Two orbax managers under `<workdir>/checkpoints/`:
   last/<step>/  {state: params + rest + optimizer + step, loop: JSON (data iterator,
-                best-so-far, timing, config)}; written every `checkpoint_freq` steps, at each
-                evaluation and on SIGTERM; the newest one only is kept.
+                best-so-far, timing, config, data fingerprint)}; written every
+                `checkpoint_freq` steps, at each evaluation and on SIGTERM. The newest two
+                are kept: if the newest cannot be read, a run resumes from the one before.
   best/<step>/  {weights: params + rest, info: JSON (step, eval accuracy)}; written when
-                the validation accuracy improves.
+                the validation accuracy improves. The newest three are kept, so that the
+                best step a kept `last` checkpoint names is still there (between two `last`
+                checkpoints there is at most one best; see `train.py` for the rule that
+                keeps best and last describing the same run).
 orbax writes into a temporary folder and renames it when complete, so a run killed while
 saving leaves the previous checkpoint intact.
+
+`<workdir>/run.lock` (WorkdirLock) keeps two runs out of one workdir.
 """
 from __future__ import annotations
 
+import datetime
+import json
 import os
+import socket
+import uuid
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
+from lra.errors import CheckpointError, ConfigError, WorkdirBusy
 
-def _manager(path: str) -> ocp.CheckpointManager:
+LAST_TO_KEEP = 2
+BEST_TO_KEEP = 3
+
+
+def _manager(path: str, max_to_keep: int) -> ocp.CheckpointManager:
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=1, create=True, enable_async_checkpointing=False
+        max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False
     )
     return ocp.CheckpointManager(path, options=options)
 
@@ -30,50 +46,252 @@ def abstract(tree: Any) -> Any:
     return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
 
 
+def _first_line(error: BaseException, limit: int = 200) -> str:
+    text = (str(error).strip().splitlines() or [""])[0]
+    return f"{type(error).__name__}: {text[:limit]}"
+
+
+def _write_error(what: str, path: str, error: BaseException) -> CheckpointError:
+    reason = (error.strerror if isinstance(error, OSError) and error.strerror
+              else _first_line(error))
+    return CheckpointError(f"cannot write {what} to {path}: {reason}; free space or fix "
+                           "the folder, then re-run the same command to resume")
+
+
 class Checkpoints:
+    """The two managers, created (with their folders) on first use: a run that stops on a
+    config or data error writes no checkpoints folder."""
+
     def __init__(self, workdir: str):
         self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
-        self._last = _manager(os.path.join(self.directory, "last"))
-        self._best = _manager(os.path.join(self.directory, "best"))
+        self.last_dir = os.path.join(self.directory, "last")
+        self.best_dir = os.path.join(self.directory, "best")
+        self._managers: dict[str, ocp.CheckpointManager] = {}
+
+    def _get(self, name: str) -> ocp.CheckpointManager:
+        if name not in self._managers:
+            path, keep = ((self.last_dir, LAST_TO_KEEP) if name == "last"
+                          else (self.best_dir, BEST_TO_KEEP))
+            try:
+                self._managers[name] = _manager(path, keep)
+            except OSError as e:
+                raise _write_error("checkpoints", path, e) from None
+        return self._managers[name]
+
+    @property
+    def _last(self) -> ocp.CheckpointManager:
+        return self._get("last")
+
+    @property
+    def _best(self) -> ocp.CheckpointManager:
+        return self._get("best")
+
+    def _exists(self, name: str) -> bool:
+        return name in self._managers or os.path.isdir(
+            self.last_dir if name == "last" else self.best_dir)
+
+    # -------------------------------------------------------------------- last
 
     def last_step(self) -> int | None:
-        return self._last.latest_step()
+        return self._last.latest_step() if self._exists("last") else None
+
+    def last_steps(self) -> list[int]:
+        """Steps of the kept `last` checkpoints, newest first."""
+        return sorted(self._last.all_steps(), reverse=True) if self._exists("last") else []
 
     def save_last(self, step: int, state: Any, loop: dict) -> None:
         if step in self._last.all_steps():  # e.g. a finished run started again
             return
-        self._last.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), loop=ocp.args.JsonSave(loop)))
-        self._last.wait_until_finished()
+        try:
+            saved = self._last.save(step, args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), loop=ocp.args.JsonSave(loop)))
+            self._last.wait_until_finished()
+        except OSError as e:  # disk full, permissions
+            raise _write_error(f"checkpoint step {step}", self.last_dir, e) from None
+        if not saved:
+            raise CheckpointError(f"orbax did not save step {step} to {self.last_dir} "
+                                  f"(it holds steps {self.last_steps()}); delete "
+                                  f"{self.directory} to start the run again")
 
-    def last_loop(self) -> dict:
-        """The JSON part of the last checkpoint (cheap: no arrays are read)."""
-        step = self._last.latest_step()
+    def last_loop(self, step: int | None = None) -> dict:
+        """The JSON part of a `last` checkpoint (cheap: no arrays are read)."""
+        step = self._last.latest_step() if step is None else step
         return self._last.restore(step, args=ocp.args.Composite(loop=ocp.args.JsonRestore()))["loop"]
 
-    def restore_last(self, template: Any) -> tuple[Any, dict]:
-        step = self._last.latest_step()
+    def restore_last(self, template: Any, step: int | None = None) -> tuple[Any, dict]:
+        step = self._last.latest_step() if step is None else step
         restored = self._last.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract(template)), loop=ocp.args.JsonRestore()))
         return restored["state"], restored["loop"]
+
+    def delete_last(self, step: int) -> None:
+        self._last.delete(step)
+
+    # -------------------------------------------------------------------- best
+
+    def best_steps(self) -> list[int]:
+        return sorted(self._best.all_steps()) if self._exists("best") else []
+
+    def delete_best(self, step: int) -> None:
+        self._best.delete(step)
 
     def save_best(self, step: int, weights: Any, info: dict) -> None:
         # A resumed run re-evaluates steps after its last checkpoint and may reach a step
         # whose best weights were already written: the new ones are the same, rewrite them.
         if step in self._best.all_steps():
             self._best.delete(step)
-        self._best.save(step, args=ocp.args.Composite(
-            weights=ocp.args.StandardSave(weights), info=ocp.args.JsonSave(info)))
-        self._best.wait_until_finished()
+        try:
+            saved = self._best.save(step, args=ocp.args.Composite(
+                weights=ocp.args.StandardSave(weights), info=ocp.args.JsonSave(info)))
+            self._best.wait_until_finished()
+        except OSError as e:
+            raise _write_error(f"best weights of step {step}", self.best_dir, e) from None
+        if not saved:  # orbax skips a step lower than its newest one, silently
+            raise CheckpointError(
+                f"orbax did not save the best weights of step {step} to {self.best_dir} "
+                f"(it holds steps {self.best_steps()}, newer than the run); delete "
+                f"{self.directory} to start the run again")
 
-    def restore_best(self, template: Any) -> tuple[Any, dict]:
-        step = self._best.latest_step()
+    def restore_best(self, template: Any, step: int | None = None) -> tuple[Any, dict]:
+        step = self._best.latest_step() if step is None else step
         if step is None:
-            raise FileNotFoundError(f"no best checkpoint under {self.directory}/best")
+            raise CheckpointError(f"no best checkpoint under {self.best_dir}; delete "
+                                  f"{self.directory} to start the run again")
         restored = self._best.restore(step, args=ocp.args.Composite(
             weights=ocp.args.StandardRestore(abstract(template)), info=ocp.args.JsonRestore()))
         return restored["weights"], restored["info"]
 
     def close(self) -> None:
-        self._last.close()
-        self._best.close()
+        for manager in self._managers.values():
+            manager.close()
+
+
+# ----------------------------------------------------------------------------- the lock
+
+
+def _process_start_ticks(pid: int) -> str | None:
+    """When `pid` started (Linux /proc), to tell a live owner from a reused pid."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(pid: int, start_ticks: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    if start_ticks is not None:
+        now = _process_start_ticks(pid)
+        if now is not None and now != start_ticks:
+            return False  # the pid was reused by another process
+    return True
+
+
+class WorkdirLock:
+    """One run per workdir: `<workdir>/run.lock` holds the owner's host, pid and start.
+
+    Created with O_EXCL (atomic on local disks and NFS). A lock whose owner is a dead
+    process on this host is taken over; a lock from another host cannot be checked from
+    here and is refused, with the command to remove it if that run is dead. In a
+    multi-process run only process 0 takes it (train.py), for the whole run.
+    """
+
+    NAME = "run.lock"
+
+    def __init__(self, workdir: str):
+        self.workdir = workdir
+        self.path = os.path.join(os.path.abspath(workdir), self.NAME) if workdir else ""
+        self.token = uuid.uuid4().hex
+        self.held = False
+
+    def _prepare_workdir(self) -> None:
+        workdir = self.workdir
+        if not workdir or not workdir.strip():
+            raise ConfigError("--workdir is empty; give a folder for checkpoints and results")
+        if os.path.exists(workdir) and not os.path.isdir(workdir):
+            raise ConfigError(f"--workdir={workdir} is a file, not a folder; give a folder "
+                              "(it is created if missing)")
+        try:
+            os.makedirs(workdir, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"cannot create --workdir={workdir}: {e.strerror or e}; give a "
+                              "folder you can write to") from None
+        if not os.access(workdir, os.W_OK | os.X_OK):
+            raise ConfigError(f"--workdir={workdir} is not writable; give a folder you can "
+                              "write to")
+
+    def _read(self) -> dict | None:
+        try:
+            with open(self.path) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return {}  # being written, or garbage: treated as held by an unknown run
+
+    def acquire(self) -> None:
+        self._prepare_workdir()
+        info = {"host": socket.gethostname(), "pid": os.getpid(),
+                "start_ticks": _process_start_ticks(os.getpid()), "token": self.token,
+                "started": datetime.datetime.now().isoformat(timespec="seconds")}
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                owner = self._read()
+                if owner is None:
+                    continue  # released meanwhile: try again
+                if not self._stale(owner):
+                    raise WorkdirBusy(self._busy_message(owner))
+                # Take over: rename the stale file first (only one contender can), then
+                # create ours.
+                stale = f"{self.path}.stale.{self.token}"
+                try:
+                    os.rename(self.path, stale)
+                    os.remove(stale)
+                except FileNotFoundError:
+                    pass
+                continue
+            except OSError as e:
+                raise ConfigError(f"cannot create {self.path}: {e.strerror or e}; give a "
+                                  "--workdir you can write to") from None
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(info, f)
+            except OSError as e:
+                os.remove(self.path)
+                raise ConfigError(f"cannot write {self.path}: {e.strerror or e}") from None
+            self.held = True
+            return
+        raise WorkdirBusy(self._busy_message(self._read() or {}))
+
+    def _stale(self, owner: dict) -> bool:
+        if owner.get("host") != socket.gethostname() or not isinstance(owner.get("pid"), int):
+            return False
+        return not _alive(owner["pid"], owner.get("start_ticks"))
+
+    def _busy_message(self, owner: dict) -> str:
+        who = (f"pid {owner.get('pid')} on host {owner.get('host')}, started "
+               f"{owner.get('started')}" if owner else "an unknown run")
+        here = owner.get("host") == socket.gethostname()
+        advice = ("wait for it or stop it" if here else
+                  f"if that run is dead (this host cannot check another host's processes), "
+                  f"delete {self.path}")
+        return (f"--workdir={self.workdir} is in use by another run ({who}); {advice}, "
+                f"or use another --workdir")
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        self.held = False
+        owner = self._read()
+        if owner and owner.get("token") == self.token:
+            try:
+                os.remove(self.path)
+            except OSError:
+                pass

@@ -14,3 +14,12 @@ class DataError(UserError):
 
 class ConfigError(UserError):
     """An unknown or invalid config field or value."""
+
+
+class WorkdirBusy(UserError):
+    """Another run holds the workdir's lock (launch.py exits with EXIT_WORKDIR_BUSY)."""
+
+
+class CheckpointError(UserError):
+    """Checkpoints that cannot be read or written (unreadable, inconsistent, disk full).
+    The message names the folder and what to do."""

@@ -16,6 +16,8 @@ import grain
 import jax
 import numpy as np
 
+from lra.errors import ConfigError, DataError
+
 Batch = dict[str, np.ndarray]
 
 
@@ -27,7 +29,7 @@ def _process_rows(global_batch_size: int) -> slice:
     """Equal contiguous shares by process index (when no sharding says otherwise)."""
     n, p = jax.process_count(), jax.process_index()
     if global_batch_size % n:
-        raise ValueError(f"batch size {global_batch_size} is not divisible by {n} processes")
+        raise ConfigError(f"batch size {global_batch_size} is not divisible by {n} processes")
     local = global_batch_size // n
     return slice(p * local, (p + 1) * local)
 
@@ -44,9 +46,9 @@ def process_rows(sharding: jax.sharding.Sharding, global_batch_size: int) -> sli
     start, stop = spans[0][0], spans[-1][1]
     covered = sum(b - a for a, b in spans)
     if covered != stop - start:
-        raise ValueError(f"this process's devices hold rows {spans} of the batch: not one "
-                         "contiguous block; use a mesh whose data axis groups each "
-                         "process's devices")
+        raise ConfigError(f"this process's devices hold rows {spans} of the batch: not one "
+                          "contiguous block; use a mesh whose data axis groups each "
+                          "process's devices")
     return slice(start, stop)
 
 
@@ -56,7 +58,7 @@ def train_iterator(arrays: dict[str, np.ndarray], *, global_batch_size: int, see
     `rows` of each global batch (default: this process's equal share)."""
     num_examples = len(arrays["targets"])
     if num_examples < global_batch_size:
-        raise ValueError(
+        raise DataError(
             f"training split has {num_examples} examples, fewer than one batch "
             f"({global_batch_size}); lower config.batch_size or add data"
         )

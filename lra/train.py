@@ -11,10 +11,12 @@ uninterrupted run gets. SIGTERM saves a checkpoint, then raises `Preempted`.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import signal
+import sys
 import time
 from typing import Any
 
@@ -30,16 +32,29 @@ from jax.sharding import PartitionSpec as P
 import lra.tasks
 from configs import common
 from lra import checkpoint, input_pipeline, sharding
-from lra.errors import ConfigError, UserError
+from lra.errors import CheckpointError, ConfigError, DataError, UserError, WorkdirBusy
 from models import registry
 from models.encoder import Classifier, DualClassifier
 
-# Fields that fix the shapes or the data order of a run; resuming with others is an error.
-RESUME_FIXED_FIELDS = (
-    "task", "model", "model_hparams", "max_length", "emb_dim", "num_heads", "num_layers",
-    "qkv_dim", "mlp_dim", "pooling", "pos_emb", "causal", "batch_size", "random_seed",
-    "task_options", "block",
-)
+# Resuming (re-running a workdir): every config field must be as the run has it, except
+# these, which change neither the model, the data order nor the optimisation:
+RESUME_FREE_FIELDS = ("data_dir", "log_every_steps", "checkpoint_freq", "mesh_shape",
+                      "sharding")
+# num_train_steps may change while it is not below the step the run resumes from and the
+# schedule does not depend on it (cosine_decay with steps_per_cycle=0 does): a longer or
+# shorter run of the same trajectory. The data's content is compared too (a fingerprint),
+# so data_dir may point elsewhere.
+# After a divergence (`<workdir>/diverged.json`), the optimisation may change so that the
+# run continues from its last good checkpoint with, e.g., a lower learning rate:
+AFTER_DIVERGENCE_FIELDS = ("learning_rate", "warmup", "factors", "steps_per_cycle",
+                           "adam_b1", "adam_b2", "adam_eps", "weight_decay",
+                           "grad_clip_norm")
+DIVERGED_FILE = "diverged.json"
+
+# A training loss above this many times max(1, ln(num_classes)) (a classifier's loss at
+# initialisation is ln(num_classes)) counts as diverged, like a NaN: logits hundreds of
+# nats apart are weights that blew up, and the next steps are NaN.
+EXPLODED_LOSS_FACTOR = 100.0
 
 
 # Steps the host may dispatch ahead of the device: enough to overlap input and compute.
@@ -51,7 +66,7 @@ class Preempted(Exception):
 
 
 class TrainingDiverged(UserError):
-    """The training loss became NaN or infinite."""
+    """The training loss became NaN, infinite or exploded."""
 
 
 # ----------------------------------------------------------------------------- schedule
@@ -257,9 +272,58 @@ def make_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
 
 
 def _load_data(config, task) -> dict[str, dict[str, np.ndarray]]:
-    return {split: task.load(config.data_dir, split, config.max_length,
-                             **config.task_options.to_dict())
-            for split in ("train", "val", "test")}
+    """The three splits; unreadable files are a DataError naming the file (and line)."""
+    data_dir = config.data_dir
+    if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+        raise DataError(f"config.data_dir={data_dir} is a file, not a folder; give the folder "
+                        f"that holds the {config.task} data")
+    data = {}
+    for split in ("train", "val", "test"):
+        try:
+            data[split] = task.load(data_dir, split, config.max_length,
+                                    **config.task_options.to_dict())
+        except UnicodeDecodeError as e:
+            raise DataError(_not_utf8(e, data_dir)) from None
+        except OSError as e:  # no permission, a folder where a file should be, I/O error
+            raise DataError(f"cannot read {e.filename or data_dir}: {e.strerror or e}") from None
+    return data
+
+
+def _not_utf8(error: UnicodeDecodeError, data_dir: str) -> str:
+    """'<file>:<line>: byte 0x.. is not UTF-8', the file found in the reader's frames."""
+    path = None
+    tb = error.__traceback__
+    while tb is not None:
+        for name in ("path", "filename", "file_path"):
+            value = tb.tb_frame.f_locals.get(name)
+            if isinstance(value, str) and os.path.isfile(value):
+                path = value
+        tb = tb.tb_next
+    if path is None:
+        return f"a file in {data_dir} is not UTF-8 text ({error.reason}); fix or regenerate it"
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        raw.decode("utf-8")
+        return f"{path} is not UTF-8 text ({error.reason}); fix or regenerate it"
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        return (f"{path}:{line}: byte 0x{raw[e.start]:02x} is not UTF-8 text; fix or "
+                "regenerate the file")
+
+
+def data_fingerprint(data: dict[str, dict[str, np.ndarray]]) -> dict[str, str]:
+    """Per split, a hash of the arrays the model sees (their content, not the file paths):
+    a resumed run must train on the data its checkpoint was trained on."""
+    out = {}
+    for split in sorted(data):
+        h = hashlib.blake2b(digest_size=16)
+        for key in sorted(data[split]):
+            a = np.ascontiguousarray(data[split][key])
+            h.update(f"{key}:{a.dtype.str}:{a.shape};".encode())
+            h.update(a.reshape(-1).view(np.uint8))
+        out[split] = h.hexdigest()
+    return out
 
 
 def _to_global(batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
@@ -286,21 +350,81 @@ def _log(msg: str) -> None:
         print(msg, flush=True)
 
 
-def _check_resume_compatible(saved: dict, config: ml_collections.ConfigDict, workdir: str):
-    for field in RESUME_FIXED_FIELDS:
-        old, new = saved.get(field), config.to_dict().get(field)
-        if old != new:
-            raise ConfigError(
-                f"{workdir} holds a run with {field}={old!r}, but this config has "
-                f"{field}={new!r}; use another --workdir to start a new run"
-            )
+def _warn(msg: str) -> None:
+    if jax.process_index() == 0:
+        print(f"warning: {msg}", file=sys.stderr, flush=True)
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}{k}."))
+    return {k.rstrip("."): v for k, v in out.items()}
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return list(a) == list(b)
+    return a == b
+
+
+def _check_resume_compatible(saved: dict, config: ml_collections.ConfigDict, workdir: str, *,
+                             step: int, diverged: bool) -> None:
+    """Refuses (ConfigError, naming every field) a config that the run in `workdir`, at
+    `step`, cannot honour: see RESUME_FREE_FIELDS above."""
+    old, new = _flatten(saved), _flatten(config.to_dict())
+    free = set(RESUME_FREE_FIELDS) | {"num_train_steps"}
+    if diverged:
+        free |= set(AFTER_DIVERGENCE_FIELDS)
+    changed = [k for k in sorted(set(old) | set(new))
+               if k.split(".")[0] not in free and k in old and not _same(old[k], new.get(k))]
+    if changed:
+        was = ", ".join(f"{k}={old[k]!r}" for k in changed)
+        now = ", ".join(f"{k}={new.get(k)!r}" for k in changed)
+        hint = ("" if diverged else "; only " + ", ".join(RESUME_FREE_FIELDS)
+                + " and num_train_steps may change when a run resumes")
+        raise ConfigError(f"{workdir} holds a run (at step {step}) with {was}, but this config "
+                          f"has {now}{hint}; use another --workdir to start a new run")
+    if config.num_train_steps != old.get("num_train_steps", config.num_train_steps):
+        if config.num_train_steps < step:
+            raise ConfigError(f"{workdir} holds a run at step {step}; config.num_train_steps="
+                              f"{config.num_train_steps} is lower; use another --workdir to "
+                              "start a new run")
+        if "cosine_decay" in config.factors and not config.steps_per_cycle:
+            raise ConfigError(f"{workdir} holds a run with num_train_steps="
+                              f"{old['num_train_steps']}, and its cosine_decay schedule spans "
+                              "num_train_steps (steps_per_cycle=0), so it cannot change; use "
+                              "another --workdir to start a new run")
+    if diverged and (old.get("grad_clip_norm", 0) > 0) != (config.grad_clip_norm > 0):
+        raise ConfigError(f"config.grad_clip_norm can change on resume only between positive "
+                          f"values (clipping adds optimizer state); {workdir} has "
+                          f"{old.get('grad_clip_norm')!r}; use another --workdir to start over "
+                          "with clipping")
+
+
+def _check_same_data(saved: dict | None, data: dict, config, workdir: str) -> None:
+    if not saved:  # checkpoints written before fingerprints existed
+        return
+    now = data_fingerprint(data)
+    differ = [s for s in sorted(now) if saved.get(s) != now[s]]
+    if differ:
+        raise ConfigError(f"the data in config.data_dir={config.data_dir} differs from the data "
+                          f"the run in {workdir} was trained on (split(s) "
+                          f"{', '.join(differ)}); resume with that data, or use another "
+                          "--workdir to start a new run")
 
 
 def _write_json(path: str, obj: Any) -> None:
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True, default=str)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=True, default=str)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise CheckpointError(f"cannot write {path}: {e.strerror or e}; free space or fix the "
+                              "folder, then re-run the same command") from None
 
 
 def _param_bytes(params: Any) -> tuple[int, int]:
@@ -331,17 +455,123 @@ def results_table(results: dict) -> str:
     return header + "\n" + row
 
 
+# ----------------------------------------------------------------------------- processes
+
+
+_BROADCAST_BYTES = 2048
+
+
+def _agree_on_error(error: UserError | None) -> None:
+    """Process 0's outcome (None or an error) raised on every process of the run."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        kinds = [type(None), WorkdirBusy, ConfigError, CheckpointError, UserError]
+        kind = next(i for i, k in enumerate(kinds) if type(error) is k or
+                    (i == len(kinds) - 1 and error is not None))
+        payload = np.zeros(_BROADCAST_BYTES, np.uint8)
+        text = str(error or "").encode()[:_BROADCAST_BYTES - 1]
+        payload[0] = kind
+        payload[1:1 + len(text)] = np.frombuffer(text, np.uint8)
+        got = np.asarray(multihost_utils.broadcast_one_to_all(payload))
+        if got[0]:
+            raise kinds[int(got[0])](bytes(got[1:]).rstrip(b"\0").decode(errors="replace"))
+    elif error is not None:
+        raise error
+
+
+def _any_process(flag: bool) -> bool:
+    from jax.experimental import multihost_utils
+
+    return bool(np.any(multihost_utils.process_allgather(np.int32(flag))))
+
+
+def _preemption_sync_point(step: int):
+    """jax's preemption sync point (a multi-process run): the coordination service hears
+    of a SIGTERM to any process and names one step at which every process sees True.
+    None when unavailable (one process, or the service disabled)."""
+    if jax.process_count() == 1:
+        return None
+    try:
+        from jax.experimental import multihost_utils
+
+        reached = multihost_utils.reached_preemption_sync_point
+        reached(step)
+        return reached
+    except (ImportError, AttributeError, RuntimeError):
+        return None
+
+
+def _lock_workdir(workdir: str) -> checkpoint.WorkdirLock:
+    """One run per workdir; in a multi-process run process 0 takes the lock for all."""
+    lock = checkpoint.WorkdirLock(workdir)
+    error = None
+    if jax.process_index() == 0:
+        try:
+            lock.acquire()
+        except UserError as e:
+            error = e
+    _agree_on_error(error)
+    if jax.process_index() != 0:
+        os.makedirs(workdir, exist_ok=True)
+    return lock
+
+
+def _resume_point(ckpts: checkpoint.Checkpoints, config, workdir: str,
+                  diverged: bool) -> tuple[list[tuple[int, BaseException]], int | None, dict]:
+    """The newest `last` checkpoint whose JSON reads (checked against the config), and
+    the newer ones that did not read."""
+    unreadable = []
+    for step in ckpts.last_steps():
+        try:
+            loop = ckpts.last_loop(step)
+        except Exception as e:  # noqa: BLE001  (corrupt or partial files)
+            unreadable.append((step, e))
+            continue
+        _check_resume_compatible(loop["config"], config, workdir, step=step, diverged=diverged)
+        return unreadable, step, loop
+    return unreadable, None, {}
+
+
+def _unrestorable(ckpts: checkpoint.Checkpoints, failures) -> CheckpointError:
+    detail = "; ".join(f"step {s}: {checkpoint._first_line(e, 120)}" for s, e in failures)
+    return CheckpointError(f"cannot restore any checkpoint in {ckpts.last_dir} ({detail}); "
+                           f"delete {ckpts.directory} to start the run again, or use another "
+                           "--workdir")
+
+
 # ----------------------------------------------------------------------------- the loop
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
-    """Trains, evaluates, tests with the best checkpoint; returns and writes results.json."""
+    """Trains, evaluates, tests with the best checkpoint; returns and writes results.json.
+
+    Holds `<workdir>/run.lock` while it runs (a second run is refused at once)."""
     # 1. Everything the user can get wrong is checked before anything is written.
     common.validate(config)
     task = lra.tasks.get(config.task)
     registry.capabilities(config.model)  # unknown model -> error listing the available ones
     sharding.validate(config, config.num_heads)
+    lock = _lock_workdir(workdir)
+    try:
+        return _train_and_evaluate(config, workdir, task)
+    finally:
+        lock.release()
+
+
+def _train_and_evaluate(config, workdir: str, task) -> dict:
+    diverged_path = os.path.join(workdir, DIVERGED_FILE)
+    diverged = os.path.exists(diverged_path)
+    ckpts = checkpoint.Checkpoints(workdir)
+    # Resume point and config check before the data is read and the step compiled.
+    unreadable, resume_step, resume_loop = _resume_point(ckpts, config, workdir, diverged)
+    if ckpts.last_steps() and resume_step is None:
+        raise _unrestorable(ckpts, unreadable)
+    preemption_sync = _preemption_sync_point(resume_step or 0)
     data = _load_data(config, task)
+    fingerprint = data_fingerprint(data)
+    if resume_step is not None:
+        _check_same_data(resume_loop.get("data_fingerprint"), data, config, workdir)
     schedule = learning_rate_schedule(config)
     tx = make_optimizer(config, schedule)
 
@@ -371,6 +601,57 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     param_bytes, param_bytes_per_device = _param_bytes(state["params"])
     weights_shardings = {"params": state_shardings["params"], "rest": state_shardings["rest"]}
 
+    # 3. Resume from the newest readable `last` checkpoint, if there is one (before
+    # compiling: a refusal comes at once). Newer unreadable ones are removed, and so are
+    # best checkpoints that the restored state does not know of: best and last always
+    # describe the same run.
+    train_iter = input_pipeline.train_iterator(
+        data["train"], global_batch_size=config.batch_size, seed=config.random_seed,
+        rows=input_pipeline.process_rows(batch_sharding, config.batch_size))
+    loop = {"best_eval_accuracy": -1.0, "best_step": -1, "eval_history": [],
+            "train_history": [], "train_seconds": 0.0, "timed_steps": 0,
+            "config": config.to_dict(), "data_fingerprint": fingerprint}
+    restored_step = None
+    for step in [s for s in ckpts.last_steps() if resume_step is not None and s <= resume_step]:
+        try:
+            if step != resume_step:
+                _check_resume_compatible(ckpts.last_loop(step)["config"], config, workdir,
+                                         step=step, diverged=diverged)
+            state, saved_loop = ckpts.restore_last(state, step)
+        except ConfigError:
+            raise
+        except Exception as e:  # noqa: BLE001  (corrupt or partial files)
+            unreadable.append((step, e))
+            continue
+        restored_step = step
+        train_iter.set_state(saved_loop.pop("train_iter"))
+        loop.update(saved_loop, config=config.to_dict(), data_fingerprint=fingerprint)
+        break
+    if resume_step is not None and restored_step is None:
+        raise _unrestorable(ckpts, unreadable)
+    for step, error in unreadable:
+        _warn(f"checkpoint step {step} in {ckpts.last_dir} cannot be read "
+              f"({checkpoint._first_line(error, 120)}); resuming from step {restored_step}, "
+              f"the one before; step {step} is deleted")
+        ckpts.delete_last(step)
+    stale_best = [b for b in ckpts.best_steps() if b > loop["best_step"]]
+    if stale_best:
+        _warn(f"deleting best checkpoint(s) {stale_best} in {ckpts.best_dir}: newer than the "
+              f"state this run starts from (step {restored_step or 0}; an interrupted or "
+              f"earlier run left them), so this run redoes those steps")
+        for b in stale_best:
+            ckpts.delete_best(b)
+    if loop["best_step"] >= 0 and loop["best_step"] not in ckpts.best_steps():
+        raise CheckpointError(f"{ckpts.best_dir} lacks step {loop['best_step']}, the best step "
+                              f"that the last checkpoint (step {restored_step}) names; delete "
+                              f"{ckpts.directory} to start the run again")
+    if restored_step is None and diverged and jax.process_index() == 0:
+        os.remove(diverged_path)  # no good checkpoint was kept: this is a new run
+        diverged = False
+    if restored_step is not None:
+        _log(f"Resumed from {ckpts.directory}/last at step {int(state['step'])}.")
+    start_step = int(state["step"])
+
     train_step, eval_step = make_steps(graphdef, tx, schedule, task.num_classes)
     activation_rules = sharding.activation_rules(config.sharding)
 
@@ -396,23 +677,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     eval_step = in_mesh(jax.jit(eval_step, in_shardings=(weights_shardings, batch_sharding),
                                 out_shardings=replicated))
 
-    # 3. Resume from the last checkpoint, if there is one.
-    os.makedirs(workdir, exist_ok=True)
-    ckpts = checkpoint.Checkpoints(workdir)
-    train_iter = input_pipeline.train_iterator(
-        data["train"], global_batch_size=config.batch_size, seed=config.random_seed,
-        rows=input_pipeline.process_rows(batch_sharding, config.batch_size))
-    loop = {"best_eval_accuracy": -1.0, "best_step": -1, "eval_history": [],
-            "train_history": [],
-            "train_seconds": 0.0, "timed_steps": 0, "config": config.to_dict()}
-    if ckpts.last_step() is not None:
-        _check_resume_compatible(ckpts.last_loop()["config"], config, workdir)
-        state, saved_loop = ckpts.restore_last(state)
-        train_iter.set_state(saved_loop.pop("train_iter"))
-        loop.update(saved_loop, config=config.to_dict())
-        _log(f"Resumed from {ckpts.directory}/last at step {int(state['step'])}.")
-    start_step = int(state["step"])
-
     writer = None
     if jax.process_index() == 0:
         from tensorboardX import SummaryWriter  # imported late: slow, and process 0 only
@@ -435,37 +699,71 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         return {"params": s["params"], "rest": s["rest"]}
 
     def save_last(s, step):
+        nonlocal diverged
         ckpts.save_last(step, s, {**loop, "train_iter": train_iter.get_state()})
+        if diverged:  # the run went on past its divergence with the new config
+            if jax.process_index() == 0 and os.path.exists(diverged_path):
+                os.remove(diverged_path)
+            diverged = False
 
-    # 4. Train.
+    # 4. Train. SIGTERM: one process notes it (signal handler) and saves at the next step;
+    # several processes agree on the step through jax's preemption sync point (its own
+    # SIGTERM handler), or else at the next log step (an all-gather of the flags).
     preempted = []
     previous_handler = None
-    try:
-        previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.append(True))
-    except ValueError:  # not the main thread (e.g. a notebook worker): no preemption hook
-        pass
+    if preemption_sync is None:
+        try:
+            previous_handler = signal.signal(signal.SIGTERM,
+                                             lambda *_: preempted.append(True))
+        except ValueError:  # not the main thread (e.g. a notebook worker): no preemption hook
+            pass
+
+    def preemption_notice(step: int) -> bool:
+        if preemption_sync is not None:
+            return bool(preemption_sync(step))
+        if jax.process_count() == 1:
+            return bool(preempted)
+        return step % config.log_every_steps == 0 and _any_process(bool(preempted))
 
     pending: list[tuple[int, dict]] = []  # per-step metrics not yet fetched from the device
     clock, steps_since_clock, first_step_of_segment = time.perf_counter(), 0, True
     _log(f"Training {config.model} on {config.task}: {num_params:,} parameters, "
          f"steps {start_step}..{config.num_train_steps}, {jax.device_count()} device(s).")
+    loss_limit = EXPLODED_LOSS_FACTOR * max(1.0, math.log(task.num_classes))
+
+    def stop_diverged(step: int, loss: float) -> None:
+        """The weights after step-1 updates gave a diverged loss at `step`: every
+        checkpoint from step-1 on holds them (or worse); delete those, keep the others."""
+        bad = [c for c in ckpts.last_steps() if c >= step - 1]
+        for c in bad:
+            ckpts.delete_last(c)
+        good = ckpts.last_step()
+        if jax.process_index() == 0:
+            _write_json(diverged_path, {"step": step, "loss": loss, "last_good_step": good,
+                                        "learning_rate": config.learning_rate})
+        removed = (f" (deleted checkpoint step(s) {bad}: their weights gave this loss)"
+                   if bad else "")
+        where = (f"the last good checkpoint (step {good}) is kept in {ckpts.last_dir}{removed}; "
+                 f"re-run the same command with a lower config.learning_rate (or a longer "
+                 f"config.warmup) to continue from it"
+                 if good is not None else
+                 f"no good checkpoint was kept{removed}; re-run with a lower "
+                 f"config.learning_rate (or a longer config.warmup) to start again")
+        raise TrainingDiverged(
+            f"training loss is {loss:.4g} at step {step} (diverged: not finite or above "
+            f"{loss_limit:.0f}); stopped, {where}, or use another --workdir")
 
     def flush() -> None:
-        """Fetch pending metrics, stop on a non-finite loss, log a progress line."""
+        """Fetch pending metrics, stop on a diverged loss, log a progress line."""
         if not pending:
             return
         fetched = jax.device_get([m for _, m in pending])
         steps = [s for s, _ in pending]
         pending.clear()
         for s, m in zip(steps, fetched):
-            if not (math.isfinite(m["loss"]) and math.isfinite(m["aux_loss"])):
-                last = ckpts.last_step()
-                where = (f"the last good checkpoint (step {last}) is in {ckpts.directory}/last"
-                         if last is not None else "no checkpoint was written")
-                raise TrainingDiverged(
-                    f"training loss is {m['loss']} at step {s}; stopped, {where}; lower "
-                    f"config.learning_rate or set config.grad_clip_norm, then re-run"
-                )
+            total = float(m["loss"]) + float(m["aux_loss"])
+            if not math.isfinite(total) or float(m["loss"]) > loss_limit:
+                stop_diverged(s, total if not math.isfinite(total) else float(m["loss"]))
         mean = {k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]}
         step = steps[-1]
         loop["train_history"].append({"step": step, **mean})
@@ -493,8 +791,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                 clock, first_step_of_segment = time.perf_counter(), False
             else:
                 steps_since_clock += 1
+            notice = preemption_notice(step)
             do_eval = step % config.eval_frequency == 0 or is_last
-            do_save = do_eval or step % config.checkpoint_freq == 0 or is_last or preempted
+            do_save = do_eval or step % config.checkpoint_freq == 0 or is_last or notice
             if step % config.log_every_steps == 0 or do_save:
                 jax.block_until_ready(metrics)
                 loop["train_seconds"] += time.perf_counter() - clock
@@ -516,9 +815,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                     {"step": step, "eval_accuracy": result["accuracy"]})
             if do_save:
                 save_last(state, step)
-            if do_save:
                 clock = time.perf_counter()  # evaluation and saving are not training time
-            if preempted:
+            if notice:
                 _log(f"SIGTERM: saved step {step} to {ckpts.directory}/last; "
                      f"re-run the same command to resume.")
                 raise Preempted(step)
@@ -530,7 +828,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             writer.close()
 
     # 5. Test with the best-on-validation weights.
-    best_weights, best_info = ckpts.restore_best(weights_of(state))
+    best_weights, best_info = ckpts.restore_best(
+        weights_of(state), loop["best_step"] if loop["best_step"] >= 0 else None)
     test = evaluate(best_weights, "test")
     ckpts.close()
     train_targets = data["train"]["targets"]
@@ -558,6 +857,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "device_peak_bytes": _device_peak_bytes(),
         "num_processes": jax.process_count(),
         "jax_version": jax.__version__,
+        "data_fingerprint": fingerprint,
         "config": config.to_dict(),
     }
     if jax.process_index() == 0:

@@ -42,7 +42,9 @@ def test_restored_state_continues_identically():
 
 
 def test_too_few_examples_for_a_batch():
-    with pytest.raises(ValueError, match="fewer than one batch"):
+    from lra.errors import DataError  # a one-line error through launch.py, not a traceback
+
+    with pytest.raises(DataError, match="fewer than one batch"):
         input_pipeline.train_iterator(_arrays(3), global_batch_size=4, seed=0)
 
 

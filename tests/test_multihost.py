@@ -152,3 +152,96 @@ def test_dead_process_stops_the_others_and_run_resumes(listops_dir, tmp_path):
                          devices=2, processes=2)
     assert f"at step {last}" in outs[0][0]
     assert resumed["steps"] == last + 2 and np.isfinite(resumed["test_loss"])
+
+
+def _read_until(proc, needle, deadline):
+    seen = ""
+    while needle not in seen:
+        line = proc.stdout.readline()
+        assert line or proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.time() < deadline, f"no {needle!r} in time:\n{seen[-2000:]}"
+        seen += line
+    return seen
+
+
+def test_sigterm_to_processes_at_different_moments_saves_one_step_and_resumes(
+        listops_dir, tmp_path):
+    """Process 1 is preempted first, process 0 a moment later: both agree on one step
+    (jax's preemption sync point), save it together, exit 143; the same commands
+    resume and follow the uninterrupted run."""
+    workdir = tmp_path / "run"
+    extra = ("--config.checkpoint_freq=1000", "--config.eval_frequency=1000")
+    procs = _start(workdir, _flags(listops_dir, 100000, *extra), devices=2, processes=2,
+                   port=_free_port())
+    try:
+        _read_until(procs[0], "step      5/", time.time() + 300)
+        procs[1].send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        procs[0].send_signal(signal.SIGTERM)
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [143, 143], [o[1][-2000:] for o in outs]
+    saved = sorted(int(d) for d in os.listdir(workdir / "checkpoints" / "last") if d.isdigit())
+    assert len(saved) == 1 and saved[0] >= 5, saved
+    step = saved[0]
+    assert f"SIGTERM: saved step {step}" in outs[0][0]
+
+    # The same commands (2 more steps) resume from that step and follow a run that was
+    # never interrupted.
+    resumed, outs = _run(workdir, _flags(listops_dir, step + 2, *extra), devices=2,
+                         processes=2)
+    assert f"at step {step}" in outs[0][0]
+    straight, _ = _run(tmp_path / "straight", _flags(listops_dir, step + 2, *extra),
+                       devices=4)
+    np.testing.assert_allclose(_losses(resumed, [step + 1, step + 2]),
+                               _losses(straight, [step + 1, step + 2]), rtol=RTOL)
+    assert resumed["best_eval_accuracy"] == pytest.approx(straight["best_eval_accuracy"])
+    assert resumed["test_accuracy"] == pytest.approx(straight["test_accuracy"])
+
+
+def test_one_of_two_processes_says_what_it_waits_for(listops_dir, tmp_path):
+    cmd = [sys.executable, os.path.join(REPO, "launch.py"), f"--workdir={tmp_path / 'w'}",
+           *_flags(listops_dir, 4), f"--coordinator_address=127.0.0.1:{_free_port()}",
+           "--num_processes=2", "--process_id=0"]  # process 1 is never started
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(1), text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        import select
+
+        ready, _, _ = select.select([proc.stderr], [], [], 60)
+        assert ready, "process 0 said nothing for 60 s"
+        line = proc.stderr.readline()  # the first thing it says is why it waits
+        time.sleep(3)
+        assert proc.poll() is None  # still waiting for process 1
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert "process 0 of 2: connecting to the coordinator at 127.0.0.1:" in line
+    assert "waiting until every process has started (up to 5 minutes)" in line
+
+
+def test_a_failure_in_a_multi_process_run_is_one_line_and_exit_3(tmp_path):
+    """gloo raises plain ValueErrors when a peer dies during a checkpoint save (orbax's
+    barriers and array writes): the README's one-line error and exit code 3, whatever
+    the exception type."""
+    script = (
+        "import sys, jax, launch\n"
+        "from absl import flags\n"
+        "from lra import train\n"
+        f"flags.FLAGS(['launch.py', '--config=configs/listops.py:runlocal', "
+        f"'--workdir={tmp_path}'])\n"
+        "jax.process_count = lambda: 2\n"
+        "def save_fails(*args):\n"
+        "    raise ValueError('Gloo AllGather failed: Connection closed by peer')\n"
+        "train.train_and_evaluate = save_fails\n"
+        "launch.main(['launch.py'])\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=_env(1),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1 and "ValueError: Gloo AllGather failed" in lines[0]
+    assert "another process probably died" in lines[0]

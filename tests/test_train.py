@@ -75,6 +75,9 @@ def test_test_accuracy_uses_best_checkpoint_not_last(tiny_listops_config, listop
         return lambda step: inner(step) * jnp.where(step >= 4, -100.0, 1.0)
 
     monkeypatch.setattr(train, "learning_rate_schedule", wrecking_schedule)
+    # The ascent drives the loss past the divergence limit (100 x ln 10): not what this
+    # test is about.
+    monkeypatch.setattr(train, "EXPLODED_LOSS_FACTOR", float("inf"))
     results = train.train_and_evaluate(config, str(tmp_path / "b"))
     history = {h["step"]: h["accuracy"] for h in results["eval_history"]}
     losses = {h["step"]: h["loss"] for h in results["eval_history"]}
@@ -182,7 +185,8 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tiny_listops_config
                                                      r"\(step 10\)"):
         train.train_and_evaluate(config, str(tmp_path))
     last = tmp_path / "checkpoints" / "last"
-    assert sorted(int(d) for d in os.listdir(last) if d.isdigit()) == [10]
+    # The previous `last` checkpoint is kept too (checkpoint.LAST_TO_KEEP).
+    assert sorted(int(d) for d in os.listdir(last) if d.isdigit()) == [5, 10]
     # The kept checkpoint is finite and restorable: resuming without the poison finishes.
     monkeypatch.setattr(train, "learning_rate_schedule", real_schedule)
     results = train.train_and_evaluate(config, str(tmp_path))

@@ -1,0 +1,407 @@
+"""Reliability of the training path (issue 21): the workdir lock, checkpoints that keep
+describing one run, refusing what a resume cannot honour, divergence, one-line errors."""
+import errno
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import launch
+from configs import common, listops
+from lra import checkpoint, train
+from lra.errors import CheckpointError, ConfigError, DataError, WorkdirBusy
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def _launch(workdir, *flags, timeout=180):
+    env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu")
+    cmd = [sys.executable, os.path.join(REPO, "launch.py"), f"--workdir={workdir}", *flags]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def _error_lines(err):
+    return [l for l in err.splitlines()
+            if l.strip() and not l.startswith(("W0000", "I0000", "WARNING: All log"))]
+
+
+def _assert_one_line(code, err, message, expected_code=2):
+    assert code == expected_code, err
+    assert "Traceback" not in err, err
+    lines = _error_lines(err)
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
+
+
+def _metrics(results):
+    keys = ("best_eval_accuracy", "best_step", "test_accuracy", "test_loss", "eval_history")
+    return {k: results[k] for k in keys}
+
+
+def _copy_data(src, dst, edit=None):
+    shutil.copytree(src, dst)
+    if edit:
+        split, line_index, text = edit
+        path = os.path.join(dst, f"basic_{split}.tsv")
+        lines = open(path, "rb").read().split(b"\n")
+        lines[line_index] = text
+        open(path, "wb").write(b"\n".join(lines))
+    return str(dst)
+
+
+# ----------------------------------------------------------------------------- (a) lock
+
+
+def test_second_run_in_a_workdir_is_refused_at_once(listops_dir, tmp_path):
+    held = checkpoint.WorkdirLock(str(tmp_path / "w"))
+    held.acquire()  # this test process is "the other run"
+    try:
+        code, out, err = _launch(tmp_path / "w", "--config=configs/listops.py:runlocal",
+                                 f"--config.data_dir={listops_dir}")
+    finally:
+        held.release()
+    _assert_one_line(code, err, "is in use by another run", launch.EXIT_WORKDIR_BUSY)
+    assert f"pid {os.getpid()} on host {socket.gethostname()}" in err
+    assert not os.path.exists(tmp_path / "w" / "checkpoints")
+    assert not os.path.exists(tmp_path / "w" / "run.lock")  # released
+
+
+def _dead_pid():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_stale_lock_of_a_dead_process_is_taken_over(tiny_listops_config, listops_dir,
+                                                     tmp_path):
+    os.makedirs(tmp_path, exist_ok=True)
+    lock_path = tmp_path / "run.lock"
+    lock_path.write_text(json.dumps({"host": socket.gethostname(), "pid": _dead_pid(),
+                                     "started": "yesterday"}))
+    results = train.train_and_evaluate(
+        tiny_listops_config(listops_dir, num_train_steps=2, eval_frequency=2), str(tmp_path))
+    assert results["steps"] == 2
+    assert not lock_path.exists()
+
+
+def test_lock_of_another_host_is_refused_with_how_to_remove_it(tiny_listops_config,
+                                                                listops_dir, tmp_path):
+    os.makedirs(tmp_path, exist_ok=True)
+    (tmp_path / "run.lock").write_text(json.dumps({"host": "elsewhere", "pid": 1,
+                                                    "started": "today"}))
+    with pytest.raises(WorkdirBusy, match=r"pid 1 on host elsewhere.*if that run is dead.*"
+                                          r"delete .*run\.lock"):
+        train.train_and_evaluate(tiny_listops_config(listops_dir), str(tmp_path))
+    assert (tmp_path / "run.lock").exists()  # not ours to remove
+
+
+def test_live_lock_on_this_host_is_refused():
+    lock = checkpoint.WorkdirLock("unused")
+    assert not lock._stale({"host": socket.gethostname(), "pid": os.getpid()})
+    assert lock._stale({"host": socket.gethostname(), "pid": _dead_pid()})
+    # A reused pid (another start time) is a dead owner.
+    assert lock._stale({"host": socket.gethostname(), "pid": os.getpid(),
+                        "start_ticks": "-1"}) == (
+        checkpoint._process_start_ticks(os.getpid()) is not None)
+
+
+# ----------------------------------------------------------------- (b) checkpoints
+
+
+def _corrupt(step_dir, arrays_only):
+    for root, _, files in os.walk(step_dir):
+        if arrays_only and os.sep + "loop" in root + os.sep:
+            continue
+        for name in files:
+            with open(os.path.join(root, name), "wb") as f:
+                f.write(b"\x00garbage")
+
+
+@pytest.mark.parametrize("arrays_only", [False, True])
+def test_unreadable_newest_checkpoint_falls_back_to_the_previous(
+        tiny_listops_config, listops_dir, tmp_path, capsys, arrays_only):
+    def config(steps):
+        return tiny_listops_config(listops_dir, num_train_steps=steps, eval_frequency=4,
+                                   checkpoint_freq=2)
+
+    straight = train.train_and_evaluate(config(8), str(tmp_path / "straight"))
+    train.train_and_evaluate(config(6), str(tmp_path / "run"))
+    last = tmp_path / "run" / "checkpoints" / "last"
+    assert sorted(int(d) for d in os.listdir(last) if d.isdigit()) == [4, 6]  # two kept
+    _corrupt(last / "6", arrays_only)
+    capsys.readouterr()
+    resumed = train.train_and_evaluate(config(8), str(tmp_path / "run"))
+    err = capsys.readouterr().err
+    warnings = [l for l in err.splitlines() if l.startswith("warning: checkpoint step 6")]
+    assert len(warnings) == 1 and "resuming from step 4" in warnings[0], err
+    assert _metrics(resumed) == _metrics(straight)
+
+
+def test_no_readable_checkpoint_says_which_folder_to_delete(tiny_listops_config, listops_dir,
+                                                           tmp_path):
+    config = tiny_listops_config(listops_dir, num_train_steps=4, checkpoint_freq=2,
+                                 eval_frequency=4)
+    train.train_and_evaluate(config, str(tmp_path))
+    for step in ("2", "4"):
+        _corrupt(tmp_path / "checkpoints" / "last" / step, arrays_only=False)
+    with pytest.raises(CheckpointError, match=r"cannot restore any checkpoint in .*last "
+                                              r"\(step 4: .*step 2: .*\); delete "
+                                              rf"{tmp_path}/checkpoints to start"):
+        train.train_and_evaluate(config, str(tmp_path))
+
+
+def test_best_of_an_earlier_run_is_not_used(tiny_listops_config, listops_dir, tmp_path):
+    """`last` deleted, `best` of the earlier run left at a higher step: orbax skipped the
+    new run's lower best steps silently and the test used the earlier run's weights."""
+    earlier = tiny_listops_config(listops_dir, num_train_steps=8, eval_frequency=8)
+    train.train_and_evaluate(earlier, str(tmp_path / "run"))
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "last")
+    new = tiny_listops_config(listops_dir, num_train_steps=4, eval_frequency=4,
+                              random_seed=1)
+    straight = train.train_and_evaluate(new, str(tmp_path / "straight"))
+    again = train.train_and_evaluate(new, str(tmp_path / "run"))
+    assert _metrics(again) == _metrics(straight)
+    assert checkpoint.Checkpoints(str(tmp_path / "run")).best_steps() == [4]
+
+
+def test_save_best_below_a_newer_best_is_an_error_not_a_no_op(tmp_path):
+    import jax.numpy as jnp
+
+    ckpts = checkpoint.Checkpoints(str(tmp_path))
+    weights = {"w": jnp.ones(3)}
+    ckpts.save_best(8, weights, {"step": 8})
+    with pytest.raises(CheckpointError, match="did not save the best weights of step 4"):
+        ckpts.save_best(4, weights, {"step": 4})
+
+
+# --------------------------------------------------------- (d) what a resume refuses
+
+
+def test_resume_with_other_data_is_refused_and_same_data_elsewhere_resumes(
+        tiny_listops_config, listops_dir, tmp_path, monkeypatch):
+    train.train_and_evaluate(tiny_listops_config(listops_dir, num_train_steps=4),
+                             str(tmp_path / "run"))
+    other = _copy_data(listops_dir, tmp_path / "other",
+                       edit=("val", 1, b"( [MAX 1 2 ] )\t2"))
+    same = _copy_data(listops_dir, tmp_path / "same")
+
+    def not_before_refusal(*args, **kwargs):
+        raise AssertionError("compiled before refusing")
+
+    with monkeypatch.context() as m:
+        m.setattr(train, "make_steps", not_before_refusal)
+        with pytest.raises(ConfigError, match=r"data in config.data_dir=.*other differs .*"
+                                              r"split\(s\) val\)"):
+            train.train_and_evaluate(tiny_listops_config(other, num_train_steps=6),
+                                     str(tmp_path / "run"))
+    results = train.train_and_evaluate(tiny_listops_config(same, num_train_steps=6),
+                                       str(tmp_path / "run"))
+    assert results["steps"] == 6 and results["config"]["data_dir"] == same
+    assert set(results["data_fingerprint"]) == {"train", "val", "test"}
+
+
+def test_resume_refuses_every_field_it_cannot_honour_before_compiling(
+        tiny_listops_config, listops_dir, tmp_path, monkeypatch):
+    config = tiny_listops_config(listops_dir, num_train_steps=4, eval_frequency=4)
+    train.train_and_evaluate(config, str(tmp_path))
+
+    def not_before_refusal(*args, **kwargs):
+        raise AssertionError("compiled before refusing")
+
+    monkeypatch.setattr(train, "make_steps", not_before_refusal)
+
+    def refused(match, **changes):
+        changed = tiny_listops_config(listops_dir, **{"num_train_steps": 4,
+                                                      "eval_frequency": 4, **changes})
+        with pytest.raises(ConfigError, match=match):
+            train.train_and_evaluate(changed, str(tmp_path))
+
+    refused(r"dropout_rate=0\.1, learning_rate=0\.05, but this config has dropout_rate=0\.3, "
+            r"learning_rate=0\.01; only .*may change", dropout_rate=0.3, learning_rate=0.01)
+    refused(r"eval_frequency=4.*eval_frequency=2", eval_frequency=2)
+    refused(r"model_hparams|model=", model="local")
+    refused(r"at step 4; config\.num_train_steps=3 is lower", num_train_steps=3)
+    monkeypatch.undo()
+    # Free fields: logging and checkpoint cadence, devices.
+    again = train.train_and_evaluate(
+        tiny_listops_config(listops_dir, num_train_steps=4, eval_frequency=4,
+                            log_every_steps=1, checkpoint_freq=3), str(tmp_path))
+    assert again["steps"] == 4
+
+
+def test_cosine_schedule_run_cannot_change_its_length(tiny_listops_config, listops_dir,
+                                                      tmp_path):
+    cosine = "constant * linear_warmup * cosine_decay"
+    train.train_and_evaluate(tiny_listops_config(listops_dir, num_train_steps=4,
+                                                 eval_frequency=4, factors=cosine),
+                             str(tmp_path))
+    with pytest.raises(ConfigError, match="cosine_decay schedule spans num_train_steps"):
+        train.train_and_evaluate(tiny_listops_config(listops_dir, num_train_steps=8,
+                                                     eval_frequency=4, factors=cosine),
+                                 str(tmp_path))
+
+
+def test_config_model_override_builds_like_the_config_argument():
+    folded = launch.fold_model_override(
+        ["launch.py", "--config=configs/listops.py:runlocal", "--config.model=reformer",
+         "--config.learning_rate=0.1"])
+    assert folded == ["launch.py", "--config=configs/listops.py:runlocal,model=reformer",
+                      "--config.learning_rate=0.1"]
+    assert launch.fold_model_override(["x", "--config", "configs/text.py", "--config.model",
+                                       "local"]) == ["x", "--config", "configs/text.py:model=local"]
+    with pytest.raises(ConfigError, match="contradicts model=local.*give the model once"):
+        launch.fold_model_override(["x", "--config=configs/listops.py:model=local",
+                                    "--config.model=reformer"])
+    # What the folded argument builds: the variant's presets and block.
+    assert (listops.get_config("runlocal,model=reformer").to_dict()
+            == listops.get_config("model=reformer,runlocal").to_dict())
+    assert listops.get_config("runlocal,model=reformer").block.stack == "reversible"
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("learning_rate", 0.0, "learning_rate=0.0 must be > 0"),
+    ("learning_rate", -1.0, "learning_rate=-1.0 must be > 0"),
+    ("dropout_rate", 1.0, "dropout_rate=1.0 must be >= 0.0 and < 1.0"),
+    ("attention_dropout_rate", -0.1, "attention_dropout_rate=-0.1"),
+    ("adam_b1", 1.0, "adam_b1=1.0 must be >= 0.0 and < 1.0"),
+    ("adam_b2", -0.5, "adam_b2=-0.5"),
+    ("adam_eps", -1e-9, "adam_eps"),
+    ("weight_decay", -0.1, "weight_decay"),
+    ("grad_clip_norm", -1.0, "grad_clip_norm"),
+    ("warmup", -1, "warmup"),
+    ("random_seed", -1, "random_seed"),
+    ("num_heads", 0, "num_heads must be positive"),
+    ("num_layers", 0, "num_layers must be positive"),
+    ("num_eval_steps", 0, "num_eval_steps=0 must be positive, or -1"),
+    ("eval_batch_size", -1, "eval_batch_size=-1 must be >= 0"),
+    ("mesh_shape", ("abc",), "mesh_shape=('abc',) must be a tuple of integers"),
+])
+def test_validate_checks_ranges(field, value, message):
+    config = listops.get_config("runlocal")
+    config[field] = value
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        common.validate(config)
+
+
+# ----------------------------------------------------------------------------- (e)
+
+
+def test_divergence_keeps_a_usable_checkpoint_and_its_advice_works(tiny_listops_config,
+                                                                   listops_dir, tmp_path):
+    """lr=1e6: the loss at step 3 is ~1e19 (the weights after step 2 blew up), NaN next.
+    The checkpoint of step 2 holds those weights: it is deleted, step 1 is kept, and the
+    re-run with a sane learning rate continues from it past the point."""
+    def config(lr):
+        return tiny_listops_config(listops_dir, num_train_steps=10, eval_frequency=5,
+                                   checkpoint_freq=1, log_every_steps=1, warmup=1,
+                                   learning_rate=lr)
+
+    with pytest.raises(train.TrainingDiverged, match=r"at step 3 .*last good checkpoint "
+                                                     r"\(step 1\).*deleted checkpoint step\(s\)"
+                                                     r" \[2\].*lower config\.learning_rate"):
+        train.train_and_evaluate(config(1e6), str(tmp_path))
+    assert checkpoint.Checkpoints(str(tmp_path)).last_steps() == [1]
+    assert (tmp_path / train.DIVERGED_FILE).exists()
+    results = train.train_and_evaluate(config(0.05), str(tmp_path))
+    losses = [h["loss"] for h in results["train_history"] if h["step"] >= 2]
+    assert results["train_history"][-1]["step"] == 10 and np.all(np.isfinite(losses))
+    assert max(losses) < 10 and np.isfinite(results["test_loss"])
+    assert not (tmp_path / train.DIVERGED_FILE).exists()
+    assert results["config"]["learning_rate"] == 0.05
+    # Without a divergence, the learning rate of a run is fixed.
+    with pytest.raises(ConfigError, match="learning_rate=0.05.*learning_rate=0.01"):
+        train.train_and_evaluate(config(0.01), str(tmp_path))
+
+
+# ------------------------------------------------------------ (f) one-line errors
+
+
+def test_non_utf8_byte_is_reported_with_file_and_line(tiny_listops_config, listops_dir,
+                                                      tmp_path):
+    data = _copy_data(listops_dir, tmp_path / "data",
+                      edit=("val", 3, b"( [MAX 1 \xff 2 ] )\t2"))
+    with pytest.raises(DataError, match=r"basic_val.tsv:4: byte 0xff is not UTF-8"):
+        train.train_and_evaluate(tiny_listops_config(data), str(tmp_path / "w"))
+    assert not os.path.exists(tmp_path / "w" / "checkpoints")
+
+
+@pytest.mark.skipif(IS_ROOT, reason="root reads files without read permission")
+def test_unreadable_file_is_reported(tiny_listops_config, listops_dir, tmp_path):
+    data = _copy_data(listops_dir, tmp_path / "data")
+    os.chmod(os.path.join(data, "basic_test.tsv"), 0)
+    with pytest.raises(DataError, match=r"cannot read .*basic_test.tsv: Permission denied"):
+        train.train_and_evaluate(tiny_listops_config(data), str(tmp_path / "w"))
+
+
+def test_training_split_smaller_than_a_batch(tiny_listops_config, listops_dir, tmp_path):
+    data = _copy_data(listops_dir, tmp_path / "data")
+    path = os.path.join(data, "basic_train.tsv")
+    lines = open(path).read().splitlines()
+    open(path, "w").write("\n".join(lines[:5]) + "\n")  # header + 4 rows; batch is 8
+    with pytest.raises(DataError, match=r"training split has 4 examples, fewer than one "
+                                        r"batch \(8\)"):
+        train.train_and_evaluate(tiny_listops_config(data), str(tmp_path / "w"))
+
+
+def test_data_dir_that_is_a_file(tiny_listops_config, listops_dir, tmp_path):
+    path = os.path.join(listops_dir, "basic_train.tsv")
+    with pytest.raises(DataError, match=r"data_dir=.*basic_train.tsv is a file, not a folder"):
+        train.train_and_evaluate(tiny_listops_config(path), str(tmp_path / "w"))
+
+
+def test_workdir_that_is_a_file_or_empty(tiny_listops_config, listops_dir, tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="--workdir=.*file is a file, not a folder"):
+        train.train_and_evaluate(tiny_listops_config(listops_dir), str(tmp_path / "file"))
+    with pytest.raises(ConfigError, match="--workdir is empty"):
+        train.train_and_evaluate(tiny_listops_config(listops_dir), "")
+
+
+@pytest.mark.skipif(IS_ROOT, reason="root writes into read-only folders")
+def test_read_only_workdir(tiny_listops_config, listops_dir, tmp_path):
+    os.makedirs(tmp_path / "ro")
+    os.chmod(tmp_path / "ro", 0o555)
+    with pytest.raises(ConfigError, match="is not writable"):
+        train.train_and_evaluate(tiny_listops_config(listops_dir), str(tmp_path / "ro"))
+
+
+def test_disk_full_while_saving_is_one_line(tiny_listops_config, listops_dir, tmp_path,
+                                            monkeypatch):
+    import orbax.checkpoint as ocp
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(ocp.CheckpointManager, "save", full)
+    with pytest.raises(CheckpointError, match=r"cannot write .*step 2 to .*: No space left on "
+                                              r"device; free space"):
+        train.train_and_evaluate(tiny_listops_config(listops_dir, num_train_steps=2,
+                                                     checkpoint_freq=2), str(tmp_path))
+    assert not (tmp_path / "run.lock").exists()
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--config.mesh_shape=abc", "config.mesh_shape=('abc',) must be a tuple of integers"),
+    ("--config.num_heads=0", "config.num_heads must be positive"),
+    ("--config.eval_batch_size=-1", "config.eval_batch_size=-1 must be >= 0"),
+])
+def test_launch_reports_bad_values_in_one_line(listops_dir, tmp_path, flag, message):
+    code, out, err = _launch(tmp_path / "w", "--config=configs/listops.py:runlocal",
+                             f"--config.data_dir={listops_dir}", flag)
+    _assert_one_line(code, err, message)
+
+
+def test_launch_reports_an_empty_workdir_and_a_data_dir_file(listops_dir, tmp_path):
+    code, out, err = _launch("", "--config=configs/listops.py:runlocal",
+                             f"--config.data_dir={listops_dir}")
+    _assert_one_line(code, err, "--workdir is empty")
+    code, out, err = _launch(tmp_path / "w", "--config=configs/listops.py:runlocal",
+                             f"--config.data_dir={listops_dir}/basic_val.tsv")
+    _assert_one_line(code, err, "is a file, not a folder")
