@@ -378,14 +378,13 @@ class _Canvas:
             if not len(free):
                 return None
             tail = tuple(int(v) for v in free[rs.randint(low=0, high=len(free))])
-            head = _step(tail, angle, s.paddle_length)
-            pivot = _step(head, _opposite(angle), s.paddle_length + self.margin)
-            if self.inside(head) and self.inside(pivot):
+            snake = self._start(tail, angle)
+            if snake is not None:
                 break
         else:
             return None
-        mask = self.draw(tail, angle, contrast, target)
-        return {"pivot": pivot, "angle": angle, "mask": mask, "origin": tail, "tip": tail}
+        snake["mask"] = self.draw(tail, angle, contrast, target)
+        return snake
 
     def second_seed(self, rs: np.random.RandomState, first: dict, contrast: float,
                     target: np.ndarray) -> dict | None:
@@ -396,14 +395,21 @@ class _Canvas:
             where = rs.randint(0, 360) * np.pi / 180
             tail = (int(np.round(first["origin"][0] + s.seed_distance * np.sin(where))),
                     int(np.round(first["origin"][1] + s.seed_distance * np.cos(where))))
-            head = _step(tail, angle, s.paddle_length)
-            pivot = _step(head, _opposite(angle), s.paddle_length + self.margin)
-            if self.inside(head) and self.inside(pivot):
+            snake = self._start(tail, angle)
+            if snake is not None:
                 break
         else:
             return None
-        mask = self.draw(tail, angle, contrast, target)
-        return {"pivot": pivot, "angle": angle, "mask": mask, "origin": tail, "tip": tail}
+        snake["mask"] = self.draw(tail, angle, contrast, target)
+        return snake
+
+    def _start(self, tail, angle: float) -> dict | None:
+        """A contour's first paddle from `tail`, if its head and pivot are in the image."""
+        head = _step(tail, angle, self.s.paddle_length)
+        pivot = _step(head, _opposite(angle), self.s.paddle_length + self.margin)
+        if not (self.inside(head) and self.inside(pivot)):
+            return None
+        return {"pivot": pivot, "angle": angle, "origin": tail, "tip": tail}
 
 
 def _pick(rs: np.random.RandomState, values: tuple):
