@@ -97,7 +97,45 @@ def base_config(*, task: str, model: str) -> ml_collections.ConfigDict:
     c.pooling = "CLS"
     c.pos_emb = "learned"
     c.causal = False
+
+    # Objective (models/pretrain.py): classify, or self-pretraining on the task's own
+    # training inputs, mlm (masked tokens) or causal_lm (next token; causal=True). The
+    # `pretrain` config argument sets them with the paper's masking ratio per task.
+    c.objective = "classify"
+    c.mask_ratio = PRETRAIN_MASK_RATIO.get(task, 0.15)  # of the real tokens (mlm)
+    # Per-token loss when pretraining: xent (over the vocabulary) or, for pixel tasks, l1
+    # on the intensity scaled to [0, 1] (the paper's default for pixels).
+    c.lm_loss = "l1" if task in PIXEL_TASKS else "xent"
+    # Workdir of an earlier run (e.g. a pretraining run) whose embeddings and encoder this
+    # run starts from (its best checkpoint, else its last); the head starts fresh.
+    c.init_from = ""
     return c
+
+
+# Amos, Berant and Gupta (ICLR 2024), masking ratio of their self-pretraining per task.
+PRETRAIN_MASK_RATIO = {"listops": 0.10, "text": 0.15, "retrieval": 0.15, "image": 0.5,
+                       "pathfinder": 0.5, "pathx": 0.5}
+# Tasks whose tokens are pixel intensities 0..255 (where lm_loss='l1' makes sense).
+PIXEL_TASKS = ("image", "pathfinder", "pathx")
+
+
+def apply_objective_args(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> None:
+    """The `pretrain` and `causal` config arguments, shared by every task config.
+
+    `causal`: a causal encoder (models that support it), pooled by MEAN, since a causal
+    CLS token (position 0) would see only itself.
+    `pretrain`: self-pretraining on the task's own training inputs: masked-token
+    prediction (mlm) at the task's masking ratio, or next-token prediction (causal_lm)
+    with `causal`; the best weights are those of the lowest validation loss. Steps,
+    schedule and model stay the task config's, so that the fine-tuning run
+    (`--config.init_from=<this workdir>`, same arguments without `pretrain`) matches in
+    size."""
+    if arg.causal:
+        c.causal = True
+        if c.pooling == "CLS":
+            c.pooling = "MEAN"
+    if arg.pretrain:
+        c.objective = "causal_lm" if c.causal else "mlm"
 
 
 def _resolve_block(model: str) -> dict[str, Any]:
@@ -193,8 +231,40 @@ def validate(config: ml_collections.ConfigDict) -> None:
             or not all(isinstance(s, int) and not isinstance(s, bool) for s in shape)):
         raise ConfigError(f"config.mesh_shape={shape!r} must be a tuple of integers, e.g. "
                           "'(-1,1)' or '(2,4)'")
+    _validate_objective(config)
     if config.emb_dim % config.num_heads or config.qkv_dim % config.num_heads:
         raise ConfigError(
             f"config.emb_dim ({config.emb_dim}) and config.qkv_dim ({config.qkv_dim}) must be "
             f"divisible by config.num_heads ({config.num_heads})"
         )
+
+
+OBJECTIVES = ("classify", "mlm", "causal_lm")
+LM_LOSSES = ("xent", "l1")
+
+
+def _validate_objective(config: ml_collections.ConfigDict) -> None:
+    objective = config.get("objective", "classify")
+    if objective not in OBJECTIVES:
+        raise ConfigError(f"config.objective={objective!r}; choose one of {OBJECTIVES}")
+    if objective == "classify":
+        return
+    if objective == "mlm" and config.causal:
+        raise ConfigError("config.objective='mlm' is bidirectional masked-token prediction, "
+                          "but config.causal=True; use the config arguments 'pretrain,causal' "
+                          "(or --config.objective=causal_lm) for next-token prediction")
+    if objective == "causal_lm" and not config.causal:
+        raise ConfigError("config.objective='causal_lm' predicts the next token and needs "
+                          "config.causal=True; use the config arguments 'pretrain,causal'")
+    if config.causal and config.pooling == "CLS":
+        raise ConfigError("pretraining with config.causal=True and config.pooling='CLS': a "
+                          "causal CLS token (position 0) sees only itself, so the fine-tuned "
+                          "classifier could not use it; set --config.pooling=MEAN (the "
+                          "'causal' config argument does)")
+    if config.lm_loss not in LM_LOSSES:
+        raise ConfigError(f"config.lm_loss={config.lm_loss!r}; choose one of {LM_LOSSES}")
+    if config.lm_loss == "l1" and config.task not in PIXEL_TASKS:
+        raise ConfigError(f"config.lm_loss='l1' regresses pixel intensities; task "
+                          f"{config.task!r} has symbolic tokens: use lm_loss='xent'")
+    if objective == "mlm":
+        _check_range(config, "mask_ratio", 0.0, 1.0, low_open=True, high_open=False)

@@ -26,7 +26,8 @@ EPOCH_STEPS = 45_000 // 256
 
 
 def get_config(arg: str | None = None):
-    arg = common.parse_arg(arg, model="transformer", runlocal=False, mini=False)
+    arg = common.parse_arg(arg, model="transformer", runlocal=False, mini=False,
+                           pretrain=False, causal=False)
     c = common.base_config(task="image", model=arg.model)
     c.task_options.validation = "holdout"
     c.max_length = 1024
@@ -46,4 +47,5 @@ def get_config(arg: str | None = None):
     if arg.runlocal:
         common.apply_runlocal(c)
         c.emb_dim, c.num_heads, c.num_layers, c.qkv_dim, c.mlp_dim = 32, 2, 1, 32, 64
+    common.apply_objective_args(c, arg)
     return common.finalize(c)

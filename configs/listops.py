@@ -28,7 +28,8 @@ from configs import common
 
 
 def get_config(arg: str | None = None):
-    arg = common.parse_arg(arg, model="transformer", runlocal=False, mini=False)
+    arg = common.parse_arg(arg, model="transformer", runlocal=False, mini=False,
+                           pretrain=False, causal=False)
     c = common.base_config(task="listops", model=arg.model)
     # Keep ']' as a token (LRA's alphanumeric tokenizer silently dropped it; set True to
     # reproduce LRA's inputs exactly).
@@ -51,4 +52,5 @@ def get_config(arg: str | None = None):
         c.max_length = 128
         common.apply_runlocal(c)
         c.emb_dim, c.num_heads, c.num_layers, c.qkv_dim, c.mlp_dim = 32, 2, 1, 32, 64
+    common.apply_objective_args(c, arg)
     return common.finalize(c)

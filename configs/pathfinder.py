@@ -39,7 +39,8 @@ EPOCH_STEPS = 160_000 // 512
 
 
 def get_config(arg: str | None = None):
-    arg = common.parse_arg(arg, model="transformer", runlocal=False, mini=False)
+    arg = common.parse_arg(arg, model="transformer", runlocal=False, mini=False,
+                           pretrain=False, causal=False)
     c = common.base_config(task="pathfinder", model=arg.model)
     c.task_options.resolution = 32
     c.task_options.difficulty = "hard"
@@ -62,4 +63,5 @@ def get_config(arg: str | None = None):
     if arg.runlocal:
         common.apply_runlocal(c)
         c.emb_dim, c.num_heads, c.num_layers, c.qkv_dim, c.mlp_dim = 32, 2, 1, 16, 32
+    common.apply_objective_args(c, arg)
     return common.finalize(c)

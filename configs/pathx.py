@@ -28,7 +28,8 @@ EPOCH_STEPS = 160_000 // 64
 
 
 def get_config(arg: str | None = None):
-    arg = common.parse_arg(arg, model="transformer", runlocal=False, mini=False)
+    arg = common.parse_arg(arg, model="transformer", runlocal=False, mini=False,
+                           pretrain=False, causal=False)
     c = common.base_config(task="pathx", model=arg.model)
     c.task_options.resolution = 128
     c.task_options.difficulty = "hard"
@@ -56,4 +57,5 @@ def get_config(arg: str | None = None):
         c.task_options.resolution = 32
         c.max_length = 32 * 32
         common.apply_runlocal(c)
+    common.apply_objective_args(c, arg)
     return common.finalize(c)

@@ -21,7 +21,8 @@ from configs import common
 
 
 def get_config(arg: str | None = None):
-    arg = common.parse_arg(arg, model="transformer", runlocal=False, mini=False)
+    arg = common.parse_arg(arg, model="transformer", runlocal=False, mini=False,
+                           pretrain=False, causal=False)
     c = common.base_config(task="retrieval", model=arg.model)
     c.max_length = 4000
     c.batch_size = 32
@@ -38,4 +39,5 @@ def get_config(arg: str | None = None):
         c.max_length = 128
         common.apply_runlocal(c)
         c.emb_dim, c.num_heads, c.num_layers, c.qkv_dim, c.mlp_dim = 32, 2, 1, 32, 64
+    common.apply_objective_args(c, arg)
     return common.finalize(c)

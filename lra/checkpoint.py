@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import os
 import socket
 import uuid
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from lra.errors import CheckpointError, ConfigError, WorkdirBusy
@@ -160,6 +162,27 @@ class Checkpoints:
         restored = self._best.restore(step, args=ocp.args.Composite(
             weights=ocp.args.StandardRestore(abstract(template)), info=ocp.args.JsonRestore()))
         return restored["weights"], restored["info"]
+
+    def restore_params(self, step: int, kind: str) -> Any:
+        """The `params` of a best (`kind='best'`) or last checkpoint as nested dicts of
+        numpy arrays, read without a template: another run's weights (config.init_from),
+        whatever model that run built."""
+        folder, item = (self.best_dir, "weights") if kind == "best" else (self.last_dir, "state")
+        path = os.path.join(folder, str(step), item)
+        checkpointer = ocp.PyTreeCheckpointer()
+        quiet = logging.getLogger("absl")  # orbax warns that a per-item file is absent
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)
+        try:
+            tree = checkpointer.metadata(path).item_metadata
+            tree = getattr(tree, "tree", tree)
+            # As numpy: the arrays' saved shardings need not fit this run's devices.
+            as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+            restored = checkpointer.restore(path, args=ocp.args.PyTreeRestore(
+                restore_args=as_numpy))
+        finally:
+            quiet.setLevel(level)
+        return restored["params"]
 
     def close(self) -> None:
         for manager in self._managers.values():

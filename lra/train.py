@@ -31,10 +31,12 @@ from jax.sharding import PartitionSpec as P
 
 import lra.tasks
 from configs import common
-from lra import checkpoint, input_pipeline, sharding
+from lra import checkpoint, init_from, input_pipeline, sharding
 from lra.errors import CheckpointError, ConfigError, DataError, UserError, WorkdirBusy
 from models import registry
 from models.encoder import Classifier, DualClassifier
+from lra.objectives import add_eval_masks, make_steps
+from models.pretrain import TokenPredictor
 
 # Resuming (re-running a workdir): every config field must be as the run has it, except
 # these, which change neither the model, the data order nor the optimisation:
@@ -187,9 +189,17 @@ def make_optimizer(config: ml_collections.ConfigDict,
 
 
 def build_model(config: ml_collections.ConfigDict, task: lra.tasks.Task) -> Classifier:
-    model_class = DualClassifier if task.dual_input else Classifier
+    """The classifier, or for a pretraining objective (mlm, causal_lm) the same encoder
+    with a per-position head (models/pretrain.py); retrieval's two documents go through
+    that one encoder in turn."""
+    if config.objective != "classify":
+        model_class, head = TokenPredictor, {"objective": config.objective,
+                                              "lm_loss": config.lm_loss}
+    else:
+        model_class = DualClassifier if task.dual_input else Classifier
+        head = {"num_classes": task.num_classes}
     return model_class(
-        vocab_size=task.vocab_size, num_classes=task.num_classes, max_len=config.max_length,
+        vocab_size=task.vocab_size, **head, max_len=config.max_length,
         model=config.model, model_hparams=config.model_hparams.to_dict(),
         emb_dim=config.emb_dim, num_heads=config.num_heads, num_layers=config.num_layers,
         qkv_dim=config.qkv_dim, mlp_dim=config.mlp_dim, dropout_rate=config.dropout_rate,
@@ -199,73 +209,6 @@ def build_model(config: ml_collections.ConfigDict, task: lra.tasks.Task) -> Clas
         block=config.block.to_dict() if "block" in config else None,
         rngs=nnx.Rngs(params=config.random_seed, dropout=config.random_seed + 1),
     )
-
-
-def _aux_loss(model: nnx.Module) -> jax.Array:
-    """Sum of every `aux_loss` a mixer sowed (adaptive span L1, commitment, ponder cost)."""
-    sown = nnx.pop(model, nnx.Intermediate)
-    total = jnp.float32(0.0)
-    for path, value in jax.tree_util.tree_leaves_with_path(sown):
-        if any(getattr(k, "key", None) == "aux_loss" for k in path):
-            total += jnp.sum(value)
-    return total
-
-
-def _cross_entropy(logits_BxC, targets_B, num_classes):
-    logp_BxC = jax.nn.log_softmax(logits_BxC.astype(jnp.float32))
-    return -jnp.sum(jax.nn.one_hot(targets_B, num_classes) * logp_BxC, axis=-1)
-
-
-def _apply(model: Classifier, batch: dict, deterministic: bool) -> jax.Array:
-    """Logits of a batch; dual-input tasks (retrieval) also pass `inputs2`/`mask2`."""
-    if "inputs2" in batch:
-        return model(batch["inputs"], batch["mask"], batch["inputs2"], batch["mask2"],
-                     deterministic=deterministic)
-    return model(batch["inputs"], batch["mask"], deterministic=deterministic)
-
-
-def make_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
-               schedule: optax.Schedule, num_classes: int):
-    """The pure train and eval step functions (jitted by the caller)."""
-
-    def train_step(state, batch):
-        model = nnx.merge(graphdef, state["params"], state["rest"])
-
-        def loss_fn(model):
-            logits = _apply(model, batch, deterministic=False)
-            aux = _aux_loss(model)
-            ce = jnp.mean(_cross_entropy(logits, batch["targets"], num_classes))
-            return ce + aux, (ce, aux, logits)
-
-        # nnx.grad (not jax.grad): it carries the model's non-Param updates (dropout RNG
-        # counters) out of the differentiated function.
-        grad_fn = nnx.grad(loss_fn, argnums=nnx.DiffState(0, nnx.Param), has_aux=True)
-        grads, (ce, aux, logits) = grad_fn(model)
-        new_rest = nnx.state(model, nnx.Not(nnx.Param))
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        params = optax.apply_updates(state["params"], updates)
-        metrics = {
-            "loss": ce,
-            "aux_loss": aux,
-            "accuracy": jnp.mean(jnp.argmax(logits, -1) == batch["targets"]),
-            "grad_norm": optax.global_norm(grads),
-            "learning_rate": schedule(state["step"]),  # the rate this step used
-        }
-        new_state = {"step": state["step"] + 1, "params": params, "rest": new_rest,
-                     "opt_state": opt_state}
-        return new_state, metrics
-
-    def eval_step(weights, batch):
-        model = nnx.merge(graphdef, weights["params"], weights["rest"])
-        logits = _apply(model, batch, deterministic=True)
-        w = batch["weights"]
-        return {
-            "loss_sum": jnp.sum(w * _cross_entropy(logits, batch["targets"], num_classes)),
-            "correct": jnp.sum(w * (jnp.argmax(logits, -1) == batch["targets"])),
-            "count": jnp.sum(w),
-        }
-
-    return train_step, eval_step
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -448,7 +391,9 @@ def results_table(results: dict) -> str:
     """A one-row markdown table of a run's results."""
     header = ("| task | model | params | steps | best val acc | test acc | majority baseline "
               "| steps/s |\n|---|---|---|---|---|---|---|---|")
-    row = (f"| {results['task']} | {results['model']} | {results['num_params']:,} "
+    objective = results.get("objective", "classify")
+    model = results["model"] + ("" if objective == "classify" else f" ({objective})")
+    row = (f"| {results['task']} | {model} | {results['num_params']:,} "
            f"| {results['steps']} | {results['best_eval_accuracy']:.4f} "
            f"| {results['test_accuracy']:.4f} | {results['majority_baseline_accuracy']:.4f} "
            f"| {results['train_steps_per_sec']:.2f} |")
@@ -550,7 +495,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     # 1. Everything the user can get wrong is checked before anything is written.
     common.validate(config)
     task = lra.tasks.get(config.task)
-    registry.capabilities(config.model)  # unknown model -> error listing the available ones
+    caps = registry.capabilities(config.model)  # unknown model -> error listing them
+    if config.causal and not caps.causal:
+        causal = [m for m in registry.available() if registry.capabilities(m).causal]
+        raise ConfigError(f"model {config.model!r} is not causal (it cannot hide later "
+                          f"positions), so config.causal=True"
+                          f"{' (objective causal_lm)' if config.objective == 'causal_lm' else ''}"
+                          f" is impossible; causal models: {', '.join(causal)}")
     sharding.validate(config, config.num_heads)
     lock = _lock_workdir(workdir)
     try:
@@ -567,11 +518,17 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
     unreadable, resume_step, resume_loop = _resume_point(ckpts, config, workdir, diverged)
     if ckpts.last_steps() and resume_step is None:
         raise _unrestorable(ckpts, unreadable)
+    # The run to start from (config.init_from), checked before anything is compiled; a
+    # resumed run has its weights in its own checkpoint already.
+    source = init_from.find_source(config) if config.init_from and resume_step is None else None
     preemption_sync = _preemption_sync_point(resume_step or 0)
     data = _load_data(config, task)
     fingerprint = data_fingerprint(data)
     if resume_step is not None:
         _check_same_data(resume_loop.get("data_fingerprint"), data, config, workdir)
+    if config.objective == "mlm":
+        add_eval_masks(data, config)
+    pretraining = config.objective != "classify"
     schedule = learning_rate_schedule(config)
     tx = make_optimizer(config, schedule)
 
@@ -608,7 +565,8 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
     train_iter = input_pipeline.train_iterator(
         data["train"], global_batch_size=config.batch_size, seed=config.random_seed,
         rows=input_pipeline.process_rows(batch_sharding, config.batch_size))
-    loop = {"best_eval_accuracy": -1.0, "best_step": -1, "eval_history": [],
+    loop = {"best_eval_accuracy": -1.0, "best_eval_loss": None, "best_step": -1,
+            "eval_history": [],
             "train_history": [], "train_seconds": 0.0, "timed_steps": 0,
             "config": config.to_dict(), "data_fingerprint": fingerprint}
     restored_step = None
@@ -652,7 +610,10 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         _log(f"Resumed from {ckpts.directory}/last at step {int(state['step'])}.")
     start_step = int(state["step"])
 
-    train_step, eval_step = make_steps(graphdef, tx, schedule, task.num_classes)
+    if restored_step is None and config.init_from:
+        state["params"] = init_from.load_encoder(config, state["params"], source)
+    train_step, eval_step = make_steps(graphdef, tx, schedule, task.num_classes, config,
+                                       task.vocab_size)
     activation_rules = sharding.activation_rules(config.sharding)
 
     def in_mesh(jitted):
@@ -692,8 +653,11 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
             sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
         sums = jax.device_get(sums)
         count = max(float(sums["count"]), 1.0)
-        return {"accuracy": float(sums["correct"]) / count,
-                "loss": float(sums["loss_sum"]) / count}
+        out = {"accuracy": float(sums["correct"]) / count,
+               "loss": float(sums["loss_sum"]) / count}
+        if config.objective == "causal_lm" and config.lm_loss == "xent":
+            out["bits_per_token"] = out["loss"] / math.log(2)
+        return out
 
     def weights_of(s):
         return {"params": s["params"], "rest": s["rest"]}
@@ -727,9 +691,13 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
 
     pending: list[tuple[int, dict]] = []  # per-step metrics not yet fetched from the device
     clock, steps_since_clock, first_step_of_segment = time.perf_counter(), 0, True
-    _log(f"Training {config.model} on {config.task}: {num_params:,} parameters, "
+    what = "" if not pretraining else f" (pretraining: {config.objective}, {config.lm_loss})"
+    _log(f"Training {config.model} on {config.task}{what}: {num_params:,} parameters, "
          f"steps {start_step}..{config.num_train_steps}, {jax.device_count()} device(s).")
-    loss_limit = EXPLODED_LOSS_FACTOR * max(1.0, math.log(task.num_classes))
+    # A fresh model's loss: ln(classes), ln(vocabulary) for token prediction, under 1 for L1.
+    loss_scale = (task.num_classes if not pretraining
+                  else task.vocab_size if config.lm_loss == "xent" else 1)
+    loss_limit = EXPLODED_LOSS_FACTOR * max(1.0, math.log(loss_scale))
 
     def stop_diverged(step: int, loss: float) -> None:
         """The weights after step-1 updates gave a diverged loss at `step`: every
@@ -803,16 +771,24 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
             if do_eval:
                 result = evaluate(weights_of(state), "val", config.num_eval_steps)
                 loop["eval_history"].append({"step": step, **result})
+                bits = (f" | val bits/token {result['bits_per_token']:.4f}"
+                        if "bits_per_token" in result else "")
                 _log(f"eval  {step:>6} | val loss {result['loss']:.4f} "
-                     f"| val acc {result['accuracy']:.4f}")
+                     f"| val acc {result['accuracy']:.4f}{bits}")
                 if writer:
                     writer.add_scalar("eval/accuracy", result["accuracy"], step)
                     writer.add_scalar("eval/loss", result["loss"], step)
                     writer.flush()
-                if result["accuracy"] > loop["best_eval_accuracy"]:
+                # Classification keeps the most accurate weights; pretraining the lowest
+                # validation loss (accuracy of masked tokens says little about L1 pixels).
+                best_loss = loop.get("best_eval_loss")
+                if (result["loss"] < best_loss if pretraining and best_loss is not None
+                        else result["accuracy"] > loop["best_eval_accuracy"]):
                     loop["best_eval_accuracy"], loop["best_step"] = result["accuracy"], step
+                    loop["best_eval_loss"] = result["loss"]
                     ckpts.save_best(step, weights_of(state),
-                                    {"step": step, "eval_accuracy": result["accuracy"]})
+                                    {"step": step, "eval_accuracy": result["accuracy"],
+                                     "eval_loss": result["loss"]})
             if do_save:
                 save_last(state, step)
                 clock = time.perf_counter()  # evaluation and saving are not training time
@@ -832,19 +808,31 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         weights_of(state), loop["best_step"] if loop["best_step"] >= 0 else None)
     test = evaluate(best_weights, "test")
     ckpts.close()
-    train_targets = data["train"]["targets"]
-    majority = int(np.bincount(train_targets, minlength=task.num_classes).argmax())
+    if pretraining:
+        # The most frequent training token's share of the test tokens: what predicting
+        # one token everywhere would score.
+        majority = int(np.bincount(data["train"]["inputs"][data["train"]["mask"]],
+                                   minlength=task.vocab_size).argmax())
+        test_tokens = data["test"]["inputs"][data["test"]["mask"]]
+    else:
+        majority = int(np.bincount(data["train"]["targets"],
+                                   minlength=task.num_classes).argmax())
+        test_tokens = data["test"]["targets"]
     results = {
         "task": config.task,
         "model": config.model,
+        "objective": config.objective,
+        "init_from": config.init_from or None,
         "num_params": int(num_params),
         "steps": int(config.num_train_steps),
         "best_eval_accuracy": loop["best_eval_accuracy"],
         "best_step": best_info["step"],
         "test_accuracy": test["accuracy"],
         "test_loss": test["loss"],
+        "best_eval_loss": loop.get("best_eval_loss"),
+        "test_bits_per_token": test.get("bits_per_token"),
         "majority_class": majority,
-        "majority_baseline_accuracy": float(np.mean(data["test"]["targets"] == majority)),
+        "majority_baseline_accuracy": float(np.mean(test_tokens == majority)),
         "train_steps_per_sec": (loop["timed_steps"] / loop["train_seconds"]
                                 if loop["train_seconds"] else 0.0),
         "eval_history": loop["eval_history"],

@@ -42,8 +42,17 @@ class Embeddings(nnx.Module):
                          if pos_emb == "learned" else None)
         self.dropout = nnx.Dropout(dropout_rate, rngs=rngs)
 
-    def __call__(self, inputs_BxL: jax.Array, *, deterministic: bool) -> jax.Array:
+    def __call__(self, inputs_BxL: jax.Array, *, deterministic: bool,
+                 masked_BxL: jax.Array | None = None,
+                 mask_vector_D: jax.Array | None = None) -> jax.Array:
         x_BxLxD = self.token(inputs_BxL)
+        if masked_BxL is not None:
+            # Masked-token pretraining: the token's embedding is replaced by one learned
+            # [MASK] vector (positions are still added), as BERT's [MASK] id would be. A
+            # vector, not an extra vocabulary id, so that the token table has the same
+            # shape in pretraining and fine-tuning (models/pretrain.py).
+            x_BxLxD = jnp.where(masked_BxL[..., None], mask_vector_D.astype(x_BxLxD.dtype),
+                                x_BxLxD)
         if self.cls is not None:
             cls_Bx1xD = jnp.broadcast_to(self.cls[...], (x_BxLxD.shape[0], 1, x_BxLxD.shape[2]))
             x_BxLxD = jnp.concatenate([cls_Bx1xD, x_BxLxD], axis=1)
@@ -96,7 +105,10 @@ class Encoder(nnx.Module):
         self.norm = layers.layer_norm(emb_dim, rngs=rngs)
 
     def __call__(self, inputs_BxL: jax.Array, mask_BxL: jax.Array | None = None, *,
-                 deterministic: bool) -> tuple[jax.Array, jax.Array]:
+                 deterministic: bool, masked_BxL: jax.Array | None = None,
+                 mask_vector_D: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+        """`masked_BxL` (content positions, True = hidden) replaces those tokens by
+        `mask_vector_D` before the stack: masked-token pretraining."""
         if inputs_BxL.ndim != 2:
             raise ValueError(f"inputs must be [batch, length], got shape {inputs_BxL.shape}")
         batch, length = inputs_BxL.shape
@@ -108,7 +120,8 @@ class Encoder(nnx.Module):
         mask_BxL = mask_BxL.astype(jnp.bool_)
         if self.cls_token:
             mask_BxL = jnp.concatenate([jnp.ones((batch, 1), jnp.bool_), mask_BxL], axis=1)
-        x_BxLxD = self.embeddings(inputs_BxL, deterministic=deterministic)
+        x_BxLxD = self.embeddings(inputs_BxL, deterministic=deterministic,
+                                  masked_BxL=masked_BxL, mask_vector_D=mask_vector_D)
         x_BxLxD = self.stack(x_BxLxD, mask_BxL, deterministic=deterministic)
         return self.norm(x_BxLxD), mask_BxL
 

@@ -1,0 +1,127 @@
+"""`config.init_from`: start a run from an earlier run's embeddings and encoder.
+
+The earlier run is usually a self-pretraining run (`configs/<task>.py:pretrain`), whose
+model (models/pretrain.py) has the classifier's `encoder/...` with the same names and
+shapes. Its best weights are used (lowest validation loss for pretraining, best accuracy
+for a classifier), else its last state. Only parameters under `encoder/` are copied; the
+classifier head starts as initialised. Everything a user can point at wrongly (a missing
+folder, no checkpoints, another model, other sizes or architecture) is one ConfigError
+line, raised before anything is compiled where the config says enough.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import jax
+import numpy as np
+
+from lra import checkpoint
+from lra.errors import ConfigError
+
+
+def _log(msg: str) -> None:
+    if jax.process_index() == 0:
+        print(msg, flush=True)
+
+
+def _warn(msg: str) -> None:
+    if jax.process_index() == 0:
+        print(f"warning: {msg}", file=sys.stderr, flush=True)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return list(a) == list(b)
+    return a == b
+
+
+# Fields of the earlier run that must equal this config's for its encoder to be loaded;
+# a difference is named in one line (shapes alone would name a parameter, not the cause).
+INIT_FROM_SAME_FIELDS = ("model", "emb_dim", "num_heads", "num_layers", "qkv_dim", "mlp_dim",
+                         "pos_emb")
+
+
+def find_source(config) -> tuple[checkpoint.Checkpoints, int, str]:
+    """(checkpoints, step, 'best'|'last') of the run config.init_from names: its best
+    weights, else its last state. A missing folder, a folder without checkpoints, a run of
+    another model or other sizes: ConfigError."""
+    path = config.init_from
+    where = f"config.init_from={path}"
+    if not os.path.isdir(path):
+        raise ConfigError(f"{where}: no such folder; give the --workdir of an earlier run "
+                          "(e.g. a pretraining run: --config=configs/<task>.py:pretrain)")
+    ckpts = checkpoint.Checkpoints(path)
+    if ckpts.best_steps():
+        step, kind = ckpts.best_steps()[-1], "best"
+    elif ckpts.last_steps():
+        step, kind = ckpts.last_steps()[0], "last"
+    else:
+        raise ConfigError(f"{where} holds no checkpoints ({ckpts.directory} is missing or "
+                          "empty); give the --workdir of a run that trained at least "
+                          "checkpoint_freq steps")
+    saved = None
+    if ckpts.last_steps():
+        try:
+            saved = ckpts.last_loop()["config"]
+        except Exception:  # noqa: BLE001  (the weights are compared below anyway)
+            saved = None
+    if saved is None and os.path.exists(os.path.join(path, "results.json")):
+        with open(os.path.join(path, "results.json")) as f:
+            saved = json.load(f).get("config")
+    if saved:
+        differ = [k for k in INIT_FROM_SAME_FIELDS
+                  if k in saved and not _same(saved[k], config[k])]
+        if differ:
+            was = ", ".join(f"{k}={saved[k]!r}" for k in differ)
+            now = ", ".join(f"{k}={config[k]!r}" for k in differ)
+            raise ConfigError(f"{where} is a run with {was}; this config has {now}; point "
+                              "config.init_from at a run of the same model and sizes")
+        if saved.get("task") != config.task:
+            _warn(f"{where} was trained on task {saved.get('task')!r}; this run is "
+                  f"{config.task!r} (its encoder is loaded all the same)")
+    return ckpts, step, kind
+
+
+def _path_str(path) -> str:
+    """'encoder/embeddings/token/embedding' (the Variable's own `value` leaf left out)."""
+    keys = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
+    return "/".join(keys[:-1] if keys and keys[-1] == "value" else keys)
+
+
+def load_encoder(config, params: Any, source: tuple[checkpoint.Checkpoints, int, str]) -> Any:
+    """`params` with every parameter under `encoder/` taken from the earlier run (the
+    embeddings and the stack); the rest (the head) stays as initialised. A parameter the
+    earlier run lacks, or holds with another shape: ConfigError naming it."""
+    ckpts, step, kind = source
+    saved = ckpts.restore_params(step, kind)
+    saved_flat = {_path_str(p): v for p, v in jax.tree_util.tree_leaves_with_path(saved)}
+    where = f"config.init_from={config.init_from} ({kind} checkpoint, step {step})"
+    loaded = 0
+
+    def take(path, target):
+        nonlocal loaded
+        name = _path_str(path)
+        if not name.startswith("encoder/"):
+            return target
+        if name not in saved_flat:
+            raise ConfigError(f"{where} has no parameter {name}; it is a run of another "
+                              "architecture (block, stack or hparams); point "
+                              "config.init_from at a run built like this one")
+        value = saved_flat[name]
+        if tuple(value.shape) != tuple(target.shape):
+            raise ConfigError(f"{where}: parameter {name} has shape {tuple(value.shape)} "
+                              f"there and {tuple(target.shape)} here; the runs differ in "
+                              "size (vocabulary, max_length, widths): use the same config")
+        loaded += 1
+        value = np.asarray(value, dtype=target.dtype)
+        # Each process fills its own shards (a multi-process run has no global device_put).
+        return jax.make_array_from_callback(value.shape, target.sharding, lambda i: value[i])
+
+    out = jax.tree_util.tree_map_with_path(take, params)
+    _log(f"Initialised {loaded} encoder parameter arrays from {where}; the head starts "
+         "fresh.")
+    return out
+

@@ -1,0 +1,209 @@
+"""What a run optimises: the jitted step functions of each objective (`config.objective`).
+
+  classify   cross-entropy of the pooled logits against the task's labels (LRA).
+  mlm        self-pretraining: config.mask_ratio of the real tokens are hidden (their
+             embeddings replaced by a learned [MASK] vector, models/pretrain.py) and
+             predicted; fresh masks every training step, one fixed mask per evaluation
+             split.
+  causal_lm  self-pretraining: next-token prediction with a causal encoder.
+Pretraining losses are per token (cross-entropy over the vocabulary, or L1 on pixel
+intensities scaled to [0, 1] with config.lm_loss='l1'), averaged over the predicted tokens;
+retrieval's two documents are both predicted. `lra.train.train_and_evaluate` runs every
+objective through the same loop (resume, preemption, divergence, multi-process).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from flax import nnx
+
+from models.encoder import Classifier
+from models.pretrain import TokenPredictor
+
+
+def aux_loss(model: nnx.Module) -> jax.Array:
+    """Sum of every `aux_loss` a mixer sowed (adaptive span L1, commitment, ponder cost)."""
+    sown = nnx.pop(model, nnx.Intermediate)
+    total = jnp.float32(0.0)
+    for path, value in jax.tree_util.tree_leaves_with_path(sown):
+        if any(getattr(k, "key", None) == "aux_loss" for k in path):
+            total += jnp.sum(value)
+    return total
+
+
+def _cross_entropy(logits_BxC, targets_B, num_classes):
+    logp_BxC = jax.nn.log_softmax(logits_BxC.astype(jnp.float32))
+    return -jnp.sum(jax.nn.one_hot(targets_B, num_classes) * logp_BxC, axis=-1)
+
+
+def _apply(model: Classifier, batch: dict, deterministic: bool) -> jax.Array:
+    """Logits of a batch; dual-input tasks (retrieval) also pass `inputs2`/`mask2`."""
+    if "inputs2" in batch:
+        return model(batch["inputs"], batch["mask"], batch["inputs2"], batch["mask2"],
+                     deterministic=deterministic)
+    return model(batch["inputs"], batch["mask"], deterministic=deterministic)
+
+
+# Added to config.random_seed for the stream that chooses the masked tokens of training
+# batches (one key per step, so a resumed run masks as an uninterrupted one).
+MASK_SEED_OFFSET = 7919
+
+
+def _token_losses(model: TokenPredictor, tokens_BxL, mask_BxL, masked_BxL, *,
+                  objective: str, lm_loss: str, vocab_size: int, deterministic: bool):
+    """Per-position (loss, correct, weight) of a pretraining objective on one document.
+    Weight 1 where a prediction counts: masked real tokens (mlm), real next tokens
+    (causal_lm: the output at t predicts token t+1)."""
+    out = model(tokens_BxL, mask_BxL, masked_BxL if objective == "mlm" else None,
+                deterministic=deterministic)
+    if objective == "mlm":
+        targets, weight = tokens_BxL, masked_BxL & mask_BxL
+    else:
+        out, targets, weight = out[:, :-1], tokens_BxL[:, 1:], mask_BxL[:, 1:]
+    if lm_loss == "l1":
+        # The pixel intensity scaled to [0, 1]; "correct" = rounds to the right intensity.
+        scale = vocab_size - 1
+        loss = jnp.abs(out - targets.astype(jnp.float32) / scale)
+        correct = jnp.round(jnp.clip(out, 0.0, 1.0) * scale).astype(targets.dtype) == targets
+    else:
+        logp = jax.nn.log_softmax(out)
+        loss = -jnp.take_along_axis(logp, targets[..., None].astype(jnp.int32), -1)[..., 0]
+        correct = jnp.argmax(out, -1) == targets
+    return loss, correct, weight.astype(jnp.float32)
+
+
+def _documents(batch: dict, masked: tuple | None = None):
+    """(tokens, padding mask, masked positions) of each document of a batch: one, or two
+    for retrieval, whose documents are both pretrained on."""
+    docs = [("inputs", "mask", "masked")]
+    if "inputs2" in batch:
+        docs.append(("inputs2", "mask2", "masked2"))
+    return [(batch[i], batch[m].astype(jnp.bool_),
+             (masked[n] if masked is not None else batch.get(k)))
+            for n, (i, m, k) in enumerate(docs)]
+
+
+def make_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
+               schedule: optax.Schedule, num_classes: int,
+               config: ml_collections.ConfigDict | None = None, vocab_size: int = 0):
+    """The pure train and eval step functions (jitted by the caller). The objective
+    (config.objective) chooses the loss: classification cross-entropy, or per-token loss
+    averaged over the positions that are predicted (pretraining)."""
+    objective = config.objective if config is not None else "classify"
+    if objective == "classify":
+        return _classify_steps(graphdef, tx, schedule, num_classes)
+    lm = dict(objective=objective, lm_loss=config.lm_loss, vocab_size=vocab_size)
+    mask_key = jax.random.key(config.random_seed + MASK_SEED_OFFSET)
+    mask_ratio = config.mask_ratio
+
+    def train_step(state, batch):
+        model = nnx.merge(graphdef, state["params"], state["rest"])
+        docs = _documents(batch)
+        masked = None
+        if objective == "mlm":
+            # Fresh masks every step (dynamic masking), from the step number.
+            keys = jax.random.split(jax.random.fold_in(mask_key, state["step"]), len(docs))
+            masked = tuple(jax.random.bernoulli(k, mask_ratio, m.shape) & m
+                           for k, (_, m, _) in zip(keys, docs))
+            docs = _documents(batch, masked)
+
+        def loss_fn(model):
+            parts = [_token_losses(model, t, m, k, deterministic=False, **lm)
+                     for t, m, k in docs]
+            loss = sum(jnp.sum(l * w) for l, _, w in parts)
+            correct = sum(jnp.sum(c * w) for _, c, w in parts)
+            count = jnp.maximum(sum(jnp.sum(w) for _, _, w in parts), 1.0)
+            aux = aux_loss(model)
+            return loss / count + aux, (loss / count, aux, correct / count)
+
+        grad_fn = nnx.grad(loss_fn, argnums=nnx.DiffState(0, nnx.Param), has_aux=True)
+        grads, (loss, aux, accuracy) = grad_fn(model)
+        new_rest = nnx.state(model, nnx.Not(nnx.Param))
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        metrics = {"loss": loss, "aux_loss": aux, "accuracy": accuracy,
+                   "grad_norm": optax.global_norm(grads),
+                   "learning_rate": schedule(state["step"])}
+        new_state = {"step": state["step"] + 1, "params": params, "rest": new_rest,
+                     "opt_state": opt_state}
+        return new_state, metrics
+
+    def eval_step(weights, batch):
+        model = nnx.merge(graphdef, weights["params"], weights["rest"])
+        row_B = batch["weights"]
+        sums = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
+        for t, m, k in _documents(batch):
+            loss, correct, w = _token_losses(model, t, m, k, deterministic=True, **lm)
+            w = w * row_B[:, None]
+            sums = {"loss_sum": sums["loss_sum"] + jnp.sum(w * loss),
+                    "correct": sums["correct"] + jnp.sum(w * correct),
+                    "count": sums["count"] + jnp.sum(w)}
+        return sums
+
+    return train_step, eval_step
+
+
+def _classify_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
+                    schedule: optax.Schedule, num_classes: int):
+    """Classification: cross-entropy of the pooled logits against the labels."""
+
+    def train_step(state, batch):
+        model = nnx.merge(graphdef, state["params"], state["rest"])
+
+        def loss_fn(model):
+            logits = _apply(model, batch, deterministic=False)
+            aux = aux_loss(model)
+            ce = jnp.mean(_cross_entropy(logits, batch["targets"], num_classes))
+            return ce + aux, (ce, aux, logits)
+
+        # nnx.grad (not jax.grad): it carries the model's non-Param updates (dropout RNG
+        # counters) out of the differentiated function.
+        grad_fn = nnx.grad(loss_fn, argnums=nnx.DiffState(0, nnx.Param), has_aux=True)
+        grads, (ce, aux, logits) = grad_fn(model)
+        new_rest = nnx.state(model, nnx.Not(nnx.Param))
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        metrics = {
+            "loss": ce,
+            "aux_loss": aux,
+            "accuracy": jnp.mean(jnp.argmax(logits, -1) == batch["targets"]),
+            "grad_norm": optax.global_norm(grads),
+            "learning_rate": schedule(state["step"]),  # the rate this step used
+        }
+        new_state = {"step": state["step"] + 1, "params": params, "rest": new_rest,
+                     "opt_state": opt_state}
+        return new_state, metrics
+
+    def eval_step(weights, batch):
+        model = nnx.merge(graphdef, weights["params"], weights["rest"])
+        logits = _apply(model, batch, deterministic=True)
+        w = batch["weights"]
+        return {
+            "loss_sum": jnp.sum(w * _cross_entropy(logits, batch["targets"], num_classes)),
+            "correct": jnp.sum(w * (jnp.argmax(logits, -1) == batch["targets"])),
+            "count": jnp.sum(w),
+        }
+
+    return train_step, eval_step
+
+
+
+
+# Added to config.random_seed for the masks of the validation and test splits (drawn once:
+# every evaluation of a run scores the same masked tokens).
+EVAL_MASK_SEED_OFFSET = 104729
+
+
+def add_eval_masks(data: dict, config) -> None:
+    """`masked` (and `masked2`) of the validation and test splits: config.mask_ratio of
+    the real tokens, fixed for the run."""
+    rng = np.random.default_rng(config.random_seed + EVAL_MASK_SEED_OFFSET)
+    for split in [s for s in ("val", "test") if s in data]:
+        for tokens, mask, key in (("inputs", "mask", "masked"), ("inputs2", "mask2", "masked2")):
+            if tokens in data[split]:
+                real = data[split][mask].astype(bool)
+                data[split][key] = (rng.random(real.shape) < config.mask_ratio) & real
+

@@ -1,0 +1,79 @@
+"""Self-pretraining models: the classifier's encoder with a per-position prediction head.
+
+Amos, Berant and Gupta ("Never Train from Scratch", ICLR 2024) pretrain on the task's own
+training inputs, then fine-tune. `TokenPredictor` is that pretraining model. Its `encoder`
+is built by `Classifier` itself (same module names, shapes and checks: causal with CLS
+pooling is refused the same way), so `config.init_from` can copy `encoder/...` into a
+classifier unchanged. What pretraining adds is outside `encoder`: the learned [MASK]
+vector and the prediction head, which a fine-tuned classifier leaves behind.
+
+Objectives (lra/train.py computes the losses):
+  mlm        masked-token prediction: the masked positions' token embeddings are replaced
+             by the [MASK] vector; the head predicts the original tokens there.
+  causal_lm  next-token prediction: the encoder is causal; the output at position t
+             predicts token t+1.
+Heads (`lm_loss`):
+  xent       logits over the vocabulary (cross-entropy)
+  l1         one value per position, the pixel intensity scaled to [0, 1] (the paper's L1
+             loss for pixel tasks)
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models import layers
+from models.encoder import Classifier
+
+OBJECTIVES = ("classify", "mlm", "causal_lm")
+PRETRAIN_OBJECTIVES = ("mlm", "causal_lm")
+LM_LOSSES = ("xent", "l1")
+
+
+class TokenPredictor(Classifier):
+    """Encoder -> per-position head (vocabulary logits, or one pixel value for `l1`).
+
+    Takes the Classifier's arguments (num_classes is not one) plus `objective` and
+    `lm_loss`. Returns float32 predictions for the content positions (the CLS slot, if
+    pooling='CLS' put one there, is dropped): BxLxV logits, or BxL values for `l1`."""
+
+    def __init__(self, *, vocab_size: int, objective: str, lm_loss: str = "xent",
+                 emb_dim: int = 512, causal: bool = False, rngs: nnx.Rngs, **kwargs: Any):
+        if objective not in PRETRAIN_OBJECTIVES:
+            raise ValueError(f"objective {objective!r} is not a pretraining objective; "
+                             f"valid: {', '.join(PRETRAIN_OBJECTIVES)}")
+        if lm_loss not in LM_LOSSES:
+            raise ValueError(f"unknown lm_loss {lm_loss!r}; valid: {', '.join(LM_LOSSES)}")
+        if objective == "causal_lm" and not causal:
+            raise ValueError("objective='causal_lm' predicts the next token and needs "
+                             "causal=True (else every position sees its target)")
+        if objective == "mlm" and causal:
+            raise ValueError("objective='mlm' is bidirectional masked-token prediction; with "
+                             "causal=True use objective='causal_lm'")
+        super().__init__(vocab_size=vocab_size, num_classes=1, emb_dim=emb_dim, causal=causal,
+                         rngs=rngs, **kwargs)
+        del self.head  # the classifier head is not part of a pretraining model
+        self.objective = objective
+        self.lm_loss = lm_loss
+        self.mask_vector = (layers.param(layers.normal(1.0), ("embed",), (emb_dim,), rngs=rngs)
+                            if objective == "mlm" else None)
+        lecun = jax.nn.initializers.lecun_normal()
+        self.lm_head = layers.dense(emb_dim, vocab_size if lm_loss == "xent" else 1,
+                                    ("embed", "vocab"), kernel_init=lecun, rngs=rngs)
+
+    def __call__(self, inputs_BxL: jax.Array, mask_BxL: jax.Array | None = None,
+                 masked_BxL: jax.Array | None = None, *,
+                 deterministic: bool) -> jax.Array:
+        if (masked_BxL is None) != (self.mask_vector is None):
+            raise ValueError("objective='mlm' needs masked_BxL (the positions to hide); "
+                             "causal_lm takes none")
+        encoded_BxLxD, _ = self.encoder(
+            inputs_BxL, mask_BxL, deterministic=deterministic, masked_BxL=masked_BxL,
+            mask_vector_D=None if self.mask_vector is None else self.mask_vector[...])
+        if self.encoder.cls_token:
+            encoded_BxLxD = encoded_BxLxD[:, 1:]
+        out_BxLxV = self.lm_head(encoded_BxLxD).astype(jnp.float32)
+        return out_BxLxV[..., 0] if self.lm_loss == "l1" else out_BxLxV
