@@ -6,8 +6,9 @@ LRA's setting (the default here): the `hard` level, batch 64, lr 1e-3 with
 Pathfinder's 200 epochs of 160k images at batch 64 (500,000 steps). Every LRA model failed
 Path-X (chance accuracy).
 
-  python -m lra.tasks.pathfinder --output_dir=data/pathfinder --resolution=128 \
+  python -m lra.tasks.pathfinder --output_dir=data/pathx --resolution=128 \
       --difficulty=hard --num_images=200000 --workers=2
+  # or LRA's own images: python -m lra.download pathx  (data/pathx/pathfinder128/)
   python launch.py --config=configs/pathx.py:model=transformer \
       --workdir=workdirs/pathx/transformer
 

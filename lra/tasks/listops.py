@@ -45,8 +45,8 @@ HEADER = "Source\tTarget"
 Tree = Union[int, str, tuple]
 
 HOW_TO_GET_DATA = (
-    "generate it with `python -m lra.tasks.listops --output_dir=<dir>` or download LRA's "
-    "release (lra_release.gz from the LRA GitHub page, folder lra_release/listops-1000), "
+    "generate it with `python -m lra.tasks.listops --output_dir=<dir>` or unpack LRA's "
+    "release files with `python -m lra.download listops --data_dir=data` (data/listops), "
     "then set --config.data_dir=<dir>"
 )
 

@@ -52,9 +52,8 @@ NPY_MAGIC = b"\x93NUMPY"
 INK = 64  # gray level above which a pixel counts as ink in the statistics
 HOW_TO_GET_DATA = (
     "generate it with `python -m lra.tasks.pathfinder --output_dir=<dir> --resolution=<32|128> "
-    "--difficulty=hard` or download LRA's release (lra_release.gz from the LRA GitHub page; "
-    "it holds pathfinder32/64/128/256), then set --config.data_dir=<dir> (the folder holding "
-    "pathfinder<res>/)"
+    "--difficulty=hard`, or unpack LRA's release with `python -m lra.download pathfinder` "
+    "(or `pathx`), then set --config.data_dir=<dir> (the folder holding pathfinder<res>/)"
 )
 ROW_FORM = ("rows 'imgs/<k> sample_<i>.png <i> <label 0|1> ...' (11 fields), as text (LRA's "
             "release) or as an np.save'd array of strings (the original generator)")
@@ -252,7 +251,7 @@ if __name__ != "__main__":
         reader=_read, default_data_dir="data/pathfinder", how_to_get_data=HOW_TO_GET_DATA))
     registry.register(registry.Task(
         name="pathx", num_classes=NUM_CLASSES, vocab_size=VOCAB_SIZE, max_length=128 * 128,
-        reader=_read_pathx, default_data_dir="data/pathfinder",
+        reader=_read_pathx, default_data_dir="data/pathx",
         how_to_get_data=HOW_TO_GET_DATA))
 
 

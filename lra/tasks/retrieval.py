@@ -25,9 +25,9 @@ MAX_LENGTH = 4000
 FILE_PATTERN = "new_aan_pairs.{}.tsv"
 SPLIT_NAMES = {"train": "train", "val": "eval", "test": "test"}
 HOW_TO_GET_DATA = (
-    "download lra_release.gz from the LRA GitHub page (google-research/long-range-arena), "
-    "unpack it and set --config.data_dir=<...>/lra_release/tsv_data (the folder holding "
-    "new_aan_pairs.{train,eval,test}.tsv)"
+    "run `python -m lra.download retrieval --data_dir=data` (LRA's lra_release.gz, about "
+    "8 GB; it unpacks data/retrieval/new_aan_pairs.{train,eval,test}.tsv), or point "
+    "--config.data_dir at an unpacked release's lra_release/tsv_data"
 )
 
 

@@ -325,9 +325,9 @@ def test_truncation_and_padding(tmp_path):
 
 def test_missing_data_says_how_to_get_it(tmp_path):
     missing = str(tmp_path / "nowhere")
-    with pytest.raises(DataError, match="nowhere.*python -m lra.tasks.listops.*listops-1000"):
+    with pytest.raises(DataError, match="nowhere.*python -m lra.tasks.listops.*python -m lra.download listops"):
         listops.read_split(missing, "train", 10)
-    with pytest.raises(DataError, match="basic_val.tsv does not exist.*lra_release"):
+    with pytest.raises(DataError, match="basic_val.tsv does not exist.*lra.download"):
         listops.read_split(str(tmp_path), "val", 10)
 
 

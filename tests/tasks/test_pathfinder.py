@@ -212,7 +212,7 @@ def test_reader_on_release_layout_any_resolution(tmp_path):
 def test_missing_data_says_how_to_get_it(tmp_path):
     with pytest.raises(DataError, match="python -m lra.tasks.pathfinder"):
         lra.tasks.get("pathfinder").load(str(tmp_path / "nope"), "train", 1024)
-    with pytest.raises(DataError, match="pathfinder32/curv_baseline/metadata.*lra_release"):
+    with pytest.raises(DataError, match="pathfinder32/curv_baseline/metadata.*lra.download pathfinder"):
         lra.tasks.get("pathfinder").load(str(tmp_path), "train", 1024, difficulty="easy")
 
 
