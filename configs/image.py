@@ -12,6 +12,11 @@ the test set, as some LRA reproductions do); see lra/tasks/image.py.
 
 Arguments after the colon (comma separated):
   model=<name>   any name in models.registry.available() (default transformer)
+  pretrain       self-pretraining on the task's own training inputs: 50% of the tokens
+                 masked and predicted (L1 on the pixel intensity); then fine-tune with the same
+                 arguments minus `pretrain` and --config.init_from=<its workdir>
+                 (README, "Self-pretraining")
+  causal         a causal encoder, MEAN pooling; with `pretrain`: next-token prediction
   runlocal       tiny model, 20 steps of batch 8 (still 1024 pixels): about a minute on
                  2 CPU cores
   mini           a 32-wide 1-layer model (LRA's image model has 1 layer), 2000 steps of

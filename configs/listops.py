@@ -10,6 +10,11 @@ emb 512 / 8 heads / 4 layers / qkv 512 / mlp 1024, CLS pooling.
 
 Arguments after the colon (comma separated):
   model=<name>   any name in models.registry.available() (default transformer)
+  pretrain       self-pretraining on the task's own training inputs: 10% of the tokens
+                 masked and predicted (cross-entropy); then fine-tune with the same
+                 arguments minus `pretrain` and --config.init_from=<its workdir>
+                 (README, "Self-pretraining")
+  causal         a causal encoder, MEAN pooling; with `pretrain`: next-token prediction
   runlocal       tiny model and steps: about a minute on 2 CPU cores (smoke test)
   mini           small expressions and model that train in minutes on a laptop
                  (transformer: 0.08 s a step on one CPU core, 4 minutes a run):

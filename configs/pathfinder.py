@@ -19,6 +19,11 @@ images/s per core at 32x32 for `hard` (about an hour on 2 cores for 200k images)
 
 Arguments after the colon (comma separated):
   model=<name>   any name in models.registry.available() (default transformer)
+  pretrain       self-pretraining on the task's own training inputs: 50% of the tokens
+                 masked and predicted (L1 on the pixel intensity); then fine-tune with the same
+                 arguments minus `pretrain` and --config.init_from=<its workdir>
+                 (README, "Self-pretraining")
+  causal         a causal encoder, MEAN pooling; with `pretrain`: next-token prediction
   runlocal       tiny model, 20 steps of batch 8: about a minute on 2 CPU cores
   mini           the `easy` level (contour length 6) of 20k generated 32x32 images (about
                  2 minutes to generate on one core), a 32-wide 2-layer model, 3000 steps of

@@ -14,6 +14,11 @@ Path-X (chance accuracy).
 
 Arguments after the colon (comma separated):
   model=<name>   any name in models.registry.available() (default transformer)
+  pretrain       self-pretraining on the task's own training inputs: 50% of the tokens
+                 masked and predicted (L1 on the pixel intensity); then fine-tune with the same
+                 arguments minus `pretrain` and --config.init_from=<its workdir>
+                 (README, "Self-pretraining")
+  causal         a causal encoder, MEAN pooling; with `pretrain`: next-token prediction
   mini           Path-X's difficulty at a CPU-sized length: 64x64 images (4096 tokens) of
                  the `easy` level, LRA's Path-X model, 2000 steps of batch 16; meant for the
                  efficient variants (full attention at 4096 is slow on a CPU):

@@ -245,3 +245,36 @@ def test_a_failure_in_a_multi_process_run_is_one_line_and_exit_3(tmp_path):
     lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
     assert len(lines) == 1 and "ValueError: Gloo AllGather failed" in lines[0]
     assert "another process probably died" in lines[0]
+
+
+def test_pretraining_two_processes_resume_exactly_after_sigkill(listops_dir, tmp_path):
+    """Self-pretraining (masked tokens drawn in the step from the step number) on two
+    processes: both SIGKILLed mid-run, the same commands resume from the last checkpoint
+    and follow the run that was never interrupted, step for step."""
+    def flags(steps):
+        return ["--config=configs/listops.py:runlocal,pretrain", *_flags(listops_dir, steps)[1:],
+                "--config.checkpoint_freq=2", "--config.eval_frequency=1000"]
+
+    workdir = tmp_path / "run"
+    procs = _start(workdir, flags(400), devices=2, processes=2, port=_free_port())
+    try:
+        _read_until(procs[0], "step      7/", time.time() + 300)
+        for p in procs:
+            p.send_signal(signal.SIGKILL)
+        for p in procs:
+            p.communicate(timeout=60)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    last = sorted(int(d) for d in os.listdir(workdir / "checkpoints" / "last")
+                  if d.isdigit())[-1]
+    assert last >= 4
+    resumed, outs = _run(workdir, flags(last + 3), devices=2, processes=2)
+    assert f"at step {last}" in outs[0][0]
+    straight, _ = _run(tmp_path / "straight", flags(last + 3), devices=4)
+    assert resumed["objective"] == straight["objective"] == "mlm"
+    after = [last + 1, last + 2, last + 3]
+    np.testing.assert_allclose(_losses(resumed, after), _losses(straight, after), rtol=RTOL)
+    assert resumed["test_loss"] == pytest.approx(straight["test_loss"], rel=RTOL)
+    assert resumed["test_accuracy"] == pytest.approx(straight["test_accuracy"])
