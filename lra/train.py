@@ -811,9 +811,13 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
     if pretraining:
         # The most frequent training token's share of the test tokens: what predicting
         # one token everywhere would score.
-        majority = int(np.bincount(data["train"]["inputs"][data["train"]["mask"]],
-                                   minlength=task.vocab_size).argmax())
-        test_tokens = data["test"]["inputs"][data["test"]["mask"]]
+        def tokens(split):  # every real token, of both documents for retrieval
+            return np.concatenate([data[split][i][data[split][m].astype(bool)]
+                                   for i, m in (("inputs", "mask"), ("inputs2", "mask2"))
+                                   if i in data[split]])
+
+        majority = int(np.bincount(tokens("train"), minlength=task.vocab_size).argmax())
+        test_tokens = tokens("test")
     else:
         majority = int(np.bincount(data["train"]["targets"],
                                    minlength=task.num_classes).argmax())

@@ -1,4 +1,5 @@
-"""Image (CIFAR-10 grayscale): the python batches, TF's grayscale, splits, errors."""
+"""Image (CIFAR-10 grayscale): the python batches, TF's grayscale, splits, errors; a TFDS
+cifar10 folder of the same images gives the same arrays, in the archive's order."""
 from __future__ import annotations
 
 import pickle
@@ -8,7 +9,8 @@ import pytest
 
 import lra.tasks
 from lra.errors import ConfigError, DataError
-from lra.tasks import image
+from lra.tasks import image, tfds_folders
+from tests.tasks.tfds_builders import Cifar10, prepare
 
 PER_BATCH = 1002  # 5 batches: 5010 training images, so the 5000 held out leave 10
 
@@ -98,3 +100,48 @@ def test_missing_and_corrupt_files(tmp_path):
     (tmp_path / "cifar-10-batches-py" / "data_batch_3").unlink()
     with pytest.raises(DataError, match=r"data_batch_3 does not exist.*cifar-10-python"):
         lra.tasks.get("image").load(data_dir, "train", 1024)
+
+
+@pytest.fixture(scope="module")
+def archive_and_tfds(tmp_path_factory):
+    """The same 5016 images as python batches and as a TFDS cifar10 folder (ArrayRecord)."""
+    root = tmp_path_factory.mktemp("cifar")
+    (root / "archive").mkdir()
+    archive, _ = write_cifar(root / "archive")
+    version = prepare(Cifar10, root / "tfds", archive)
+    return archive, str(root / "tfds"), version
+
+
+def test_tfds_folder_gives_the_archive_arrays_in_its_order(archive_and_tfds):
+    archive, tfds_dir, version = archive_and_tfds
+    task = lra.tasks.get("image")
+    for split, validation in (("train", "holdout"), ("val", "holdout"), ("test", "holdout"),
+                              ("val", "test")):
+        from_archive = task.load(archive, split, 1030, validation=validation)
+        from_tfds = task.load(tfds_dir, split, 1030, validation=validation)
+        for key, value in from_archive.items():
+            np.testing.assert_array_equal(from_tfds[key], value)
+            assert from_tfds[key].dtype == value.dtype
+    # TFDS stores the images shuffled: the order above is recovered from their ids.
+    examples, _ = tfds_folders.read_split(version, "train", tfds_folders.CIFAR10, "",
+                                          undecoded=("image",))
+    ids = [bytes(e["id"]) for e in examples]
+    assert ids != sorted(ids) and sorted(ids)[-1] == b"train_05009"
+
+
+class IdsFromOne(Cifar10, skip_registration=True):
+    """cifar10 whose ids count from 1: not the catalogue's numbering of the archive."""
+    name = "cifar10"
+
+    def _generate_examples(self, prefix, paths):
+        for index, example in super()._generate_examples(prefix, paths):
+            yield index, dict(example, id=f"{prefix}{index + 1:05d}")
+
+
+def test_tfds_ids_that_do_not_number_the_split_are_refused(tmp_path):
+    (tmp_path / "archive").mkdir()
+    archive, _ = write_cifar(tmp_path / "archive", per_batch=2, num_test=3)
+    version = prepare(IdsFromOne, tmp_path / "tfds", archive)
+    with pytest.raises(DataError, match=r"3.0.2: the ids of split 'test' are not "
+                                        r"test_00000..test_00002, so its images cannot"):
+        lra.tasks.get("image").load(version, "test", 1024)

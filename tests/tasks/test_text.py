@@ -1,4 +1,5 @@
-"""Text (IMDB bytes): the aclImdb folder layout, byte tokens, LRA's splits, errors."""
+"""Text (IMDB bytes): the aclImdb folder layout, byte tokens, LRA's splits, errors; a TFDS
+imdb_reviews folder of the same reviews gives the same tokens."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,12 +7,14 @@ import pytest
 
 import lra.tasks
 from lra.errors import DataError
+from tests.tasks.tfds_builders import ImdbReviews, prepare
 
 REVIEWS = {  # split -> label folder -> {file name: bytes}
     "train": {"pos": {"0_9.txt": b"Great film! <br /><br />Loved it.",
                       "1_7.txt": "Caf\u00e9 scene: tr\u00e8s bien".encode()},
               "neg": {"0_2.txt": b"Dull.", "10_1.txt": b"\x00\xffodd bytes kept as they are"}},
-    "test": {"pos": {"3_10.txt": b"Superb"}, "neg": {"4_3.txt": b"Bad acting, worse plot"}},
+    "test": {"pos": {"3_10.txt": b" \tSuperb\r\n"},  # TFDS strips the whitespace around
+             "neg": {"4_3.txt": b"Bad acting, worse plot"}},
 }
 
 
@@ -71,3 +74,29 @@ def test_empty_review_names_the_file(tmp_path):
                "test": {}}
     with pytest.raises(DataError, match=r"neg/5_1\.txt: the review is empty"):
         lra.tasks.get("text").load(write_imdb(tmp_path, reviews), "train", 16)
+
+
+def test_whitespace_around_a_review_is_stripped_as_tfds_stores_it(tmp_path):
+    data = lra.tasks.get("text").load(write_imdb(tmp_path), "test", 8)
+    np.testing.assert_array_equal(data["inputs"][1], expected_ids(b"Superb", 8))
+    np.testing.assert_array_equal(data["mask"][1], np.arange(8) < 6)
+
+
+def by_content(data):
+    """Rows in one order (targets, then tokens): TFDS does not keep the archive's order."""
+    order = sorted(range(len(data["targets"])),
+                   key=lambda i: (data["targets"][i], data["inputs"][i].tobytes()))
+    return {key: value[order] for key, value in data.items()}
+
+
+def test_tfds_folder_gives_the_archive_tokens(tmp_path):
+    (tmp_path / "archive").mkdir()
+    archive = write_imdb(tmp_path / "archive")
+    prepare(ImdbReviews, tmp_path / "tfds", archive)
+    for split, length in (("train", 24), ("val", 4), ("test", 24)):
+        from_archive = lra.tasks.get("text").load(archive, split, length)
+        from_tfds = lra.tasks.get("text").load(str(tmp_path / "tfds"), split, length)
+        assert len(from_tfds["targets"]) == len(from_archive["targets"])
+        for key, value in by_content(from_tfds).items():
+            np.testing.assert_array_equal(value, by_content(from_archive)[key])
+            assert value.dtype == from_archive[key].dtype
