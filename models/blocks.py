@@ -10,7 +10,7 @@ gated or reversible one) wraps any mixer and the classifier has no special cases
 Every block kind is built as
 
     kind(dim=, num_heads=, mlp_dim=, max_len=, model=, model_hparams=, causal=,
-         dropout_rate=, prefix_len=, block=resolved_block_dict, rngs=)
+         dropout_rate=, prefix_len=, rotary=, block=resolved_block_dict, rngs=)
 
 and called as `block(x_BxLxD, padding_mask, deterministic=..., carry=None)`,
 returning x, or (x, new_carry) when `block.carries_state` (the mixer threads a
@@ -102,13 +102,14 @@ class EncoderBlock(nnx.Module):
     def __init__(self, *, dim: int, num_heads: int, mlp_dim: int, max_len: int,
                  model: str = "transformer", model_hparams: Mapping[str, Any] | None = None,
                  causal: bool = False, dropout_rate: float = 0.1, prefix_len: int = 0,
-                 block: Mapping[str, Any] | None = None, rngs: nnx.Rngs):
+                 rotary: bool = False, block: Mapping[str, Any] | None = None,
+                 rngs: nnx.Rngs):
         block = {**BLOCK_DEFAULTS, **dict(block or {})}
         self.mixer_norm = layers.layer_norm(dim, rngs=rngs)
         self.carries_state = registry.capabilities(model).carries_state
         self.mixer = registry.build(model, dim=dim, num_heads=num_heads, max_len=max_len,
-                                    causal=causal, prefix_len=prefix_len, rngs=rngs,
-                                    **dict(model_hparams or {}))
+                                    causal=causal, prefix_len=prefix_len, rotary=rotary,
+                                    rngs=rngs, **dict(model_hparams or {}))
         self.dropout = nnx.Dropout(dropout_rate, rngs=rngs)
         self.mlp_norm = layers.layer_norm(dim, rngs=rngs)
         self.mlp = MlpBlock(dim=dim, mlp_dim=mlp_dim, dropout_rate=dropout_rate,

@@ -16,14 +16,17 @@ from models.layers import sinusoidal_positions
 from models.stacks import resolve_block
 
 POOLINGS = ("CLS", "MEAN", "MAX", "SUM")
-POS_EMBS = ("learned", "sinusoidal")
+# "rotary": no absolute positions here; the mixers rotate queries and keys by position
+# (RoFormer), for variants with models.registry.Capabilities.rotary.
+POS_EMBS = ("learned", "sinusoidal", "rotary")
 
 
 class Embeddings(nnx.Module):
     """Token embedding, optional prepended CLS vector, position embedding, dropout.
 
     The CLS vector goes in before positions are added (as in LRA), so it takes
-    position 0 and the learned table has max_len + 1 rows.
+    position 0 and the learned table has max_len + 1 rows. pos_emb='rotary' adds no
+    positions: the mixers rotate queries and keys instead.
     """
 
     def __init__(self, *, vocab_size: int, emb_dim: int, max_len: int,
@@ -57,6 +60,8 @@ class Embeddings(nnx.Module):
             cls_Bx1xD = jnp.broadcast_to(self.cls[...], (x_BxLxD.shape[0], 1, x_BxLxD.shape[2]))
             x_BxLxD = jnp.concatenate([cls_Bx1xD, x_BxLxD], axis=1)
         seq_len, dim = x_BxLxD.shape[1:]
+        if self.pos_emb == "rotary":
+            return self.dropout(x_BxLxD, deterministic=deterministic)
         if self.position is not None:
             pos_LxD = self.position[:seq_len]
         else:
@@ -100,8 +105,8 @@ class Encoder(nnx.Module):
         self.stack = stacks.STACKS[self.block["stack"]](
             num_layers=num_layers, dim=emb_dim, num_heads=num_heads, mlp_dim=mlp_dim,
             max_len=seq_len, model=model, model_hparams=model_hparams, causal=causal,
-            dropout_rate=dropout_rate, prefix_len=int(cls_token), block=self.block,
-            rngs=rngs)
+            dropout_rate=dropout_rate, prefix_len=int(cls_token),
+            rotary=pos_emb == "rotary", block=self.block, rngs=rngs)
         self.norm = layers.layer_norm(emb_dim, rngs=rngs)
 
     def __call__(self, inputs_BxL: jax.Array, mask_BxL: jax.Array | None = None, *,

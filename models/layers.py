@@ -153,3 +153,32 @@ def sinusoidal_positions(length: int, dim: int) -> jax.Array:
     table_LxD = jnp.zeros((length, dim), jnp.float32)
     table_LxD = table_LxD.at[:, 0::2].set(jnp.sin(angles_LxF))
     return table_LxD.at[:, 1::2].set(jnp.cos(angles_LxF[:, :dim // 2]))
+
+
+# RoFormer's base: pair i of a D-wide head turns at the angle p * ROTARY_BASE^(-2i/D).
+ROTARY_BASE = 10000.0
+
+
+def rotary(x: jax.Array, positions: jax.Array, *, base: float = ROTARY_BASE) -> jax.Array:
+    """RoFormer's rotary position embedding (Su et al. 2021, eqs. 14-15): each pair of
+    features (x_2i, x_2i+1) of the last axis, D wide, is rotated by the angle
+    p * base^(-2i/D) of its position p.
+
+    `positions` broadcasts against x.shape[:-1] (e.g. a length-L vector for a BxHxLxK
+    tensor, or BxHxL for gathered or sorted queries); floats are allowed (a pooled key
+    may sit between positions). Rotations compose, so (R_m q) . (R_n k) = q . R_{n-m} k:
+    after rotating queries and keys, their products depend on positions only through the
+    offset n - m. Computed in float32, returned in x's dtype.
+    """
+    dim = x.shape[-1]
+    if dim % 2:
+        raise ValueError(f"rotary rotates pairs of features; the last axis has {dim}, an odd "
+                         "number")
+    inv_freq_F = base ** (-jnp.arange(0, dim, 2, dtype=jnp.float32) / dim)
+    angles_xF = jnp.asarray(positions, jnp.float32)[..., None] * inv_freq_F
+    cos_xF, sin_xF = jnp.cos(angles_xF), jnp.sin(angles_xF)
+    pairs_xFx2 = x.astype(jnp.float32).reshape(*x.shape[:-1], dim // 2, 2)
+    even_xF, odd_xF = pairs_xFx2[..., 0], pairs_xFx2[..., 1]
+    rotated_xFx2 = jnp.stack([even_xF * cos_xF - odd_xF * sin_xF,
+                              even_xF * sin_xF + odd_xF * cos_xF], axis=-1)
+    return rotated_xFx2.reshape(x.shape).astype(x.dtype)

@@ -15,6 +15,13 @@ Two extensions are flagged in `Capabilities`: `carries_state` (a carry between
 layers) and `takes_memory` (extra `memory=`/`memory_mask=` keys and values before
 x, for Transformer-XL's segment recurrence).
 
+Rotary position embeddings (the encoder's pos_emb='rotary'): a variant with
+`Capabilities.rotary` has a builder that takes `rotary: bool = False` and, given True,
+rotates its queries and keys by position before their products (`models.layers.rotary`);
+`build(..., rotary=True)` refuses every other variant in one line naming
+`Capabilities.rotary_refusal`. The flag is checked against the builder's signature at
+registration, so the two cannot disagree.
+
 Auxiliary losses (adaptive span L1, routing commitment, ACT ponder cost) are sown
 by the mixer as `self.sow(nnx.Intermediate, 'aux_loss', value)` (a scalar); the
 training loop sums every `aux_loss` it finds.
@@ -45,9 +52,11 @@ _VARIANT_PACKAGES = ("models.attention", "models.mixers")
 # Keyword arguments every builder takes; everything else is an hparam.
 _BUILD_ARGS = ("dim", "num_heads", "max_len", "causal", "rngs")
 # Keyword arguments a builder may take, set by the encoder, never by a config: how many
-# positions before the content are not content (the CLS slot). A builder whose geometry
-# is stated for the content (windows, 2-D rasters) takes it; others never see it.
-_OPTIONAL_BUILD_ARGS = ("prefix_len",)
+# positions before the content are not content (the CLS slot), and whether queries and
+# keys are rotated by position (pos_emb='rotary'). A builder whose geometry is stated for
+# the content (windows, 2-D rasters) takes prefix_len; a builder takes rotary exactly when
+# its Capabilities.rotary is True. Others never see them.
+_OPTIONAL_BUILD_ARGS = ("prefix_len", "rotary")
 
 Builder = Callable[..., nnx.Module]
 
@@ -93,6 +102,14 @@ class Capabilities:
     # Block settings the variant implies (keys of models.blocks.BLOCK_DEFAULTS), e.g.
     # {"kind": "gated"} for GTrXL; the user's config.block still overrides them.
     block: dict[str, Any] | None = None
+    # Takes rotary position embeddings (pos_emb='rotary', RoFormer): the builder accepts
+    # `rotary: bool = False` and, given True, rotates queries and keys by their positions
+    # (what the mixer sees: the CLS slot 0, content 1..L) before every query-key product,
+    # so that the encoder adds no absolute positions. False for variants without such
+    # products, or whose products pair a position with something that has none.
+    rotary: bool = False
+    # Why a variant does not take rotary (one clause, for the refusal's message).
+    rotary_refusal: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +168,14 @@ def register(name: str, builder: Builder | None = None,
         raise RegistryError(f"model {name!r} is already registered")
     hparams, open_hparams = _signature_hparams(name, builder)
     takes_prefix = "prefix_len" in inspect.signature(builder).parameters
+    takes_rotary = "rotary" in inspect.signature(builder).parameters
+    if capabilities.rotary != takes_rotary:
+        raise RegistryError(
+            f"{name!r}: Capabilities.rotary={capabilities.rotary} but its builder "
+            f"{'takes' if takes_rotary else 'does not take'} a `rotary` argument; they must "
+            "agree")
+    if capabilities.rotary and capabilities.rotary_refusal:
+        raise RegistryError(f"{name!r}: rotary_refusal is for variants without rotary")
     entry = _Entry(builder, capabilities, hparams, open_hparams, takes_prefix)
     # A misspelt key in the flags fails at import, not deep inside the suite.
     _check_hparams(name, entry, capabilities.test_hparams)
@@ -204,21 +229,36 @@ def accepted_hparams(name: str) -> dict[str, Any]:
     return dict(_entry(name).hparams)
 
 
+def check_rotary(name: str) -> None:
+    """Raises RegistryError, in one line saying why, if `name` does not take rotary."""
+    caps = _entry(name).capabilities
+    if not caps.rotary:
+        why = caps.rotary_refusal or "it does not declare Capabilities.rotary"
+        raise RegistryError(f"model {name!r} does not take pos_emb='rotary': {why}; use "
+                            "pos_emb=learned or sinusoidal")
+
+
 def build(name: str, *, dim: int, num_heads: int, max_len: int, causal: bool = False,
-          prefix_len: int = 0, rngs: nnx.Rngs, **hparams: Any) -> nnx.Module:
+          prefix_len: int = 0, rotary: bool = False, rngs: nnx.Rngs,
+          **hparams: Any) -> nnx.Module:
     """Builds the token mixer `name`; raises RegistryError on what it cannot do.
 
     `max_len` counts every position the mixer sees; the first `prefix_len` of them are
     not content (the encoder's CLS slot). Builders that take `prefix_len` state their
     geometry for the content and make the prefix global; to the others the prefix is
-    one more token.
+    one more token. `rotary`: rotate queries and keys by position (variants with
+    `Capabilities.rotary` only).
     """
     entry = _entry(name)
     if causal and not entry.capabilities.causal:
         raise RegistryError(f"model {name!r} does not support causal=True")
+    if rotary:
+        check_rotary(name)
     if not 0 <= prefix_len < max_len:
         raise RegistryError(f"prefix_len must be in [0, max_len={max_len}), got {prefix_len}")
     _check_hparams(name, entry, hparams)
     extra = {"prefix_len": prefix_len} if entry.takes_prefix else {}
+    if entry.capabilities.rotary:
+        extra["rotary"] = rotary
     return entry.builder(dim=dim, num_heads=num_heads, max_len=max_len, causal=causal,
                          rngs=rngs, **extra, **hparams)

@@ -3,10 +3,11 @@
 Every stack is built as
 
     stack(num_layers=, dim=, num_heads=, mlp_dim=, max_len=, model=, model_hparams=,
-          causal=, dropout_rate=, prefix_len=, block=resolved_block_dict, rngs=)
+          causal=, dropout_rate=, prefix_len=, rotary=, block=resolved_block_dict, rngs=)
 
 (`resolve_block(model, overrides)` gives the block dict). `prefix_len` positions come
-before the content (the CLS slot); the blocks pass it to the mixers.
+before the content (the CLS slot); the blocks pass it to the mixers, and `rotary`
+(pos_emb='rotary': queries and keys rotated by position) too.
 
 and called as `stack(x_BxLxD, padding_mask_BxL, deterministic=...) -> x_BxLxD`.
 """
@@ -259,13 +260,15 @@ class UniversalStack(nnx.Module):
     halted position's state is copied unchanged to later steps (it is still a key
     for the others). The ponder cost `ponder_weight * mean(N + R)` over real
     positions is sown as `aux_loss`. All T steps are computed (static shapes);
-    halting only sets the weights.
+    halting only sets the weights. With rotary (pos_emb='rotary') positions come from
+    the mixer's rotations alone: the position sinusoid is not added, the timestep one is.
     """
 
     def __init__(self, *, num_layers: int, dim: int, block: Mapping[str, Any],
                  rngs: nnx.Rngs, **block_args: Any):
         kind = BLOCK_KINDS[block["kind"]]
         self.layer = kind(dim=dim, block=dict(block), rngs=rngs, **block_args)
+        self.rotary = bool(block_args.get("rotary", False))
         self.max_steps = int(block["act_max_steps"]) or num_layers
         self.threshold = 1.0 - float(block["act_epsilon"])
         self.ponder_weight = float(block["ponder_weight"])
@@ -280,7 +283,8 @@ class UniversalStack(nnx.Module):
             deterministic: bool) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
         """(output_BxLxD, weights_TxBxL, steps_BxL (N), remainders_BxL (R))."""
         batch, length, dim = x_BxLxD.shape
-        position_1xLxD = layers.sinusoidal_positions(length, dim)[None]
+        position_1xLxD = (jnp.zeros((1, length, dim), x_BxLxD.dtype) if self.rotary
+                          else layers.sinusoidal_positions(length, dim)[None])
         timestep_TxD = layers.sinusoidal_positions(self.max_steps, dim)
         cumulative_BxL = jnp.zeros((batch, length), jnp.float32)
         remainders_BxL = jnp.zeros_like(cumulative_BxL)

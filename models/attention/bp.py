@@ -22,6 +22,11 @@ Deviations from the paper, for a drop-in token mixer:
 
 With causal=True only tokens <= i and span nodes entirely in the past are kept
 (the left side of the tree), which is the paper's autoregressive form.
+
+rotary: token queries and keys are rotated by position before a span node's key is
+taken as the mean of its tokens' keys, so q_i . mean_j R_j k_j is a mean of terms that
+each depend on the offset j - i only (in place of the paper's per-(level, offset)
+relative embeddings).
 """
 from __future__ import annotations
 
@@ -138,11 +143,11 @@ class BPAttention(MultiHeadAttention):
     description="BP-Transformer: each token attends to k neighbour tokens and, per level "
                 "of a binary partition, k mean-pooled span nodes on each side",
     causal=True, padding=True, variable_length=True,
-    dense_equivalent=dict(k=16), test_hparams=dict(k=1)))
-def build_bp_transformer(*, dim, num_heads, max_len, causal, rngs, k: int = 4,
-                         max_level: int | None = None, qkv_dim=None,
+    dense_equivalent=dict(k=16), test_hparams=dict(k=1), rotary=True))
+def build_bp_transformer(*, dim, num_heads, max_len, causal, rngs, rotary: bool = False,
+                         k: int = 4, max_level: int | None = None, qkv_dim=None,
                          attention_dropout=0.1, use_bias=True):
     max_level = num_levels(max_len) if max_level is None else max_level
     return BPAttention(k=k, max_level=max_level, dim=dim, num_heads=num_heads,
                        causal=causal, qkv_dim=qkv_dim, attention_dropout=attention_dropout,
-                       use_bias=use_bias, rngs=rngs)
+                       use_bias=use_bias, rotary=rotary, rngs=rngs)

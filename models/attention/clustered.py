@@ -30,6 +30,10 @@ reference does) but fixed by `hash_seed` when deterministic, so eval is
 reproducible; the projections have no random bias term. No causal form: clusters
 and centroids mix queries from all positions, so a past query's output would
 depend on future tokens.
+
+rotary: queries and keys are rotated by position before hashing, as their products are
+the logits; a centroid query is then a mean of rotated queries, and its product with
+a rotated key a mean of terms that each depend on an offset only.
 """
 from __future__ import annotations
 
@@ -105,9 +109,10 @@ class ClusteredAttention(MultiHeadAttention):
 
     def __init__(self, *, dim: int, num_heads: int, num_clusters: int, iterations: int,
                  topk: int, bits: int, mode: str, hash_seed: int, qkv_dim: int | None,
-                 attention_dropout: float, use_bias: bool, rngs: nnx.Rngs):
+                 attention_dropout: float, use_bias: bool, rotary: bool, rngs: nnx.Rngs):
         super().__init__(dim=dim, num_heads=num_heads, causal=False, qkv_dim=qkv_dim,
-                         attention_dropout=attention_dropout, use_bias=use_bias, rngs=rngs)
+                         attention_dropout=attention_dropout, use_bias=use_bias,
+                         rotary=rotary, rngs=rngs)
         if mode not in MODES:
             raise ValueError(f"clustered: unknown mode {mode!r}; valid: {', '.join(MODES)}")
         for name, value, low in (("num_clusters", num_clusters, 1), ("bits", bits, 1),
@@ -211,8 +216,9 @@ def _apply(weights_BxHxCxL: jax.Array, v_BxHxLxK: jax.Array,
     causal=False, padding=True, variable_length=True,
     dense_equivalent={"mode": "clustered", "num_clusters": 16, "bits": 32},
     test_hparams={"mode": "improved", "num_clusters": 4, "topk": 4, "bits": 16,
-                  "iterations": 3}))
+                  "iterations": 3}, rotary=True))
 def build_clustered(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
+                    rotary: bool = False,
                     num_clusters: int = 100, iterations: int = 10, topk: int = 32,
                     bits: int = 32, mode: str = "clustered", hash_seed: int = 0,
                     qkv_dim: int | None = None, attention_dropout: float = 0.1,
@@ -224,4 +230,4 @@ def build_clustered(*, dim: int, num_heads: int, max_len: int, causal: bool, rng
                               iterations=iterations, topk=topk, bits=bits, mode=mode,
                               hash_seed=hash_seed, qkv_dim=qkv_dim,
                               attention_dropout=attention_dropout, use_bias=use_bias,
-                              rngs=rngs)
+                              rotary=rotary, rngs=rngs)

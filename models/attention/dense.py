@@ -81,18 +81,28 @@ def attend_logits(logits_BxHxQxKv: jax.Array, v_BxHxKvxD: jax.Array, *,
 
 
 class MultiHeadAttention(nnx.Module):
-    """Multi-head self-attention with `query`/`key`/`value`/`out` projections."""
+    """Multi-head self-attention with `query`/`key`/`value`/`out` projections.
+
+    rotary=True (the encoder's pos_emb='rotary'): `project_qkv` rotates queries and keys
+    by their positions, 0..L-1 over what the mixer sees (the CLS slot is 0), with
+    `models.layers.rotary`, so every q.k product depends on the offset only. Variants
+    that form queries or keys their own way call `rotate` on them.
+    """
 
     def __init__(self, *, dim: int, num_heads: int, causal: bool = False,
                  qkv_dim: int | None = None, attention_dropout: float = 0.1,
-                 use_bias: bool = True, rngs: nnx.Rngs):
+                 use_bias: bool = True, rotary: bool = False, rngs: nnx.Rngs):
         qkv_dim = dim if qkv_dim is None else qkv_dim
         if num_heads <= 0 or qkv_dim <= 0 or qkv_dim % num_heads:
             raise ValueError(
                 f"qkv_dim ({qkv_dim}) must be a positive multiple of num_heads ({num_heads})")
+        if rotary and (qkv_dim // num_heads) % 2:
+            raise ValueError(f"pos_emb='rotary' rotates pairs of a head's features; the head "
+                             f"size qkv_dim / num_heads = {qkv_dim // num_heads} is odd")
         self.num_heads = num_heads
         self.head_dim = qkv_dim // num_heads
         self.causal = causal
+        self.rotary = rotary
         proj = dict(use_bias=use_bias, rngs=rngs)
         self.query = layers.dense(dim, qkv_dim, ("embed", "qkv"), **proj)
         self.key = layers.dense(dim, qkv_dim, ("embed", "qkv"), **proj)
@@ -110,9 +120,19 @@ class MultiHeadAttention(nnx.Module):
         b, h, l, k = x_BxHxLxK.shape
         return x_BxHxLxK.transpose(0, 2, 1, 3).reshape(b, l, h * k)
 
+    def rotate(self, x_BxHxLxK: jax.Array, positions: jax.Array | None = None) -> jax.Array:
+        """Queries or keys rotated by their positions (default 0..L-1) under rotary;
+        unchanged otherwise. `positions` broadcasts against BxHxL."""
+        if not self.rotary:
+            return x_BxHxLxK
+        if positions is None:
+            positions = jnp.arange(x_BxHxLxK.shape[2])
+        return layers.rotary(x_BxHxLxK, positions)
+
     def project_qkv(self, x_BxLxD: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Query, key and value of `x`, each BxHxLxK."""
-        return (self.split_heads(self.query(x_BxLxD)), self.split_heads(self.key(x_BxLxD)),
+        """Query, key and value of `x`, each BxHxLxK (query and key rotated under rotary)."""
+        return (self.rotate(self.split_heads(self.query(x_BxLxD))),
+                self.rotate(self.split_heads(self.key(x_BxLxD))),
                 self.split_heads(self.value(x_BxLxD)))
 
     def dropout_fn(self, deterministic: bool) -> DropoutFn | None:

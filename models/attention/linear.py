@@ -33,6 +33,19 @@ Choices beyond the papers (reasons at the code):
   heads, as in the Performer code; rfa redraws on the same schedule as performer;
 - rfa's gate exists only for causal=True; fast_weight with causal=False runs the same
   recurrence and lets every query read the final memory.
+
+Rotary (pos_emb='rotary'), two forms:
+- performer and rfa rotate q and k BEFORE their random features. Their kernels
+  (FAVOR+'s exp(q.k), ReLU features' arc-cosine kernel, RFA's Gaussian on unit vectors)
+  are functions of q.k and the norms, with features drawn isotropically, so the features
+  estimate the kernel of the rotated products, a function of the offset only: Performer
+  estimates rotary softmax attention, and the features stay positive.
+- linear and fast_weight rotate the feature-mapped phi(q), phi(k) (RoFormer's linear
+  form, Su et al. 2021 eq. 19): elu + 1 and DPFP do not commute with rotations, so
+  rotating before them would not make products relative. linear rotates the
+  numerator's features only and keeps the denominator sum_j phi(q_i).phi(k_j)
+  unrotated (rotated features can make it vanish or turn negative); the delta rule has
+  no denominator. Its Pallas form (one kernel for both) is refused under rotary.
 """
 from __future__ import annotations
 
@@ -449,11 +462,15 @@ def _advance_schedule(w_MxK: jax.Array, count: jax.Array, key: jax.Array, *,
 class _KernelAttention(MultiHeadAttention):
     """query/key/value/out projections (named as in `transformer`) around a feature map."""
 
+    # Under rotary: False rotates q, k before the feature map (in __call__); True leaves
+    # them to `attend`, which rotates the features (RoFormer's linear form).
+    rotary_on_features = False
+
     def __init__(self, *, dim: int, num_heads: int, causal: bool, qkv_dim: int | None,
                  use_bias: bool, chunk_size: int, rngs: nnx.Rngs,
-                 attention_impl: str = "dense"):
+                 attention_impl: str = "dense", rotary: bool = False):
         super().__init__(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
-                         attention_dropout=0.0, use_bias=use_bias, rngs=rngs)
+                         attention_dropout=0.0, use_bias=use_bias, rotary=rotary, rngs=rngs)
         if chunk_size <= 0:
             raise ValueError(f"chunk_size must be positive, got {chunk_size}")
         if attention_impl not in IMPLS:
@@ -490,23 +507,40 @@ class _KernelAttention(MultiHeadAttention):
 
     def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None = None,
                  deterministic: bool = True) -> jax.Array:
-        q_BxHxLxK, k_BxHxLxK, v_BxHxLxK = self.project_qkv(x_BxLxD)
+        q_BxHxLxK, k_BxHxLxK, v_BxHxLxK = (self.split_heads(proj(x_BxLxD)) for proj in
+                                           (self.query, self.key, self.value))
+        if not self.rotary_on_features:
+            q_BxHxLxK, k_BxHxLxK = self.rotate(q_BxHxLxK), self.rotate(k_BxHxLxK)
         o_BxHxLxK = self.attend(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, x_BxLxD, padding_mask,
                                 deterministic)
         return self.out(self.merge_heads(o_BxHxLxK.astype(x_BxLxD.dtype)))
 
 
 class LinearAttention(_KernelAttention):
-    """Katharopoulos et al.: phi = elu + 1; parallel, chunked-causal and recurrent forms."""
+    """Katharopoulos et al.: phi = elu + 1; parallel, chunked-causal and recurrent forms.
+
+    rotary: RoFormer's linear form, sum_j (R_i phi(q_i)).(R_j phi(k_j)) v_j over
+    sum_j phi(q_i).phi(k_j) (see the module docstring).
+    """
+
+    rotary_on_features = True
 
     def __init__(self, *, eps: float = 1e-6, **kwargs):
         super().__init__(**kwargs)
         self.eps = eps
 
     def attend(self, q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, x_BxLxD, padding_mask, deterministic):
+        phi_q = elu_feature_map(q_BxHxLxK)
         phi_k, v_BxHxLxK = self.drop_padded(elu_feature_map(k_BxHxLxK), v_BxHxLxK,
                                             padding_mask)
-        return self.linear(elu_feature_map(q_BxHxLxK), phi_k, v_BxHxLxK, eps=self.eps)
+        if not self.rotary:
+            return self.linear(phi_q, phi_k, v_BxHxLxK, eps=self.eps)
+        common = dict(causal=self.causal, chunk_size=self.chunk_size)
+        num_BxHxLxK, _ = _num_den(self.rotate(phi_q), self.rotate(phi_k), v_BxHxLxK,
+                                  **common)
+        # The denominator only: one value column is enough to get it.
+        _, den_BxHxL = _num_den(phi_q, phi_k, v_BxHxLxK[..., :1], **common)
+        return (num_BxHxLxK / (den_BxHxL[..., None] + self.eps)).astype(v_BxHxLxK.dtype)
 
     def init_state(self, batch_size: int) -> tuple[jax.Array, jax.Array]:
         """The empty RNN state (S: BxHxKxK, z: BxHxK) for `step`."""
@@ -514,20 +548,30 @@ class LinearAttention(_KernelAttention):
         return (jnp.zeros((batch_size, h, k, k), jnp.float32),
                 jnp.zeros((batch_size, h, k), jnp.float32))
 
-    def step(self, state: tuple[jax.Array, jax.Array],
-             x_BxD: jax.Array) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:
+    def step(self, state: tuple[jax.Array, jax.Array], x_BxD: jax.Array,
+             position: int | jax.Array | None = None
+             ) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:
         """One autoregressive token: (S, z) += (phi(k) v^T, phi(k)); y = phi(q) S / phi(q) z.
 
         Constant memory per token; equals the causal parallel form position by position.
+        Under rotary the token's `position` (0, 1, ...) is needed: S takes the rotated
+        phi(k), the numerator the rotated phi(q), z and the denominator the plain ones.
         """
+        if self.rotary and position is None:
+            raise ValueError("LinearAttention.step with rotary needs the token's position")
         s_BxHxKxK, z_BxHxK = state
-        q_BxHx1xK, k_BxHx1xK, v_BxHx1xK = self.project_qkv(x_BxD[:, None])
+        q_BxHx1xK, k_BxHx1xK, v_BxHx1xK = (self.split_heads(proj(x_BxD[:, None])) for proj
+                                           in (self.query, self.key, self.value))
         phi_q_BxHxK = elu_feature_map(q_BxHx1xK[:, :, 0]).astype(jnp.float32)
         phi_k_BxHxK = elu_feature_map(k_BxHx1xK[:, :, 0]).astype(jnp.float32)
-        s_BxHxKxK = s_BxHxKxK + jnp.einsum("bhk,bhd->bhkd", phi_k_BxHxK,
+        turned_q_BxHxK, turned_k_BxHxK = phi_q_BxHxK, phi_k_BxHxK
+        if self.rotary:
+            turned_q_BxHxK, turned_k_BxHxK = (layers.rotary(phi, position)
+                                              for phi in (phi_q_BxHxK, phi_k_BxHxK))
+        s_BxHxKxK = s_BxHxKxK + jnp.einsum("bhk,bhd->bhkd", turned_k_BxHxK,
                                            v_BxHx1xK[:, :, 0].astype(jnp.float32))
         z_BxHxK = z_BxHxK + phi_k_BxHxK
-        num_BxHxK = jnp.einsum("bhk,bhkd->bhd", phi_q_BxHxK, s_BxHxKxK)
+        num_BxHxK = jnp.einsum("bhk,bhkd->bhd", turned_q_BxHxK, s_BxHxKxK)
         den_BxH = jnp.einsum("bhk,bhk->bh", phi_q_BxHxK, z_BxHxK)
         o_BxHx1xK = (num_BxHxK / (den_BxH[..., None] + self.eps))[:, :, None]
         y_BxD = self.out(self.merge_heads(o_BxHx1xK.astype(x_BxD.dtype)))[:, 0]
@@ -537,15 +581,21 @@ class LinearAttention(_KernelAttention):
 
 @registry.register("linear", capabilities=registry.Capabilities(
     description="linear attention, phi = elu + 1 (Katharopoulos et al.); chunked causal form",
-    causal=True, padding=True, variable_length=True, test_hparams={"chunk_size": 5}))
+    causal=True, padding=True, variable_length=True, test_hparams={"chunk_size": 5},
+    rotary=True))
 def build_linear(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
-                 qkv_dim: int | None = None, use_bias: bool = True, eps: float = 1e-6,
-                 chunk_size: int = DEFAULT_CHUNK,
+                 rotary: bool = False, qkv_dim: int | None = None, use_bias: bool = True,
+                 eps: float = 1e-6, chunk_size: int = DEFAULT_CHUNK,
                  attention_impl: str = "dense") -> LinearAttention:
     del max_len  # any length
+    if rotary and attention_impl == "pallas":
+        raise registry.RegistryError(
+            "linear: pos_emb='rotary' needs rotated features in the numerator and plain ones "
+            "in the denominator, which the Pallas kernel computes from one set; use "
+            "attention_impl='dense'")
     return LinearAttention(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
                            use_bias=use_bias, chunk_size=chunk_size, eps=eps, rngs=rngs,
-                           attention_impl=attention_impl)
+                           attention_impl=attention_impl, rotary=rotary)
 
 
 class Performer(_KernelAttention):
@@ -587,9 +637,10 @@ class Performer(_KernelAttention):
 @registry.register("performer", capabilities=registry.Capabilities(
     description="Performer FAVOR+: positive orthogonal random features, redrawn in training",
     causal=True, padding=True, variable_length=True,
-    test_hparams={"num_features": 32, "chunk_size": 5}))
+    test_hparams={"num_features": 32, "chunk_size": 5}, rotary=True))
 def build_performer(*, dim: int, num_heads: int, max_len: int, causal: bool,
-                    rngs: nnx.Rngs, qkv_dim: int | None = None, use_bias: bool = True,
+                    rngs: nnx.Rngs, rotary: bool = False, qkv_dim: int | None = None,
+                    use_bias: bool = True,
                     num_features: int = 256, kernel: str = "softmax",
                     redraw_interval: int = 1000, chunk_size: int = DEFAULT_CHUNK,
                     attention_impl: str = "dense") -> Performer:
@@ -605,7 +656,7 @@ def build_performer(*, dim: int, num_heads: int, max_len: int, causal: bool,
     return Performer(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
                      use_bias=use_bias, chunk_size=chunk_size, num_features=num_features,
                      kernel=kernel, redraw_interval=redraw_interval, rngs=rngs,
-                     attention_impl=attention_impl)
+                     attention_impl=attention_impl, rotary=rotary)
 
 
 class RandomFeatureAttention(_KernelAttention):
@@ -651,9 +702,10 @@ class RandomFeatureAttention(_KernelAttention):
 @registry.register("rfa", capabilities=registry.Capabilities(
     description="Random Feature Attention: sin/cos features, learned temperature, causal gate",
     causal=True, padding=True, variable_length=True,
-    test_hparams={"num_features": 32, "chunk_size": 5}))
+    test_hparams={"num_features": 32, "chunk_size": 5}, rotary=True))
 def build_rfa(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
-              qkv_dim: int | None = None, use_bias: bool = True, num_features: int = 128,
+              rotary: bool = False, qkv_dim: int | None = None, use_bias: bool = True,
+              num_features: int = 128,
               gate: bool = False, redraw_interval: int = 1000,
               chunk_size: int = DEFAULT_CHUNK,
               attention_impl: str = "dense") -> RandomFeatureAttention:
@@ -666,11 +718,18 @@ def build_rfa(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx
                                   qkv_dim=qkv_dim, use_bias=use_bias, chunk_size=chunk_size,
                                   num_features=num_features, gate=gate,
                                   redraw_interval=redraw_interval, rngs=rngs,
-                                  attention_impl=attention_impl)
+                                  attention_impl=attention_impl, rotary=rotary)
 
 
 class FastWeightAttention(_KernelAttention):
-    """Schlag et al.: a fast-weight memory written with the delta rule."""
+    """Schlag et al.: a fast-weight memory written with the delta rule.
+
+    rotary: phi(q_t), phi(k_t) rotated by t (RoFormer's linear form). Every product the
+    memory forms (a query reading a key, a write retrieving an earlier key) is then one
+    of rotated features, so it depends on the offset only.
+    """
+
+    rotary_on_features = True
 
     def __init__(self, *, feature_map: str, dpfp_nu: int, rngs: nnx.Rngs, **kwargs):
         super().__init__(rngs=rngs, **kwargs)
@@ -694,7 +753,8 @@ class FastWeightAttention(_KernelAttention):
         beta_BxHxL = jax.nn.sigmoid(self.beta(x_BxLxD).astype(jnp.float32)).transpose(0, 2, 1)
         if padding_mask is not None:
             beta_BxHxL = jnp.where(padding_mask[:, None, :], beta_BxHxL, 0.0)
-        return delta_rule_attention(self.phi(q_BxHxLxK), self.phi(k_BxHxLxK), v_BxHxLxK,
+        return delta_rule_attention(self.rotate(self.phi(q_BxHxLxK)),
+                                    self.rotate(self.phi(k_BxHxLxK)), v_BxHxLxK,
                                     beta_BxHxL, causal=self.causal,
                                     chunk_size=self.chunk_size)
 
@@ -702,13 +762,15 @@ class FastWeightAttention(_KernelAttention):
 @registry.register("fast_weight", capabilities=registry.Capabilities(
     description="fast-weight programmer: delta-rule memory, DPFP features (Schlag et al.)",
     causal=True, padding=True, variable_length=True, test_hparams={"chunk_size": 5},
-    receptive_field="limited"))  # DPFP features are ReLU products: some pairs are 0
+    receptive_field="limited",  # DPFP features are ReLU products: some pairs are 0
+    rotary=True))
 def build_fast_weight(*, dim: int, num_heads: int, max_len: int, causal: bool,
-                      rngs: nnx.Rngs, qkv_dim: int | None = None, use_bias: bool = True,
-                      feature_map: str = "dpfp", dpfp_nu: int = 1,
+                      rngs: nnx.Rngs, rotary: bool = False, qkv_dim: int | None = None,
+                      use_bias: bool = True, feature_map: str = "dpfp", dpfp_nu: int = 1,
                       chunk_size: int = DEFAULT_CHUNK) -> FastWeightAttention:
     """causal=False runs the same recurrence, then every query reads the final memory."""
     del max_len  # any length
     return FastWeightAttention(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
                                use_bias=use_bias, chunk_size=chunk_size,
-                               feature_map=feature_map, dpfp_nu=dpfp_nu, rngs=rngs)
+                               feature_map=feature_map, dpfp_nu=dpfp_nu, rngs=rngs,
+                               rotary=rotary)

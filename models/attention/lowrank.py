@@ -44,13 +44,21 @@ PROJECTION_INITS = ("uniform", "identity")
 
 
 class Linformer(MultiHeadAttention):
-    """Softmax attention over k sequence-projected keys/values (E, F shared by heads)."""
+    """Softmax attention over k sequence-projected keys/values (E, F shared by heads).
+
+    rotary: queries and keys are rotated by their positions before E projects the keys
+    along the sequence, the only point at which a key still has one position. A slot's
+    score is then sum_l E_pl q_i . R_(l-i) k_l: relative term by term, mixed by E's
+    learned (absolute) weights, as Linformer mixes positions anyway; with E = I it is
+    rotary attention exactly.
+    """
 
     def __init__(self, *, dim: int, num_heads: int, max_len: int, k: int, share_kv: bool,
                  projection_init: str, qkv_dim: int | None, attention_dropout: float,
-                 use_bias: bool, rngs: nnx.Rngs):
+                 use_bias: bool, rotary: bool, rngs: nnx.Rngs):
         super().__init__(dim=dim, num_heads=num_heads, causal=False, qkv_dim=qkv_dim,
-                         attention_dropout=attention_dropout, use_bias=use_bias, rngs=rngs)
+                         attention_dropout=attention_dropout, use_bias=use_bias,
+                         rotary=rotary, rngs=rngs)
         if k <= 0:
             raise ValueError(f"linformer: k must be positive, got {k}")
         if projection_init == "identity":
@@ -100,15 +108,16 @@ class Linformer(MultiHeadAttention):
     description="Linformer: keys and values projected along the sequence to k slots",
     causal=False, padding=True, variable_length=True,
     dense_equivalent={"k": 16, "projection_init": "identity"},
-    test_hparams={"k": 8}))
+    test_hparams={"k": 8}, rotary=True))
 def build_linformer(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
-                    k: int = 256, share_kv: bool = False, projection_init: str = "uniform",
-                    qkv_dim: int | None = None, attention_dropout: float = 0.1,
-                    use_bias: bool = True) -> Linformer:
+                    rotary: bool = False, k: int = 256, share_kv: bool = False,
+                    projection_init: str = "uniform", qkv_dim: int | None = None,
+                    attention_dropout: float = 0.1, use_bias: bool = True) -> Linformer:
     del causal  # the registry refuses causal=True (capabilities)
     return Linformer(dim=dim, num_heads=num_heads, max_len=max_len, k=k, share_kv=share_kv,
                      projection_init=projection_init, qkv_dim=qkv_dim,
-                     attention_dropout=attention_dropout, use_bias=use_bias, rngs=rngs)
+                     attention_dropout=attention_dropout, use_bias=use_bias, rotary=rotary,
+                     rngs=rngs)
 
 
 # Memory-compressed attention ---------------------------------------------------------
@@ -138,13 +147,20 @@ class MemoryCompressedAttention(MultiHeadAttention):
     compressed key of block n would mix in positions after i; without them the
     first c - 1 positions would see nothing at all. With c = 1 and the identity
     convolution, both forms equal dense attention.
+
+    rotary: queries and the raw own-block keys are rotated by their positions, and the
+    compressed key of block m by the block's centre m c + (c - 1) / 2, after the
+    convolution (which mixes features across the block's positions, so it cannot take
+    keys that are already rotated by different angles). With c = 1 this is rotary
+    attention exactly.
     """
 
     def __init__(self, *, dim: int, num_heads: int, causal: bool, compression: int,
                  conv_init: str, qkv_dim: int | None, attention_dropout: float,
-                 use_bias: bool, rngs: nnx.Rngs):
+                 use_bias: bool, rotary: bool, rngs: nnx.Rngs):
         super().__init__(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
-                         attention_dropout=attention_dropout, use_bias=use_bias, rngs=rngs)
+                         attention_dropout=attention_dropout, use_bias=use_bias,
+                         rotary=rotary, rngs=rngs)
         if compression < 1:
             raise ValueError(f"compressed: compression must be >= 1, got {compression}")
         if conv_init not in CONV_INITS:
@@ -178,7 +194,9 @@ class MemoryCompressedAttention(MultiHeadAttention):
 
         k_BxHxPxK, kc_BxHxNxK = compress(self.key, self.key_conv)
         v_BxHxPxK, vc_BxHxNxK = compress(self.value, self.value_conv)
-        q_BxHxLxK = self.split_heads(self.query(x_BxLxD))
+        q_BxHxLxK = self.rotate(self.split_heads(self.query(x_BxLxD)))
+        k_BxHxPxK = self.rotate(k_BxHxPxK)
+        kc_BxHxNxK = self.rotate(kc_BxHxNxK, jnp.arange(num_blocks) * c + (c - 1) / 2)
         dropout_fn = self.dropout_fn(deterministic)
         if not self.causal:
             o_BxHxLxK = dot_product_attention(q_BxHxLxK, kc_BxHxNxK, vc_BxHxNxK,
@@ -217,16 +235,17 @@ class MemoryCompressedAttention(MultiHeadAttention):
     description="memory-compressed attention: strided convolution shrinks keys/values by c",
     causal=True, padding=True, variable_length=True,
     dense_equivalent={"compression": 1, "conv_init": "identity"},
-    test_hparams={"compression": 3}))
+    test_hparams={"compression": 3}, rotary=True))
 def build_compressed(*, dim: int, num_heads: int, max_len: int, causal: bool,
-                     rngs: nnx.Rngs, compression: int = 3, conv_init: str = "lecun",
-                     qkv_dim: int | None = None, attention_dropout: float = 0.1,
+                     rngs: nnx.Rngs, rotary: bool = False, compression: int = 3,
+                     conv_init: str = "lecun", qkv_dim: int | None = None,
+                     attention_dropout: float = 0.1,
                      use_bias: bool = True) -> MemoryCompressedAttention:
     del max_len  # any length works
     return MemoryCompressedAttention(dim=dim, num_heads=num_heads, causal=causal,
                                      compression=compression, conv_init=conv_init,
                                      qkv_dim=qkv_dim, attention_dropout=attention_dropout,
-                                     use_bias=use_bias, rngs=rngs)
+                                     use_bias=use_bias, rotary=rotary, rngs=rngs)
 
 
 # Synthesizer -----------------------------------------------------------------------
@@ -351,7 +370,10 @@ class Synthesizer(nnx.Module):
 @registry.register("synthesizer", capabilities=registry.Capabilities(
     description="Synthesizer: attention logits from an MLP of x_i or learned tables (+ mixes)",
     causal=True, padding=True, variable_length=True, dense_equivalent={"mode": "dot"},
-    test_hparams={"mode": "dense+random+factorized_random", "k": 4}))
+    test_hparams={"mode": "dense+random+factorized_random", "k": 4},
+    rotary_refusal="its attention logits are synthesized from each token alone or learned "
+    "as position-to-position tables, not formed from queries and keys (mode='dot' alone is "
+    "transformer, which takes rotary)"))
 def build_synthesizer(*, dim: int, num_heads: int, max_len: int, causal: bool,
                       rngs: nnx.Rngs, mode: str = "dense", k: int = 8,
                       mix: Sequence[float] | None = None, fixed_random: bool = False,

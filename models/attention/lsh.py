@@ -28,6 +28,10 @@ earlier outputs (as in trax); the conformance causality check would fail.
 `shared_qk=False` (a separate `key` projection, no key normalisation, no self
 penalty) exists for the dense reduction check: with one chunk covering the input
 it computes `transformer`'s attention exactly.
+
+rotary: queries (and so the shared keys) are rotated by position before hashing: the
+buckets are meant to gather the pairs with large products, and under rotary those are
+the rotated products, which depend on content and offset.
 """
 from __future__ import annotations
 
@@ -48,9 +52,10 @@ class LSHAttention(MultiHeadAttention):
 
     def __init__(self, *, dim: int, num_heads: int, causal: bool, n_buckets: int,
                  n_hashes: int, chunk_len: int, shared_qk: bool, qkv_dim: int | None,
-                 attention_dropout: float, use_bias: bool, rngs: nnx.Rngs):
+                 attention_dropout: float, use_bias: bool, rotary: bool, rngs: nnx.Rngs):
         super().__init__(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
-                         attention_dropout=attention_dropout, use_bias=use_bias, rngs=rngs)
+                         attention_dropout=attention_dropout, use_bias=use_bias,
+                         rotary=rotary, rngs=rngs)
         if n_buckets < 1 or (n_buckets > 1 and n_buckets % 2):
             raise ValueError(f"reformer: n_buckets must be 1 or a positive even number, "
                              f"got {n_buckets}")
@@ -85,13 +90,13 @@ class LSHAttention(MultiHeadAttention):
         n_chunks = -(-seq_len // c)
         padded_len = n_chunks * c
         extra = padded_len - seq_len
-        q_BxHxLxK = self.split_heads(self.query(x_BxLxD))
+        q_BxHxLxK = self.rotate(self.split_heads(self.query(x_BxLxD)))
         v_BxHxLxK = self.split_heads(self.value(x_BxLxD))
-        if self.shared_qk:
+        if self.shared_qk:  # a rotation keeps the norm: the key sits at its query's position
             norm = jnp.sqrt(jnp.sum(jnp.square(q_BxHxLxK), axis=-1, keepdims=True))
             k_BxHxLxK = q_BxHxLxK / jnp.maximum(norm, 1e-6)
         else:
-            k_BxHxLxK = self.split_heads(self.key(x_BxLxD))
+            k_BxHxLxK = self.rotate(self.split_heads(self.key(x_BxLxD)))
         real_BxL = layers.valid_mask(padding_mask, batch, seq_len)
         pad = ((0, 0), (0, 0), (0, extra), (0, 0))
         q_BxHxPxK, k_BxHxPxK, v_BxHxPxK = (jnp.pad(t, pad) for t in
@@ -174,8 +179,9 @@ class LSHAttention(MultiHeadAttention):
     dense_form=("shared_qk",),
     dense_equivalent={"n_buckets": 1, "n_hashes": 1, "chunk_len": 16, "shared_qk": False},
     test_hparams={"n_buckets": 4, "n_hashes": 2, "chunk_len": 4},
-    block={"stack": "reversible", "ffn_chunks": 1}))
+    block={"stack": "reversible", "ffn_chunks": 1}, rotary=True))
 def build_reformer(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
+                   rotary: bool = False,
                    n_buckets: int = 32, n_hashes: int = 2, chunk_len: int = 64,
                    shared_qk: bool = True, qkv_dim: int | None = None,
                    attention_dropout: float = 0.1, use_bias: bool = True) -> LSHAttention:
@@ -187,4 +193,4 @@ def build_reformer(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs
     return LSHAttention(dim=dim, num_heads=num_heads, causal=causal, n_buckets=n_buckets,
                         n_hashes=n_hashes, chunk_len=chunk_len, shared_qk=shared_qk,
                         qkv_dim=qkv_dim, attention_dropout=attention_dropout,
-                        use_bias=use_bias, rngs=rngs)
+                        use_bias=use_bias, rotary=rotary, rngs=rngs)

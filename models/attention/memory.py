@@ -89,7 +89,9 @@ class InducedSetAttention(MultiHeadAttention):
 
 @registry.register("set_transformer", capabilities=registry.Capabilities(
     description="Set Transformer ISAB: m inducing points attend to x, x attends to them",
-    causal=False, padding=True, variable_length=True, test_hparams={"num_inducing": 4}))
+    causal=False, padding=True, variable_length=True, test_hparams={"num_inducing": 4},
+    rotary_refusal="its products pair tokens with learned inducing points, which have no "
+    "position, so a rotation could only mark absolute positions, not offsets"))
 def build_set_transformer(*, dim: int, num_heads: int, max_len: int, causal: bool,
                           rngs: nnx.Rngs, num_inducing: int = 32, qkv_dim: int | None = None,
                           attention_dropout: float = 0.1,
@@ -145,7 +147,9 @@ class Luna(MultiHeadAttention):
 @registry.register("luna", capabilities=registry.Capabilities(
     description="Luna: a packed sequence attends to x, x attends to it; carried across layers",
     causal=False, padding=True, variable_length=True, carries_state=True,
-    test_hparams={"packed_len": 4}))
+    test_hparams={"packed_len": 4},
+    rotary_refusal="its products pair tokens with the packed sequence, which has no "
+    "position, so a rotation could only mark absolute positions, not offsets"))
 def build_luna(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
                packed_len: int = 16, qkv_dim: int | None = None,
                attention_dropout: float = 0.1, use_bias: bool = True) -> Luna:
@@ -168,13 +172,18 @@ class Poolingformer(MultiHeadAttention):
     Output: out(y + z). Queries go in blocks of max(window1, 1); each block
     gathers only the contiguous run of tokens (level 1) or segments (level 2) that
     any of its queries may see, so the cost is O(L (window1 + window2 / pool_stride)).
+
+    rotary: level 1 rotates q, k by position; level 2 rotates q2 at i and each token's
+    key2 at its own position before the segment mean, so q2_i . mean_j R_j k2_j is a
+    mean of terms that each depend on the offset j - i only.
     """
 
     def __init__(self, *, dim: int, num_heads: int, window1: int, window2: int,
                  pool_size: int, pool_stride: int, qkv_dim: int | None,
-                 attention_dropout: float, use_bias: bool, rngs: nnx.Rngs):
+                 attention_dropout: float, use_bias: bool, rotary: bool, rngs: nnx.Rngs):
         super().__init__(dim=dim, num_heads=num_heads, qkv_dim=qkv_dim,
-                         attention_dropout=attention_dropout, use_bias=use_bias, rngs=rngs)
+                         attention_dropout=attention_dropout, use_bias=use_bias,
+                         rotary=rotary, rngs=rngs)
         if min(window1, window2) < 0 or min(pool_size, pool_stride) < 1:
             raise ValueError("poolingformer: windows must be >= 0 and pool_size, pool_stride "
                              f">= 1; got {window1}, {window2}, {pool_size}, {pool_stride}")
@@ -210,15 +219,18 @@ class Poolingformer(MultiHeadAttention):
         count_BxN = weight_BxNxP.sum(-1)
         weight_BxNxP = weight_BxNxP / jnp.maximum(count_BxN, 1.0)[..., None]
 
-        def pooled(proj: nnx.Linear) -> jax.Array:
-            full_BxLxF = proj(x_BxLxD)
-            return self.split_heads(
-                jnp.einsum("bnp,bnpf->bnf", weight_BxNxP, full_BxLxF[:, member_NxP]))
+        def pooled(proj: nnx.Linear, rotate: bool) -> jax.Array:
+            full_BxHxLxK = self.split_heads(proj(x_BxLxD))
+            if rotate:  # each token at its own position, before the mean
+                full_BxHxLxK = self.rotate(full_BxHxLxK)
+            return jnp.einsum("bnp,bhnpk->bhnk", weight_BxNxP,
+                              full_BxHxLxK[:, :, member_NxP])
 
         # Segment m (start m * stride) is near i when it overlaps [i - w2, i + w2].
-        q2_BxHxLxK = self.split_heads(self.query2(self.merge_heads(y_BxHxLxK)))
+        q2_BxHxLxK = self.rotate(self.split_heads(self.query2(self.merge_heads(y_BxHxLxK))))
         z_BxHxLxK = _block_window_attention(
-            q2_BxHxLxK, pooled(self.key2), pooled(self.value2), count_BxN > 0, block=block,
+            q2_BxHxLxK, pooled(self.key2, True), pooled(self.value2, False), count_BxN > 0,
+            block=block,
             width=(block + 2 * w2 + size - 2) // stride + 2,
             first=lambda b0: -((w2 + size - 1 - b0) // stride),
             sees=lambda i, m: (m * stride <= i + w2) & (m * stride + size - 1 >= i - w2),
@@ -262,12 +274,15 @@ def _block_window_attention(q_BxHxLxK: jax.Array, k_BxHxSxK: jax.Array, v_BxHxSx
 @registry.register("poolingformer", capabilities=registry.Capabilities(
     description="Poolingformer: sliding-window attention plus pooled attention in a wider window",
     causal=False, padding=True, variable_length=True, receptive_field="limited",
-    test_hparams={"window1": 2, "window2": 6, "pool_size": 3, "pool_stride": 2}))
+    test_hparams={"window1": 2, "window2": 6, "pool_size": 3, "pool_stride": 2},
+    rotary=True))
 def build_poolingformer(*, dim: int, num_heads: int, max_len: int, causal: bool,
-                        rngs: nnx.Rngs, window1: int = 64, window2: int = 256,
-                        pool_size: int = 5, pool_stride: int = 4, qkv_dim: int | None = None,
-                        attention_dropout: float = 0.1, use_bias: bool = True) -> Poolingformer:
+                        rngs: nnx.Rngs, rotary: bool = False, window1: int = 64,
+                        window2: int = 256, pool_size: int = 5, pool_stride: int = 4,
+                        qkv_dim: int | None = None, attention_dropout: float = 0.1,
+                        use_bias: bool = True) -> Poolingformer:
     del max_len, causal  # any length; the registry refuses causal=True
     return Poolingformer(dim=dim, num_heads=num_heads, window1=window1, window2=window2,
                          pool_size=pool_size, pool_stride=pool_stride, qkv_dim=qkv_dim,
-                         attention_dropout=attention_dropout, use_bias=use_bias, rngs=rngs)
+                         attention_dropout=attention_dropout, use_bias=use_bias,
+                         rotary=rotary, rngs=rngs)

@@ -104,9 +104,10 @@ class ProbSparseAttention(MultiHeadAttention):
 
     def __init__(self, *, dim: int, num_heads: int, max_len: int, causal: bool, factor: int,
                  sample_seed: int, qkv_dim: int | None, attention_dropout: float,
-                 use_bias: bool, rngs: nnx.Rngs):
+                 use_bias: bool, rotary: bool, rngs: nnx.Rngs):
         super().__init__(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
-                         attention_dropout=attention_dropout, use_bias=use_bias, rngs=rngs)
+                         attention_dropout=attention_dropout, use_bias=use_bias,
+                         rotary=rotary, rngs=rngs)
         if factor <= 0:
             raise ValueError(f"informer: factor must be positive, got {factor}")
         self.factor = factor
@@ -167,12 +168,13 @@ class ProbSparseAttention(MultiHeadAttention):
 @registry.register("informer", capabilities=registry.Capabilities(
     description="Informer ProbSparse: top-u queries by max-minus-mean score, the rest mean(V)",
     causal=True, padding=True, variable_length=True,
-    dense_equivalent={"factor": 16}, test_hparams={"factor": 1}))
+    dense_equivalent={"factor": 16}, test_hparams={"factor": 1}, rotary=True))
 def build_informer(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
+                   rotary: bool = False,
                    factor: int = 5, sample_seed: int = 0, qkv_dim: int | None = None,
                    attention_dropout: float = 0.1, use_bias: bool = True) -> ProbSparseAttention:
     """factor: c in u = U = c * ceil(ln L); sample_seed: key samples when deterministic."""
     return ProbSparseAttention(dim=dim, num_heads=num_heads, max_len=max_len, causal=causal,
                                factor=factor, sample_seed=sample_seed, qkv_dim=qkv_dim,
                                attention_dropout=attention_dropout, use_bias=use_bias,
-                               rngs=rngs)
+                               rotary=rotary, rngs=rngs)

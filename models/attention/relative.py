@@ -116,12 +116,16 @@ def build_relative(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs
                              attention_dropout=attention_dropout, use_bias=use_bias, rngs=rngs)
 
 
+# Both refuse rotary: the R_(i-j) terms are their position encoding already.
+_HAS_RELATIVE = ("its attention has relative positions of its own (Transformer-XL's "
+                 "sinusoidal R_(i-j) terms and biases u, v), which rotary would duplicate")
+
 registry.register("transformer_xl", build_relative, registry.Capabilities(
     description="Transformer-XL: relative-position attention, segment recurrence with memory",
     causal=True, padding=True, variable_length=True, takes_memory=True,
-    block={"stack": "segment_recurrent"}))
+    block={"stack": "segment_recurrent"}, rotary_refusal=_HAS_RELATIVE))
 
 registry.register("gtrxl", build_relative, registry.Capabilities(
     description="GTrXL: Transformer-XL attention in GRU-gated identity-map-reordered blocks",
     causal=True, padding=True, variable_length=True, takes_memory=True,
-    block={"kind": "gated", "stack": "segment_recurrent"}))
+    block={"kind": "gated", "stack": "segment_recurrent"}, rotary_refusal=_HAS_RELATIVE))

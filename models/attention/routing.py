@@ -21,6 +21,10 @@ Causal: top-w ranks a token against later tokens, so membership would leak the f
 The causal path therefore assigns every token to its nearest centroid (a decision from the
 token alone) and cuts each cluster, in position order, into runs of w tokens (the run of a
 token depends only on earlier tokens); a query attends to the earlier tokens of its run.
+
+rotary: queries and keys are rotated by position right after their projections, so the
+routing (and the centroids) see the rotated vectors: those whose products are the logits
+that routing tries to keep, which now depend on content and offset.
 """
 from __future__ import annotations
 
@@ -58,9 +62,10 @@ class RoutingAttention(MultiHeadAttention):
     def __init__(self, *, dim: int, num_heads: int, causal: bool, num_clusters: int,
                  window: int | None, decay: float, commitment: float, shared_qk: bool,
                  qkv_dim: int | None, attention_dropout: float, use_bias: bool,
-                 rngs: nnx.Rngs):
+                 rotary: bool, rngs: nnx.Rngs):
         super().__init__(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
-                         attention_dropout=attention_dropout, use_bias=use_bias, rngs=rngs)
+                         attention_dropout=attention_dropout, use_bias=use_bias,
+                         rotary=rotary, rngs=rngs)
         if num_clusters <= 0:
             raise ValueError(f"routing: num_clusters must be positive, got {num_clusters}")
         if window is not None and window <= 0:
@@ -89,13 +94,13 @@ class RoutingAttention(MultiHeadAttention):
     def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None = None,
                  deterministic: bool = True) -> jax.Array:
         b, seq_len, _ = x_BxLxD.shape
-        q_BxHxLxK = self.split_heads(self.query(x_BxLxD))
+        q_BxHxLxK = self.rotate(self.split_heads(self.query(x_BxLxD)))
         v_BxHxLxK = self.split_heads(self.value(x_BxLxD))
         qn_BxHxLxK = l2_normalize(q_BxHxLxK)
         if self.shared_qk:
             k_BxHxLxK = kn_BxHxLxK = qn_BxHxLxK
         else:
-            k_BxHxLxK = self.split_heads(self.key(x_BxLxD))
+            k_BxHxLxK = self.rotate(self.split_heads(self.key(x_BxLxD)))
             kn_BxHxLxK = l2_normalize(k_BxHxLxK)
         real_BxL = layers.valid_mask(padding_mask, b, seq_len)
         mu_HxCxK = self.centroids[...]
@@ -228,9 +233,9 @@ class RoutingAttention(MultiHeadAttention):
     causal=True, padding=True, variable_length=True, receptive_field="limited",
     dense_form=("shared_qk",),
     dense_equivalent={"num_clusters": 1, "window": None, "shared_qk": False},
-    test_hparams={"num_clusters": 2, "window": 6}))
+    test_hparams={"num_clusters": 2, "window": 6}, rotary=True))
 def build_routing(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
-                  num_clusters: int | None = None, window: int | None = None,
+                  rotary: bool = False, num_clusters: int | None = None, window: int | None = None,
                   decay: float = 0.999, commitment: float = 1e-4, shared_qk: bool = True,
                   qkv_dim: int | None = None, attention_dropout: float = 0.1,
                   use_bias: bool = True) -> RoutingAttention:
@@ -242,4 +247,5 @@ def build_routing(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs:
     return RoutingAttention(dim=dim, num_heads=num_heads, causal=causal,
                             num_clusters=num_clusters, window=window, decay=decay,
                             commitment=commitment, shared_qk=shared_qk, qkv_dim=qkv_dim,
-                            attention_dropout=attention_dropout, use_bias=use_bias, rngs=rngs)
+                            attention_dropout=attention_dropout, use_bias=use_bias,
+                            rotary=rotary, rngs=rngs)

@@ -42,9 +42,10 @@ class SparseAdaptiveAttention(MultiHeadAttention):
 
     def __init__(self, *, dim: int, num_heads: int, causal: bool, k: int, rank: int,
                  qkv_dim: int | None, attention_dropout: float, use_bias: bool,
-                 rngs: nnx.Rngs):
+                 rotary: bool, rngs: nnx.Rngs):
         super().__init__(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
-                         attention_dropout=attention_dropout, use_bias=use_bias, rngs=rngs)
+                         attention_dropout=attention_dropout, use_bias=use_bias,
+                         rotary=rotary, rngs=rngs)
         if k <= 0 or rank <= 0:
             raise ValueError(f"sac: k and rank must be positive, got k={k}, rank={rank}")
         self.k, self.rank = k, rank
@@ -111,12 +112,12 @@ def chosen_edge_weights(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxK: j
 @registry.register("sac", capabilities=registry.Capabilities(
     description="SAC: a learned low-rank edge predictor picks k keys per query",
     causal=True, padding=True, variable_length=True, receptive_field="limited",
-    dense_equivalent={"k": 16}, test_hparams={"k": 4, "rank": 4}))
+    dense_equivalent={"k": 16}, test_hparams={"k": 4, "rank": 4}, rotary=True))
 def build_sac(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
-              k: int = 32, rank: int = 16, qkv_dim: int | None = None,
+              rotary: bool = False, k: int = 32, rank: int = 16, qkv_dim: int | None = None,
               attention_dropout: float = 0.1, use_bias: bool = True) -> SparseAdaptiveAttention:
     """k: keys per query (edges per node); rank: width of the edge predictor per head."""
     del max_len  # any length
     return SparseAdaptiveAttention(dim=dim, num_heads=num_heads, causal=causal, k=k, rank=rank,
                                    qkv_dim=qkv_dim, attention_dropout=attention_dropout,
-                                   use_bias=use_bias, rngs=rngs)
+                                   use_bias=use_bias, rotary=rotary, rngs=rngs)

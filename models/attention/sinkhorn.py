@@ -26,6 +26,10 @@ queries. A lower-triangular doubly stochastic matrix can only be the identity, s
 balancing is both causal and non-trivial: the causal path normalises rows only (a row
 softmax, each sorted block a convex combination of earlier blocks) and ignores
 `sinkhorn_iters`. Block 0 has no past block: its queries attend locally only.
+
+rotary: queries and keys are rotated by their positions before the sort, so a sorted
+key keeps the rotation of the position it came from (its product with a query depends
+on the two positions' offset), and the sort mixes such keys.
 """
 from __future__ import annotations
 
@@ -66,9 +70,10 @@ class SinkhornAttention(MultiHeadAttention):
                  block_size: int, sinkhorn_iters: int, temperature: float,
                  gumbel_noise: bool, normalization: str, sortcut: int | None,
                  qkv_dim: int | None, attention_dropout: float, use_bias: bool,
-                 rngs: nnx.Rngs):
+                 rotary: bool, rngs: nnx.Rngs):
         super().__init__(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
-                         attention_dropout=attention_dropout, use_bias=use_bias, rngs=rngs)
+                         attention_dropout=attention_dropout, use_bias=use_bias,
+                         rotary=rotary, rngs=rngs)
         if block_size <= 0:
             raise ValueError(f"sinkhorn: block_size must be positive, got {block_size}")
         if sinkhorn_iters < 0:
@@ -184,8 +189,9 @@ class SinkhornAttention(MultiHeadAttention):
     description="Sparse Sinkhorn attention: local block plus a Sinkhorn-sorted block",
     causal=True, padding=True, variable_length=True,
     dense_equivalent={"block_size": 16},
-    test_hparams={"block_size": 4}))
+    test_hparams={"block_size": 4}, rotary=True))
 def build_sinkhorn(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
+                   rotary: bool = False,
                    block_size: int = 64, sinkhorn_iters: int = 5, temperature: float = 0.75,
                    gumbel_noise: bool = False, normalization: str = "sinkhorn",
                    sortcut: int | None = None, qkv_dim: int | None = None,
@@ -197,4 +203,5 @@ def build_sinkhorn(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs
                              block_size=block_size, sinkhorn_iters=sinkhorn_iters,
                              temperature=temperature, gumbel_noise=gumbel_noise,
                              normalization=normalization, sortcut=sortcut, qkv_dim=qkv_dim,
-                             attention_dropout=attention_dropout, use_bias=use_bias, rngs=rngs)
+                             attention_dropout=attention_dropout, use_bias=use_bias,
+                             rotary=rotary, rngs=rngs)

@@ -48,9 +48,10 @@ class AdaptiveSpanAttention(MultiHeadAttention):
 
     def __init__(self, *, dim: int, num_heads: int, causal: bool, max_span: int,
                  ramp: float, span_init: float, l1_weight: float, qkv_dim: int | None,
-                 attention_dropout: float, use_bias: bool, rngs: nnx.Rngs):
+                 attention_dropout: float, use_bias: bool, rotary: bool, rngs: nnx.Rngs):
         super().__init__(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
-                         attention_dropout=attention_dropout, use_bias=use_bias, rngs=rngs)
+                         attention_dropout=attention_dropout, use_bias=use_bias,
+                         rotary=rotary, rngs=rngs)
         if max_span <= 0 or ramp <= 0:
             raise ValueError(f"adaptive_span: max_span ({max_span}) and ramp ({ramp}) must "
                              "be positive")
@@ -110,9 +111,10 @@ class AdaptiveSpanAttention(MultiHeadAttention):
 @registry.register("adaptive_span", capabilities=registry.Capabilities(
     description="softmax attention with a learned soft span per head (L1 aux loss)",
     causal=True, padding=True, variable_length=True, receptive_field="limited",
-    dense_equivalent={"span_init": 1.0}, test_hparams={"ramp": 4.0}))
+    dense_equivalent={"span_init": 1.0}, test_hparams={"ramp": 4.0}, rotary=True))
 def build_adaptive_span(*, dim: int, num_heads: int, max_len: int, causal: bool,
-                        rngs: nnx.Rngs, max_span: int | None = None, ramp: float = 32.0,
+                        rngs: nnx.Rngs, rotary: bool = False, max_span: int | None = None,
+                        ramp: float = 32.0,
                         span_init: float = 0.0, l1_weight: float = 2e-6,
                         qkv_dim: int | None = None, attention_dropout: float = 0.1,
                         use_bias: bool = True) -> AdaptiveSpanAttention:
@@ -121,4 +123,4 @@ def build_adaptive_span(*, dim: int, num_heads: int, max_len: int, causal: bool,
                                  max_span=max_len if max_span is None else max_span,
                                  ramp=ramp, span_init=span_init, l1_weight=l1_weight,
                                  qkv_dim=qkv_dim, attention_dropout=attention_dropout,
-                                 use_bias=use_bias, rngs=rngs)
+                                 use_bias=use_bias, rotary=rotary, rngs=rngs)

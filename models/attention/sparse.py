@@ -34,9 +34,10 @@ class PatternAttention(MultiHeadAttention):
     def __init__(self, *, pattern: masks.Pattern, dim: int, num_heads: int, causal: bool,
                  qkv_dim: int | None, attention_dropout: float, use_bias: bool,
                  attention_impl: str, block_size: int | None, rngs: nnx.Rngs,
-                 prefix_len: int = 0):
+                 prefix_len: int = 0, rotary: bool = False):
         super().__init__(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
-                         attention_dropout=attention_dropout, use_bias=use_bias, rngs=rngs)
+                         attention_dropout=attention_dropout, use_bias=use_bias,
+                         rotary=rotary, rngs=rngs)
         if attention_impl not in IMPLS:
             raise registry.RegistryError(
                 f"attention_impl={attention_impl!r} is not available for pattern attention; "
@@ -130,8 +131,8 @@ class LongformerAttention(PatternAttention):
         seq_len = x_BxLxD.shape[1]
         g = min(self.num_global_rows, seq_len)
         if self.global_projections and g > 0:
-            q_BxHxGxK = self.split_heads(self.query_global(x_BxLxD[:, :g]))
-            k_BxHxLxK = self.split_heads(self.key_global(x_BxLxD))
+            q_BxHxGxK = self.rotate(self.split_heads(self.query_global(x_BxLxD[:, :g])))
+            k_BxHxLxK = self.rotate(self.split_heads(self.key_global(x_BxLxD)))
             v_BxHxLxK = self.split_heads(self.value_global(x_BxLxD))
             # The pattern's own rows for these positions (every key; & causal if causal).
             allowed = self.pattern.mask(jnp.arange(g)[:, None], jnp.arange(seq_len)[None],
@@ -174,9 +175,9 @@ class AxialSumAttention(PatternAttention):
 
 @registry.register("transformer", capabilities=registry.Capabilities(
     description="softmax multi-head attention over all positions (the reference)",
-    causal=True, padding=True, variable_length=True, dense_equivalent={}))
+    causal=True, padding=True, variable_length=True, dense_equivalent={}, rotary=True))
 def build_transformer(*, dim: int, num_heads: int, max_len: int, causal: bool,
-                      rngs: nnx.Rngs, qkv_dim: int | None = None,
+                      rngs: nnx.Rngs, rotary: bool = False, qkv_dim: int | None = None,
                       attention_dropout: float = 0.1, use_bias: bool = True,
                       attention_impl: str = "dense") -> MultiHeadAttention:
     del max_len  # any length works
@@ -187,34 +188,35 @@ def build_transformer(*, dim: int, num_heads: int, max_len: int, causal: bool,
                                 attention_dropout=attention_dropout, use_bias=use_bias,
                                 attention_impl=attention_impl,
                                 block_size=64 if attention_impl == "blocksparse" else None,
-                                rngs=rngs)
+                                rotary=rotary, rngs=rngs)
     if attention_impl != "dense":
         raise registry.RegistryError(
             f"transformer: attention_impl={attention_impl!r} is not available; use 'dense', "
             "'blocksparse' or 'pallas'")
     return MultiHeadAttention(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
                               attention_dropout=attention_dropout, use_bias=use_bias,
-                              rngs=rngs)
+                              rotary=rotary, rngs=rngs)
 
 
 # ----------------------------------------------------------------------------------
 # Builders: the paper's hyperparameters -> a pattern.
 
 def _common(dim, num_heads, causal, rngs, qkv_dim, attention_dropout, use_bias,
-            attention_impl, block_size, prefix_len):
+            attention_impl, block_size, prefix_len, rotary):
     return dict(dim=dim, num_heads=num_heads, causal=causal, rngs=rngs, qkv_dim=qkv_dim,
                 attention_dropout=attention_dropout, use_bias=use_bias,
                 attention_impl=attention_impl, block_size=block_size,
-                prefix_len=prefix_len)
+                prefix_len=prefix_len, rotary=rotary)
 
 
 def _caps(description: str, *, causal: bool, test_hparams: dict,
           dense_equivalent: dict | None, dense_form: tuple[str, ...] = ()
           ) -> registry.Capabilities:
+    # Every pattern variant rotates the q, k of its (masked) products under rotary.
     return registry.Capabilities(description=description, causal=causal, padding=True,
                                  variable_length=True, dense_equivalent=dense_equivalent,
                                  dense_form=dense_form, test_hparams=test_hparams,
-                                 receptive_field="pattern")
+                                 receptive_field="pattern", rotary=True)
 
 
 def _build(pattern, *, causal, **common):
@@ -224,13 +226,14 @@ def _build(pattern, *, causal, **common):
 @registry.register("local", capabilities=_caps(
     "sliding-window attention |i-j| <= window", causal=True,
     test_hparams=dict(window=2, block_size=4), dense_equivalent=dict(window=16)))
-def build_local(*, dim, num_heads, max_len, causal, rngs, prefix_len=0, window: int = 128,
+def build_local(*, dim, num_heads, max_len, causal, rngs, rotary: bool = False, prefix_len=0,
+                window: int = 128,
                 qkv_dim=None, attention_dropout=0.1, use_bias=True,
                 attention_impl="dense", block_size=64):
     del max_len
     return _build(masks.local(window), **_common(
         dim, num_heads, causal, rngs, qkv_dim, attention_dropout, use_bias, attention_impl,
-        block_size, prefix_len))
+        block_size, prefix_len, rotary))
 
 
 def _head_split(a: masks.Pattern, b: masks.Pattern, heads: str,
@@ -247,7 +250,7 @@ def _head_split(a: masks.Pattern, b: masks.Pattern, heads: str,
     "(every stride-th), union or split over heads", causal=True,
     test_hparams=dict(stride=4, heads="split", block_size=4),
     dense_equivalent=dict(stride=1, heads="union")))
-def build_strided(*, dim, num_heads, max_len, causal, rngs,
+def build_strided(*, dim, num_heads, max_len, causal, rngs, rotary: bool = False,
                   prefix_len=0, stride: int | None = None,
                   heads: str = "union", lra_causal: bool = False, qkv_dim=None,
                   attention_dropout=0.1, use_bias=True, attention_impl="dense",
@@ -259,14 +262,14 @@ def build_strided(*, dim, num_heads, max_len, causal, rngs,
     pattern = _head_split(a1, masks.strided(stride), heads, num_heads)
     return _build(pattern, **_common(dim, num_heads, causal or lra_causal, rngs, qkv_dim,
                                      attention_dropout, use_bias, attention_impl,
-                                     block_size, prefix_len))
+                                     block_size, prefix_len, rotary))
 
 
 @registry.register("fixed", capabilities=_caps(
     "Sparse Transformer fixed: own block (A1) and the last c of every block (A2)",
     causal=True, test_hparams=dict(block=4, c=1, heads="split", block_size=4),
     dense_equivalent=dict(block=16, c=1, heads="union")))
-def build_fixed(*, dim, num_heads, max_len, causal, rngs,
+def build_fixed(*, dim, num_heads, max_len, causal, rngs, rotary: bool = False,
                 prefix_len=0, block: int = 128, c: int = 8,
                 heads: str = "union", lra_causal: bool = False, qkv_dim=None,
                 attention_dropout=0.1, use_bias=True, attention_impl="dense",
@@ -276,20 +279,21 @@ def build_fixed(*, dim, num_heads, max_len, causal, rngs,
     pattern = _head_split(masks.SameBlock(block), masks.Summary(block, c), heads, num_heads)
     return _build(pattern, **_common(dim, num_heads, causal or lra_causal, rngs, qkv_dim,
                                      attention_dropout, use_bias, attention_impl,
-                                     block_size, prefix_len))
+                                     block_size, prefix_len, rotary))
 
 
 @registry.register("dilated", capabilities=_caps(
     "dilated window: j = i + k*dilation for |k| <= window", causal=True,
     test_hparams=dict(window=2, dilation=2, block_size=4),
     dense_equivalent=dict(window=16, dilation=1)))
-def build_dilated(*, dim, num_heads, max_len, causal, rngs, prefix_len=0, window: int = 64,
+def build_dilated(*, dim, num_heads, max_len, causal, rngs, rotary: bool = False,
+                  prefix_len=0, window: int = 64,
                   dilation: int = 2, qkv_dim=None, attention_dropout=0.1, use_bias=True,
                   attention_impl="dense", block_size=64):
     del max_len
     return _build(masks.dilated(window, dilation), **_common(
         dim, num_heads, causal, rngs, qkv_dim, attention_dropout, use_bias, attention_impl,
-        block_size, prefix_len))
+        block_size, prefix_len, rotary))
 
 
 @registry.register("global", capabilities=_caps(
@@ -297,13 +301,13 @@ def build_dilated(*, dim, num_heads, max_len, causal, rngs, prefix_len=0, window
     "positions (and the CLS slot) or extra learned tokens", causal=False,
     test_hparams=dict(num_global=2, block_size=4),
     dense_equivalent=dict(num_global=16, extra_tokens=False)))
-def build_global(*, dim, num_heads, max_len, causal, rngs,
+def build_global(*, dim, num_heads, max_len, causal, rngs, rotary: bool = False,
                  prefix_len=0, num_global: int = 1,
                  extra_tokens: bool = False, qkv_dim=None, attention_dropout=0.1,
                  use_bias=True, attention_impl="dense", block_size=64):
     del max_len
     common = _common(dim, num_heads, causal, rngs, qkv_dim, attention_dropout, use_bias,
-                     attention_impl, block_size, prefix_len)
+                     attention_impl, block_size, prefix_len, rotary)
     if extra_tokens:
         # The learned tokens go before everything: they and the prefix are global, and
         # every content token sees itself, so no row is empty.
@@ -318,7 +322,7 @@ def build_global(*, dim, num_heads, max_len, causal, rngs,
     "Floyd's sampling per row)",
     causal=True, test_hparams=dict(num_random=4, block_size=4),
     dense_equivalent=dict(num_random=16)))
-def build_random(*, dim, num_heads, max_len, causal, rngs,
+def build_random(*, dim, num_heads, max_len, causal, rngs, rotary: bool = False,
                  prefix_len=0, num_random: int = 8,
                  seed: int = 0, qkv_dim=None, attention_dropout=0.1, use_bias=True,
                  attention_impl="dense", block_size=64):
@@ -331,21 +335,21 @@ def build_random(*, dim, num_heads, max_len, causal, rngs,
                | masks.local(0))
     return _build(pattern, **_common(dim, num_heads, causal, rngs, qkv_dim,
                                      attention_dropout, use_bias, attention_impl,
-                                     block_size, prefix_len))
+                                     block_size, prefix_len, rotary))
 
 
 @registry.register("block_local", capabilities=_caps(
     "Image Transformer 1D: query blocks see their block plus `memory` preceding positions",
     causal=True, test_hparams=dict(block=4, memory=2, block_size=4),
     dense_equivalent=dict(block=16, memory=0)))
-def build_block_local(*, dim, num_heads, max_len, causal, rngs,
+def build_block_local(*, dim, num_heads, max_len, causal, rngs, rotary: bool = False,
                       prefix_len=0, block: int = 128,
                       memory: int = 128, qkv_dim=None, attention_dropout=0.1,
                       use_bias=True, attention_impl="dense", block_size=64):
     del max_len
     return _build(masks.block_local(block, memory), **_common(
         dim, num_heads, causal, rngs, qkv_dim, attention_dropout, use_bias, attention_impl,
-        block_size, prefix_len))
+        block_size, prefix_len, rotary))
 
 
 def _width(width: int | None, max_len: int) -> int:
@@ -359,7 +363,7 @@ def _width(width: int | None, max_len: int) -> int:
                       flange_width=1, block_size=4),
     dense_equivalent=dict(width=4, query_height=4, query_width=4, flange_height=0,
                           flange_width=0)))
-def build_local_2d(*, dim, num_heads, max_len, causal, rngs,
+def build_local_2d(*, dim, num_heads, max_len, causal, rngs, rotary: bool = False,
                    prefix_len=0, width: int | None = None,
                    query_height: int = 8, query_width: int = 16, flange_height: int = 8,
                    flange_width: int = 8, qkv_dim=None, attention_dropout=0.1,
@@ -369,7 +373,7 @@ def build_local_2d(*, dim, num_heads, max_len, causal, rngs,
                              (flange_height, flange_width))
     return _build(pattern, **_common(dim, num_heads, causal, rngs, qkv_dim,
                                      attention_dropout, use_bias, attention_impl,
-                                     block_size, prefix_len))
+                                     block_size, prefix_len, rotary))
 
 
 @registry.register("longformer", capabilities=_caps(
@@ -378,7 +382,7 @@ def build_local_2d(*, dim, num_heads, max_len, causal, rngs,
     test_hparams=dict(window=2, num_global=1, dilation=2, dilated_heads=1, block_size=4),
     dense_equivalent=dict(window=16, dilation=1, global_projections=False),
     dense_form=("global_projections",)))
-def build_longformer(*, dim, num_heads, max_len, causal, rngs,
+def build_longformer(*, dim, num_heads, max_len, causal, rngs, rotary: bool = False,
                      prefix_len=0, window: int = 256,
                      num_global: int = 1, dilation: int = 1, dilated_heads: int = 0,
                      global_projections: bool = True, qkv_dim=None, attention_dropout=0.1,
@@ -398,7 +402,7 @@ def build_longformer(*, dim, num_heads, max_len, causal, rngs,
         pattern=pattern, num_global_rows=prefix_len + num_global,
         global_projections=global_projections, **_common(
             dim, num_heads, causal, rngs, qkv_dim, attention_dropout, use_bias,
-            attention_impl, block_size, prefix_len))
+            attention_impl, block_size, prefix_len, rotary))
 
 
 @registry.register("bigbird", capabilities=_caps(
@@ -407,7 +411,8 @@ def build_longformer(*, dim, num_heads, max_len, causal, rngs,
     causal=False,
     test_hparams=dict(block=4, num_random_blocks=1, num_global_blocks=1, block_size=4),
     dense_equivalent=dict(block=16)))
-def build_bigbird(*, dim, num_heads, max_len, causal, rngs, prefix_len=0, block: int = 64,
+def build_bigbird(*, dim, num_heads, max_len, causal, rngs, rotary: bool = False,
+                  prefix_len=0, block: int = 64,
                   num_random_blocks: int = 3, num_global_blocks: int = 2, seed: int = 0,
                   qkv_dim=None, attention_dropout=0.1, use_bias=True,
                   attention_impl="dense", block_size: int | None = None):
@@ -418,20 +423,20 @@ def build_bigbird(*, dim, num_heads, max_len, causal, rngs, prefix_len=0, block:
     # The pattern is made of `block` tiles, so the kernel uses them by default.
     return _build(pattern, **_common(dim, num_heads, causal, rngs, qkv_dim,
                                      attention_dropout, use_bias, attention_impl,
-                                     block_size or block, prefix_len))
+                                     block_size or block, prefix_len, rotary))
 
 
 @registry.register("axial", capabilities=_caps(
     "axial attention on a raster of `width` columns: row and column passes summed, "
     "or heads split between rows and columns", causal=False,
     test_hparams=dict(width=4, block_size=4), dense_equivalent=None))
-def build_axial(*, dim, num_heads, max_len, causal, rngs,
+def build_axial(*, dim, num_heads, max_len, causal, rngs, rotary: bool = False,
                 prefix_len=0, width: int | None = None,
                 mode: str = "sum", qkv_dim=None, attention_dropout=0.1, use_bias=True,
                 attention_impl="dense", block_size=64):
     width = _width(width, max_len - prefix_len)  # the content's raster, not the CLS slot
     common = _common(dim, num_heads, causal, rngs, qkv_dim, attention_dropout, use_bias,
-                     attention_impl, block_size, prefix_len)
+                     attention_impl, block_size, prefix_len, rotary)
     if mode == "sum":
         return AxialSumAttention(width=width, **common)
     if mode == "split":
@@ -452,12 +457,19 @@ class StarAttention(MultiHeadAttention):
     attends to [s, h_1..h_n]. Each update is followed by LayerNorm(ReLU(.)), as in the
     paper; h^0 = e, s^0 = mean of the real e. The satellites use query/key/value/out,
     the relay its own projections. Padding is assumed at the end (as the loaders pad).
+
+    rotary: a satellite's query and its context keys are rotated by their own positions
+    (the ring's wrap-around neighbour keeps its true position, n-1 or 0), its embedding
+    key e_i by i, and the relay's key by the query's own position i: the relay is
+    everywhere at once, so its score does not depend on i. The relay's own attention
+    (its query has no position) is not rotated.
     """
 
     def __init__(self, *, dim: int, num_heads: int, cycles: int, qkv_dim: int | None,
-                 attention_dropout: float, use_bias: bool, rngs: nnx.Rngs):
+                 attention_dropout: float, use_bias: bool, rotary: bool, rngs: nnx.Rngs):
         super().__init__(dim=dim, num_heads=num_heads, qkv_dim=qkv_dim,
-                         attention_dropout=attention_dropout, use_bias=use_bias, rngs=rngs)
+                         attention_dropout=attention_dropout, use_bias=use_bias,
+                         rotary=rotary, rngs=rngs)
         if cycles < 1:
             raise registry.RegistryError(f"star: cycles must be >= 1, got {cycles}")
         self.cycles = cycles
@@ -483,11 +495,13 @@ class StarAttention(MultiHeadAttention):
         h_BxLxD = x_BxLxD
         s_Bx1xD = ((x_BxLxD * real_BxL[..., None]).sum(1, keepdims=True)
                    / n_Bx1[..., None].astype(x_BxLxD.dtype))
-        ke, ve = self.split_heads(self.key(e_BxLxD)), self.split_heads(self.value(e_BxLxD))
+        ke = self.rotate(self.split_heads(self.key(e_BxLxD)))
+        ve = self.split_heads(self.value(e_BxLxD))
         for _ in range(self.cycles):
             q, kh, vh = self.project_qkv(h_BxLxD)
             ks, vs = self.split_heads(self.key(s_Bx1xD)), self.split_heads(self.value(s_Bx1xD))
             ks, vs = (jnp.broadcast_to(t, kh.shape) for t in (ks, vs))
+            ks = self.rotate(ks)  # at each query's own position: offset 0
             # The 5 context keys of every satellite: B x H x L x 5 x K.
             k5 = jnp.stack([neighbour(kh, prev_BxL), kh, neighbour(kh, next_BxL), ke, ks], 3)
             v5 = jnp.stack([neighbour(vh, prev_BxL), vh, neighbour(vh, next_BxL), ve, vs], 3)
@@ -510,10 +524,11 @@ class StarAttention(MultiHeadAttention):
 
 @registry.register("star", capabilities=registry.Capabilities(
     description="Star-Transformer: ring neighbours, own embedding and a relay node that "
-    "attends to all", causal=False, padding=True, variable_length=True,
+    "attends to all", causal=False, padding=True, variable_length=True, rotary=True,
     test_hparams=dict(cycles=2)))  # global: every satellite reaches the relay
-def build_star(*, dim, num_heads, max_len, causal, rngs, cycles: int = 2, qkv_dim=None,
-               attention_dropout=0.1, use_bias=True):
+def build_star(*, dim, num_heads, max_len, causal, rngs, rotary: bool = False,
+               cycles: int = 2, qkv_dim=None, attention_dropout=0.1, use_bias=True):
     del max_len, causal  # any length; causal=True is refused by the registry
     return StarAttention(dim=dim, num_heads=num_heads, cycles=cycles, qkv_dim=qkv_dim,
-                         attention_dropout=attention_dropout, use_bias=use_bias, rngs=rngs)
+                         attention_dropout=attention_dropout, use_bias=use_bias,
+                         rotary=rotary, rngs=rngs)

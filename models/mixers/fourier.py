@@ -102,7 +102,9 @@ class FourierMixer(nnx.Module):
     description="FNet: real part of a 2D DFT over sequence and hidden (per-example length)",
     causal=False, padding=True, variable_length=True,
     # The suite's gradient check needs a parameter; the transform itself is the same.
-    test_hparams={"gain": True}))
+    test_hparams={"gain": True},
+    rotary_refusal="it mixes tokens by a Fourier transform and forms no query-key products "
+    "to rotate"))
 def build_fnet(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
                norm: str = "ortho", gain: bool = False) -> FourierMixer:
     del num_heads, max_len, causal  # any length works; the registry refuses causal=True

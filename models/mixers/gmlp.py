@@ -79,7 +79,9 @@ class SpatialGatingMLP(nnx.Module):
 @registry.register("gmlp", capabilities=registry.Capabilities(
     description="gMLP: spatial gating unit, one channel half gated by an L x L projection",
     causal=True, padding=True, variable_length=True,
-    test_hparams={"ffn_dim": 64, "init_eps": 0.5}))
+    test_hparams={"ffn_dim": 64, "init_eps": 0.5},
+    rotary_refusal="it mixes tokens by a learned position-by-position matrix and forms no "
+    "query-key products to rotate"))
 def build_gmlp(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
                ffn_dim: int | None = None, init_eps: float = 1e-3) -> SpatialGatingMLP:
     """ffn_dim defaults to 6 * dim (every gMLP model in the paper)."""

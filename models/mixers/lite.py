@@ -56,7 +56,7 @@ class LongShortRangeAttention(nnx.Module):
 
     def __init__(self, *, dim: int, num_heads: int, causal: bool, kernel_size: int,
                  conv: str, glu: bool, conv_heads: int, attention_dropout: float,
-                 weight_dropout: float, rngs: nnx.Rngs):
+                 weight_dropout: float, rotary: bool = False, rngs: nnx.Rngs):
         if conv not in CONVS:
             raise ValueError(f"lite: unknown conv {conv!r}; valid: {', '.join(CONVS)}")
         if kernel_size < 1:
@@ -71,9 +71,10 @@ class LongShortRangeAttention(nnx.Module):
         self.conv = conv
         self.glu = glu
         self.conv_heads = conv_heads
+        # rotary turns the attention branch's q, k; the convolution is relative already.
         self.attention = MultiHeadAttention(dim=self.attn_dim, num_heads=num_heads,
                                             causal=causal, attention_dropout=attention_dropout,
-                                            rngs=rngs)
+                                            rotary=rotary, rngs=rngs)
         self.conv_in = layers.dense(conv_dim, 2 * conv_dim if glu else conv_dim,
                                     ("embed", "mlp"), rngs=rngs)
         if conv == "lightweight":
@@ -125,9 +126,10 @@ class LongShortRangeAttention(nnx.Module):
 @registry.register("lite", capabilities=registry.Capabilities(
     description="Lite Transformer LSRA: attention on half the channels, conv on the other",
     causal=True, padding=True, variable_length=True,
-    test_hparams={"kernel_size": 3, "conv": "dynamic"}))
+    test_hparams={"kernel_size": 3, "conv": "dynamic"}, rotary=True))
 def build_lite(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
-               kernel_size: int = 31, conv: str = "dynamic", glu: bool = True,
+               rotary: bool = False, kernel_size: int = 31, conv: str = "dynamic",
+               glu: bool = True,
                conv_heads: int | None = None, attention_dropout: float = 0.1,
                weight_dropout: float = 0.1) -> LongShortRangeAttention:
     """conv_heads defaults to num_heads (the paper's configs use 4 and 4)."""
@@ -135,4 +137,5 @@ def build_lite(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nn
     return LongShortRangeAttention(
         dim=dim, num_heads=num_heads, causal=causal, kernel_size=kernel_size, conv=conv,
         glu=glu, conv_heads=num_heads if conv_heads is None else conv_heads,
-        attention_dropout=attention_dropout, weight_dropout=weight_dropout, rngs=rngs)
+        attention_dropout=attention_dropout, weight_dropout=weight_dropout, rotary=rotary,
+        rngs=rngs)

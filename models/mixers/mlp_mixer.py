@@ -51,7 +51,9 @@ class TokenMixingMLP(nnx.Module):
 @registry.register("mixer", capabilities=registry.Capabilities(
     description="MLP-Mixer: a token-mixing MLP across positions (length-fixed weights)",
     causal=False, padding=True, variable_length=True,
-    test_hparams={"token_dim": 8}))
+    test_hparams={"token_dim": 8},
+    rotary_refusal="it mixes tokens by an MLP over fixed positions and forms no query-key "
+    "products to rotate"))
 def build_mixer(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
                 token_dim: int = 256) -> TokenMixingMLP:
     """token_dim defaults to Mixer-S's D_S = 256."""
