@@ -12,24 +12,15 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from typing import Any
 
 import jax
 import numpy as np
 
 from lra import checkpoint
+from lra.console import log as _log
+from lra.console import warn as _warn
 from lra.errors import ConfigError
-
-
-def _log(msg: str) -> None:
-    if jax.process_index() == 0:
-        print(msg, flush=True)
-
-
-def _warn(msg: str) -> None:
-    if jax.process_index() == 0:
-        print(f"warning: {msg}", file=sys.stderr, flush=True)
 
 
 def _same(a: Any, b: Any) -> bool:

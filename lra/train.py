@@ -16,7 +16,6 @@ import json
 import math
 import os
 import signal
-import sys
 import time
 from typing import Any
 
@@ -32,6 +31,8 @@ from jax.sharding import PartitionSpec as P
 import lra.tasks
 from configs import common
 from lra import checkpoint, init_from, input_pipeline, sharding
+from lra.console import log as _log
+from lra.console import warn as _warn
 from lra.errors import CheckpointError, ConfigError, DataError, UserError, WorkdirBusy
 from models import registry
 from models.encoder import Classifier, DualClassifier
@@ -286,16 +287,6 @@ def _format_duration(seconds: float) -> str:
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
-
-
-def _log(msg: str) -> None:
-    if jax.process_index() == 0:
-        print(msg, flush=True)
-
-
-def _warn(msg: str) -> None:
-    if jax.process_index() == 0:
-        print(f"warning: {msg}", file=sys.stderr, flush=True)
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
