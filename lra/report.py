@@ -17,7 +17,17 @@ and writes, into `--out` (default: the directory itself):
                             `≡ dense` marks a cell whose runs reduce to dense attention at
                             their length (lra/dense_check.py: e.g. a window that covers
                             the whole input), with a footnote; a run the check cannot
-                            build gets no mark and a warning line;
+                            build gets no mark and a warning line. Classifiers
+                            only: a run fine-tuned from a self-pretraining
+                            run (config.init_from) is the row `<model> (self-pretrained)`;
+  results.md (per task) /   per model: from-scratch and self-pretrained test accuracy, their
+  comparison.csv            difference, the pretraining run (objective, steps of the total),
+                            the classifier's parameter count and its ratio to
+                            `transformer`'s on the same task and config, marked `!` outside
+                            ±10% (LRA's unpublished rule for its variants), with a footnote;
+  results.md (pretraining)  pretraining runs (objective mlm / causal_lm): best validation
+                            loss, test loss and token accuracy, bits per token; never
+                            averaged with classifiers;
   efficiency_accuracy.png   LRA's Figure 3: mean accuracy against training speed (steps/s
                             relative to `transformer` on the same task), marker area from
                             compiled training-step memory relative to `transformer`.
@@ -70,7 +80,27 @@ SEED_FIELD = "random_seed"
 NON_RESULT_FIELDS = ("log_every_steps", "checkpoint_freq", "mesh_shape", "sharding")
 REQUIRED_KEYS = ("task", "model", "test_accuracy")
 _NUMERIC_KEYS = ("test_accuracy", "train_steps_per_sec", "train_step_temp_bytes",
-                 "majority_baseline_accuracy")
+                 "majority_baseline_accuracy", "num_params", "steps", "best_eval_loss",
+                 "test_loss", "test_bits_per_token")
+
+# What a run is (results.json `objective` and `init_from`; runs written before these
+# existed are classifiers from scratch). Pretraining runs' test_accuracy is masked-token
+# (or next-token) accuracy: they have their own table and are never averaged with
+# classifiers.
+OBJECTIVES = ("classify", "mlm", "causal_lm")
+SCRATCH, SELF_PRETRAINED, PRETRAINING = "from scratch", "self-pretrained", "pretraining"
+PARAMS_MARK = "!"
+PARAMS_TOLERANCE_PERCENT = 10  # LRA kept its variants within 10% of the baseline's
+PARAMS_NOTE = (f"{PARAMS_MARK}: the variant's parameter count is outside "
+               f"±{PARAMS_TOLERANCE_PERCENT}% of `transformer`'s on the same task and config (LRA "
+               "kept its variants within 10% of the baseline's parameters, without "
+               "publishing the counts); its accuracy is not a like-for-like comparison.")
+PRETRAINED_NOTE = ("self-pretrained: a classifier fine-tuned (config.init_from) from a "
+                   "self-pretraining run on the task's own training inputs (lra.sweep "
+                   "--pretrain). Its runs are grouped by being self-pretrained, not by the "
+                   "path of init_from, and their num_train_steps counts the pretraining and "
+                   "the fine-tuning steps, so that a row compares with the from-scratch run "
+                   "of as many steps. Δ: self-pretrained minus from scratch, in points.")
 
 
 def _is_number(v) -> bool:
@@ -97,7 +127,94 @@ def _problem(r) -> str | None:
             return f"{k} is {r[k]!r}, not a number"
     if r.get("config") is not None and not isinstance(r["config"], dict):
         return f"config is a JSON {_json_type(r['config'])}, not an object"
+    if r.get("objective") is not None and r["objective"] not in OBJECTIVES:
+        return f"objective is {r['objective']!r}, not one of {', '.join(OBJECTIVES)}"
+    if r.get("init_from") is not None and not isinstance(r["init_from"], str):
+        return f"init_from is {r['init_from']!r}, not a path"
     return None
+
+
+def objective(r: dict) -> str:
+    """The run's objective: results.json's, else its config's, else classify."""
+    value = r.get("objective")
+    if value is None and isinstance(r.get("config"), dict):
+        value = r["config"].get("objective")
+    return value or "classify"
+
+
+def init_source(r: dict) -> str | None:
+    """The workdir the run's encoder was initialised from (config.init_from), or None."""
+    value = r.get("init_from")
+    if value is None and isinstance(r.get("config"), dict):
+        value = r["config"].get("init_from")
+    return value or None
+
+
+def kind(r: dict) -> str:
+    """PRETRAINING (objective mlm or causal_lm), SELF_PRETRAINED (a classifier started from
+    an earlier run) or SCRATCH."""
+    if objective(r) != "classify":
+        return PRETRAINING
+    return SELF_PRETRAINED if init_source(r) else SCRATCH
+
+
+def _tail(path: str, n: int = 3) -> list[str]:
+    return os.path.normpath(path).split(os.sep)[-n:]
+
+
+def same_run_folder(a: str | None, b: str | None) -> bool:
+    """Whether two init_from values name the same run: the same path, or the same last
+    three components (<task>/<model>/<seed folder> in a sweep directory that was moved or
+    named by another relative path)."""
+    if not a or not b:
+        return not a and not b
+    return (os.path.normpath(a) == os.path.normpath(b)
+            or (len(_tail(a)) == 3 and _tail(a) == _tail(b)))
+
+
+def _annotate(results: list[dict]) -> None:
+    """Sets r['_source'] on each self-pretrained run: the results of the pretraining run its
+    init_from names (among `results`, by path or by the path's tail, else read from the
+    folder itself); none when there are none (the run was deleted, or had not finished;
+    looked for again on the next call, which may have the pretraining runs among its
+    `results`)."""
+    pretraining = [r for r in results if kind(r) == PRETRAINING and "_path" in r]
+    for r in results:
+        if kind(r) != SELF_PRETRAINED or r.get("_source"):
+            continue
+        path = init_source(r)
+        found = next((p for p in pretraining
+                      if os.path.normpath(p["_path"]) == os.path.normpath(path)), None)
+        found = found or next((p for p in pretraining if same_run_folder(p["_path"], path)),
+                              None)
+        if found is None:
+            try:
+                with open(os.path.join(path, "results.json"), encoding="utf-8") as f:
+                    other = json.load(f)
+                if not _problem(other) and kind(other) == PRETRAINING:
+                    found = {**other, "_path": path}
+            except (OSError, ValueError):
+                pass
+        if found:
+            r["_source"] = found
+
+
+def _pretraining_steps(r: dict) -> int | None:
+    source = r.get("_source")
+    if not source:
+        return None
+    steps = source.get("steps")
+    if steps is None and isinstance(source.get("config"), dict):
+        steps = source["config"].get("num_train_steps")
+    return steps
+
+
+def pretraining_warnings(results: list[dict]) -> list[str]:
+    """One line per self-pretrained run whose pretraining run has no usable results."""
+    _annotate(results)
+    return [f"{r.get('_path', '?')}: its pretraining run (init_from={init_source(r)}) has no "
+            "usable results.json; its row's steps count the fine-tuning steps only"
+            for r in results if kind(r) == SELF_PRETRAINED and not r.get("_source")]
 
 
 def load(root: str) -> tuple[list[dict], list[str]]:
@@ -157,35 +274,63 @@ def flatten(d: dict, prefix: str = "") -> dict:
 
 
 def _grouping_config(r: dict) -> dict | None:
-    """The run's config without the seed and NON_RESULT_FIELDS (flattened), or None."""
+    """The run's config without the seed and NON_RESULT_FIELDS (flattened), or None. A
+    self-pretrained run's init_from (a path per run) is left out: whether a run was
+    self-pretrained keeps rows apart instead (labels); its num_train_steps counts its
+    pretraining run's steps too (see _annotate)."""
     config = r.get("config")
     if not isinstance(config, dict):
         return None
-    return {k: v for k, v in flatten(config).items()
-            if k != SEED_FIELD and k not in NON_RESULT_FIELDS}
+    flat = {k: v for k, v in flatten(config).items()
+            if k != SEED_FIELD and k not in NON_RESULT_FIELDS and k != "init_from"}
+    steps = _pretraining_steps(r) if kind(r) == SELF_PRETRAINED else None
+    if steps is not None and _is_number(flat.get("num_train_steps")):
+        flat["num_train_steps"] += steps
+    return flat
+
+
+# The config fields a variant brings with it (presets, its block, the pooling some stacks
+# need): not part of "the same task and config" when counts are compared with transformer's.
+_VARIANT_FIELDS = ("model", "pooling")
+_VARIANT_PREFIXES = ("model_hparams.", "block.")
+
+
+def _param_key(r: dict) -> tuple[str, object]:
+    """(the run's config without the variant's own fields, as JSON; its pooling)."""
+    config = _grouping_config(r)
+    if config is None:
+        return "null", None
+    shared = {k: v for k, v in config.items()
+              if k not in _VARIANT_FIELDS and not k.startswith(_VARIANT_PREFIXES)}
+    return json.dumps(shared, sort_keys=True, default=str), config.get("pooling")
 
 
 _ABSENT = "(absent)"
 
 
-def labels(results: list[dict]) -> list[str]:
-    """One row label per run: its model, or when runs of that model and task were made
-    with configs that differ beyond the seed and NON_RESULT_FIELDS, the model followed by
-    the differing fields, e.g. `transformer [learning_rate=0.01]`."""
+def _differing(configs: list[dict | None]) -> list[str]:
+    """The fields whose values differ among `configs` (None: no config recorded)."""
+    recorded = [cfg for cfg in configs if cfg is not None]
+    fields = sorted({k for cfg in recorded for k in cfg})
+    return [k for k in fields
+            if len({json.dumps(cfg.get(k, _ABSENT), default=str) for cfg in recorded}) > 1]
+
+
+def _row_labels(results: list[dict]) -> list[tuple[str, str]]:
+    """(base, suffix) per run; the row label is base + suffix (see labels). The base is
+    shared by a model's from-scratch and self-pretrained rows of one config."""
+    _annotate(results)
     canon = [json.dumps(_grouping_config(r), sort_keys=True, default=str) for r in results]
-    by_model = defaultdict(dict)  # (task, model) -> {canonical config: config}
+    by_model = defaultdict(dict)  # (task, model, pretraining?) -> {canonical: config}
     for r, c in zip(results, canon):
-        by_model[(r["task"], r["model"])].setdefault(c, _grouping_config(r))
+        group = (r["task"], r["model"], kind(r) == PRETRAINING)
+        by_model[group].setdefault(c, _grouping_config(r))
     describe = {}
     for key, configs in by_model.items():
         if len(configs) == 1:
             describe.update({(key, c): "" for c in configs})
             continue
-        recorded = {c: cfg for c, cfg in configs.items() if cfg is not None}
-        fields = sorted({k for cfg in recorded.values() for k in cfg})
-        differing = [k for k in fields
-                     if len({json.dumps(cfg.get(k, _ABSENT), default=str)
-                             for cfg in recorded.values()}) > 1]
+        differing = _differing(list(configs.values()))
         for c, cfg in configs.items():
             if cfg is None:
                 text = "no config recorded"
@@ -194,37 +339,131 @@ def labels(results: list[dict]) -> list[str]:
             else:
                 text = "config recorded"
             describe[(key, c)] = text
-    out = []
+    bases = []
     for r, c in zip(results, canon):
-        text = describe[((r["task"], r["model"]), c)]
-        out.append(f"{r['model']} [{text}]" if text else r["model"])
+        text = describe[((r["task"], r["model"], kind(r) == PRETRAINING), c)]
+        bases.append(f"{r['model']} [{text}]" if text else r["model"])
+    # Self-pretrained runs of one row whose pretraining runs differ (e.g. in steps): one row
+    # per pretraining config, named by the fields that differ.
+    sources = defaultdict(dict)  # (task, base) -> {canonical pretraining config: config}
+    for r, base in zip(results, bases):
+        if kind(r) == SELF_PRETRAINED:
+            source = r.get("_source")
+            cfg = _grouping_config(source) if source else None
+            sources[(r["task"], base)].setdefault(
+                json.dumps(cfg, sort_keys=True, default=str) if source else "missing", cfg)
+    out = []
+    for r, base in zip(results, bases):
+        if kind(r) == PRETRAINING:
+            out.append((base, f" ({objective(r)})"))
+            continue
+        if kind(r) == SCRATCH:
+            out.append((base, ""))
+            continue
+        variants = sources[(r["task"], base)]
+        source = r.get("_source")
+        if len(variants) == 1:
+            out.append((base, f" ({SELF_PRETRAINED})"))
+        elif not source:
+            out.append((base, f" ({SELF_PRETRAINED}; pretraining run not found)"))
+        else:
+            cfg = _grouping_config(source)
+            fields = _differing(list(variants.values())) if cfg is not None else []
+            text = (", ".join(f"{k}={_show(cfg.get(k, _ABSENT))}" for k in fields)
+                    or "another pretraining run")
+            out.append((base, f" ({SELF_PRETRAINED}; pretraining {text})"))
     return out
+
+
+def labels(results: list[dict]) -> list[str]:
+    """One row label per run: its model, or when runs of that model and task were made
+    with configs that differ beyond the seed and NON_RESULT_FIELDS, the model followed by
+    the differing fields, e.g. `transformer [learning_rate=0.01]`; then
+    ` (self-pretrained)` for classifiers fine-tuned from a pretraining run (init_from; see
+    _grouping_config), ` (mlm)` / ` (causal_lm)` for pretraining runs. Pretraining runs and
+    classifiers never share a label."""
+    return [base + suffix for base, suffix in _row_labels(results)]
 
 
 def _show(v) -> str:
     return v if isinstance(v, str) else json.dumps(v)
 
 
+def _mean(rs: list[dict], key: str) -> float | None:
+    values = [r[key] for r in rs if r.get(key) is not None]
+    return statistics.fmean(values) if values else None
+
+
+def classifiers(results: list[dict]) -> list[dict]:
+    """The classification runs (from scratch and self-pretrained): no pretraining runs."""
+    return [r for r in results if kind(r) != PRETRAINING]
+
+
 def summarize(results: list[dict]) -> dict[tuple[str, str], dict]:
-    """(task, row label) -> mean/std test accuracy, seeds, speed, memory, baseline, and the
-    model. Runs are averaged only when their configs agree but for the seed and
-    NON_RESULT_FIELDS (see labels); the label is then the model name."""
+    """(task, row label) -> mean/std test accuracy, seeds, speed, memory, baseline, the
+    model, its kind (SCRATCH or SELF_PRETRAINED), the base label it shares with the other
+    kind, and its distinct parameter counts. Classification runs only (pretraining runs:
+    summarize_pretraining). Runs are averaged only when their configs agree but for the
+    seed and NON_RESULT_FIELDS (see labels); the label is then the model name (followed by
+    ` (self-pretrained)` for fine-tuned runs)."""
+    _annotate(results)  # while the pretraining runs are still among them
+    results = classifiers(results)
     groups = defaultdict(list)
-    for r, label in zip(results, labels(results)):
+    for r, (base, suffix) in zip(results, _row_labels(results)):
+        groups[(r["task"], base + suffix)].append((r, base))
+
+    def entry(pairs):
+        rs = [r for r, _ in pairs]
+        return {
+            "model": rs[0]["model"],
+            "kind": kind(rs[0]),
+            "base": pairs[0][1],
+            "accuracy": _mean(rs, "test_accuracy"),
+            "std": statistics.stdev([r["test_accuracy"] for r in rs]) if len(rs) > 1 else None,
+            "seeds": len(rs),
+            "steps_per_sec": _mean(rs, "train_steps_per_sec"),
+            "memory_bytes": _mean(rs, "train_step_temp_bytes"),
+            "baseline": _mean(rs, "majority_baseline_accuracy"),
+            "num_params": sorted({r["num_params"] for r in rs
+                                  if r.get("num_params") is not None}),
+            "param_key": _param_key(rs[0]),
+            "pretraining": _pretraining_text(rs[0]) if kind(rs[0]) == SELF_PRETRAINED else "",
+        }
+
+    return {key: entry(pairs) for key, pairs in groups.items()}
+
+
+def _pretraining_text(r: dict) -> str:
+    """'mlm, 10 of 20 steps': the objective and steps of a self-pretrained run's
+    pretraining run, of the total."""
+    source = r.get("_source")
+    if not source:
+        return "not found"
+    steps = _pretraining_steps(r)
+    own = r.get("steps", (r.get("config") or {}).get("num_train_steps"))
+    of = f" of {steps + own}" if _is_number(steps) and _is_number(own) else ""
+    return f"{objective(source)}, {steps}{of} steps"
+
+
+def summarize_pretraining(results: list[dict]) -> dict[tuple[str, str], dict]:
+    """(task, row label) -> the pretraining runs' objective, steps, validation loss (the
+    best), test loss, test token accuracy, bits per token (causal_lm), the majority
+    token's share of the test tokens, and seeds; means over seeds."""
+    runs = [r for r in results if kind(r) == PRETRAINING]
+    groups = defaultdict(list)
+    for r, label in zip(runs, labels(runs)):
         groups[(r["task"], label)].append(r)
-
-    def mean(rs, key):
-        values = [r[key] for r in rs if r.get(key) is not None]
-        return statistics.fmean(values) if values else None
-
     return {key: {
         "model": rs[0]["model"],
-        "accuracy": mean(rs, "test_accuracy"),
-        "std": statistics.stdev([r["test_accuracy"] for r in rs]) if len(rs) > 1 else None,
+        "objective": objective(rs[0]),
+        "steps": sorted({r.get("steps", (r.get("config") or {}).get("num_train_steps"))
+                         for r in rs} - {None}),
+        "best_eval_loss": _mean(rs, "best_eval_loss"),
+        "test_loss": _mean(rs, "test_loss"),
+        "accuracy": _mean(rs, "test_accuracy"),
+        "bits_per_token": _mean(rs, "test_bits_per_token"),
+        "baseline": _mean(rs, "majority_baseline_accuracy"),
         "seeds": len(rs),
-        "steps_per_sec": mean(rs, "train_steps_per_sec"),
-        "memory_bytes": mean(rs, "train_step_temp_bytes"),
-        "baseline": mean(rs, "majority_baseline_accuracy"),
     } for key, rs in groups.items()}
 
 
@@ -250,6 +489,8 @@ def dense_marks(results: list[dict]) -> tuple[set[tuple[str, str]], list[str]]:
     checked; `transformer` and the variants that are its mixer by construction
     (`universal`) are never marked."""
     marked, warnings = set(), []
+    _annotate(results)
+    results = classifiers(results)
     for r, label in zip(results, labels(results)):
         config = r.get("config")
         if not config or not config.get("model"):
@@ -308,6 +549,99 @@ def tasks_and_models(summary):
     model_of = {k[1]: s.get("model", k[1]) for k, s in summary.items()}
     models = sorted(model_of, key=lambda m: (model_of[m] != "transformer", model_of[m], m))
     return tasks, models
+
+
+def _accuracy_cell(s: dict | None) -> str:
+    if s is None or s["accuracy"] is None:
+        return "-"
+    cell = f"{100 * s['accuracy']:.2f}"
+    return cell + (f" ± {100 * s['std']:.2f}" if s["std"] is not None else "")
+
+
+def _param_reference(summary, task: str, s: dict) -> int | None:
+    """transformer's parameter count on `task` with the config of row `s` (its fields but
+    the variant's own: model, model_hparams, block, pooling); where transformer rows of
+    several counts match, the one with `s`'s pooling; None when there is no single count."""
+    key, pooling = s["param_key"]
+    rows = [b for (t, _), b in summary.items()
+            if t == task and b.get("model") == "transformer" and b["param_key"][0] == key]
+    counts = {n for b in rows for n in b["num_params"]}
+    if len(counts) > 1:
+        counts = {n for b in rows if b["param_key"][1] == pooling for n in b["num_params"]}
+    return counts.pop() if len(counts) == 1 else None
+
+
+def comparison_rows(summary, task: str) -> tuple[list[str], list[list[str]], bool]:
+    """One task's table: per model (and config), the from-scratch and self-pretrained test
+    accuracy (%), their difference in points, the pretraining run (objective, steps of the
+    total), the classifier's parameter count and its ratio to transformer's on the same
+    task and config (PARAMS_MARK outside ±PARAMS_TOLERANCE_PERCENT). The self-pretrained columns
+    appear when any row of the summary is self-pretrained. Returns (header, rows,
+    whether a row is marked)."""
+    with_pretrained = any(s.get("kind") == SELF_PRETRAINED for s in summary.values())
+    header = ["model", "from scratch",
+              *(["self-pretrained", "Δ", "pretraining"] if with_pretrained else []),
+              "params", "vs transformer"]
+    by_base = defaultdict(lambda: {"scratch": None, "pretrained": []})
+    for (t, label), s in summary.items():
+        if t != task:
+            continue
+        row = by_base[s["base"]]
+        row["model"] = s["model"]
+        if s["kind"] == SELF_PRETRAINED:
+            row["pretrained"].append((label, s))
+        else:
+            row["scratch"] = s
+    rows, marked = [], False
+    for base in sorted(by_base, key=lambda b: (by_base[b]["model"] != "transformer",
+                                               by_base[b]["model"], b)):
+        scratch = by_base[base]["scratch"]
+        pretrained = sorted(by_base[base]["pretrained"], key=lambda p: p[0])
+        for label, pre in pretrained or [(base, None)]:
+            parts = [s for s in (scratch, pre) if s is not None]
+            counts = sorted({n for s in parts for n in s["num_params"]})
+            reference = _param_reference(summary, task, parts[0]) if len(counts) == 1 else None
+            ratio = "-"
+            if reference:
+                ratio = f"{counts[0] / reference:.3f}"  # 0.898, outside, would print 0.90
+                # Integers: 110 against 100 is within 10%, whatever 110 / 100 rounds to.
+                if abs(counts[0] - reference) * 100 > PARAMS_TOLERANCE_PERCENT * reference:
+                    ratio += f" {PARAMS_MARK}"
+                    marked = True
+            cells = [label if pre is not None and len(by_base[base]["pretrained"]) > 1
+                     else base, _accuracy_cell(scratch)]
+            if with_pretrained:
+                delta = "-"
+                if scratch and pre and scratch["accuracy"] is not None \
+                        and pre["accuracy"] is not None:
+                    delta = f"{100 * (pre['accuracy'] - scratch['accuracy']):+.2f}"
+                cells += [_accuracy_cell(pre), delta, pre["pretraining"] if pre else "-"]
+            cells += [" / ".join(f"{n:,}" for n in counts) or "-", ratio]
+            rows.append(cells)
+    return header, rows, marked
+
+
+def pretraining_rows(pretraining: dict) -> tuple[list[str], list[list[str]]]:
+    """The pretraining runs' table (see summarize_pretraining): losses are per predicted
+    token (masked, or next), accuracies in %."""
+    header = ["task", "model", "objective", "steps", "best val loss", "test loss",
+              "test token accuracy", "bits/token", "majority token", "seeds"]
+    tasks, models = tasks_and_models(pretraining)
+    rows = []
+    for t in tasks:
+        for m in models:
+            s = pretraining.get((t, m))
+            if s is None:
+                continue
+
+            def num(v, scale=1.0, digits=4):
+                return "-" if v is None else f"{scale * v:.{digits}f}"
+
+            rows.append([t, m, s["objective"], "/".join(map(str, s["steps"])) or "-",
+                         num(s["best_eval_loss"]), num(s["test_loss"]),
+                         num(s["accuracy"], 100, 2), num(s["bits_per_token"]),
+                         num(s["baseline"], 100, 2), str(s["seeds"])])
+    return header, rows
 
 
 def table_rows(summary, dense: set[tuple[str, str]] = frozenset()
@@ -422,7 +756,8 @@ def plot(summary, path: str, efficiency: tuple[int, dict] | None = None) -> None
 
 def report(root: str, out: str | None = None, efficiency_csv: str | None = None,
            efficiency_length: int = 0, skipped: list[str] | None = None) -> dict[str, str]:
-    """Writes results.md, results.csv and efficiency_accuracy.png; returns their paths.
+    """Writes results.md, results.csv, comparison.csv and efficiency_accuracy.png;
+    returns their paths.
     The results.json files that were skipped (see load) are warning lines in results.md
     and, when `skipped` is a list, appended to it."""
     out = out or root
@@ -435,28 +770,53 @@ def report(root: str, out: str | None = None, efficiency_csv: str | None = None,
     summary = summarize(results)
     dense, warnings = dense_marks(results)
     header, rows = table_rows(summary, dense)
-    labelled = any(s.get("model", m) != m for (_, m), s in summary.items())
+    tasks, _ = tasks_and_models(summary)
+    comparisons = {t: comparison_rows(summary, t) for t in tasks}
+    pretraining = summarize_pretraining(results)
+    labelled = any(s["base"] != s["model"] for s in summary.values())
     notes = ([DENSE_NOTE] if dense else [])
+    if any(marked for _, _, marked in comparisons.values()):
+        notes.append(PARAMS_NOTE)
+    if any(s["kind"] == SELF_PRETRAINED for s in summary.values()):
+        notes.append(PRETRAINED_NOTE)
     if labelled:
         notes.append("model [field=value, ...]: runs of one model on one task whose recorded "
                      "configs differ in these fields are separate rows; runs are averaged "
                      f"only when their configs differ at most in {SEED_FIELD} and "
                      f"{', '.join(NON_RESULT_FIELDS)}.")
-    notes += [f"warning: {w}" for w in warnings + repeated_seeds(results)]
+    notes += [f"warning: {w}" for w in warnings + repeated_seeds(results)
+              + pretraining_warnings(results)]
     if skipped_here:
         notes.append(f"warning: {len(skipped_here)} results.json skipped (not in the table, "
                      f"{len(results)} used):")
         notes += [f"warning: {line}" for line in skipped_here]
     paths = {"markdown": os.path.join(out, "results.md"),
              "csv": os.path.join(out, "results.csv"),
+             "comparison_csv": os.path.join(out, "comparison.csv"),
              "plot": os.path.join(out, "efficiency_accuracy.png")}
     with open(paths["markdown"], "w", encoding="utf-8") as f:
-        f.write(markdown(header, rows) + "\n")
+        if summary:
+            f.write(markdown(header, rows) + "\n")
+        else:
+            f.write("No classification runs (only pretraining runs, below).\n")
+        for t, (c_header, c_rows, _) in comparisons.items():
+            f.write(f"\n### {t}: test accuracy (%) and parameters\n\n"
+                    + markdown(c_header, c_rows) + "\n")
+        if pretraining:
+            f.write("\n### Pretraining runs (masked-token or next-token prediction on the "
+                    "task's own training inputs; not classification accuracy)\n\n"
+                    + markdown(*pretraining_rows(pretraining)) + "\n")
         f.write("".join(f"\n{note}\n" for note in notes))
     with open(paths["csv"], "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(header)
         writer.writerows(rows)
+    with open(paths["comparison_csv"], "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        for i, (t, (c_header, c_rows, _)) in enumerate(comparisons.items()):
+            if i == 0:
+                writer.writerow(["task", *c_header])
+            writer.writerows([t, *row] for row in c_rows)
     efficiency = (efficiency_ratios(efficiency_csv, efficiency_length)
                   if efficiency_csv else None)
     plot(summary, paths["plot"], efficiency)
@@ -475,7 +835,8 @@ def main(argv):
     except (OSError, ValueError) as e:  # no runs, a bad --efficiency file, --out unwritable
         raise SystemExit(f"error: {e}") from None
     print(open(paths["markdown"], encoding="utf-8").read())
-    print(f"Wrote {paths['markdown']}, {paths['csv']}, {paths['plot']}"
+    print(f"Wrote {paths['markdown']}, {paths['csv']}, {paths['comparison_csv']}, "
+          f"{paths['plot']}"
           + (f"; {len(skipped)} results.json skipped (warnings above)" if skipped else ""))
 
 

@@ -17,6 +17,25 @@ run again and not counted as done: the sweep names the differing fields and exit
 Unfinished runs resume from their last checkpoint. A failed run leaves `error.txt` (its
 last stderr line) and `stderr.txt` (every attempt's whole stderr, appended) beside
 `log.txt` (stdout) in its workdir, and is retried by the next sweep.
+
+Self-pretraining (Amos, Berant and Gupta, ICLR 2024: pretrain on the task's own training
+inputs, then fine-tune), at the same total number of steps as a from-scratch run:
+
+  python -m lra.sweep --task=listops --models=all --config_arg=mini --seeds=0,1 \
+      --sweep_dir=workdirs/sweep_listops_mini --pretrain [--pretrain_steps=1500]
+
+runs, for each model and seed, a pretraining run in `.../seed<s>[-<hash>]-pretrain`
+(config arguments `<config_arg>,pretrain`: masked-token prediction, or next-token with
+`causal`; `num_train_steps=<pretrain_steps>`), then, once it has finished, a fine-tuning
+run in `.../seed<s>[-<hash>]-pretrained` (`<config_arg>`, `init_from=<the pretraining
+workdir>`, `num_train_steps=<total - pretrain_steps>`), where the total is the config's
+num_train_steps after the --overrides (default pretrain_steps: half of it). The same
+command without --pretrain makes the from-scratch runs beside them (`.../seed<s>[-<hash>]`).
+Both phases are skipped, resumed and refused like any run; a pretraining run that fails
+(or is refused) leaves its fine-tuning run unstarted, and the sweep exits 1.
+Another --pretrain_steps for the same folders is a finished run of another config (refused,
+naming num_train_steps): give it another --sweep_dir.
+
 Then: `python -m lra.report <sweep_dir>`.
 """
 from __future__ import annotations
@@ -48,6 +67,11 @@ def _define_flags() -> None:
     flags.DEFINE_multi_string("override", [], "Config overrides field=value, for every run; "
                               "each set of overrides gets its own workdirs (seed<s>-<hash>).")
     flags.DEFINE_integer("timeout", 0, "Seconds per run before it is stopped (0 = none).")
+    flags.DEFINE_bool("pretrain", False, "Per model and seed: a self-pretraining run "
+                      "(<config_arg>,pretrain), then a fine-tuning run from it (init_from); "
+                      "together as many steps as a from-scratch run.")
+    flags.DEFINE_integer("pretrain_steps", None, "Steps of the pretraining run, below the "
+                         "config's num_train_steps (the total); default half of it.")
 
 
 def normalized_overrides(overrides: list[str]) -> list[str]:
@@ -68,11 +92,53 @@ def overrides_hash(overrides: list[str]) -> str:
     return hashlib.sha256(json.dumps(norm).encode()).hexdigest()[:8]
 
 
+# --pretrain's two runs per model and seed: the folder suffix of each (beside the
+# from-scratch run's `seed<s>[-<hash>]`), as hand-made runs use them too.
+PRETRAIN, FINE_TUNE = "pretrain", "fine-tune"
+PHASE_SUFFIX = {PRETRAIN: "-pretrain", FINE_TUNE: "-pretrained"}
+
+
 def run_dir(sweep_dir: str, task: str, model: str, seed: int,
-            overrides: list[str] = ()) -> str:
-    """`<sweep_dir>/<task>/<model>/seed<seed>`, with `-<overrides_hash>` when overridden."""
+            overrides: list[str] = (), phase: str | None = None) -> str:
+    """`<sweep_dir>/<task>/<model>/seed<seed>`, with `-<overrides_hash>` when overridden,
+    and `-pretrain` / `-pretrained` for --pretrain's phases (PRETRAIN, FINE_TUNE)."""
     suffix = overrides_hash(list(overrides))
-    return os.path.join(sweep_dir, task, model, f"seed{seed}" + (f"-{suffix}" if suffix else ""))
+    name = f"seed{seed}" + (f"-{suffix}" if suffix else "") + PHASE_SUFFIX.get(phase, "")
+    return os.path.join(sweep_dir, task, model, name)
+
+
+def pretrain_plan(config: dict, pretrain_steps: int | None) -> tuple[int, int]:
+    """(pretraining steps, fine-tuning steps) that add up to `config`'s num_train_steps
+    (the from-scratch run's, after the overrides); default: half each. ValueError (one
+    line) for a split that leaves a phase without steps, or one that a cosine_decay
+    schedule cannot take; also for a config that is not a classifier's (the fine-tuning
+    run's arguments are the sweep's, without `pretrain`)."""
+    if config.get("objective", "classify") != "classify":
+        raise ValueError(
+            f"--pretrain with a config that pretrains already (objective="
+            f"{config['objective']}); --pretrain adds the 'pretrain' argument to the "
+            "pretraining runs itself: leave it out of --config_arg and --override")
+    total = config["num_train_steps"]
+    steps = total // 2 if pretrain_steps is None else pretrain_steps
+    if not 0 < steps < total:
+        raise ValueError(
+            f"--pretrain_steps={steps} must be between 1 and {total - 1}: the pretraining "
+            f"and fine-tuning runs share the config's num_train_steps={total} (a from-scratch "
+            "run's steps); give fewer --pretrain_steps or --override=num_train_steps=<more>")
+    parts = {"pretraining": steps, "fine-tuning": total - steps}
+    warmup = config.get("warmup", 0)
+    if "cosine_decay" in config.get("factors", ""):
+        # Each run has its own schedule. With warmup >= its steps the loop's cosine phase
+        # never starts (train.learning_rate_schedule: the rate only ramps up, never reaching
+        # its peak when warmup > steps, and never decays), unlike the from-scratch run's.
+        short = [f"{name} run has {n}" for name, n in parts.items() if warmup >= n]
+        if short:
+            raise ValueError(
+                f"config.warmup={warmup} is not below each run's steps (the "
+                f"{' and the '.join(short)}), so its cosine_decay schedule would never "
+                f"decay; give --override=warmup=<fewer than {min(parts.values())}> (applies "
+                "to every run, from-scratch ones too), or other --pretrain_steps")
+    return steps, total - steps
 
 
 def config_flags_of(task: str, model: str, seed: int, config_arg: str,
@@ -109,12 +175,17 @@ def config_differences(recorded: dict, expected: dict) -> list[str]:
     """'field: recorded -> expected' for each field (dotted, nested) whose values differ,
     fields that do not change results (report.NON_RESULT_FIELDS) aside. A field only one
     side has is not compared (a field added to the code since the run)."""
-    from lra.report import NON_RESULT_FIELDS, flatten
+    from lra.report import NON_RESULT_FIELDS, flatten, same_run_folder
 
     old, new = flatten(recorded), flatten(expected)
+
+    def differ(k):
+        if k == "init_from":  # a moved sweep directory moves its pretraining runs too
+            return not same_run_folder(old[k], new[k])
+        return k not in NON_RESULT_FIELDS and old[k] != new[k]
+
     return [f"{k}: {json.dumps(old[k])} -> {json.dumps(new[k])}"
-            for k in sorted(old.keys() & new.keys())
-            if k not in NON_RESULT_FIELDS and old[k] != new[k]]
+            for k in sorted(old.keys() & new.keys()) if differ(k)]
 
 
 def _finished_differences(results_path: str, task: str, model: str, seed: int,
@@ -143,61 +214,123 @@ def _last_line(path: str, offset: int) -> str:
     return lines[-1] if lines else ""
 
 
+def _run_one(*, tag: str, workdir: str, task: str, model: str, seed: int, config_arg: str,
+             overrides: list[str], record: dict, timeout: int, log) -> str:
+    """Runs (or skips, or refuses) one launch.py run in `workdir`; 'done', 'skipped',
+    'failed' or 'refused' (see sweep)."""
+    results = os.path.join(workdir, "results.json")
+    if os.path.exists(results):
+        differences = _finished_differences(results, task, model, seed, config_arg,
+                                            overrides)
+        if not differences:
+            log(f"{tag}: finished earlier, skipped")
+            return "skipped"
+        log(f"{tag}: REFUSED: {workdir} holds a finished run of another config "
+            f"({'; '.join(differences)}); use another --sweep_dir, or delete that "
+            "folder to run this config there")
+        return "refused"
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "sweep.json"), "w") as f:
+        json.dump(record, f, indent=2)
+    cmd = command(task, model, seed, config_arg, workdir, overrides)
+    stderr_path = os.path.join(workdir, "stderr.txt")
+    start = time.time()
+    log(f"{tag}: running in {workdir} ...")
+    with open(os.path.join(workdir, "log.txt"), "a") as out, \
+            open(stderr_path, "ab") as err:
+        stamp = datetime.datetime.now().isoformat(timespec="seconds")
+        err.write(f"==== {stamp}: {shlex.join(cmd)}\n".encode())
+        err.flush()
+        offset = err.tell()
+        try:  # stderr straight to the file: all of it is kept, also on a timeout
+            proc = subprocess.run(cmd, cwd=REPO, stdout=out, stderr=err,
+                                  timeout=timeout or None)
+            error = (_last_line(stderr_path, offset) or f"exit code {proc.returncode}"
+                     if proc.returncode else None)
+        except subprocess.TimeoutExpired:
+            error = f"stopped after {timeout} s (--timeout)"
+    error_file = os.path.join(workdir, "error.txt")
+    if error is not None:
+        with open(error_file, "w") as f:
+            f.write(f"{error}\nwhole stderr: {stderr_path}\n")
+        log(f"{tag}: FAILED after {time.time() - start:.0f} s: {error} "
+            f"(whole stderr: {stderr_path})")
+        return "failed"
+    if os.path.exists(error_file):
+        os.remove(error_file)
+    log(f"{tag}: done in {time.time() - start:.0f} s")
+    return "done"
+
+
 def sweep(*, task: str, models: list[str], seeds: list[int], config_arg: str, sweep_dir: str,
-          overrides: list[str], timeout: int = 0, log=print) -> dict[str, list]:
+          overrides: list[str], timeout: int = 0, log=print, pretrain: bool = False,
+          pretrain_steps: int | None = None) -> dict[str, list]:
     """Runs what is not finished; returns {'done': [...], 'skipped': [...], 'failed': [...],
-    'refused': [...]} of (model, seed). 'refused': finished earlier with another config."""
-    runs = [(m, s) for m in models for s in dict.fromkeys(seeds)]
-    outcome = {"done": [], "skipped": [], "failed": [], "refused": []}
-    for n, (model, seed) in enumerate(runs, 1):
-        workdir = run_dir(sweep_dir, task, model, seed, overrides)
-        tag = f"[{n}/{len(runs)}] {task} {model} seed {seed}"
-        results = os.path.join(workdir, "results.json")
-        if os.path.exists(results):
-            differences = _finished_differences(results, task, model, seed, config_arg,
-                                                overrides)
-            if not differences:
-                outcome["skipped"].append((model, seed))
-                log(f"{tag}: finished earlier, skipped")
-            else:
-                outcome["refused"].append((model, seed))
-                log(f"{tag}: REFUSED: {workdir} holds a finished run of another config "
-                    f"({'; '.join(differences)}); use another --sweep_dir, or delete that "
-                    "folder to run this config there")
-            continue
-        os.makedirs(workdir, exist_ok=True)
-        with open(os.path.join(workdir, "sweep.json"), "w") as f:
-            json.dump({"task": task, "model": model, "seed": seed, "config_arg": config_arg,
-                       "overrides": normalized_overrides(overrides)}, f, indent=2)
-        cmd = command(task, model, seed, config_arg, workdir, overrides)
-        stderr_path = os.path.join(workdir, "stderr.txt")
-        start = time.time()
-        log(f"{tag}: running in {workdir} ...")
-        with open(os.path.join(workdir, "log.txt"), "a") as out, \
-                open(stderr_path, "ab") as err:
-            stamp = datetime.datetime.now().isoformat(timespec="seconds")
-            err.write(f"==== {stamp}: {shlex.join(cmd)}\n".encode())
-            err.flush()
-            offset = err.tell()
-            try:  # stderr straight to the file: all of it is kept, also on a timeout
-                proc = subprocess.run(cmd, cwd=REPO, stdout=out, stderr=err,
-                                      timeout=timeout or None)
-                error = (_last_line(stderr_path, offset) or f"exit code {proc.returncode}"
-                         if proc.returncode else None)
-            except subprocess.TimeoutExpired:
-                error = f"stopped after {timeout} s (--timeout)"
-        error_file = os.path.join(workdir, "error.txt")
-        if error is not None:
-            with open(error_file, "w") as f:
-                f.write(f"{error}\nwhole stderr: {stderr_path}\n")
-            outcome["failed"].append((model, seed))
-            log(f"{tag}: FAILED after {time.time() - start:.0f} s: {error} "
-                f"(whole stderr: {stderr_path})")
-        else:
-            if os.path.exists(error_file):
-                os.remove(error_file)
-            outcome["done"].append((model, seed))
-            log(f"{tag}: done in {time.time() - start:.0f} s")
+    'refused': [...], 'blocked': [...]} of (model, seed), or with `pretrain` of
+    (model, seed, PRETRAIN | FINE_TUNE). 'refused': finished earlier with another config;
+    'blocked': fine-tuning runs not started because their pretraining run failed or was
+    refused. With `pretrain`, a bad split (see pretrain_plan) raises ValueError before
+    anything runs."""
+    seeds = list(dict.fromkeys(seeds))
+    # launch.py runs in REPO: a relative workdir (or init_from) would name another folder
+    # there than the one this process creates and checks.
+    sweep_dir = os.path.abspath(sweep_dir)
+    outcome = {"done": [], "skipped": [], "failed": [], "refused": [], "blocked": []}
+    user_overrides = normalized_overrides(overrides)
+    if not pretrain:
+        runs = [(m, s) for m in models for s in seeds]
+        for n, (model, seed) in enumerate(runs, 1):
+            state = _run_one(
+                tag=f"[{n}/{len(runs)}] {task} {model} seed {seed}",
+                workdir=run_dir(sweep_dir, task, model, seed, overrides), task=task,
+                model=model, seed=seed, config_arg=config_arg, overrides=overrides,
+                record={"task": task, "model": model, "seed": seed, "config_arg": config_arg,
+                        "overrides": user_overrides},
+                timeout=timeout, log=log)
+            outcome[state].append((model, seed))
+        return outcome
+
+    # The split is the config's (num_train_steps, warmup, factors after the overrides),
+    # built in-process as launch.py builds it (expected_config): checked for every model
+    # before the first run starts. The seed does not change steps or schedule.
+    plans = {m: pretrain_plan(expected_config(task, m, seeds[0], config_arg, overrides),
+                              pretrain_steps) for m in models}
+    pretrain_arg = ",".join(filter(None, [config_arg, "pretrain"]))
+    total = 2 * len(models) * len(seeds)
+    n = 0
+    for model in models:
+        steps, fine_steps = plans[model]
+        for seed in seeds:
+            base = f"{task} {model} seed {seed}"
+            record = {"task": task, "model": model, "seed": seed, "overrides": user_overrides,
+                      "pretrain_steps": steps, "fine_tune_steps": fine_steps}
+            pre_dir = run_dir(sweep_dir, task, model, seed, overrides, PRETRAIN)
+            pre_overrides = normalized_overrides([*overrides, f"num_train_steps={steps}"])
+            n += 1
+            state = _run_one(
+                tag=f"[{n}/{total}] {base} pretrain ({steps} steps)", workdir=pre_dir,
+                task=task, model=model, seed=seed, config_arg=pretrain_arg,
+                overrides=pre_overrides,
+                record={**record, "phase": PRETRAIN, "config_arg": pretrain_arg,
+                        "run_overrides": pre_overrides},
+                timeout=timeout, log=log)
+            outcome[state].append((model, seed, PRETRAIN))
+            n += 1
+            fine_dir = run_dir(sweep_dir, task, model, seed, overrides, FINE_TUNE)
+            tag = f"[{n}/{total}] {base} fine-tune ({fine_steps} steps)"
+            if state in ("failed", "refused"):
+                outcome["blocked"].append((model, seed, FINE_TUNE))
+                log(f"{tag}: NOT STARTED: its pretraining run in {pre_dir} {state}")
+                continue
+            fine_overrides = normalized_overrides(
+                [*overrides, f"init_from={pre_dir}", f"num_train_steps={fine_steps}"])
+            state = _run_one(
+                tag=tag, workdir=fine_dir, task=task, model=model, seed=seed,
+                config_arg=config_arg, overrides=fine_overrides,
+                record={**record, "phase": FINE_TUNE, "config_arg": config_arg,
+                        "run_overrides": fine_overrides},
+                timeout=timeout, log=log)
+            outcome[state].append((model, seed, FINE_TUNE))
     return outcome
 
 
@@ -252,15 +385,46 @@ def main(argv):
               "fields are those of configs/common.py:base_config and the task config")
     except Exception as e:  # noqa: BLE001  (a bad value, a bad --config_arg)
         _fail(f"the config for {models[0]} cannot be built: {e}")
+    if FLAGS.pretrain_steps is not None and not FLAGS.pretrain:
+        _fail(f"--pretrain_steps={FLAGS.pretrain_steps} is for --pretrain runs; add --pretrain "
+              "or leave it out")
+    if FLAGS.pretrain:
+        _check_pretrain_args(models, seeds[0])
     outcome = sweep(task=FLAGS.task, models=models, seeds=seeds,
                     config_arg=FLAGS.config_arg, sweep_dir=FLAGS.sweep_dir,
-                    overrides=FLAGS.override, timeout=FLAGS.timeout)
+                    overrides=FLAGS.override, timeout=FLAGS.timeout, pretrain=FLAGS.pretrain,
+                    pretrain_steps=FLAGS.pretrain_steps)
     print(f"{len(outcome['done'])} run, {len(outcome['skipped'])} skipped, "
           f"{len(outcome['failed'])} failed: {outcome['failed'] or ''}"
           + (f", {len(outcome['refused'])} refused (another config finished there): "
-             f"{outcome['refused']}" if outcome["refused"] else ""))
+             f"{outcome['refused']}" if outcome["refused"] else "")
+          + (f", {len(outcome['blocked'])} not started (pretraining run failed or refused): "
+             f"{outcome['blocked']}" if outcome["blocked"] else ""))
     print(f"Report: python -m lra.report {FLAGS.sweep_dir}")
-    sys.exit(1 if outcome["failed"] or outcome["refused"] else 0)
+    sys.exit(1 if outcome["failed"] or outcome["refused"] or outcome["blocked"] else 0)
+
+
+def _check_pretrain_args(models: list[str], seed: int) -> None:
+    """--pretrain's one-line refusals, before anything runs: overrides that --pretrain
+    sets itself, a pretraining config that cannot be built, a split of the steps that
+    leaves a run without steps or a cosine schedule without decay (pretrain_plan)."""
+    fixed = sorted({o.partition("=")[0].strip() for o in FLAGS.override}
+                   & {"init_from", "objective"})
+    if fixed:
+        _fail(f"--override={fixed[0]}=... with --pretrain: the sweep sets {fixed[0]} itself "
+              "(objective through the 'pretrain' config argument, init_from to the "
+              "pretraining run's workdir); leave that override out")
+    pretrain_arg = ",".join(filter(None, [FLAGS.config_arg, "pretrain"]))
+    for model in models:
+        try:
+            config = expected_config(FLAGS.task, model, seed, FLAGS.config_arg, FLAGS.override)
+            expected_config(FLAGS.task, model, seed, pretrain_arg, FLAGS.override)
+        except Exception as e:  # noqa: BLE001  (e.g. 'causal' with CLS pooling refused)
+            _fail(f"the pretraining config for {model} ({pretrain_arg}) cannot be built: {e}")
+        try:
+            pretrain_plan(config, FLAGS.pretrain_steps)
+        except ValueError as e:
+            _fail(str(e))
 
 
 if __name__ == "__main__":
