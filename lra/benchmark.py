@@ -139,7 +139,7 @@ def measure_train_step(model: str, length: int, *, task: str = "text", batch_siz
     import importlib
 
     import lra.tasks
-    from lra import train
+    from lra import optim, train
 
     config = importlib.import_module(f"configs.{task}").get_config(
         f"model={model}" + (f",{config_arg}" if config_arg else ""))
@@ -151,8 +151,8 @@ def measure_train_step(model: str, length: int, *, task: str = "text", batch_siz
     task_info = lra.tasks.get(task)
     built, impl = build_model_with_impl(config, task_info, attention_impl)
     graphdef, params, rest = nnx.split(built, nnx.Param, ...)
-    schedule = train.learning_rate_schedule(config)
-    tx = train.make_optimizer(config, schedule)
+    schedule = optim.learning_rate_schedule(config)
+    tx = optim.make_optimizer(config, schedule)
     state = {"step": jnp.int32(0), "params": params, "rest": rest,
              "opt_state": tx.init(params)}
     rng = np.random.default_rng(0)

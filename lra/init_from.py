@@ -18,15 +18,10 @@ import jax
 import numpy as np
 
 from lra import checkpoint
+from lra.resume import same
 from lra.console import log as _log
 from lra.console import warn as _warn
 from lra.errors import ConfigError
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return list(a) == list(b)
-    return a == b
 
 
 # Fields of the earlier run that must equal this config's for its encoder to be loaded;
@@ -64,7 +59,7 @@ def find_source(config) -> tuple[checkpoint.Checkpoints, int, str]:
             saved = json.load(f).get("config")
     if saved:
         differ = [k for k in INIT_FROM_SAME_FIELDS
-                  if k in saved and not _same(saved[k], config[k])]
+                  if k in saved and not same(saved[k], config[k])]
         if differ:
             was = ", ".join(f"{k}={saved[k]!r}" for k in differ)
             now = ", ".join(f"{k}={config[k]!r}" for k in differ)

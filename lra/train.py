@@ -11,7 +11,6 @@ uninterrupted run gets. SIGTERM saves a checkpoint, then raises `Preempted`.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -23,14 +22,15 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import lra.tasks
 from configs import common
-from lra import checkpoint, init_from, input_pipeline, sharding
+from lra import checkpoint, init_from, input_pipeline, resume, sharding
+# train_and_evaluate looks them up here, so a test can swap the schedule in this module.
+from lra.optim import learning_rate_schedule, make_optimizer
 from lra.console import log as _log
 from lra.console import warn as _warn
 from lra.errors import CheckpointError, ConfigError, DataError, UserError, WorkdirBusy
@@ -39,19 +39,8 @@ from models.encoder import Classifier, DualClassifier
 from lra.objectives import add_eval_masks, make_steps
 from models.pretrain import TokenPredictor
 
-# Resuming (re-running a workdir): every config field must be as the run has it, except
-# these, which change neither the model, the data order nor the optimisation:
-RESUME_FREE_FIELDS = ("data_dir", "log_every_steps", "checkpoint_freq", "mesh_shape",
-                      "sharding")
-# num_train_steps may change while it is not below the step the run resumes from and the
-# schedule does not depend on it (cosine_decay with steps_per_cycle=0 does): a longer or
-# shorter run of the same trajectory. The data's content is compared too (a fingerprint),
-# so data_dir may point elsewhere.
-# After a divergence (`<workdir>/diverged.json`), the optimisation may change so that the
-# run continues from its last good checkpoint with, e.g., a lower learning rate:
-AFTER_DIVERGENCE_FIELDS = ("learning_rate", "warmup", "factors", "steps_per_cycle",
-                           "adam_b1", "adam_b2", "adam_eps", "weight_decay",
-                           "grad_clip_norm")
+# Written when the loss diverges; re-running the workdir may then also change the
+# optimisation (resume.AFTER_DIVERGENCE_FIELDS) and goes on from the last good checkpoint.
 DIVERGED_FILE = "diverged.json"
 
 # A training loss above this many times max(1, ln(num_classes)) (a classifier's loss at
@@ -70,120 +59,6 @@ class Preempted(Exception):
 
 class TrainingDiverged(UserError):
     """The training loss became NaN, infinite or exploded."""
-
-
-# ----------------------------------------------------------------------------- schedule
-
-
-def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
-    """LRA's `factors` string, e.g. 'constant * linear_warmup * rsqrt_decay'."""
-    factors = [f.strip() for f in config.factors.split("*")]
-    known = ("constant", "linear_warmup", "rsqrt_decay", "rsqrt_normalized_decay",
-             "cosine_decay")
-    for f in factors:
-        if f not in known:
-            raise ConfigError(f"config.factors: unknown factor {f!r}; known: {', '.join(known)}")
-    warmup = max(1, config.warmup)
-    cycle = config.steps_per_cycle or max(1, config.num_train_steps - config.warmup)
-
-    def schedule(step):
-        step = jnp.asarray(step, jnp.float32)
-        lr = jnp.float32(1.0)
-        for f in factors:
-            if f == "constant":
-                lr *= config.learning_rate
-            elif f == "linear_warmup":
-                lr *= jnp.minimum(1.0, step / warmup)
-            elif f == "rsqrt_decay":
-                lr /= jnp.sqrt(jnp.maximum(step, warmup))
-            elif f == "rsqrt_normalized_decay":
-                lr *= jnp.sqrt(warmup) / jnp.sqrt(jnp.maximum(step, warmup))
-            elif f == "cosine_decay":
-                progress = jnp.maximum(0.0, (step - config.warmup) / cycle)
-                lr *= jnp.maximum(0.0, 0.5 * (1.0 + jnp.cos(jnp.pi * (progress % 1.0))))
-        return lr
-
-    return schedule
-
-
-# Param metadata the optimiser obeys; a model sets them on its own parameters, e.g.
-# nnx.Param(value, no_weight_decay=True, bounds=(0.0, 1.0)) (adaptive_span's span).
-NO_WEIGHT_DECAY = "no_weight_decay"  # True: AdamW's weight decay leaves the parameter alone
-PARAM_BOUNDS = "bounds"  # (low, high): the parameter is clamped to it after every update
-
-
-def _metadata(x: Any) -> dict:
-    return x.get_metadata() if isinstance(x, nnx.Variable) else {}
-
-
-def _is_variable(x: Any) -> bool:
-    return isinstance(x, nnx.Variable)
-
-
-def weight_decay_mask(params: Any) -> Any:
-    """True for the parameters AdamW decays: all but those marked `no_weight_decay`."""
-    return jax.tree.map(lambda v: not _metadata(v).get(NO_WEIGHT_DECAY, False), params,
-                        is_leaf=_is_variable)
-
-
-def clamp_to_bounds() -> optax.GradientTransformation:
-    """Changes the updates of parameters with `bounds` metadata so that
-    optax.apply_updates leaves them in [low, high] (adaptive-span's `clamp_param` after
-    each step); an update that stays inside is unchanged. Last in the chain."""
-
-    def update_fn(updates, state, params=None):
-        if params is None:
-            raise ValueError("clamp_to_bounds needs the params")
-
-        def project(p, u):
-            bounds = _metadata(p).get(PARAM_BOUNDS)
-            if bounds is None:
-                return u
-            lo, hi = bounds
-            p_val = p[...]
-            u_val = u[...] if isinstance(u, nnx.Variable) else u
-            new = p_val + u_val
-            u_val = jnp.where(new < lo, lo - p_val, jnp.where(new > hi, hi - p_val, u_val))
-            return u.replace(u_val) if isinstance(u, nnx.Variable) else u_val
-
-        return jax.tree.map(project, params, updates, is_leaf=_is_variable), state
-
-    return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
-
-
-def _has_marks(params: Any) -> bool:
-    """Whether any parameter asks for `bounds` or `no_weight_decay`."""
-    leaves = jax.tree.leaves(params, is_leaf=_is_variable)
-    return any(PARAM_BOUNDS in _metadata(v) or _metadata(v).get(NO_WEIGHT_DECAY, False)
-               for v in leaves)
-
-
-def make_optimizer(config: ml_collections.ConfigDict,
-                   schedule: optax.Schedule) -> optax.GradientTransformation:
-    """AdamW (weight decay on all parameters not marked `no_weight_decay`), after global
-    norm clipping if configured; parameters with `bounds` are clamped after each step.
-
-    Models without such marks get the plain chain, whose state has the layout of the
-    checkpoints written before the marks existed (so those runs still resume); the
-    choice is made from the parameters' metadata, which init and update both see."""
-    def chain(adamw: optax.GradientTransformation, *after: optax.GradientTransformation):
-        clip = ([optax.clip_by_global_norm(config.grad_clip_norm)]
-                if config.grad_clip_norm > 0 else [])
-        parts = clip + [adamw, *after]
-        return parts[0] if len(parts) == 1 else optax.chain(*parts)
-
-    adam = dict(b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps,
-                weight_decay=config.weight_decay)
-    plain = chain(optax.adamw(schedule, **adam))
-    marked = chain(optax.adamw(schedule, mask=weight_decay_mask, **adam), clamp_to_bounds())
-
-    def init(params):
-        return (marked if _has_marks(params) else plain).init(params)
-
-    def update(updates, state, params=None):
-        return (marked if _has_marks(params) else plain).update(updates, state, params)
-
-    return optax.GradientTransformation(init, update)
 
 
 # ----------------------------------------------------------------------------- model
@@ -256,20 +131,6 @@ def _not_utf8(error: UnicodeDecodeError, data_dir: str) -> str:
                 "regenerate the file")
 
 
-def data_fingerprint(data: dict[str, dict[str, np.ndarray]]) -> dict[str, str]:
-    """Per split, a hash of the arrays the model sees (their content, not the file paths):
-    a resumed run must train on the data its checkpoint was trained on."""
-    out = {}
-    for split in sorted(data):
-        h = hashlib.blake2b(digest_size=16)
-        for key in sorted(data[split]):
-            a = np.ascontiguousarray(data[split][key])
-            h.update(f"{key}:{a.dtype.str}:{a.shape};".encode())
-            h.update(a.reshape(-1).view(np.uint8))
-        out[split] = h.hexdigest()
-    return out
-
-
 def _to_global(batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
     return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
 
@@ -287,67 +148,6 @@ def _format_duration(seconds: float) -> str:
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
-
-
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(d, dict):
-        return {prefix: d}
-    out = {}
-    for k, v in d.items():
-        out.update(_flatten(v, f"{prefix}{k}."))
-    return {k.rstrip("."): v for k, v in out.items()}
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return list(a) == list(b)
-    return a == b
-
-
-def _check_resume_compatible(saved: dict, config: ml_collections.ConfigDict, workdir: str, *,
-                             step: int, diverged: bool) -> None:
-    """Refuses (ConfigError, naming every field) a config that the run in `workdir`, at
-    `step`, cannot honour: see RESUME_FREE_FIELDS above."""
-    old, new = _flatten(saved), _flatten(config.to_dict())
-    free = set(RESUME_FREE_FIELDS) | {"num_train_steps"}
-    if diverged:
-        free |= set(AFTER_DIVERGENCE_FIELDS)
-    changed = [k for k in sorted(set(old) | set(new))
-               if k.split(".")[0] not in free and k in old and not _same(old[k], new.get(k))]
-    if changed:
-        was = ", ".join(f"{k}={old[k]!r}" for k in changed)
-        now = ", ".join(f"{k}={new.get(k)!r}" for k in changed)
-        hint = ("" if diverged else "; only " + ", ".join(RESUME_FREE_FIELDS)
-                + " and num_train_steps may change when a run resumes")
-        raise ConfigError(f"{workdir} holds a run (at step {step}) with {was}, but this config "
-                          f"has {now}{hint}; use another --workdir to start a new run")
-    if config.num_train_steps != old.get("num_train_steps", config.num_train_steps):
-        if config.num_train_steps < step:
-            raise ConfigError(f"{workdir} holds a run at step {step}; config.num_train_steps="
-                              f"{config.num_train_steps} is lower; use another --workdir to "
-                              "start a new run")
-        if "cosine_decay" in config.factors and not config.steps_per_cycle:
-            raise ConfigError(f"{workdir} holds a run with num_train_steps="
-                              f"{old['num_train_steps']}, and its cosine_decay schedule spans "
-                              "num_train_steps (steps_per_cycle=0), so it cannot change; use "
-                              "another --workdir to start a new run")
-    if diverged and (old.get("grad_clip_norm", 0) > 0) != (config.grad_clip_norm > 0):
-        raise ConfigError(f"config.grad_clip_norm can change on resume only between positive "
-                          f"values (clipping adds optimizer state); {workdir} has "
-                          f"{old.get('grad_clip_norm')!r}; use another --workdir to start over "
-                          "with clipping")
-
-
-def _check_same_data(saved: dict | None, data: dict, config, workdir: str) -> None:
-    if not saved:  # checkpoints written before fingerprints existed
-        return
-    now = data_fingerprint(data)
-    differ = [s for s in sorted(now) if saved.get(s) != now[s]]
-    if differ:
-        raise ConfigError(f"the data in config.data_dir={config.data_dir} differs from the data "
-                          f"the run in {workdir} was trained on (split(s) "
-                          f"{', '.join(differ)}); resume with that data, or use another "
-                          "--workdir to start a new run")
 
 
 def _write_json(path: str, obj: Any) -> None:
@@ -453,29 +253,6 @@ def _lock_workdir(workdir: str) -> checkpoint.WorkdirLock:
     return lock
 
 
-def _resume_point(ckpts: checkpoint.Checkpoints, config, workdir: str,
-                  diverged: bool) -> tuple[list[tuple[int, BaseException]], int | None, dict]:
-    """The newest `last` checkpoint whose JSON reads (checked against the config), and
-    the newer ones that did not read."""
-    unreadable = []
-    for step in ckpts.last_steps():
-        try:
-            loop = ckpts.last_loop(step)
-        except Exception as e:  # noqa: BLE001  (corrupt or partial files)
-            unreadable.append((step, e))
-            continue
-        _check_resume_compatible(loop["config"], config, workdir, step=step, diverged=diverged)
-        return unreadable, step, loop
-    return unreadable, None, {}
-
-
-def _unrestorable(ckpts: checkpoint.Checkpoints, failures) -> CheckpointError:
-    detail = "; ".join(f"step {s}: {checkpoint._first_line(e, 120)}" for s, e in failures)
-    return CheckpointError(f"cannot restore any checkpoint in {ckpts.last_dir} ({detail}); "
-                           f"delete {ckpts.directory} to start the run again, or use another "
-                           "--workdir")
-
-
 # ----------------------------------------------------------------------------- the loop
 
 
@@ -506,17 +283,17 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
     diverged = os.path.exists(diverged_path)
     ckpts = checkpoint.Checkpoints(workdir)
     # Resume point and config check before the data is read and the step compiled.
-    unreadable, resume_step, resume_loop = _resume_point(ckpts, config, workdir, diverged)
+    unreadable, resume_step, resume_loop = resume.resume_point(ckpts, config, workdir, diverged)
     if ckpts.last_steps() and resume_step is None:
-        raise _unrestorable(ckpts, unreadable)
+        raise resume.unrestorable(ckpts, unreadable)
     # The run to start from (config.init_from), checked before anything is compiled; a
     # resumed run has its weights in its own checkpoint already.
     source = init_from.find_source(config) if config.init_from and resume_step is None else None
     preemption_sync = _preemption_sync_point(resume_step or 0)
     data = _load_data(config, task)
-    fingerprint = data_fingerprint(data)
+    fingerprint = resume.data_fingerprint(data)
     if resume_step is not None:
-        _check_same_data(resume_loop.get("data_fingerprint"), data, config, workdir)
+        resume.check_same_data(resume_loop.get("data_fingerprint"), data, config, workdir)
     if config.objective == "mlm":
         add_eval_masks(data, config)
     pretraining = config.objective != "classify"
@@ -564,7 +341,7 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
     for step in [s for s in ckpts.last_steps() if resume_step is not None and s <= resume_step]:
         try:
             if step != resume_step:
-                _check_resume_compatible(ckpts.last_loop(step)["config"], config, workdir,
+                resume.check_compatible(ckpts.last_loop(step)["config"], config, workdir,
                                          step=step, diverged=diverged)
             state, saved_loop = ckpts.restore_last(state, step)
         except ConfigError:
@@ -577,7 +354,7 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         loop.update(saved_loop, config=config.to_dict(), data_fingerprint=fingerprint)
         break
     if resume_step is not None and restored_step is None:
-        raise _unrestorable(ckpts, unreadable)
+        raise resume.unrestorable(ckpts, unreadable)
     for step, error in unreadable:
         _warn(f"checkpoint step {step} in {ckpts.last_dir} cannot be read "
               f"({checkpoint._first_line(error, 120)}); resuming from step {restored_step}, "

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lra import train
+from lra import optim, train
 from lra.errors import ConfigError, DataError
 from models import registry
 
@@ -207,18 +207,18 @@ def test_learning_rate_schedule_matches_lra():
     from configs import listops
 
     config = listops.get_config()
-    schedule = train.learning_rate_schedule(config)
+    schedule = optim.learning_rate_schedule(config)
     for step in (0, 1, 500, 1000, 4000):
         expected = 0.05 * min(1.0, step / 1000) / np.sqrt(max(step, 1000))
         np.testing.assert_allclose(float(schedule(step)), expected, rtol=1e-6)
     config.factors = "constant * linear_warmup * cosine_decay"
     config.warmup, config.num_train_steps = 10, 110
-    schedule = train.learning_rate_schedule(config)
+    schedule = optim.learning_rate_schedule(config)
     np.testing.assert_allclose(float(schedule(60)), 0.05 * 0.5 * (1 + np.cos(np.pi * 0.5)),
                                rtol=1e-6)
     config.factors = "constant * warmup"
     with pytest.raises(ConfigError, match="unknown factor 'warmup'"):
-        train.learning_rate_schedule(config)
+        optim.learning_rate_schedule(config)
 
 
 @pytest.mark.parametrize("grad_clip_norm", [0.0, 1.0])
@@ -237,7 +237,7 @@ def test_optimizer_state_of_unmarked_models_keeps_the_plain_layout(grad_clip_nor
     plain = optax.adamw(lambda step: 0.1, b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.1)
     if grad_clip_norm:
         plain = optax.chain(optax.clip_by_global_norm(grad_clip_norm), plain)
-    got = jax.tree.structure(train.make_optimizer(config, lambda step: 0.1).init(params))
+    got = jax.tree.structure(optim.make_optimizer(config, lambda step: 0.1).init(params))
     assert got == jax.tree.structure(plain.init(params))
 
 
@@ -255,11 +255,11 @@ def test_optimizer_clamps_bounded_params_and_does_not_decay_them(grad_clip_norm)
                            rngs=nnx.Rngs(0))
     model.span_fraction[...] = jnp.array([0.05, 0.5, 0.97])
     _, params, _ = nnx.split(model, nnx.Param, ...)
-    mask = train.weight_decay_mask(params)
+    mask = optim.weight_decay_mask(params)
     assert mask["span_fraction"] is False and mask["query"]["kernel"] is True
     config = ml_collections.ConfigDict(dict(adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9,
                                             weight_decay=0.5, grad_clip_norm=grad_clip_norm))
-    tx = train.make_optimizer(config, lambda step: 0.1)
+    tx = optim.make_optimizer(config, lambda step: 0.1)
     opt_state = tx.init(params)
 
     @jax.jit
@@ -297,8 +297,8 @@ def test_train_step_keeps_the_adaptive_span_in_range():
     config.model_hparams.span_init = 0.01
     task = lra.tasks.get(config.task)
     graphdef, params, rest = nnx.split(train.build_model(config, task), nnx.Param, ...)
-    schedule = train.learning_rate_schedule(config)
-    tx = train.make_optimizer(config, lambda step: 0.05)
+    schedule = optim.learning_rate_schedule(config)
+    tx = optim.make_optimizer(config, lambda step: 0.05)
     train_step, _ = train.make_steps(graphdef, tx, schedule, task.num_classes)
     rng = np.random.default_rng(0)
     batch = {"inputs": jnp.asarray(rng.integers(1, task.vocab_size, (2, 16)), jnp.int32),

@@ -157,7 +157,7 @@ def test_commitment_gradient_and_centroids_through_nnx_grad():
 def test_train_step_carries_centroids(tiny_listops_config, listops_dir):
     """The loop's jitted train step returns moved centroids in `rest`; eval leaves them."""
     import lra.tasks
-    from lra import train
+    from lra import optim, train
 
     config = tiny_listops_config(listops_dir, model="routing", num_layers=1, emb_dim=16,
                                  qkv_dim=16, mlp_dim=16, num_heads=2, max_length=16,
@@ -165,8 +165,8 @@ def test_train_step_carries_centroids(tiny_listops_config, listops_dir):
     config.model_hparams.decay = 0.5
     task = lra.tasks.get(config.task)
     graphdef, params, rest = nnx.split(train.build_model(config, task), nnx.Param, ...)
-    schedule = train.learning_rate_schedule(config)
-    tx = train.make_optimizer(config, schedule)
+    schedule = optim.learning_rate_schedule(config)
+    tx = optim.make_optimizer(config, schedule)
     train_step, eval_step = train.make_steps(graphdef, tx, schedule, task.num_classes)
     rng = np.random.default_rng(0)
     batch = {"inputs": jnp.asarray(rng.integers(1, task.vocab_size, (2, 16)), jnp.int32),

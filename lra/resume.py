@@ -1,0 +1,125 @@
+"""What a resumed run (the same command, the same workdir) may change, and where it
+resumes from: a config that the checkpointed run cannot honour, or other data, is one
+ConfigError naming every difference; the newest readable `last` checkpoint is the point."""
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from lra import checkpoint
+from lra.errors import CheckpointError, ConfigError
+
+# Resuming (re-running a workdir): every config field must be as the run has it, except
+# these, which change neither the model, the data order nor the optimisation:
+RESUME_FREE_FIELDS = ("data_dir", "log_every_steps", "checkpoint_freq", "mesh_shape",
+                      "sharding")
+# num_train_steps may change while it is not below the step the run resumes from and the
+# schedule does not depend on it (cosine_decay with steps_per_cycle=0 does): a longer or
+# shorter run of the same trajectory. The data's content is compared too (a fingerprint),
+# so data_dir may point elsewhere.
+# After a divergence (`<workdir>/diverged.json`), the optimisation may change so that the
+# run continues from its last good checkpoint with, e.g., a lower learning rate:
+AFTER_DIVERGENCE_FIELDS = ("learning_rate", "warmup", "factors", "steps_per_cycle",
+                           "adam_b1", "adam_b2", "adam_eps", "weight_decay",
+                           "grad_clip_norm")
+
+
+def data_fingerprint(data: dict[str, dict[str, np.ndarray]]) -> dict[str, str]:
+    """Per split, a hash of the arrays the model sees (their content, not the file paths):
+    a resumed run must train on the data its checkpoint was trained on."""
+    out = {}
+    for split in sorted(data):
+        h = hashlib.blake2b(digest_size=16)
+        for key in sorted(data[split]):
+            a = np.ascontiguousarray(data[split][key])
+            h.update(f"{key}:{a.dtype.str}:{a.shape};".encode())
+            h.update(a.reshape(-1).view(np.uint8))
+        out[split] = h.hexdigest()
+    return out
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}{k}."))
+    return {k.rstrip("."): v for k, v in out.items()}
+
+
+def same(a: Any, b: Any) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return list(a) == list(b)
+    return a == b
+
+
+def check_compatible(saved: dict, config: ml_collections.ConfigDict, workdir: str, *,
+                             step: int, diverged: bool) -> None:
+    """Refuses (ConfigError, naming every field) a config that the run in `workdir`, at
+    `step`, cannot honour: see RESUME_FREE_FIELDS above."""
+    old, new = _flatten(saved), _flatten(config.to_dict())
+    free = set(RESUME_FREE_FIELDS) | {"num_train_steps"}
+    if diverged:
+        free |= set(AFTER_DIVERGENCE_FIELDS)
+    changed = [k for k in sorted(set(old) | set(new))
+               if k.split(".")[0] not in free and k in old and not same(old[k], new.get(k))]
+    if changed:
+        was = ", ".join(f"{k}={old[k]!r}" for k in changed)
+        now = ", ".join(f"{k}={new.get(k)!r}" for k in changed)
+        hint = ("" if diverged else "; only " + ", ".join(RESUME_FREE_FIELDS)
+                + " and num_train_steps may change when a run resumes")
+        raise ConfigError(f"{workdir} holds a run (at step {step}) with {was}, but this config "
+                          f"has {now}{hint}; use another --workdir to start a new run")
+    if config.num_train_steps != old.get("num_train_steps", config.num_train_steps):
+        if config.num_train_steps < step:
+            raise ConfigError(f"{workdir} holds a run at step {step}; config.num_train_steps="
+                              f"{config.num_train_steps} is lower; use another --workdir to "
+                              "start a new run")
+        if "cosine_decay" in config.factors and not config.steps_per_cycle:
+            raise ConfigError(f"{workdir} holds a run with num_train_steps="
+                              f"{old['num_train_steps']}, and its cosine_decay schedule spans "
+                              "num_train_steps (steps_per_cycle=0), so it cannot change; use "
+                              "another --workdir to start a new run")
+    if diverged and (old.get("grad_clip_norm", 0) > 0) != (config.grad_clip_norm > 0):
+        raise ConfigError(f"config.grad_clip_norm can change on resume only between positive "
+                          f"values (clipping adds optimizer state); {workdir} has "
+                          f"{old.get('grad_clip_norm')!r}; use another --workdir to start over "
+                          "with clipping")
+
+
+def check_same_data(saved: dict | None, data: dict, config, workdir: str) -> None:
+    if not saved:  # checkpoints written before fingerprints existed
+        return
+    now = data_fingerprint(data)
+    differ = [s for s in sorted(now) if saved.get(s) != now[s]]
+    if differ:
+        raise ConfigError(f"the data in config.data_dir={config.data_dir} differs from the data "
+                          f"the run in {workdir} was trained on (split(s) "
+                          f"{', '.join(differ)}); resume with that data, or use another "
+                          "--workdir to start a new run")
+
+
+def resume_point(ckpts: checkpoint.Checkpoints, config, workdir: str,
+                  diverged: bool) -> tuple[list[tuple[int, BaseException]], int | None, dict]:
+    """The newest `last` checkpoint whose JSON reads (checked against the config), and
+    the newer ones that did not read."""
+    unreadable = []
+    for step in ckpts.last_steps():
+        try:
+            loop = ckpts.last_loop(step)
+        except Exception as e:  # noqa: BLE001  (corrupt or partial files)
+            unreadable.append((step, e))
+            continue
+        check_compatible(loop["config"], config, workdir, step=step, diverged=diverged)
+        return unreadable, step, loop
+    return unreadable, None, {}
+
+
+def unrestorable(ckpts: checkpoint.Checkpoints, failures) -> CheckpointError:
+    detail = "; ".join(f"step {s}: {checkpoint._first_line(e, 120)}" for s, e in failures)
+    return CheckpointError(f"cannot restore any checkpoint in {ckpts.last_dir} ({detail}); "
+                           f"delete {ckpts.directory} to start the run again, or use another "
+                           "--workdir")
