@@ -104,8 +104,8 @@ def base_config(*, task: str, model: str) -> ml_collections.ConfigDict:
     c.objective = "classify"
     c.mask_ratio = PRETRAIN_MASK_RATIO.get(task, 0.15)  # of the real tokens (mlm)
     # Per-token loss when pretraining: xent (over the vocabulary) or, for pixel tasks, l1
-    # on the intensity scaled to [0, 1] (the paper's default for pixels).
-    c.lm_loss = "l1" if task in PIXEL_TASKS else "xent"
+    # on the intensity scaled to [0, 1]; each task's default is the paper's (PRETRAIN_LM_LOSS).
+    c.lm_loss = PRETRAIN_LM_LOSS.get(task, "xent")
     # Workdir of an earlier run (e.g. a pretraining run) whose embeddings and encoder this
     # run starts from (its best checkpoint, else its last); the head starts fresh.
     c.init_from = ""
@@ -117,6 +117,11 @@ PRETRAIN_MASK_RATIO = {"listops": 0.10, "text": 0.15, "retrieval": 0.15, "image"
                        "pathfinder": 0.5, "pathx": 0.5}
 # Tasks whose tokens are pixel intensities 0..255 (where lm_loss='l1' makes sense).
 PIXEL_TASKS = ("image", "pathfinder", "pathx")
+# The paper's per-token loss where it is not cross-entropy: L1 on the pixel value for Image
+# and Pathfinder. Its code (IdoAmos/not-from-scratch, configs/experiment/lra/*pathx*-mlm*)
+# pretrains Path-X with cross-entropy over the 256 intensities ("should not use l1 for
+# pathx"), so Path-X keeps xent.
+PRETRAIN_LM_LOSS = {"image": "l1", "pathfinder": "l1"}
 
 
 def apply_objective_args(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> None:

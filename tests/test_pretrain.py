@@ -16,7 +16,7 @@ from flax import nnx
 
 import lra.tasks
 from configs import common
-from lra import checkpoint, init_from, objectives, train
+from lra import checkpoint, init_from, objectives, optim, train
 from lra.errors import ConfigError
 from tests.test_tasks_train import write_aan, write_cifar, write_imdb
 
@@ -39,7 +39,7 @@ def _config(task: str, data_dir: str, arg: str = "runlocal,pretrain", **extra):
 def test_pretrain_argument_sets_the_papers_objective_per_task():
     for task, ratio, loss in (("listops", 0.10, "xent"), ("text", 0.15, "xent"),
                               ("retrieval", 0.15, "xent"), ("image", 0.5, "l1"),
-                              ("pathfinder", 0.5, "l1"), ("pathx", 0.5, "l1")):
+                              ("pathfinder", 0.5, "l1"), ("pathx", 0.5, "xent")):
         c = importlib.import_module(f"configs.{task}").get_config("pretrain")
         assert (c.objective, c.mask_ratio, c.lm_loss) == ("mlm", ratio, loss), task
         plain = importlib.import_module(f"configs.{task}").get_config("")
@@ -76,7 +76,7 @@ def test_train_masks_change_every_step_and_follow_the_step():
     task = lra.tasks.get("listops")
     model = train.build_model(config, task)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    tx = train.make_optimizer(config, train.learning_rate_schedule(config))
+    tx = optim.make_optimizer(config, optim.learning_rate_schedule(config))
     seen = {}  # the `masked` positions each step passes to the model
     real_losses = objectives._token_losses
 
@@ -86,7 +86,7 @@ def test_train_masks_change_every_step_and_follow_the_step():
 
     objectives._token_losses = spy
     try:
-        train_step, _ = objectives.make_steps(graphdef, tx, train.learning_rate_schedule(config),
+        train_step, _ = objectives.make_steps(graphdef, tx, optim.learning_rate_schedule(config),
                                               task.num_classes, config, task.vocab_size)
         batch = {"inputs": np.ones((4, 16), np.int32) * 3, "mask": np.ones((4, 16), bool),
                  "targets": np.zeros(4, np.int32)}
@@ -135,8 +135,8 @@ def test_retrieval_pretrains_on_both_documents(tmp_path):
     objectives.add_eval_masks(data, config)
     model = train.build_model(config, task)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    tx = train.make_optimizer(config, train.learning_rate_schedule(config))
-    _, eval_step = objectives.make_steps(graphdef, tx, train.learning_rate_schedule(config),
+    tx = optim.make_optimizer(config, optim.learning_rate_schedule(config))
+    _, eval_step = objectives.make_steps(graphdef, tx, optim.learning_rate_schedule(config),
                                          task.num_classes, config, task.vocab_size)
     batch = dict(data["val"], weights=np.ones(len(data["val"]["targets"]), np.float32))
     sums = eval_step({"params": params, "rest": rest}, batch)
