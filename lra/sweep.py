@@ -11,7 +11,7 @@ hash of them, order aside; the run's `sweep.json` lists them): another set of ov
 is another set of runs, next to the first.
 
 A finished run (results.json present) is skipped if the config it recorded is the one this
-sweep would run (fields that do not change results, lra.report.NON_RESULT_FIELDS, aside);
+sweep would run (fields that do not change results, lra.results.NON_RESULT_FIELDS, aside);
 one that differs (another --config_arg, changed presets, a run started by hand) is not
 run again and not counted as done: the sweep names the differing fields and exits 1.
 Unfinished runs resume from their last checkpoint. A failed run leaves `error.txt` (its
@@ -129,7 +129,7 @@ def pretrain_plan(config: dict, pretrain_steps: int | None) -> tuple[int, int]:
     warmup = config.get("warmup", 0)
     if "cosine_decay" in config.get("factors", ""):
         # Each run has its own schedule. With warmup >= its steps the loop's cosine phase
-        # never starts (train.learning_rate_schedule: the rate only ramps up, never reaching
+        # never starts (optim.learning_rate_schedule: the rate only ramps up, never reaching
         # its peak when warmup > steps, and never decays), unlike the from-scratch run's.
         short = [f"{name} run has {n}" for name, n in parts.items() if warmup >= n]
         if short:
@@ -173,9 +173,9 @@ def expected_config(task: str, model: str, seed: int, config_arg: str,
 
 def config_differences(recorded: dict, expected: dict) -> list[str]:
     """'field: recorded -> expected' for each field (dotted, nested) whose values differ,
-    fields that do not change results (report.NON_RESULT_FIELDS) aside. A field only one
+    fields that do not change results (results.NON_RESULT_FIELDS) aside. A field only one
     side has is not compared (a field added to the code since the run)."""
-    from lra.report import NON_RESULT_FIELDS, flatten, same_run_folder
+    from lra.results import NON_RESULT_FIELDS, flatten, same_run_folder
 
     old, new = flatten(recorded), flatten(expected)
 

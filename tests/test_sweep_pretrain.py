@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from lra import report, sweep
+from lra.results import collect
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRE, FINE = sweep.PRETRAIN, sweep.FINE_TUNE
@@ -286,10 +287,10 @@ def test_report_shows_scratch_and_self_pretrained_side_by_side(tmp_path):
     csv_rows = open(paths["comparison_csv"], encoding="utf-8").read().splitlines()
     assert csv_rows[0].startswith("task,model,from scratch,self-pretrained")
     assert "listops,linformer,25.00,-,-,-,\"1,101\",1.101 !" in csv_rows
-    summary = report.summarize(report.collect(root))
+    summary = report.summarize(collect(root))
     assert summary[("listops", "transformer (self-pretrained)")]["seeds"] == 2
     assert not [k for k in summary if "(mlm)" in k[1]]
-    assert set(report.summarize_pretraining(report.collect(root))) == {
+    assert set(report.summarize_pretraining(collect(root))) == {
         ("listops", f"{m} (mlm)") for m in ("transformer", "linear", "performer")}
 
 

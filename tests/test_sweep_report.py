@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from lra import report, sweep
+from lra.results import collect
 
 
 def _write(root, task, model, seed, acc, sps=10.0, mem=1000, base=0.2):
@@ -62,7 +63,7 @@ def test_figure_takes_speed_and_memory_from_a_benchmark_csv(tmp_path):
     _write(root, "listops", "transformer", 0, 0.30, sps=10.0)
     _write(root, "listops", "linear", 0, 0.20, sps=1.0)  # a run that shared the machine
     _write(root, "listops", "lite", 0, 0.25)  # not benchmarked
-    summary = report.summarize(report.collect(root))
+    summary = report.summarize(collect(root))
     assert report.figure_points(summary) == [("transformer", 1.0, 30.0, 1.0),
                                              ("linear", 0.1, 20.0, 1.0),
                                              ("lite", 1.0, 25.0, 1.0)]
@@ -276,7 +277,7 @@ def test_report_skips_unusable_results_json_naming_each(tmp_path):
                       ("missing", "missing test_accuracy"), ("notnumber", "not a number")]:
         (line,) = [l for l in text.splitlines() if os.path.join(root, name) in l]
         assert why in line
-    assert report.collect(root)[0]["model"] == "transformer"  # warns, does not raise
+    assert collect(root)[0]["model"] == "transformer"  # warns, does not raise
 
 
 def test_report_program_on_unusable_files_is_one_line(tmp_path):
@@ -312,7 +313,7 @@ def test_report_averages_only_runs_of_one_config(tmp_path):
     _write_config(root, "local", 0, 0.20, "d")
     _write_config(root, "local", 0, 0.26, "e", **{"model_hparams.window": 16})
     _write_config(root, "local", 1, 0.24, "f", **{"model_hparams.window": 16})
-    summary = report.summarize(report.collect(root))
+    summary = report.summarize(collect(root))
     assert summary[("listops", "transformer [learning_rate=0.05]")]["seeds"] == 2
     assert summary[("listops", "transformer [learning_rate=0.5]")]["accuracy"] == 0.10
     assert summary[("listops", "local [model_hparams.window=16]")]["seeds"] == 2
@@ -326,7 +327,7 @@ def test_report_averages_only_runs_of_one_config(tmp_path):
     other = str(tmp_path / "other")
     _write_config(other, "transformer", 0, 0.30, "a")
     _write_config(other, "transformer", 1, 0.40, "b", checkpoint_freq=3, sharding="fsdp")
-    assert list(report.summarize(report.collect(other))) == [("listops", "transformer")]
+    assert list(report.summarize(collect(other))) == [("listops", "transformer")]
     # The same seed twice in one row is not two seeds: a warning says so.
     _write_config(other, "transformer", 1, 0.40, "copy")
     assert "2 runs with random_seed=1" in open(report.report(other)["markdown"]).read()
