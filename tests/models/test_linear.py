@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 from models import registry
-from models.attention import dense, linear
+from models.attention import dense, features, linear
 
 TOL = dict(rtol=2e-5, atol=2e-5)
 
@@ -108,7 +108,7 @@ def test_gated_linear_attention_matches_loop():
 
 def test_dpfp_features():
     x = normal(14, (3, 4))
-    phi = np.asarray(linear.dpfp_feature_map(jnp.asarray(x), nu=2))
+    phi = np.asarray(features.dpfp_feature_map(jnp.asarray(x), nu=2))
     r = np.concatenate([np.maximum(x, 0), np.maximum(-x, 0)], -1)
     want = np.concatenate([r * np.roll(r, 1, -1), r * np.roll(r, 2, -1)], -1)
     np.testing.assert_allclose(phi, want, rtol=1e-6)
@@ -155,15 +155,15 @@ def test_performer_error_falls_with_num_features():
     @jax.jit
     def mean_error(w_SxMxK):  # over S draws
         def one(w_MxK):
-            phi_q = linear.favor_softmax_features(q, w_MxK, is_query=True)
-            phi_k = linear.favor_softmax_features(k, w_MxK, is_query=False)
+            phi_q = features.favor_softmax_features(q, w_MxK, is_query=True)
+            phi_k = features.favor_softmax_features(k, w_MxK, is_query=False)
             return jnp.mean(jnp.abs(linear.linear_attention(phi_q, phi_k, v, causal=False)
                                     - exact))
         return jnp.mean(jax.vmap(one)(w_SxMxK))
 
     errors = []
     for m in (16, 64, 256, 1024):
-        w = np.stack([linear._orthogonal_gaussian_np(np.random.default_rng(seed), m, d)
+        w = np.stack([features._orthogonal_gaussian_np(np.random.default_rng(seed), m, d)
                       for seed in range(draws)])
         errors.append(float(mean_error(jnp.asarray(w))))
     assert all(a > b for a, b in zip(errors, errors[1:])), errors
@@ -185,7 +185,7 @@ def assert_orthogonal_gaussian(w: np.ndarray, d: int) -> None:
 
 
 def test_orthogonal_gaussian_rows_numpy():
-    assert_orthogonal_gaussian(linear._orthogonal_gaussian_np(np.random.default_rng(3), 512, 8), 8)
+    assert_orthogonal_gaussian(features._orthogonal_gaussian_np(np.random.default_rng(3), 512, 8), 8)
 
 
 def test_performer_causal_matches_unstabilised_quadratic():
@@ -195,9 +195,9 @@ def test_performer_causal_matches_unstabilised_quadratic():
     q = jnp.asarray(normal(20, (2, 2, length, d)))
     k = jnp.asarray(normal(21, (2, 2, length, d)))
     v = normal(22, (2, 2, length, d))
-    w = jnp.asarray(linear._orthogonal_gaussian_np(np.random.default_rng(0), m, d))
-    phi_q = linear.favor_softmax_features(q, w, is_query=True)
-    phi_k, log_g = linear.favor_causal_key_features(k, w)
+    w = jnp.asarray(features._orthogonal_gaussian_np(np.random.default_rng(0), m, d))
+    phi_q = features.favor_softmax_features(q, w, is_query=True)
+    phi_k, log_g = features.favor_causal_key_features(k, w)
     got = linear.gated_linear_attention(phi_q, phi_k, jnp.asarray(v), log_g, chunk_size=4)
     # Unstabilised keys in float64: exp(w.k' - |k'|^2 / 2) / sqrt(m).
     kk = np.asarray(k, np.float64) * d ** -0.25
@@ -391,8 +391,8 @@ def rfa_reference(model, x, mask=None):
     q, k, v = (np.asarray(a, np.float64) for a in model.project_qkv(x))
     inv_tau = jnp.exp(-model.log_temperature[...])
     w = model.projection.features[...]
-    phi_q = np.asarray(linear.trig_features(jnp.asarray(q), w, inv_tau), np.float64)
-    phi_k = np.asarray(linear.trig_features(jnp.asarray(k), w, inv_tau), np.float64)
+    phi_q = np.asarray(features.trig_features(jnp.asarray(q), w, inv_tau), np.float64)
+    phi_k = np.asarray(features.trig_features(jnp.asarray(k), w, inv_tau), np.float64)
     g = np.asarray(jax.nn.sigmoid(model.gate(x)), np.float64).transpose(0, 2, 1)
     if mask is not None:  # a padded step neither decays nor writes
         real = np.asarray(mask)[:, None, :]
@@ -437,10 +437,10 @@ def test_rfa_features_estimate_unit_softmax(tau):
     # E[phi(x).phi(y)] = exp((x^.y^ - 1) / tau^2) for unit x^, y^.
     d, m = 8, 4096
     x, y = normal(30, (1, 1, 3, d)), normal(31, (1, 1, 3, d))
-    w = jnp.asarray(linear._orthogonal_gaussian_np(np.random.default_rng(1), m, d))
+    w = jnp.asarray(features._orthogonal_gaussian_np(np.random.default_rng(1), m, d))
     inv_tau = jnp.full((1,), 1.0 / tau)
-    est = np.einsum("bhik,bhjk->ij", linear.trig_features(jnp.asarray(x), w, inv_tau),
-                    linear.trig_features(jnp.asarray(y), w, inv_tau))
+    est = np.einsum("bhik,bhjk->ij", features.trig_features(jnp.asarray(x), w, inv_tau),
+                    features.trig_features(jnp.asarray(y), w, inv_tau))
     xh = x[0, 0] / np.linalg.norm(x[0, 0], axis=-1, keepdims=True)
     yh = y[0, 0] / np.linalg.norm(y[0, 0], axis=-1, keepdims=True)
     np.testing.assert_allclose(est, np.exp((xh @ yh.T - 1.0) / tau ** 2), atol=0.05)
@@ -504,8 +504,8 @@ def test_performer_redraws_inside_the_training_loop(tiny_listops_config, listops
     ckpts.close()
     assert info["step"] == 2
     trained = nnx.merge(graphdef, weights["params"], weights["rest"])
-    before = jax.tree.leaves(nnx.state(initial, linear.RandomFeatures))
-    after = jax.tree.leaves(nnx.state(trained, linear.RandomFeatures))
+    before = jax.tree.leaves(nnx.state(initial, features.RandomFeatures))
+    after = jax.tree.leaves(nnx.state(trained, features.RandomFeatures))
     assert len(before) == len(after) == config.num_layers
     for w0, w2 in zip(before, after):
         assert w0.shape == w2.shape == (16, config.qkv_dim // config.num_heads)
