@@ -11,6 +11,7 @@ import numpy as np
 
 from lra import checkpoint
 from lra.errors import CheckpointError, ConfigError
+from lra.results import flatten
 
 # Resuming (re-running a workdir): every config field must be as the run has it, except
 # these, which change neither the model, the data order nor the optimisation:
@@ -41,15 +42,6 @@ def data_fingerprint(data: dict[str, dict[str, np.ndarray]]) -> dict[str, str]:
     return out
 
 
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(d, dict):
-        return {prefix: d}
-    out = {}
-    for k, v in d.items():
-        out.update(_flatten(v, f"{prefix}{k}."))
-    return {k.rstrip("."): v for k, v in out.items()}
-
-
 def same(a: Any, b: Any) -> bool:
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return list(a) == list(b)
@@ -60,7 +52,7 @@ def check_compatible(saved: dict, config: ml_collections.ConfigDict, workdir: st
                              step: int, diverged: bool) -> None:
     """Refuses (ConfigError, naming every field) a config that the run in `workdir`, at
     `step`, cannot honour: see RESUME_FREE_FIELDS above."""
-    old, new = _flatten(saved), _flatten(config.to_dict())
+    old, new = flatten(saved), flatten(config.to_dict())
     free = set(RESUME_FREE_FIELDS) | {"num_train_steps"}
     if diverged:
         free |= set(AFTER_DIVERGENCE_FIELDS)
