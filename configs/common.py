@@ -95,7 +95,9 @@ def base_config(*, task: str, model: str) -> ml_collections.ConfigDict:
     c.dropout_rate = 0.1
     c.attention_dropout_rate = 0.1
     c.pooling = "CLS"
-    c.pos_emb = "learned"
+    # learned | sinusoidal | rotary | none; the variant's paper's (Capabilities.pos_emb):
+    # Transformer-XL and GTrXL use their relative positions only ("none").
+    c.pos_emb = _default_pos_emb(model)
     c.causal = False
 
     # Objective (models/pretrain.py): classify, or self-pretraining on the task's own
@@ -146,6 +148,12 @@ def apply_objective_args(c: ml_collections.ConfigDict, arg: ml_collections.Confi
         c.objective = "causal_lm" if c.causal else "mlm"
 
 
+def _default_pos_emb(model: str) -> str:
+    from models import registry  # imports jax; only when a config is built
+
+    return registry.capabilities(model).pos_emb if model in registry.available() else "learned"
+
+
 def _resolve_block(model: str) -> dict[str, Any]:
     from models.stacks import resolve_block  # imports jax; only when a config is built
 
@@ -162,6 +170,12 @@ def finalize(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     not rescale them (see configs/presets.py)."""
     c.model_hparams = ml_collections.ConfigDict(
         presets.model_hparams(c.model, c.task, max_length=c.max_length))
+    if c.dropout_rate == 0.0 and c.attention_dropout_rate == 0.0:
+        # A config without dropout (every `mini`) has none anywhere: also not Lite's
+        # DropConnect on its dynamic-convolution weights (`weight_dropout`).
+        for key in DROPOUT_HPARAMS:
+            if key in c.model_hparams:
+                c.model_hparams[key] = 0.0
     stated = _resolve_block(c.model)
     scaled = presets.block_settings(stated, c.task, max_length=c.max_length)
     for key in presets.BLOCK_LENGTH_KEYS:
@@ -172,6 +186,11 @@ def finalize(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         # summarise the first segment alone (models/encoder.py refuses it).
         c.pooling = "MEAN"
     return c
+
+
+# Variant hparams that are dropout rates (configs/presets.py), zeroed by `finalize` in a
+# config whose dropout_rate and attention_dropout_rate are 0.
+DROPOUT_HPARAMS = ("weight_dropout",)
 
 
 def apply_runlocal(c: ml_collections.ConfigDict) -> None:

@@ -5,18 +5,39 @@
 Defaults follow the papers and LRA's configs (see ../shared/VARIANTS.md); a task may
 override a variant's value where LRA did (e.g. a shorter window for a shorter task).
 
-Sizes that the papers or LRA chose for a sequence length (windows, blocks, chunks, k keys,
-inducing points, packed length, ...) are stated here at each task's reference length,
-`REFERENCE_LENGTHS[task]`: the full-size task config's max_length. `model_hparams` scales
-them to `max_length` (the ones listed in `LENGTH_SCALED`) so that every variant attends to
-the same fraction of the keys at any length: a `mini` config with 64 tokens gets
-ListOps' window of 128 tokens as a window of 4, not a window that covers the whole input
-(dense attention under another name). Sizes are rounded, at least 1, with the variants'
-constraints kept (reformer: n_buckets even, about L / chunk_len as at the reference;
-fixed: c <= block). At the reference length the presets are exactly the values below.
-Sizes that the builders already derive from max_len by the paper's rule (strided's
-stride and routing's clusters ~ sqrt(L), informer's u = factor * ceil(ln L), bp's levels
-~ log2 L, axial/local_2d's raster width ceil(sqrt(L))) are left to the builders.
+Sizes that the papers or LRA chose for a sequence length are stated here at each task's
+reference length, `REFERENCE_LENGTHS[task]`: the full-size task config's max_length.
+`model_hparams` adapts them to `max_length` by a rule per key (`LENGTH_SCALED`), chosen by
+what the size means:
+- "linear": a number of tokens that is a fraction of the keys (a window, a block, a chunk,
+  a number of random keys): value * L / L_ref, rounded, at least 1, so that the variant
+  attends to the same fraction of the keys at any length. A `mini` config with 64 tokens
+  gets ListOps' window of 128 of 2000 tokens as a window of 4, not a window that covers
+  the whole input (dense attention under another name).
+- "sqrt": a side of a rectangle on the raster of ceil(sqrt(L)) columns (local_2d's query
+  and flange sizes): value * sqrt(L / L_ref), so the area fraction stays.
+- "summaries": a rank or a bottleneck, i.e. how many summaries the method computes
+  (Linformer's k, Set Transformer's inducing points, Luna's packed length, clusters) or
+  how many keys a query's softmax weighs (SAC's k, clustered's top-k). These are not a
+  fraction of the keys, and scaled linearly they reach 1 at short lengths, where the
+  method degenerates: a softmax over one summary weighs it 1 whatever the query, so every
+  position gets the same vector and the query/key projections get no gradient (issue 27:
+  linformer, set_transformer, luna and sac at ListOps mini). They are not scaled: the
+  stated value, but at most max(MIN_SUMMARIES, L // 4), so that a short input is still
+  compressed (the papers keep k fixed as L grows: the cost is O(L k)). At ListOps mini
+  (64 tokens) Linformer's k is 16, not 1. `lra.dense_check` flags a run whose sizes
+  degenerate anyway (`degenerate`).
+Rounding keeps the variants' constraints (reformer: n_buckets even, about L / chunk_len as
+at the reference; fixed: c <= block). At the reference length the presets are exactly the
+values below.
+Sizes that the builders derive from max_len by the paper's own rule are left to the
+builders, and do NOT keep the fraction of the keys at short lengths: strided's stride and
+routing's clusters ~ sqrt(L) (a query sees ~2 sqrt(L) keys, 2 / sqrt(L) of them), axial's
+and local_2d's raster width ceil(sqrt(L)), informer's u = factor * ceil(ln L) active
+queries, bp's levels ~ log2 L; fixed's c and random's r are rounded up to 1 token. At
+ListOps mini they reach a larger fraction of the input than at full length (measured by
+`python -m lra.dense_check --config=configs/listops.py:mini --fractions`; README,
+"Variant notes").
 
 config.block's token counts (`BLOCK_LENGTH_KEYS`: the segment_recurrent stack's
 segment_len and mem_len) follow the same rule (`block_settings`).
@@ -104,14 +125,15 @@ REFERENCE_LENGTHS: dict[str, int] = {
     "pathx": 16384,
 }
 
-# model -> {hparam: how it follows the length L}: "linear" for a number of tokens
-# (value * L / L_ref: the fraction of the keys stays), "sqrt" for a side of a rectangle
-# on the raster of ceil(sqrt(L)) columns (value * sqrt(L / L_ref): the area fraction
-# stays). reformer's n_buckets follows chunk_len (see _scaled).
+# model -> {hparam: how it follows the length L} (module docstring): "linear" for a number
+# of tokens (value * L / L_ref: the fraction of the keys stays), "sqrt" for a side of a
+# rectangle on the raster of ceil(sqrt(L)) columns (value * sqrt(L / L_ref): the area
+# fraction stays), "summaries" for a rank or bottleneck (not scaled; at most
+# max(MIN_SUMMARIES, L // 4)). reformer's n_buckets follows chunk_len (see _scaled).
 LENGTH_SCALED: dict[str, dict[str, str]] = {
-    "linformer": {"k": "linear"},
-    "set_transformer": {"num_inducing": "linear"},
-    "luna": {"packed_len": "linear"},
+    "linformer": {"k": "summaries"},  # the projected length: O(L k) at any L
+    "set_transformer": {"num_inducing": "summaries"},
+    "luna": {"packed_len": "summaries"},
     "poolingformer": {"window1": "linear", "window2": "linear"},  # pool size/stride: ratios
     "local": {"window": "linear"},
     "fixed": {"block": "linear", "c": "linear"},
@@ -124,8 +146,10 @@ LENGTH_SCALED: dict[str, dict[str, str]] = {
     "bigbird": {"block": "linear"},  # random/global blocks: counts of blocks
     "sinkhorn": {"block_size": "linear"},
     "reformer": {"chunk_len": "linear"},  # n_buckets: derived, see _scaled
-    "sac": {"k": "linear"},
-    "clustered": {"num_clusters": "linear", "topk": "linear"},
+    # SAC's k: the edges (keys) a node's softmax weighs; k = 1 is a hard gather whose q.k
+    # attention is never used. clustered: C cluster summaries; top-k keys per cluster.
+    "sac": {"k": "summaries"},
+    "clustered": {"num_clusters": "summaries", "topk": "summaries"},
     "adaptive_span": {"ramp": "linear"},  # the soft mask's ramp R, in tokens (S = max_len)
 }
 
@@ -133,6 +157,12 @@ LENGTH_SCALED: dict[str, dict[str, str]] = {
 # the same way by `block_settings`; 0 keeps its meaning ("the whole input" /
 # "segment_len").
 BLOCK_LENGTH_KEYS = ("segment_len", "mem_len")
+
+
+# The fewest summaries (or keys a query's softmax weighs) a short input still gets from a
+# "summaries" size, unless the stated value is smaller: 8 is the smallest size the
+# surveyed LRA configs use for such a rank (Synthesizer's k = 8).
+MIN_SUMMARIES = 8
 
 
 def _round(x: float) -> int:
@@ -150,8 +180,9 @@ def _ratio(task: str, max_length: int | None) -> float:
     return max_length / REFERENCE_LENGTHS[task]
 
 
-def _scaled(model: str, hparams: dict[str, Any], ratio: float) -> dict[str, Any]:
-    """`hparams` (stated at the reference length) at `ratio` times that length."""
+def _scaled(model: str, hparams: dict[str, Any], ratio: float,
+            reference: int) -> dict[str, Any]:
+    """`hparams` (stated at the reference length `reference`) at `ratio` times it."""
     if ratio == 1.0:
         return dict(hparams)
     out = dict(hparams)
@@ -159,7 +190,11 @@ def _scaled(model: str, hparams: dict[str, Any], ratio: float) -> dict[str, Any]
         value = hparams.get(key)
         if value is None or isinstance(value, bool):
             continue
-        size = _round(value * (ratio if rule == "linear" else math.sqrt(ratio)))
+        if rule == "summaries":
+            length = round(ratio * reference)  # max_length
+            size = min(int(value), max(MIN_SUMMARIES, length // 4))
+        else:
+            size = _round(value * (ratio if rule == "linear" else math.sqrt(ratio)))
         out[key] = float(size) if isinstance(value, float) else size
     if model == "fixed" and "c" in out and "block" in out:
         out["c"] = min(out["c"], out["block"])  # masks.fixed: c <= block
@@ -180,7 +215,7 @@ def model_hparams(model: str, task: str, max_length: int | None = None) -> dict[
             f"unknown model {model!r}; available: {', '.join(registry.available())}"
         )
     stated = {**PRESETS.get(model, {}), **TASK_OVERRIDES.get((model, task), {})}
-    return _scaled(model, stated, _ratio(task, max_length))
+    return _scaled(model, stated, _ratio(task, max_length), REFERENCE_LENGTHS.get(task, 0))
 
 
 def block_settings(block: Mapping[str, Any], task: str,

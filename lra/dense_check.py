@@ -3,6 +3,14 @@
   reduces_to_dense("local", {"window": 128}, 65)   -> True  (the window covers 65)
   reduces_to_dense("local", {"window": 4}, 65)     -> False
   run_reduces_to_dense(results["config"])          -> the same for a run's resolved config
+  degenerate("linformer", {"k": 1}, 65)            -> "every position gets the same output ..."
+  key_fraction("local", {"window": 4}, 65)         -> 0.15 (of the keys reach an output)
+
+From the shell, per run of a sweep directory or per variant of a task config (a table;
+`--fractions` adds the measured fraction of the keys, a second or so per row):
+
+  python -m lra.dense_check workdirs/sweep_listops_mini [--fractions]
+  python -m lra.dense_check --config=configs/listops.py:mini [--models=linformer,sac]
 
 A numerical check, the same for every variant: a variant whose
 `registry.capabilities(name).dense_equivalent` is not None declares that under some
@@ -102,12 +110,7 @@ def _check(model: str, hparams_json: str, length: int, causal: bool,
     hparams = {k: v for k, v in json.loads(hparams_json).items() if k not in IGNORED}
     for name in caps.dense_form:  # the form of attention, not its extent
         hparams[name] = caps.dense_equivalent[name]
-    accepted = registry.accepted_hparams(model)
-    if "attention_dropout" in accepted:
-        hparams["attention_dropout"] = 0.0
-    variant = registry.build(model, dim=DIM, num_heads=HEADS, max_len=length, causal=causal,
-                             prefix_len=prefix_len, rngs=nnx.Rngs(params=0, dropout=1),
-                             **hparams)
+    variant = _build(model, hparams, length, causal, prefix_len)
     if not all(isinstance(getattr(variant, p, None), nnx.Linear) for p in DENSE_PARAMS):
         return False  # e.g. synthesizer's dense mode: no keys at all
     pattern = getattr(variant, "pattern", None)
@@ -134,6 +137,21 @@ def _check(model: str, hparams_json: str, length: int, causal: bool,
     y_dense = np.asarray(_apply(dense, x))
     err = float(np.max(np.abs(np.asarray(y_variant) - y_dense)))
     return err <= TOLERANCE * max(float(np.max(np.abs(y_dense))), 1e-6)
+
+
+def _build(model: str, hparams: Mapping[str, Any], length: int, causal: bool,
+           prefix_len: int):
+    """`model` at the checks' size (DIM, HEADS) for `length` positions, without dropout."""
+    from flax import nnx
+
+    from models import registry
+
+    hparams = {k: v for k, v in hparams.items() if k not in IGNORED}
+    if "attention_dropout" in registry.accepted_hparams(model):
+        hparams["attention_dropout"] = 0.0
+    return registry.build(model, dim=DIM, num_heads=HEADS, max_len=length, causal=causal,
+                          prefix_len=prefix_len, rngs=nnx.Rngs(params=0, dropout=1),
+                          **hparams)
 
 
 @functools.lru_cache(maxsize=8)
@@ -170,3 +188,241 @@ def _apply(module, x, **kwargs):
 
 
 _COMPILED: dict = {}
+
+
+# ----------------------------------------------------------------------------- degenerate
+
+# A mixer whose output varies across positions by less than this (relative to its largest
+# value) gives every position the same vector: a per-sequence broadcast, not a mixer.
+SPREAD_TOLERANCE = 1e-4
+
+
+def degenerate(model: str, hparams: Mapping[str, Any], length: int, *,
+               causal: bool = False, prefix_len: int = 0) -> str | None:
+    """Why `model` built with `hparams` for `length` positions no longer computes its
+    method (one line), or None when it does.
+
+    Numerical, the same for every variant (at DIM, HEADS, on one random input):
+    - the output is the same vector at every content position (relative spread below
+      SPREAD_TOLERANCE): e.g. Linformer, Set Transformer or Luna with one summary, whose
+      softmax over one key always weighs 1;
+    - a query or key projection gets an all-zero gradient (a softmax over one key, a
+      window of 0, SAC's hard gather of k=1): the attention is not learned at all.
+    """
+    key = json.dumps(dict(hparams), sort_keys=True, default=repr)
+    return _degenerate(model, key, int(length), bool(causal), int(prefix_len))
+
+
+def run_degenerate(config: Mapping[str, Any]) -> str | None:
+    """`degenerate` for a run's resolved config (results.json's `config`)."""
+    length, prefix_len = run_length(config)
+    return degenerate(config["model"], config.get("model_hparams") or {}, length,
+                      causal=bool(config.get("causal", False)), prefix_len=prefix_len)
+
+
+def _is_projection(path: tuple) -> str | None:
+    """'query'/'key'/'key2'/... when `path` is the kernel of such an nnx.Linear."""
+    names = [str(p) for p in path]
+    if names[-1] != "kernel" or len(names) < 2:
+        return None
+    owner = names[-2]
+    return owner if owner.startswith(("query", "key")) else None
+
+
+@functools.lru_cache(maxsize=None)
+def _degenerate(model: str, hparams_json: str, length: int, causal: bool,
+                prefix_len: int) -> str | None:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from models import registry
+
+    variant = _build(model, json.loads(hparams_json), length, causal, prefix_len)
+    carries = registry.capabilities(model).carries_state
+    graphdef, params, rest = nnx.split(variant, nnx.Param, ...)
+    x = jax.random.normal(jax.random.key(0), (1, length, DIM))
+    cotangent = jax.random.normal(jax.random.key(1), (1, length, DIM))
+
+    def loss(params, x):
+        module = nnx.merge(graphdef, params, rest)
+        y = module(x, padding_mask=None, deterministic=True,
+                   **({"carry": None} if carries else {}))
+        y = y[0] if carries else y
+        return jnp.sum(y * cotangent), y
+
+    (_, y), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params, x)
+    y = np.asarray(y[0, prefix_len:], np.float64)
+    if y.shape[0] > 1:
+        spread = float(np.max(y.max(0) - y.min(0)) / max(np.max(np.abs(y)), 1e-30))
+        if spread < SPREAD_TOLERANCE:
+            return (f"every position gets the same output (relative spread {spread:.1e}): "
+                    "a softmax over one summary or key")
+    flat, _ = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(grads))
+    dead = sorted({name for path, g in flat
+                   if (name := _is_projection(tuple(getattr(p, "key", p) for p in path)))
+                   and not np.any(np.asarray(g))})
+    if dead:
+        return (f"the {'/'.join(dead)} projection gets no gradient: attention over one key "
+                "(nothing to weigh)")
+    return None
+
+
+# ----------------------------------------------------------------------------- fractions
+
+FRACTION_ROWS = 16  # query rows sampled per check
+
+
+def key_fraction(model: str, hparams: Mapping[str, Any], length: int, *,
+                 causal: bool = False, prefix_len: int = 0) -> float:
+    """Mean fraction of the positions a content output can see (all L, or its i+1 with
+    causal) that reach it in one layer: the rows of d y_i / d x that are not exactly zero,
+    over FRACTION_ROWS query rows evenly spaced, on one random input.
+
+    It measures what a mixer reads, whatever its mechanism (a window, a pattern, buckets,
+    clusters, a low-rank summary: a summary of everything reads everything, 1.0). Masked
+    keys weigh exactly 0 and give exactly zero derivatives."""
+    key = json.dumps(dict(hparams), sort_keys=True, default=repr)
+    return _key_fraction(model, key, int(length), bool(causal), int(prefix_len))
+
+
+def run_key_fraction(config: Mapping[str, Any]) -> float:
+    """`key_fraction` for a run's resolved config (results.json's `config`)."""
+    length, prefix_len = run_length(config)
+    return key_fraction(config["model"], config.get("model_hparams") or {}, length,
+                        causal=bool(config.get("causal", False)), prefix_len=prefix_len)
+
+
+@functools.lru_cache(maxsize=None)
+def _key_fraction(model: str, hparams_json: str, length: int, causal: bool,
+                  prefix_len: int) -> float:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from models import registry
+
+    if length > MAX_LENGTH:
+        raise ValueError(f"key fraction: length {length} > {MAX_LENGTH}")
+    variant = _build(model, json.loads(hparams_json), length, causal, prefix_len)
+    carries = registry.capabilities(model).carries_state
+    graphdef, state = nnx.split(variant)
+    rows = np.unique(np.linspace(prefix_len, length - 1,
+                                 min(FRACTION_ROWS, length - prefix_len)).astype(int))
+    x = jax.random.normal(jax.random.key(0), (1, length, DIM))
+
+    def forward(x):
+        y = nnx.merge(graphdef, state)(x, padding_mask=None, deterministic=True,
+                                        **({"carry": None} if carries else {}))
+        return y[0] if carries else y
+
+    @jax.jit
+    def reach(row_cotangents_RxLxD):
+        _, vjp = jax.vjp(forward, x)
+        g = jax.lax.map(lambda c: vjp(c[None])[0][0], row_cotangents_RxLxD)
+        return jnp.any(g != 0, axis=-1)  # R x L: input j reaches output row r
+
+    direction = jax.random.normal(jax.random.key(1), (DIM,))
+    cotangents = jnp.zeros((len(rows), length, DIM)).at[np.arange(len(rows)), rows].set(
+        direction)
+    reached = np.asarray(reach(cotangents))
+    seen = rows + 1 if causal else np.full(len(rows), length)
+    return float(np.mean(reached.sum(-1) / seen))
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def _config_rows(spec: str, models: list[str]) -> list[dict]:
+    """Resolved configs of `models` from a task config spec 'configs/<task>.py[:args]'."""
+    import importlib
+    import os
+
+    path, _, arg = spec.partition(":")
+    module = importlib.import_module("configs." + os.path.splitext(os.path.basename(path))[0])
+    rows = []
+    for model in models:
+        config = module.get_config(",".join(filter(None, [f"model={model}", arg])))
+        rows.append({"task": config.task, "config": config.to_dict(),
+                     "run": f"{config.task}:{arg or 'full'}"})
+    return rows
+
+
+def _sizes(config: Mapping[str, Any]) -> str:
+    """The run's length-dependent sizes (configs.presets.LENGTH_SCALED keys), 'k=16 ...'."""
+    from configs import presets
+
+    hparams = config.get("model_hparams") or {}
+    keys = presets.LENGTH_SCALED.get(config["model"], {})
+    return " ".join(f"{k}={hparams[k]:g}" for k in keys if k in hparams) or "-"
+
+
+def table(rows: list[dict], fractions: bool = False) -> list[str]:
+    """Markdown lines: per run, its length, sizes, whether it is dense-equivalent or
+    degenerate, and (fractions) the fraction of the keys that reach an output."""
+    header = ["run", "model", "positions", "sizes", "dense", "degenerate"]
+    header += ["keys seen"] if fractions else []
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        config = row["config"]
+        cells = [row["run"], config["model"], str(run_length(config)[0]), _sizes(config)]
+        try:
+            cells.append("yes" if (always_dense(config["model"])
+                                   or run_reduces_to_dense(config)) else "no")
+            cells.append(run_degenerate(config) or "no")
+            if fractions:
+                cells.append(f"{100 * run_key_fraction(config):.1f}%")
+        except Exception as e:  # noqa: BLE001  (a run this code cannot build: say why)
+            cells += [f"cannot check: {type(e).__name__}: {e}"] + [""] * (
+                len(header) - len(cells) - 1)
+        lines.append("| " + " | ".join(cells) + " |")
+        print(lines[-1] if len(lines) > 3 else "\n".join(lines), flush=True)
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import os
+
+    parser = argparse.ArgumentParser(
+        prog="python -m lra.dense_check",
+        description="Per run (results.json below DIR) or per variant of a task config: does "
+                    "it reduce to dense attention, is it degenerate, and what fraction of "
+                    "the keys reaches an output.")
+    parser.add_argument("dirs", nargs="*", help="directories of runs (results.json)")
+    parser.add_argument("--config", action="append", default=[],
+                        help="a task config, e.g. configs/listops.py:mini (repeatable)")
+    parser.add_argument("--models", default="all",
+                        help="with --config: comma-separated names, or 'all'")
+    parser.add_argument("--fractions", action="store_true",
+                        help="also measure the fraction of the keys that reach an output")
+    args = parser.parse_args(argv)
+    if not args.dirs and not args.config:
+        parser.error("give a directory of runs or --config=configs/<task>.py[:args]")
+    from lra.results import load
+    from models import registry
+
+    models = (registry.available() if args.models == "all"
+              else [m for m in args.models.split(",") if m])
+    rows = []
+    for spec in args.config:
+        rows += _config_rows(spec, models)
+    for root in args.dirs:
+        results, skipped = load(root)
+        for line in skipped:
+            print(f"warning: {line}")
+        rows += [{"run": os.path.relpath(r["_path"], root), "config": r["config"]}
+                 for r in results if r.get("config", {}).get("model")]
+    if not rows:
+        print("no runs with a recorded config found")
+        return 1
+    table(rows, fractions=args.fractions)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

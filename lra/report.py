@@ -16,8 +16,11 @@ and writes, into `--out` (default: the directory itself):
                             fields that differ, e.g. `transformer [learning_rate=0.01]`;
                             `≡ dense` marks a cell whose runs reduce to dense attention at
                             their length (lra/dense_check.py: e.g. a window that covers
-                            the whole input), with a footnote; a run the check cannot
-                            build gets no mark and a warning line. Classifiers
+                            the whole input), `⚠ degenerate` a cell whose runs no longer
+                            compute the method (a bottleneck of one: every position gets
+                            the same output, or q/k get no gradient), each with a
+                            footnote; a run the check cannot build gets no mark and a
+                            warning line. Classifiers
                             only: a run fine-tuned from a self-pretraining
                             run (config.init_from) is the row `<model> (self-pretrained)`;
   results.md (per task) /   per model: from-scratch and self-pretrained test accuracy, their
@@ -60,6 +63,12 @@ from lra.results import (NON_RESULT_FIELDS, PRETRAINING, SCRATCH, SEED_FIELD,  #
 
 TASK_ORDER = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
 DENSE_MARK = "≡ dense"
+DEGENERATE_MARK = "⚠ degenerate"
+DEGENERATE_NOTE = (f"{DEGENERATE_MARK}: with the sizes the run used, at its length, the "
+                   "variant no longer computes its method: every position gets the same "
+                   "output, or a query/key projection gets no gradient (a softmax over one "
+                   "summary or key, e.g. Linformer with k=1; lra/dense_check.py "
+                   "`degenerate`). `python -m lra.dense_check <dir>` says why per run.")
 DENSE_NOTE = (f"{DENSE_MARK}: at the run's length (config.max_length, plus 1 with CLS "
               "pooling) the variant, with the hyperparameters the run used, attends to every "
               "key: its window, blocks, chunks, k, ... cover the whole input, and it computes "
@@ -302,13 +311,15 @@ def repeated_seeds(results: list[dict]) -> list[str]:
             if len(paths) > 1]
 
 
-def dense_marks(results: list[dict]) -> tuple[set[tuple[str, str]], list[str]]:
-    """(task, row label) of the runs whose variant reduces to dense attention at their
-    length (any of the row's runs; see labels), from each run's resolved `config`; and
-    warning lines for the runs that could not be checked. Runs without a config are not
-    checked; `transformer` and the variants that are its mixer by construction
-    (`universal`) are never marked."""
-    marked, warnings = set(), []
+def run_marks(results: list[dict]) -> tuple[dict[tuple[str, str], list[str]], list[str]]:
+    """(task, row label) -> the marks of its runs (see labels), from each run's resolved
+    `config`: DENSE_MARK when a run's variant reduces to dense attention at its length,
+    DEGENERATE_MARK when its sizes no longer compute the method (a bottleneck of one, a
+    window of nothing: lra/dense_check.py `degenerate`); and warning lines for the runs
+    that could not be checked. Runs without a config are not checked; `transformer` and
+    the variants that are its mixer by construction (`universal`) are never marked
+    dense."""
+    marks, warnings, checked = defaultdict(list), [], set()
     annotate(results)
     results = classifiers(results)
     for r, label in zip(results, labels(results)):
@@ -316,20 +327,23 @@ def dense_marks(results: list[dict]) -> tuple[set[tuple[str, str]], list[str]]:
         if not config or not config.get("model"):
             continue
         key = (r["task"], label)
-        if key in marked:
+        if key in checked:
             continue
+        checked.add(key)
         try:
             from lra import dense_check  # imports jax: only when a run has a config
 
             if (not dense_check.always_dense(config["model"])
                     and dense_check.run_reduces_to_dense(config)):
-                marked.add(key)
+                marks[key].append(DENSE_MARK)
+            if dense_check.run_degenerate(config):
+                marks[key].append(DEGENERATE_MARK)
         except Exception as e:  # noqa: BLE001  (an unknown model, a bad value, ...)
             warning = (f"{key[0]} {key[1]}: could not check whether it reduces to dense "
-                       f"attention ({type(e).__name__}: {e})")
+                       f"attention or degenerates ({type(e).__name__}: {e})")
             if warning not in warnings:
                 warnings.append(warning)
-    return marked, warnings
+    return dict(marks), warnings
 
 
 def efficiency_ratios(path: str, length: int = 0) -> tuple[int, dict[str, tuple]]:
@@ -464,9 +478,10 @@ def pretraining_rows(pretraining: dict) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def table_rows(summary, dense: set[tuple[str, str]] = frozenset()
+def table_rows(summary, marks: dict[tuple[str, str], list[str]] | None = None
                ) -> tuple[list[str], list[list[str]]]:
-    """Header and rows; a cell in `dense` (see dense_marks) carries DENSE_MARK."""
+    """Header and rows; a cell carries its marks (see run_marks)."""
+    marks = marks or {}
     tasks, models = tasks_and_models(summary)
     header = ["model", *tasks, "avg"]
     rows = []
@@ -481,8 +496,8 @@ def table_rows(summary, dense: set[tuple[str, str]] = frozenset()
             cell = f"{100 * s['accuracy']:.2f}"
             if s["std"] is not None:
                 cell += f" ± {100 * s['std']:.2f}"
-            if (t, m) in dense:
-                cell += f" {DENSE_MARK}"
+            for mark in marks.get((t, m), ()):
+                cell += f" {mark}"
             cells.append(cell)
         # The average covers the tasks this model has; '*' marks a partial row.
         avg = f"{100 * statistics.fmean(accs):.2f}" if accs else "-"
@@ -588,13 +603,15 @@ def report(root: str, out: str | None = None, efficiency_csv: str | None = None,
         raise FileNotFoundError(nothing_found(root, skipped_here))
     os.makedirs(out, exist_ok=True)
     summary = summarize(results)
-    dense, warnings = dense_marks(results)
-    header, rows = table_rows(summary, dense)
+    marks, warnings = run_marks(results)
+    header, rows = table_rows(summary, marks)
     tasks, _ = tasks_and_models(summary)
     comparisons = {t: comparison_rows(summary, t) for t in tasks}
     pretraining = summarize_pretraining(results)
     labelled = any(s["base"] != s["model"] for s in summary.values())
-    notes = ([DENSE_NOTE] if dense else [])
+    used = {mark for cell in marks.values() for mark in cell}
+    notes = [note for mark, note in ((DENSE_MARK, DENSE_NOTE),
+                                     (DEGENERATE_MARK, DEGENERATE_NOTE)) if mark in used]
     if any(marked for _, _, marked in comparisons.values()):
         notes.append(PARAMS_NOTE)
     if any(s["kind"] == SELF_PRETRAINED for s in summary.values()):

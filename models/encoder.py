@@ -18,7 +18,7 @@ from models.stacks import resolve_block
 POOLINGS = ("CLS", "MEAN", "MAX", "SUM")
 # "rotary": no absolute positions here; the mixers rotate queries and keys by position
 # (RoFormer), for variants with models.registry.Capabilities.rotary.
-POS_EMBS = ("learned", "sinusoidal", "rotary")
+POS_EMBS = ("learned", "sinusoidal", "rotary", "none")
 
 
 class Embeddings(nnx.Module):
@@ -26,7 +26,9 @@ class Embeddings(nnx.Module):
 
     The CLS vector goes in before positions are added (as in LRA), so it takes
     position 0 and the learned table has max_len + 1 rows. pos_emb='rotary' adds no
-    positions: the mixers rotate queries and keys instead.
+    positions: the mixers rotate queries and keys instead. pos_emb='none' adds none
+    either: for mixers with relative positions of their own (Transformer-XL's R_(i-j)
+    terms; `Capabilities.pos_emb`).
     """
 
     def __init__(self, *, vocab_size: int, emb_dim: int, max_len: int,
@@ -60,7 +62,7 @@ class Embeddings(nnx.Module):
             cls_Bx1xD = jnp.broadcast_to(self.cls[...], (x_BxLxD.shape[0], 1, x_BxLxD.shape[2]))
             x_BxLxD = jnp.concatenate([cls_Bx1xD, x_BxLxD], axis=1)
         seq_len, dim = x_BxLxD.shape[1:]
-        if self.pos_emb == "rotary":
+        if self.pos_emb in ("rotary", "none"):  # positions, if any, are the mixers'
             return self.dropout(x_BxLxD, deterministic=deterministic)
         if self.position is not None:
             pos_LxD = self.position[:seq_len]

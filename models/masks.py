@@ -384,6 +384,7 @@ class RandomKeys(Pattern):
     skip_window: int = -1
     skip_first: int = 0
     skip_last: int = 0
+    causal: bool = False  # candidates only up to the row's own block (blocks b <= a)
 
     def key_blocks(self, a: Array, xp: Any) -> list[Array]:
         """The chosen key blocks of row blocks `a` (int arrays, -1 = none): num_keys
@@ -392,6 +393,8 @@ class RandomKeys(Pattern):
         a = xp.asarray(a).astype(i32)
         nb = -(-self.length // self.block)
         lo, hi = self.skip_first, max(self.skip_first, nb - self.skip_last)
+        if self.causal:  # draw among the blocks a row may see, not among all then mask
+            hi = xp.clip(a + 1, lo, hi)
         if self.skip_window >= 0:  # the excluded window [w_lo, w_lo + w) within [lo, hi)
             w_lo = xp.clip(a - self.skip_window, lo, hi)
             w = xp.clip(a + self.skip_window + 1, lo, hi) - w_lo
@@ -517,7 +520,8 @@ def global_range(start: int, stop: int) -> Pattern:
 
 def random(rate: float | None = None, *, num_keys: int | None = None,
            kv_len: int | None = None, seed: int = 0, block: int = 1,
-           skip_window: int = -1, skip_first: int = 0, skip_last: int = 0) -> Pattern:
+           skip_window: int = -1, skip_first: int = 0, skip_last: int = 0,
+           causal: bool = False) -> Pattern:
     """Random keys: a density `rate`, or exactly `num_keys` per row out of kv_len.
 
     rate: each (block x block) tile kept independently with probability rate (rows get
@@ -526,7 +530,9 @@ def random(rate: float | None = None, *, num_keys: int | None = None,
     the ceil(kv_len / block) blocks, leaving out those within `skip_window` blocks of
     the row's block (-1: none; 0: the row's own block) and the first `skip_first` and
     last `skip_last` blocks (`RandomKeys`). With block > 1 whole (block x block) tiles
-    are chosen (BigBird's random blocks).
+    are chosen (BigBird's random blocks). `causal` (num_keys): the candidates of a row
+    are the blocks up to its own, so that row i gets min(num_keys, its candidates) keys
+    it can use, not num_keys drawn from all blocks of which a causal mask keeps ~i/L.
     """
     if (rate is None) == (num_keys is None):
         raise ValueError("random: give exactly one of rate and num_keys")
@@ -540,7 +546,7 @@ def random(rate: float | None = None, *, num_keys: int | None = None,
         if num_keys >= nb and skip_window < 0 and skip_first == skip_last == 0:
             return All()  # every key (block)
         return RandomKeys(int(num_keys), int(kv_len), int(seed), int(block), int(skip_window),
-                          int(skip_first), int(skip_last))
+                          int(skip_first), int(skip_last), bool(causal))
     if skip_window != -1 or skip_first or skip_last:
         raise ValueError("random: skip_window, skip_first and skip_last need num_keys")
     if rate < 0:

@@ -110,6 +110,10 @@ class Capabilities:
     rotary: bool = False
     # Why a variant does not take rotary (one clause, for the refusal's message).
     rotary_refusal: str = ""
+    # The encoder's position embedding the task configs give this variant by default (its
+    # paper's): "none" for variants whose attention has relative positions of its own
+    # (Transformer-XL, GTrXL), which the paper does not add absolute positions to.
+    pos_emb: str = "learned"
 
 
 @dataclasses.dataclass(frozen=True)

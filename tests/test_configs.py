@@ -130,7 +130,7 @@ def test_configs_scale_the_presets_to_their_final_length(task):
                 name, task, max_length=c.max_length), (arg, name)
 
 
-def test_listops_mini_presets_keep_the_fraction_of_keys():
+def test_listops_mini_presets_keep_the_fraction_of_keys_and_the_bottlenecks():
     def mini(name):
         return listops.get_config(f"model={name},mini").model_hparams.to_dict()
 
@@ -138,14 +138,15 @@ def test_listops_mini_presets_keep_the_fraction_of_keys():
     assert mini("local")["window"] == 4  # 128 * 64 / 2000 = 4.1
     assert mini("longformer")["window"] == 8
     assert mini("bigbird") == {"block": 2, "num_random_blocks": 3, "num_global_blocks": 2}
-    assert mini("linformer")["k"] == 1
+    # Ranks and bottlenecks are not scaled: at most L / 4 (issue 27: scaled, they were 1).
+    assert mini("linformer")["k"] == 16 and mini("sac")["k"] == 16
     # chunks of 2; buckets of about a chunk (64 / 32 = 2), as 2000 / 32 ~ 64 at full size
     assert mini("reformer") == {"n_buckets": 32, "n_hashes": 2, "chunk_len": 2}
     assert mini("sinkhorn")["block_size"] == 2
     assert (mini("fixed")["block"], mini("fixed")["c"]) == (4, 1)
     assert (mini("block_local")["block"], mini("block_local")["memory"]) == (4, 4)
-    assert mini("clustered")["num_clusters"] == 3
-    assert mini("luna")["packed_len"] == 1 and mini("set_transformer")["num_inducing"] == 1
+    assert (mini("clustered")["num_clusters"], mini("clustered")["topk"]) == (16, 16)
+    assert mini("luna")["packed_len"] == 16 and mini("set_transformer")["num_inducing"] == 16
     assert mini("poolingformer") == {"window1": 2, "window2": 8, "pool_size": 5,
                                      "pool_stride": 4}
     assert mini("adaptive_span")["ramp"] == 1.0
@@ -230,3 +231,28 @@ def test_no_variant_reduces_to_dense_at_any_mini(task):
     dense = [n for n in SPARSE_AT_SOME_LENGTH
              if dense_check.run_reduces_to_dense(module.get_config(f"model={n},mini").to_dict())]
     assert not dense
+
+
+def test_relative_position_variants_get_no_absolute_positions():
+    """Transformer-XL and GTrXL use relative positions only (their papers); the task
+    configs give them pos_emb='none' (Capabilities.pos_emb), the others 'learned'."""
+    for name in ("transformer_xl", "gtrxl"):
+        assert listops.get_config(f"model={name}").pos_emb == "none", name
+        assert listops.get_config(f"model={name},mini").pos_emb == "none", name
+    assert listops.get_config("model=transformer").pos_emb == "learned"
+    from models.encoder import Embeddings
+    from flax import nnx
+    import jax.numpy as jnp
+
+    emb = Embeddings(vocab_size=5, emb_dim=4, max_len=3, pos_emb="none", rngs=nnx.Rngs(0))
+    tokens = jnp.array([[1, 1, 1]])
+    x = emb(tokens, deterministic=True)
+    assert emb.position is None and bool((x == x[:, :1]).all())  # same token, same vector
+
+
+def test_configs_without_dropout_have_no_weight_dropout_either():
+    assert listops.get_config("model=lite").model_hparams.weight_dropout == 0.1
+    for task in TASKS:
+        module = importlib.import_module(f"configs.{task}")
+        c = module.get_config("model=lite,mini")
+        assert c.dropout_rate == 0.0 and c.model_hparams.weight_dropout == 0.0, task

@@ -106,7 +106,8 @@ def test_report_marks_runs_that_reduce_to_dense_attention(tmp_path):
     root = str(tmp_path)
     runs = [("transformer", {}, 0.387), ("local", {"window": 128}, 0.387),
             ("bigbird", {"block": 2, "num_random_blocks": 3, "num_global_blocks": 2}, 0.35),
-            ("nope", {}, 0.30)]  # a model this checkout does not have
+            ("nope", {}, 0.30),  # a model this checkout does not have
+            ("linformer", {"k": 1}, 0.2)]  # issue 27: the old mini preset, one summary
     for model, hparams, acc in runs:
         _write(root, "listops", model, 0, acc)
         path = os.path.join(root, "listops", model, "seed0", "results.json")
@@ -122,6 +123,8 @@ def test_report_marks_runs_that_reduce_to_dense_attention(tmp_path):
     assert "| nope | 30.00 | 30.00 |" in text  # no mark ...
     assert "warning: listops nope: could not check" in text  # ... and a warning line
     assert report.DENSE_NOTE in text
+    assert f"| linformer | 20.00 {report.DEGENERATE_MARK} | 20.00 |" in text
+    assert report.DEGENERATE_NOTE in text
     assert f"38.70 {report.DENSE_MARK}" in open(paths["csv"], encoding="utf-8").read()
 
 

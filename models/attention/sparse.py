@@ -15,6 +15,7 @@ causal: `lra_causal=True` reproduces that).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -150,22 +151,44 @@ class LongformerAttention(PatternAttention):
         return self.out(self.merge_heads(o_BxHxLxK))
 
 
+@dataclasses.dataclass(frozen=True)
+class _ApartFromPrefix(masks.Pattern):
+    """Content positions see content only; a prefix position sees only itself."""
+
+    prefix: int
+
+    def _mask(self, i, j, xp):
+        return ((i >= self.prefix) & (j >= self.prefix)) | (i == j)
+
+
 class AxialSumAttention(PatternAttention):
     """Axial attention as two passes (row softmax, column softmax) over the same
-    projections, summed: each position mixes its row and its column."""
+    projections, summed: each position mixes its row and its column.
+
+    A CLS slot (prefix_len) takes part in the row pass only: there it sees, and is seen by,
+    every position. Global in both passes, its value would be added twice to every
+    position (once per softmax) and its own output would be the sum of two identical
+    full-attention passes."""
 
     def __init__(self, *, width: int, prefix_len: int = 0, **kwargs):
         # `pattern` (which positions reach which) is the union of the passes.
         super().__init__(pattern=masks.axial(width, 0) | masks.axial(width, 1),
                          prefix_len=prefix_len, **kwargs)
-        self.passes = tuple(masks.prefixed(masks.axial(width, axis), prefix_len)
-                            for axis in (0, 1))
+        rows = masks.prefixed(masks.axial(width, 0), prefix_len)
+        columns = masks.axial(width, 1)
+        if prefix_len:
+            columns = masks.prefixed(columns, prefix_len) & _ApartFromPrefix(prefix_len)
+        self.passes = (rows, columns)
+        self.prefix_len = prefix_len
 
     def __call__(self, x_BxLxD, padding_mask=None, deterministic=True):
         q, k, v = self.project_qkv(x_BxLxD)
-        o_BxHxLxK = sum(self.attend(p, q, k, v, padding_mask, deterministic)
-                        for p in self.passes)
-        return self.out(self.merge_heads(o_BxHxLxK))
+        rows, columns = (self.attend(p, q, k, v, padding_mask, deterministic)
+                         for p in self.passes)
+        if self.prefix_len:  # the prefix rows of the column pass saw only themselves
+            content_L = jnp.arange(columns.shape[2]) >= self.prefix_len
+            columns = columns * content_L[:, None].astype(columns.dtype)
+        return self.out(self.merge_heads(rows + columns))
 
 
 # ----------------------------------------------------------------------------------
@@ -328,10 +351,11 @@ def build_random(*, dim, num_heads, max_len, causal, rngs, rotary: bool = False,
                  attention_impl="dense", block_size=64):
     # Every row: itself and exactly num_random distinct other keys, drawn (uniformly, per
     # row) from the max_len - prefix_len content positions, so that a shorter input sees
-    # the same pattern (keys past its end are absent). Under causal the future ones are
-    # masked.
+    # the same pattern (keys past its end are absent). Under causal they are drawn from
+    # the keys before the row (row i: min(num_random, i) of them), not drawn from all and
+    # then masked, which would leave row i about num_random * i / L.
     pattern = (masks.random(num_keys=num_random, kv_len=max_len - prefix_len, seed=seed,
-                            skip_window=0)
+                            skip_window=0, causal=causal)
                | masks.local(0))
     return _build(pattern, **_common(dim, num_heads, causal, rngs, qkv_dim,
                                      attention_dropout, use_bias, attention_impl,

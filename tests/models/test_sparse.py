@@ -308,6 +308,17 @@ def test_random_variant_sees_itself_and_exactly_num_random_keys():
     assert (m[1:, 1:].sum(1) == 8 + 1).all()
 
 
+def test_causal_random_draws_its_keys_among_the_earlier_positions():
+    """Row i keeps itself and min(num_random, i) earlier keys (issue 27: drawn from all
+    positions and then masked, row i kept about num_random * i / L of them)."""
+    model = sparse.build_random(dim=DIM, num_heads=H, max_len=64, causal=True,
+                                rngs=nnx.Rngs(0), num_random=8)
+    m = model.pattern.dense_np(64, 64)
+    assert not np.triu(m, 1).any()
+    np.testing.assert_array_equal(m.sum(1), np.minimum(np.arange(64), 8) + 1)
+    assert len({row.tobytes() for row in m[20:]}) == 44  # rows still draw their own
+
+
 def test_bigbird_global_blocks_are_first_and_last_of_the_content():
     """g = 2 global blocks: the first and the last block of the max_len - prefix_len
     content (google-research/bigbird), not the first two; the CLS slot is global too."""
@@ -420,6 +431,28 @@ def test_axial_sum_is_row_pass_plus_column_pass(impl):
     expected = split.out(split.merge_heads(jnp.asarray(o, jnp.float32)))
     np.testing.assert_allclose(np.asarray(split(x, padding_mask=mask))[real],
                                np.asarray(expected)[real], **TOL)
+
+
+@pytest.mark.parametrize("impl", ["dense", "blocksparse"])
+def test_axial_sum_counts_the_cls_slot_once(impl):
+    """With a CLS slot (prefix_len=1) the slot is in the row pass only: its row is one
+    full-attention pass (not two summed), and a content row is its row pass with the
+    slot plus its column pass without it (issue 27)."""
+    model = registry.build("axial", dim=DIM, num_heads=H, max_len=LEN + 1, prefix_len=1,
+                           rngs=nnx.Rngs(params=0, dropout=1),
+                           **{**registry.capabilities("axial").test_hparams,
+                              "attention_impl": impl})
+    x = normal(8, (B, LEN + 1, DIM))
+    q, k, v = model.project_qkv(x)
+    rows = heads(from_sets(lambda i, j: i == 0 or j == 0 or (i - 1) // 4 == (j - 1) // 4,
+                           length=LEN + 1))
+    cols = np.array(heads(from_sets(
+        lambda i, j: i > 0 and j > 0 and (i - 1) % 4 == (j - 1) % 4, length=LEN + 1)))
+    o_cols = reference_attention(q, k, v, cols, None)
+    o_cols[:, :, 0] = 0.0
+    o = reference_attention(q, k, v, rows, None) + o_cols
+    expected = model.out(model.merge_heads(jnp.asarray(o, jnp.float32)))
+    np.testing.assert_allclose(np.asarray(model(x)), np.asarray(expected), **TOL)
 
 
 def test_transformer_blocksparse_equals_dense():
