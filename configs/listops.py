@@ -23,8 +23,9 @@ Arguments after the colon (comma separated):
                        --num_test_samples=1000 --min_length=10 --max_length=60 --max_depth=4
                    python launch.py --config=configs/listops.py:mini \
                        --workdir=workdirs/listops_mini/transformer
-                 The variants' sizes (window, block, chunk, k, ...) are scaled to the 64
-                 tokens (configs/presets.py): a window of 128 would be dense attention.
+                 The variants' windows, blocks and chunks are scaled to the 64 tokens
+                 (configs/presets.py): a window of 128 would be dense attention; ranks
+                 (Linformer's k, inducing points, ...) keep their value, at most 16.
 
 Sequences longer than `max_length` are truncated to their first `max_length` tokens, as
 LRA does. Any field can be overridden: `--config.learning_rate=0.01`.
