@@ -93,26 +93,44 @@ def init_distributed(argv: list[str]) -> None:
           file=sys.stderr, flush=True)
 
 
+def _flag(arg: str) -> tuple[str | None, str | None]:
+    """(name, inline value or None) of a flag in any spelling absl accepts: `--name=v`,
+    `-name=v`, `--name`, `-name`; (None, None) for anything else."""
+    if not arg.startswith("-") or arg in ("-", "--"):
+        return None, None
+    name, eq, value = arg[2 if arg.startswith("--") else 1:].partition("=")
+    return name, value if eq else None
+
+
+def _flags_end(argv: list[str]) -> int:
+    """Index of absl's `--` terminator (arguments after it are not flags), or len(argv)."""
+    return argv.index("--") if "--" in argv else len(argv)
+
+
 def _config_arg_index(argv: list[str]) -> tuple[int, bool] | None:
-    """Where `--config=<file>[:<args>]` (or `--config <file>...`) is in argv."""
-    for i, a in enumerate(argv):
-        if a.startswith("--config="):
-            return i, True
-        if a == "--config" and i + 1 < len(argv):
-            return i + 1, False
+    """Where `--config=<file>[:<args>]` (or `--config <file>`, one dash or two) is."""
+    for i, a in enumerate(argv[:_flags_end(argv)]):
+        name, value = _flag(a)
+        if name == "config":
+            if value is not None:
+                return i, True
+            if i + 1 < len(argv):
+                return i + 1, False
     return None
 
 
 def fold_model_override(argv: list[str]) -> list[str]:
     """`--config.model=X` means `--config=<file>:model=X`: a task config builds the model's
     presets (model_hparams, block) from the model it is given, so overriding the name
-    after it would build X with another variant's settings."""
-    model, rest, i = None, [], 0
+    after it would build X with another variant's settings. Every spelling absl accepts
+    (`-config.model=X`, `--config.model X`, ...) is folded."""
+    model, rest, i, end = None, [], 0, _flags_end(argv)
     while i < len(argv):
         a = argv[i]
-        if a.startswith("--config.model="):
-            model = a.split("=", 1)[1]
-        elif a == "--config.model" and i + 1 < len(argv):
+        name, value = _flag(a) if i < end else (None, None)
+        if name == "config.model" and value is not None:
+            model = value
+        elif name == "config.model" and i + 1 < len(argv):
             model, i = argv[i + 1], i + 1
         else:
             rest.append(a)
@@ -123,7 +141,7 @@ def fold_model_override(argv: list[str]) -> list[str]:
     if found is None:
         return argv  # absl reports the missing --config
     index, inline = found
-    value = rest[index].split("=", 1)[1] if inline else rest[index]
+    value = _flag(rest[index])[1] if inline else rest[index]
     path, colon, config_args = value.partition(":")
     items = [s for s in config_args.split(",") if s]
     given = [s.partition("=")[2] for s in items if s.partition("=")[0].strip() == "model"]

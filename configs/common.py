@@ -5,6 +5,7 @@ colon in `--config=configs/<task>.py:model=performer,runlocal`.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import ml_collections
@@ -224,12 +225,14 @@ def apply_mini(c: ml_collections.ConfigDict, *, num_train_steps: int, warmup: in
 def _check_range(config, name: str, low: float, high: float | None = None, *,
                  low_open: bool = False, high_open: bool = True, hint: str = "") -> None:
     value = config[name]
-    ok = (value > low if low_open else value >= low) and (
+    # NaN fails every comparison; inf is no setting (an infinite learning rate "diverges").
+    ok = math.isfinite(value) and (value > low if low_open else value >= low) and (
         high is None or (value < high if high_open else value <= high))
     if not ok:
         lo = f"{'>' if low_open else '>='} {low}"
         hi = "" if high is None else f" and {'<' if high_open else '<='} {high}"
-        raise ConfigError(f"config.{name}={value!r} must be {lo}{hi}{hint}")
+        finite = "" if math.isfinite(value) else "finite and "
+        raise ConfigError(f"config.{name}={value!r} must be {finite}{lo}{hi}{hint}")
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -246,7 +249,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _check_range(config, "learning_rate", 0.0, low_open=True)
     for name in ("dropout_rate", "attention_dropout_rate", "adam_b1", "adam_b2"):
         _check_range(config, name, 0.0, 1.0)
-    for name in ("adam_eps", "weight_decay", "grad_clip_norm", "warmup", "steps_per_cycle",
+    # Adam divides by sqrt(v) + eps: eps = 0 is a division by zero where a gradient is 0.
+    _check_range(config, "adam_eps", 0.0, low_open=True)
+    for name in ("weight_decay", "grad_clip_norm", "warmup", "steps_per_cycle",
                  "random_seed"):
         _check_range(config, name, 0.0)
     if config.num_eval_steps == 0 or config.num_eval_steps < -1:
@@ -274,6 +279,10 @@ def _validate_objective(config: ml_collections.ConfigDict) -> None:
     objective = config.get("objective", "classify")
     if objective not in OBJECTIVES:
         raise ConfigError(f"config.objective={objective!r}; choose one of {OBJECTIVES}")
+    # Range-checked on every run: classification ignores it, but a value no run could use
+    # (1.5) is a typo whatever the objective.
+    _check_range(config, "mask_ratio", 0.0, 1.0, low_open=True, high_open=False,
+                 hint=" (the fraction of tokens masked when pretraining)")
     if objective == "classify":
         return
     if objective == "mlm" and config.causal:
@@ -293,5 +302,4 @@ def _validate_objective(config: ml_collections.ConfigDict) -> None:
     if config.lm_loss == "l1" and config.task not in PIXEL_TASKS:
         raise ConfigError(f"config.lm_loss='l1' regresses pixel intensities; task "
                           f"{config.task!r} has symbolic tokens: use lm_loss='xent'")
-    if objective == "mlm":
-        _check_range(config, "mask_ratio", 0.0, 1.0, low_open=True, high_open=False)
+

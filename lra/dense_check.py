@@ -245,14 +245,16 @@ def _degenerate(model: str, hparams_json: str, length: int, causal: bool,
     x = jax.random.normal(jax.random.key(0), (1, length, DIM))
     cotangent = jax.random.normal(jax.random.key(1), (1, length, DIM))
 
-    def loss(params, x):
+    def loss(params, rest, x, cotangent):
         module = nnx.merge(graphdef, params, rest)
         y = module(x, padding_mask=None, deterministic=True,
                    **({"carry": None} if carries else {}))
         y = y[0] if carries else y
         return jnp.sum(y * cotangent), y
 
-    (_, y), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params, x)
+    grad = jax.jit(jax.value_and_grad(loss, has_aux=True)).lower(
+        params, rest, x, cotangent).compile({"xla_disable_hlo_passes": "constant_folding"})
+    (_, y), grads = grad(params, rest, x, cotangent)
     y = np.asarray(y[0, prefix_len:], np.float64)
     if y.shape[0] > 1:
         spread = float(np.max(y.max(0) - y.min(0)) / max(np.max(np.abs(y)), 1e-30))
@@ -313,13 +315,12 @@ def _key_fraction(model: str, hparams_json: str, length: int, causal: bool,
                                  min(FRACTION_ROWS, length - prefix_len)).astype(int))
     x = jax.random.normal(jax.random.key(0), (1, length, DIM))
 
-    def forward(x):
-        y = nnx.merge(graphdef, state)(x, padding_mask=None, deterministic=True,
-                                        **({"carry": None} if carries else {}))
-        return y[0] if carries else y
+    def reach(state, x, row_cotangents_RxLxD):
+        def forward(x):
+            y = nnx.merge(graphdef, state)(x, padding_mask=None, deterministic=True,
+                                            **({"carry": None} if carries else {}))
+            return y[0] if carries else y
 
-    @jax.jit
-    def reach(row_cotangents_RxLxD):
         _, vjp = jax.vjp(forward, x)
         g = jax.lax.map(lambda c: vjp(c[None])[0][0], row_cotangents_RxLxD)
         return jnp.any(g != 0, axis=-1)  # R x L: input j reaches output row r
@@ -327,7 +328,11 @@ def _key_fraction(model: str, hparams_json: str, length: int, causal: bool,
     direction = jax.random.normal(jax.random.key(1), (DIM,))
     cotangents = jnp.zeros((len(rows), length, DIM)).at[np.arange(len(rows)), rows].set(
         direction)
-    reached = np.asarray(reach(cotangents))
+    # Everything an argument, and no constant folding: host-built masks (bp_transformer)
+    # and a folded forward pass (SAC's top-k at L = 2000) would take XLA minutes.
+    reach = jax.jit(reach).lower(state, x, cotangents).compile(
+        {"xla_disable_hlo_passes": "constant_folding"})
+    reached = np.asarray(reach(state, x, cotangents))
     seen = rows + 1 if causal else np.full(len(rows), length)
     return float(np.mean(reached.sum(-1) / seen))
 

@@ -242,6 +242,7 @@ def summarize(results: list[dict]) -> dict[tuple[str, str], dict]:
         groups[(r["task"], base + suffix)].append((r, base))
 
     def entry(pairs):
+        pairs = _one_run_per_seed(pairs)
         rs = [r for r, _ in pairs]
         return {
             "model": rs[0]["model"],
@@ -260,6 +261,25 @@ def summarize(results: list[dict]) -> dict[tuple[str, str], dict]:
         }
 
     return {key: entry(pairs) for key, pairs in groups.items()}
+
+
+def _seed_of(r: dict):
+    seed = (r.get("config") or {}).get(SEED_FIELD)
+    return None if seed is None else json.dumps(seed)
+
+
+def _one_run_per_seed(items: list) -> list:
+    """`items` (runs, or (run, x) pairs) with one run per recorded seed: the first (in
+    path order); runs without a recorded seed all count. A copied run folder is not
+    another seed (repeated_seeds says which run was kept)."""
+    seen, kept = set(), []
+    for item in items:
+        seed = _seed_of(item[0] if isinstance(item, tuple) else item)
+        if seed is not None and seed in seen:
+            continue
+        seen.add(seed)
+        kept.append(item)
+    return kept
 
 
 def _pretraining_text(r: dict) -> str:
@@ -282,6 +302,7 @@ def summarize_pretraining(results: list[dict]) -> dict[tuple[str, str], dict]:
     groups = defaultdict(list)
     for r, label in zip(runs, labels(runs)):
         groups[(r["task"], label)].append(r)
+    groups = {key: _one_run_per_seed(rs) for key, rs in groups.items()}
     return {key: {
         "model": rs[0]["model"],
         "objective": objective(rs[0]),
@@ -297,16 +318,16 @@ def summarize_pretraining(results: list[dict]) -> dict[tuple[str, str], dict]:
 
 
 def repeated_seeds(results: list[dict]) -> list[str]:
-    """Warning lines for rows that average several runs with the same recorded seed (e.g. a
-    copied run folder): those are not independent seeds."""
+    """Warning lines for rows with several runs of the same recorded seed (e.g. a copied
+    run folder): not independent seeds, so the row counts the seed once, with the first
+    run in path order (summarize); the line names the one kept and the others."""
     by_row = defaultdict(lambda: defaultdict(list))
     for r, label in zip(results, labels(results)):
-        seed = (r.get("config") or {}).get(SEED_FIELD)
+        seed = _seed_of(r)
         if seed is not None:
-            by_row[(r["task"], label)][json.dumps(seed)].append(r["_path"] if "_path" in r
-                                                                else "?")
-    return [f"{task} {label}: {len(paths)} runs with {SEED_FIELD}={seed} are averaged as if "
-            f"independent ({', '.join(paths)})"
+            by_row[(r["task"], label)][seed].append(r["_path"] if "_path" in r else "?")
+    return [f"{task} {label}: {len(paths)} runs with {SEED_FIELD}={seed}: counted as one "
+            f"seed, {paths[0]} kept ({', '.join(paths[1:])} left out)"
             for (task, label), seeds in by_row.items() for seed, paths in seeds.items()
             if len(paths) > 1]
 

@@ -188,6 +188,13 @@ def config_differences(recorded: dict, expected: dict) -> list[str]:
             for k in sorted(old.keys() & new.keys()) if differ(k)]
 
 
+# Fields of every config launch.py has recorded in results.json: a recorded config that
+# lacks one of them does not count as a finished run of the sweep's config.
+RUN_DEFINING_FIELDS = ("task", "model", "model_hparams", "data_dir", "max_length",
+                       "batch_size", "learning_rate", "num_train_steps", "random_seed",
+                       "emb_dim", "num_heads", "num_layers", "qkv_dim", "mlp_dim")
+
+
 def _finished_differences(results_path: str, task: str, model: str, seed: int,
                           config_arg: str, overrides: list[str]) -> list[str]:
     """Why the finished run in `results_path` is not this sweep's run ([] when it is)."""
@@ -198,6 +205,12 @@ def _finished_differences(results_path: str, task: str, model: str, seed: int,
         return [f"its results.json cannot be read ({type(e).__name__}: {e})"]
     if not isinstance(recorded, dict):
         return ["its results.json records no config"]
+    missing = [k for k in RUN_DEFINING_FIELDS if k not in recorded]
+    if missing:
+        # A field added to the code since a run may be missing from its record; these are
+        # not: every run launch.py has recorded has them. A result without them (written
+        # by hand, by another tool) is not shown to be this config's run.
+        return [f"its results.json records no {', '.join(missing)}"]
     try:
         expected = expected_config(task, model, seed, config_arg, overrides)
     except (Exception, SystemExit) as e:  # noqa: BLE001  (bad override, bad config_arg)

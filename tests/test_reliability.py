@@ -259,6 +259,15 @@ def test_config_model_override_builds_like_the_config_argument():
     with pytest.raises(ConfigError, match="contradicts model=local.*give the model once"):
         launch.fold_model_override(["x", "--config=configs/listops.py:model=local",
                                     "--config.model=reformer"])
+    # Issue 35: every spelling absl accepts (one dash was built as transformer's defaults).
+    for argv in (["x", "-config=configs/listops.py:runlocal", "-config.model=reformer"],
+                 ["x", "-config", "configs/listops.py:runlocal", "-config.model", "reformer"],
+                 ["x", "--config=configs/listops.py:runlocal", "-config.model", "reformer"]):
+        folded = launch.fold_model_override(argv)
+        assert not any("config.model" in a for a in folded), argv
+        assert any(a.endswith("configs/listops.py:runlocal,model=reformer") for a in folded)
+    after = ["x", "--config=configs/listops.py", "--", "--config.model=reformer"]
+    assert launch.fold_model_override(after) == after  # not a flag after absl's `--`
     # What the folded argument builds: the variant's presets and block.
     assert (listops.get_config("runlocal,model=reformer").to_dict()
             == listops.get_config("model=reformer,runlocal").to_dict())
@@ -273,6 +282,10 @@ def test_config_model_override_builds_like_the_config_argument():
     ("adam_b1", 1.0, "adam_b1=1.0 must be >= 0.0 and < 1.0"),
     ("adam_b2", -0.5, "adam_b2=-0.5"),
     ("adam_eps", -1e-9, "adam_eps"),
+    ("adam_eps", 0.0, "adam_eps=0.0 must be > 0"),  # issue 35: a division by zero
+    ("learning_rate", float("inf"), "learning_rate=inf must be finite and > 0"),
+    ("learning_rate", float("nan"), "learning_rate=nan must be finite and > 0"),
+    ("mask_ratio", 1.5, "mask_ratio=1.5 must be > 0.0 and <= 1.0"),  # also when classifying
     ("weight_decay", -0.1, "weight_decay"),
     ("grad_clip_norm", -1.0, "grad_clip_norm"),
     ("warmup", -1, "warmup"),

@@ -230,6 +230,31 @@ def test_sweep_refuses_a_finished_run_of_another_config(tmp_path, monkeypatch):
     assert "max_length" in [l for l in logged if "REFUSED" in l][0]
     same = sweep.sweep(seeds=[0], sweep_dir=root, overrides=[], log=lambda _: None, **SWEEP)
     assert same["skipped"] == [("transformer", 0)]
+    # Issue 35: a hand-made result with almost no config is not a finished run of it.
+    json.dump({"task": "listops", "model": "transformer", "test_accuracy": 0.9,
+               "config": {"model": "transformer"}},
+              open(os.path.join(workdir, "results.json"), "w"))
+    logged.clear()
+    bare = sweep.sweep(seeds=[0], sweep_dir=root, overrides=[], log=logged.append, **SWEEP)
+    assert bare["refused"] == [("transformer", 0)] and not bare["skipped"]
+    assert "records no task, model_hparams" in [l for l in logged if "REFUSED" in l][0]
+
+
+def test_report_counts_a_seed_once(tmp_path):
+    """Two runs of one seed (a copied folder) are one seed, not '± 0.00' over two."""
+    root = str(tmp_path)
+    for folder, seed, acc in (("a", 0, 0.30), ("b", 0, 0.50), ("c", 1, 0.40)):
+        d = os.path.join(root, folder)
+        os.makedirs(d)
+        json.dump({"task": "listops", "model": "transformer", "test_accuracy": acc,
+                   "config": {"model": "transformer", "random_seed": seed}},
+                  open(os.path.join(d, "results.json"), "w"))
+    summary = report.summarize(collect(root))
+    entry = summary[("listops", "transformer")]
+    assert entry["seeds"] == 2 and abs(entry["accuracy"] - 0.35) < 1e-9  # a (0.30) and c
+    text = open(report.report(root)["markdown"]).read()
+    assert "2 runs with random_seed=0: counted as one seed" in text
+    assert os.path.join(root, "a") + " kept" in text
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
