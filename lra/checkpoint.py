@@ -14,11 +14,20 @@ Two orbax managers under `<workdir>/checkpoints/`:
 orbax writes into a temporary folder and renames it when complete, so a run killed while
 saving leaves the previous checkpoint intact.
 
+  checksums/<last|best>/<step>.json  the SHA-256 of every file of that step, written (by
+                process 0) once the step is complete, and checked before the step is
+                read: a file changed on disk since (a flipped bit, a truncation, another
+                run's file copied in) makes the step unreadable, like a missing one, so a
+                run falls back to the checkpoint before it instead of resuming from (or
+                testing) silently wrong numbers. A step without a record (written before
+                checksums existed, or killed between the two writes) is read unchecked.
+
 `<workdir>/run.lock` (WorkdirLock) keeps two runs out of one workdir.
 """
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import logging
 import os
@@ -60,6 +69,27 @@ def _write_error(what: str, path: str, error: BaseException) -> CheckpointError:
                            "the folder, then re-run the same command to resume")
 
 
+class CorruptCheckpoint(CheckpointError):
+    """A checkpoint's files differ from the checksums recorded when it was saved."""
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _files(folder: str) -> list[str]:
+    """Paths of every file below `folder`, relative to it, sorted."""
+    found = []
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        found += [os.path.relpath(os.path.join(root, f), folder) for f in sorted(files)]
+    return found
+
+
 class Checkpoints:
     """The two managers, created (with their folders) on first use: a run that stops on a
     config or data error writes no checkpoints folder."""
@@ -92,6 +122,57 @@ class Checkpoints:
         return name in self._managers or os.path.isdir(
             self.last_dir if name == "last" else self.best_dir)
 
+    # -------------------------------------------------------------------- checksums
+
+    def _checksum_path(self, kind: str, step: int) -> str:
+        return os.path.join(self.directory, "checksums", kind, f"{step}.json")
+
+    def record_checksums(self, kind: str, step: int) -> None:
+        """Writes the checksums of `kind` ('last'|'best') step `step` (process 0 only: the
+        files are shared), and drops the records of steps orbax has deleted since."""
+        if jax.process_index() != 0:
+            return
+        folder = os.path.join(self.last_dir if kind == "last" else self.best_dir, str(step))
+        sums = {name: _sha256(os.path.join(folder, name)) for name in _files(folder)}
+        path = self._checksum_path(kind, step)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            json.dump({"step": step, "sha256": sums}, f)
+        os.replace(path + ".tmp", path)
+        kept = set(self._get(kind).all_steps())
+        for name in os.listdir(os.path.dirname(path)):
+            stem = name.split(".")[0]
+            if stem.isdigit() and int(stem) not in kept:
+                os.remove(os.path.join(os.path.dirname(path), name))
+
+    def _forget_checksums(self, kind: str, step: int) -> None:
+        if jax.process_index() == 0:
+            try:
+                os.remove(self._checksum_path(kind, step))
+            except FileNotFoundError:
+                pass
+
+    def verify(self, kind: str, step: int) -> None:
+        """Raises CorruptCheckpoint (one line, naming the file) if `kind` step `step`
+        differs from its recorded checksums; a step without a record passes."""
+        try:
+            with open(self._checksum_path(kind, step)) as f:
+                recorded = json.load(f)["sha256"]
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise CorruptCheckpoint(f"the checksum record of {kind} step {step} cannot be "
+                                    f"read ({_first_line(e, 80)})") from None
+        folder = os.path.join(self.last_dir if kind == "last" else self.best_dir, str(step))
+        for name, digest in recorded.items():
+            path = os.path.join(folder, name)
+            where = os.path.join(kind, str(step), name)  # short: warnings quote 120 chars
+            if not os.path.exists(path):
+                raise CorruptCheckpoint(f"checksum check: {where} is missing")
+            if _sha256(path) != digest:
+                raise CorruptCheckpoint(f"checksum check: {where} changed since it was saved "
+                                        "(corrupt or altered)")
+
     # -------------------------------------------------------------------- last
 
     def last_step(self) -> int | None:
@@ -104,6 +185,7 @@ class Checkpoints:
     def save_last(self, step: int, state: Any, loop: dict) -> None:
         if step in self._last.all_steps():  # e.g. a finished run started again
             return
+        self._forget_checksums("last", step)  # a deleted step's record, if one is left
         try:
             saved = self._last.save(step, args=ocp.args.Composite(
                 state=ocp.args.StandardSave(state), loop=ocp.args.JsonSave(loop)))
@@ -114,6 +196,10 @@ class Checkpoints:
             raise CheckpointError(f"orbax did not save step {step} to {self.last_dir} "
                                   f"(it holds steps {self.last_steps()}); delete "
                                   f"{self.directory} to start the run again")
+        try:
+            self.record_checksums("last", step)
+        except OSError as e:
+            raise _write_error(f"checksums of step {step}", self.directory, e) from None
 
     def last_loop(self, step: int | None = None) -> dict:
         """The JSON part of a `last` checkpoint (cheap: no arrays are read)."""
@@ -122,12 +208,14 @@ class Checkpoints:
 
     def restore_last(self, template: Any, step: int | None = None) -> tuple[Any, dict]:
         step = self._last.latest_step() if step is None else step
+        self.verify("last", step)
         restored = self._last.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract(template)), loop=ocp.args.JsonRestore()))
         return restored["state"], restored["loop"]
 
     def delete_last(self, step: int) -> None:
         self._last.delete(step)
+        self._forget_checksums("last", step)
 
     # -------------------------------------------------------------------- best
 
@@ -136,12 +224,14 @@ class Checkpoints:
 
     def delete_best(self, step: int) -> None:
         self._best.delete(step)
+        self._forget_checksums("best", step)
 
     def save_best(self, step: int, weights: Any, info: dict) -> None:
         # A resumed run re-evaluates steps after its last checkpoint and may reach a step
         # whose best weights were already written: the new ones are the same, rewrite them.
         if step in self._best.all_steps():
             self._best.delete(step)
+        self._forget_checksums("best", step)
         try:
             saved = self._best.save(step, args=ocp.args.Composite(
                 weights=ocp.args.StandardSave(weights), info=ocp.args.JsonSave(info)))
@@ -153,12 +243,17 @@ class Checkpoints:
                 f"orbax did not save the best weights of step {step} to {self.best_dir} "
                 f"(it holds steps {self.best_steps()}, newer than the run); delete "
                 f"{self.directory} to start the run again")
+        try:
+            self.record_checksums("best", step)
+        except OSError as e:
+            raise _write_error(f"checksums of best step {step}", self.directory, e) from None
 
     def restore_best(self, template: Any, step: int | None = None) -> tuple[Any, dict]:
         step = self._best.latest_step() if step is None else step
         if step is None:
             raise CheckpointError(f"no best checkpoint under {self.best_dir}; delete "
                                   f"{self.directory} to start the run again")
+        self.verify("best", step)
         restored = self._best.restore(step, args=ocp.args.Composite(
             weights=ocp.args.StandardRestore(abstract(template)), info=ocp.args.JsonRestore()))
         return restored["weights"], restored["info"]
@@ -168,6 +263,7 @@ class Checkpoints:
         numpy arrays, read without a template: another run's weights (config.init_from),
         whatever model that run built."""
         folder, item = (self.best_dir, "weights") if kind == "best" else (self.last_dir, "state")
+        self.verify(kind, step)
         path = os.path.join(folder, str(step), item)
         checkpointer = ocp.PyTreeCheckpointer()
         quiet = logging.getLogger("absl")  # orbax warns that a per-item file is absent

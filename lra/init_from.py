@@ -40,14 +40,26 @@ def find_source(config) -> tuple[checkpoint.Checkpoints, int, str]:
         raise ConfigError(f"{where}: no such folder; give the --workdir of an earlier run "
                           "(e.g. a pretraining run: --config=configs/<task>.py:pretrain)")
     ckpts = checkpoint.Checkpoints(path)
-    if ckpts.best_steps():
-        step, kind = ckpts.best_steps()[-1], "best"
-    elif ckpts.last_steps():
-        step, kind = ckpts.last_steps()[0], "last"
-    else:
+    candidates = ([(ckpts.best_steps()[-1], "best")] if ckpts.best_steps() else []) + [
+        (s, "last") for s in ckpts.last_steps()]
+    if not candidates:
         raise ConfigError(f"{where} holds no checkpoints ({ckpts.directory} is missing or "
                           "empty); give the --workdir of a run that trained at least "
                           "checkpoint_freq steps")
+    # The best weights, else the newest last state, whose files match their checksums: a
+    # corrupt one is passed over in one line (lra/checkpoint.py, "checksums").
+    failures = []
+    for step, kind in candidates:
+        try:
+            ckpts.verify(kind, step)
+        except checkpoint.CorruptCheckpoint as e:
+            failures.append(f"{kind} step {step}: {e}")
+            continue
+        break
+    else:
+        raise ConfigError(f"{where}: no checkpoint there can be used ({'; '.join(failures)})")
+    if failures:
+        _warn(f"{where}: {'; '.join(failures)}; using its {kind} checkpoint of step {step}")
     saved = None
     if ckpts.last_steps():
         try:
@@ -82,7 +94,12 @@ def load_encoder(config, params: Any, source: tuple[checkpoint.Checkpoints, int,
     embeddings and the stack); the rest (the head) stays as initialised. A parameter the
     earlier run lacks, or holds with another shape: ConfigError naming it."""
     ckpts, step, kind = source
-    saved = ckpts.restore_params(step, kind)
+    try:
+        saved = ckpts.restore_params(step, kind)
+    except Exception as e:  # noqa: BLE001  (a truncated or unreadable file)
+        raise ConfigError(f"config.init_from={config.init_from}: its {kind} checkpoint of step "
+                          f"{step} cannot be read ({checkpoint._first_line(e, 160)}); point "
+                          "config.init_from at a run whose checkpoints are intact") from None
     saved_flat = {_path_str(p): v for p, v in jax.tree_util.tree_leaves_with_path(saved)}
     where = f"config.init_from={config.init_from} ({kind} checkpoint, step {step})"
     loaded = 0

@@ -571,9 +571,19 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         if writer:
             writer.close()
 
-    # 5. Test with the best-on-validation weights.
-    best_weights, best_info = ckpts.restore_best(
-        weights_of(state), loop["best_step"] if loop["best_step"] >= 0 else None)
+    # 5. Test with the best-on-validation weights; if they cannot be read (a corrupt or
+    # truncated file), with the last weights, said in one line and in results.json: the
+    # run's training is not lost to one bad file, and a re-run would meet the same file.
+    best_step = loop["best_step"] if loop["best_step"] >= 0 else None
+    test_weights = "best"
+    try:
+        best_weights, best_info = ckpts.restore_best(weights_of(state), best_step)
+    except Exception as e:  # noqa: BLE001  (CorruptCheckpoint, orbax's read errors)
+        best_weights, best_info = weights_of(state), {"step": int(state["step"])}
+        test_weights = (f"last (step {best_info['step']}): the best checkpoint (step "
+                        f"{best_step}) cannot be read")
+        _warn(f"{test_weights} ({checkpoint._first_line(e, 160)}); testing the last weights "
+              "instead")
     test = evaluate(best_weights, "test")
     ckpts.close()
     if pretraining:
@@ -599,6 +609,7 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         "steps": int(config.num_train_steps),
         "best_eval_accuracy": loop["best_eval_accuracy"],
         "best_step": best_info["step"],
+        "test_weights": test_weights,
         "test_accuracy": test["accuracy"],
         "test_loss": test["loss"],
         "best_eval_loss": loop.get("best_eval_loss"),

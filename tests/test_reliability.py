@@ -144,6 +144,85 @@ def test_unreadable_newest_checkpoint_falls_back_to_the_previous(
     assert _metrics(resumed) == _metrics(straight)
 
 
+def _flip(step_dir, item="state"):
+    """Eight bytes of 0xff in the middle of the largest file of a step's `item`: same size,
+    still parseable, other numbers (issue 35)."""
+    files = [os.path.join(r, f) for r, _, fs in os.walk(os.path.join(step_dir, item))
+             for f in fs]
+    largest = max(files, key=os.path.getsize)
+    with open(largest, "r+b") as f:
+        f.seek(os.path.getsize(largest) // 2)
+        f.write(b"\xff" * 8)
+    return largest
+
+
+def test_bit_flipped_checkpoint_is_detected_and_the_run_falls_back(
+        tiny_listops_config, listops_dir, tmp_path, capsys):
+    """A changed array file in the newest `last` step was resumed from (NaN at once, the
+    divergence guard blaming the learning rate): its checksum now rejects it, in one line,
+    and the run resumes from the step before, as an uninterrupted run."""
+    def config(steps):
+        return tiny_listops_config(listops_dir, num_train_steps=steps, eval_frequency=4,
+                                   checkpoint_freq=2)
+
+    straight = train.train_and_evaluate(config(8), str(tmp_path / "straight"))
+    train.train_and_evaluate(config(6), str(tmp_path / "run"))
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert sorted(os.listdir(ckpts / "checksums" / "last")) == ["4.json", "6.json"]
+    flipped = _flip(ckpts / "last" / "6")
+    capsys.readouterr()
+    resumed = train.train_and_evaluate(config(8), str(tmp_path / "run"))
+    err = capsys.readouterr().err
+    (warning,) = [l for l in err.splitlines() if l.startswith("warning: checkpoint step 6")]
+    assert "checksum check: last/6/state/" in warning and "resuming from step 4" in warning
+    assert os.path.basename(flipped)[:8] in warning
+    assert _metrics(resumed) == _metrics(straight)
+
+
+def test_corrupt_best_checkpoint_tests_the_last_weights_in_one_line(
+        tiny_listops_config, listops_dir, tmp_path, capsys):
+    """A changed best file gave test_loss NaN and exit 0 (a truncated one: a traceback after
+    training, on every re-run): now the last weights are tested, said in one line and in
+    results.json."""
+    config = tiny_listops_config(listops_dir, num_train_steps=4, eval_frequency=4)
+    first = train.train_and_evaluate(config, str(tmp_path))
+    assert first["test_weights"] == "best" and first["best_step"] == 4
+    _flip(tmp_path / "checkpoints" / "best" / "4", item="weights")
+    os.remove(tmp_path / "results.json")
+    capsys.readouterr()
+    again = train.train_and_evaluate(config, str(tmp_path))  # resumes at its end: tests
+    err = capsys.readouterr().err
+    (warning,) = [l for l in err.splitlines() if "best checkpoint (step 4)" in l]
+    assert "checksum check: best/4/weights/" in warning and "testing the last weights" in warning
+    assert again["test_weights"].startswith("last (step 4)")
+    # The last weights of step 4 are the best weights of step 4: the same test numbers.
+    assert again["test_loss"] == first["test_loss"] and np.isfinite(again["test_loss"])
+
+
+def test_init_from_passes_over_a_corrupt_checkpoint(tiny_listops_config, listops_dir,
+                                                    tmp_path, capsys):
+    from lra import init_from
+
+    source = str(tmp_path / "source")
+    train.train_and_evaluate(tiny_listops_config(listops_dir, num_train_steps=4,
+                                                 eval_frequency=4), source)
+    _flip(tmp_path / "source" / "checkpoints" / "best" / "4", item="weights")
+    config = tiny_listops_config(listops_dir, init_from=source)
+    capsys.readouterr()
+    _, step, kind = init_from.find_source(config)
+    assert (step, kind) == (4, "last")
+    assert "best step 4:" in capsys.readouterr().err
+    # Without checksum records (a run saved before them), a truncated file is one line.
+    shutil.rmtree(tmp_path / "source" / "checkpoints" / "checksums")
+    for root, _, files in os.walk(tmp_path / "source" / "checkpoints" / "best"):
+        for name in files:
+            open(os.path.join(root, name), "wb").close()
+    found = init_from.find_source(config)
+    assert found[1:] == (4, "best")
+    with pytest.raises(ConfigError, match=r"its best checkpoint of step 4 cannot be read"):
+        init_from.load_encoder(config, None, found)
+
+
 def test_no_readable_checkpoint_says_which_folder_to_delete(tiny_listops_config, listops_dir,
                                                            tmp_path):
     config = tiny_listops_config(listops_dir, num_train_steps=4, checkpoint_freq=2,
