@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import socket
+import time
 import uuid
 from typing import Any
 
@@ -311,6 +312,10 @@ def _alive(pid: int, start_ticks: str | None) -> bool:
     return True
 
 
+# Seconds after which a run.lock that is empty or not JSON is taken over (see _stale).
+UNREADABLE_LOCK_GRACE_S = 10.0
+
+
 class WorkdirLock:
     """One run per workdir: `<workdir>/run.lock` holds the owner's host, pid and start.
 
@@ -390,13 +395,25 @@ class WorkdirLock:
         raise WorkdirBusy(self._busy_message(self._read() or {}))
 
     def _stale(self, owner: dict) -> bool:
+        if not owner:
+            # Empty or not JSON: a run is writing it this instant, or one died between
+            # creating it and writing it (a few bytes, never done): stale once it is older
+            # than any write takes.
+            try:
+                return time.time() - os.path.getmtime(self.path) > UNREADABLE_LOCK_GRACE_S
+            except OSError:
+                return False
         if owner.get("host") != socket.gethostname() or not isinstance(owner.get("pid"), int):
             return False
         return not _alive(owner["pid"], owner.get("start_ticks"))
 
     def _busy_message(self, owner: dict) -> str:
+        if not owner:
+            return (f"--workdir={self.workdir} has a run.lock that is empty or not JSON and "
+                    f"was written less than {UNREADABLE_LOCK_GRACE_S:g} s ago (a run starting "
+                    "now); try again in a moment, or use another --workdir")
         who = (f"pid {owner.get('pid')} on host {owner.get('host')}, started "
-               f"{owner.get('started')}" if owner else "an unknown run")
+               f"{owner.get('started')}")
         here = owner.get("host") == socket.gethostname()
         advice = ("wait for it or stop it" if here else
                   f"if that run is dead (this host cannot check another host's processes), "

@@ -364,7 +364,10 @@ def download_file(url: str, part: str, *, size: int | None, timeout: float = 60,
                 with open(part, "ab" if have else "wb") as out:
                     while True:
                         try:
-                            chunk = response.read(CHUNK)
+                            # read1: what has arrived, up to CHUNK. read(CHUNK) waits for
+                            # CHUNK bytes and loses what it had if the connection stalls
+                            # (1000 bytes received, "stopped at 0 bytes").
+                            chunk = response.read1(CHUNK)
                         except (OSError, http.client.HTTPException) as e:
                             error = e  # a reset connection, a timeout: the part is kept
                             break

@@ -371,6 +371,9 @@ def main(argv):
         _fail(f"unexpected arguments: {' '.join(argv[1:])}")
     if not FLAGS.sweep_dir:
         _fail("--sweep_dir is required")
+    if os.path.exists(FLAGS.sweep_dir) and not os.path.isdir(FLAGS.sweep_dir):
+        _fail(f"--sweep_dir={FLAGS.sweep_dir} is a file, not a folder; give a folder (it is "
+              "created if missing)")
     try:
         seeds = parse_seeds(FLAGS.seeds)
     except ValueError as e:
@@ -403,10 +406,14 @@ def main(argv):
               "or leave it out")
     if FLAGS.pretrain:
         _check_pretrain_args(models, seeds[0])
-    outcome = sweep(task=FLAGS.task, models=models, seeds=seeds,
-                    config_arg=FLAGS.config_arg, sweep_dir=FLAGS.sweep_dir,
-                    overrides=FLAGS.override, timeout=FLAGS.timeout, pretrain=FLAGS.pretrain,
-                    pretrain_steps=FLAGS.pretrain_steps)
+    try:
+        outcome = sweep(task=FLAGS.task, models=models, seeds=seeds,
+                        config_arg=FLAGS.config_arg, sweep_dir=FLAGS.sweep_dir,
+                        overrides=FLAGS.override, timeout=FLAGS.timeout,
+                        pretrain=FLAGS.pretrain, pretrain_steps=FLAGS.pretrain_steps)
+    except OSError as e:  # a read-only or full disk under --sweep_dir
+        _fail(f"cannot write {e.filename or FLAGS.sweep_dir}: {e.strerror or e}; give a "
+              "--sweep_dir you can write to")
     print(f"{len(outcome['done'])} run, {len(outcome['skipped'])} skipped, "
           f"{len(outcome['failed'])} failed: {outcome['failed'] or ''}"
           + (f", {len(outcome['refused'])} refused (another config finished there): "

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tarfile
 import threading
+import time
 import urllib.parse
 
 import numpy as np
@@ -38,6 +39,9 @@ class Server:
         self.requests: list[dict] = []
         # file -> bytes sent before dropping the connection (once), or a list: one per request
         self.drop_after: dict[str, int | list[int]] = {}
+        # file -> bytes sent before the connection stalls (once): silent for stall_seconds
+        self.stall_after: dict[str, int] = {}
+        self.stall_seconds = 1.0
         self.ignore_range = False
         self.etag = '"v1"'
         state = self
@@ -79,6 +83,13 @@ class Server:
                     drop = drop.pop(0) if drop else None
                 else:
                     state.drop_after.pop(name, None)
+                stall = state.stall_after.pop(name, None)
+                if stall is not None:
+                    self.wfile.write(body[:stall])
+                    self.wfile.flush()
+                    time.sleep(state.stall_seconds)
+                    self.close_connection = True
+                    return
                 if drop is not None:
                     self.wfile.write(body[:drop])
                     self.wfile.flush()
@@ -327,6 +338,18 @@ def test_a_dropped_connection_is_resumed_within_one_run(server, archives, tmp_pa
     run(server, tmp_path, ["retrieval"], lines, retries=1)
     assert [r["range"] for r in server.requests] == [None, "bytes=5000-"]
     assert any("stopped at 5000 of" in line and "resuming" in line for line in lines)
+    with open(tmp_path / "downloads" / "lra_release.gz", "rb") as f:
+        assert f.read() == archives["lra_release.gz"]
+
+
+def test_a_stalled_connection_keeps_what_it_received(server, archives, tmp_path):
+    """1000 bytes, then silence past the timeout: the part keeps the 1000 bytes and the
+    line says so (issue 35: "stopped at 0 bytes", the bytes lost with read(CHUNK))."""
+    server.stall_after["lra_release.gz"] = 1000
+    lines = []
+    run(server, tmp_path, ["retrieval"], lines, retries=1, timeout=0.3)
+    assert any("stopped at 1000 of" in line for line in lines), lines
+    assert [r["range"] for r in server.requests] == [None, "bytes=1000-"]
     with open(tmp_path / "downloads" / "lra_release.gz", "rb") as f:
         assert f.read() == archives["lra_release.gz"]
 

@@ -112,6 +112,22 @@ def test_live_lock_on_this_host_is_refused():
         checkpoint._process_start_ticks(os.getpid()) is not None)
 
 
+def test_an_empty_lock_is_not_another_host(tmp_path):
+    """An empty run.lock (a run died between creating and writing it) was refused as "in use
+    by another run ... on another host". Fresh: a run writing it now, try again; older than
+    any write: taken over."""
+    path = tmp_path / "run.lock"
+    path.write_text("")
+    with pytest.raises(WorkdirBusy, match="empty or not JSON.*try again in a moment"):
+        checkpoint.WorkdirLock(str(tmp_path)).acquire()
+    old = os.path.getmtime(path) - checkpoint.UNREADABLE_LOCK_GRACE_S - 1
+    os.utime(path, (old, old))
+    lock = checkpoint.WorkdirLock(str(tmp_path))
+    lock.acquire()
+    assert json.loads(path.read_text())["pid"] == os.getpid()
+    lock.release()
+
+
 # ----------------------------------------------------------------- (b) checkpoints
 
 

@@ -286,6 +286,16 @@ def test_sweep_bad_seeds_is_one_line(tmp_path):
 # --- lra.report: unusable results.json, configs that differ ---------------------------
 
 
+def test_sweep_dir_that_cannot_be_a_folder_is_one_line(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    args = ["--task=listops", "--models=transformer", "--config_arg=runlocal", "--seeds=0"]
+    _one_line_error(_cli("lra.sweep", *args, f"--sweep_dir={blocker}", cwd=str(tmp_path)),
+                    "is a file, not a folder")
+    _one_line_error(_cli("lra.sweep", *args, f"--sweep_dir={blocker}/sub", cwd=str(tmp_path)),
+                    f"cannot write {blocker}/sub")
+
+
 def test_report_skips_unusable_results_json_naming_each(tmp_path):
     root = str(tmp_path)
     _write(root, "listops", "transformer", 0, 0.30)

@@ -266,8 +266,10 @@ def _main() -> None:
     flags.DEFINE_enum("difficulty", "hard", list(DIFFICULTIES),
                       "Contour length 6 (easy), 9 (intermediate) or 14 (hard).")
     flags.DEFINE_integer("num_images", 200_000, "Images to generate (LRA: 200k per level).")
-    flags.DEFINE_integer("seed", 0, "Random seed; the same flags give identical images.")
-    flags.DEFINE_integer("workers", 2, "Processes; the output does not depend on it.")
+    flags.DEFINE_integer("seed", 0, "Random seed; the same flags give identical images.",
+                         lower_bound=0)
+    flags.DEFINE_integer("workers", 2, "Processes; the output does not depend on it.",
+                         lower_bound=1)
     flags.DEFINE_string("stats", None, "Print statistics of this difficulty folder (any "
                         "source) instead of generating.")
     flags.DEFINE_integer("stats_limit", None, "With --stats: the first N images only.")
@@ -289,6 +291,10 @@ def _main() -> None:
                             seed=FLAGS.seed, workers=FLAGS.workers)
         except (ConfigError, DataError) as e:
             sys.exit(f"error: {e}")
+        except OSError as e:  # a read-only or full disk, a file where a folder should be
+            where = e.filename or FLAGS.output_dir
+            sys.exit(f"error: cannot write {where}: {e.strerror or e}; give an --output_dir "
+                     "you can write to")
         print(f"pathfinder: wrote {path}")
 
     app.run(main)

@@ -165,6 +165,19 @@ def test_command_line(tmp_path):
     assert len(rows) == 3
 
 
+def test_command_line_mistakes_are_not_tracebacks(tmp_path):
+    """Issue 35: --seed=-1 and an --output_dir that cannot be written were tracebacks."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    for args, needle in ((["--seed=-1", f"--output_dir={tmp_path}"], "--seed=-1"),
+                         ([f"--output_dir={blocker}/x"], f"error: cannot write {blocker}/x")):
+        proc = subprocess.run([sys.executable, "-m", "lra.tasks.pathfinder", *args,
+                               "--num_images=2", "--workers=1"],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+        assert needle in proc.stderr, proc.stderr
+
+
 def test_reader_on_generated_set(generated):
     root = os.path.join(generated, "pathfinder32", HARD)
     rows = []
