@@ -28,12 +28,13 @@ from jax.sharding import PartitionSpec as P
 
 import lra.tasks
 from configs import common
-from lra import checkpoint, init_from, input_pipeline, resume, sharding
+from lra import checkpoint, init_from, input_pipeline, processes, resume, sharding
 # train_and_evaluate looks them up here, so a test can swap the schedule in this module.
 from lra.optim import learning_rate_schedule, make_optimizer
+from lra.results import flatten
 from lra.console import log as _log
 from lra.console import warn as _warn
-from lra.errors import CheckpointError, ConfigError, DataError, UserError, WorkdirBusy
+from lra.errors import CheckpointError, ConfigError, DataError, UserError
 from models import registry
 from models.encoder import Classifier, DualClassifier
 from lra.objectives import add_eval_masks, make_steps
@@ -191,53 +192,6 @@ def results_table(results: dict) -> str:
     return header + "\n" + row
 
 
-# ----------------------------------------------------------------------------- processes
-
-
-_BROADCAST_BYTES = 2048
-
-
-def _agree_on_error(error: UserError | None) -> None:
-    """Process 0's outcome (None or an error) raised on every process of the run."""
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        kinds = [type(None), WorkdirBusy, ConfigError, CheckpointError, UserError]
-        kind = next(i for i, k in enumerate(kinds) if type(error) is k or
-                    (i == len(kinds) - 1 and error is not None))
-        payload = np.zeros(_BROADCAST_BYTES, np.uint8)
-        text = str(error or "").encode()[:_BROADCAST_BYTES - 1]
-        payload[0] = kind
-        payload[1:1 + len(text)] = np.frombuffer(text, np.uint8)
-        got = np.asarray(multihost_utils.broadcast_one_to_all(payload))
-        if got[0]:
-            raise kinds[int(got[0])](bytes(got[1:]).rstrip(b"\0").decode(errors="replace"))
-    elif error is not None:
-        raise error
-
-
-def _any_process(flag: bool) -> bool:
-    from jax.experimental import multihost_utils
-
-    return bool(np.any(multihost_utils.process_allgather(np.int32(flag))))
-
-
-def _preemption_sync_point(step: int):
-    """jax's preemption sync point (a multi-process run): the coordination service hears
-    of a SIGTERM to any process and names one step at which every process sees True.
-    None when unavailable (one process, or the service disabled)."""
-    if jax.process_count() == 1:
-        return None
-    try:
-        from jax.experimental import multihost_utils
-
-        reached = multihost_utils.reached_preemption_sync_point
-        reached(step)
-        return reached
-    except (ImportError, AttributeError, RuntimeError):
-        return None
-
-
 def _lock_workdir(workdir: str) -> checkpoint.WorkdirLock:
     """One run per workdir; in a multi-process run process 0 takes the lock for all."""
     lock = checkpoint.WorkdirLock(workdir)
@@ -247,7 +201,7 @@ def _lock_workdir(workdir: str) -> checkpoint.WorkdirLock:
             lock.acquire()
         except UserError as e:
             error = e
-    _agree_on_error(error)
+    processes.agree_on_error(error)
     if jax.process_index() != 0:
         os.makedirs(workdir, exist_ok=True)
     return lock
@@ -260,7 +214,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Trains, evaluates, tests with the best checkpoint; returns and writes results.json.
 
     Holds `<workdir>/run.lock` while it runs (a second run is refused at once)."""
-    # 1. Everything the user can get wrong is checked before anything is written.
+    # 1. Everything the user can get wrong is checked before anything is written; first,
+    # that every process of the run was given the same settings.
+    processes.agree_on("the config", flatten(config.to_dict()))
     common.validate(config)
     task = lra.tasks.get(config.task)
     caps = registry.capabilities(config.model)  # unknown model -> error listing them
@@ -289,9 +245,11 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
     # The run to start from (config.init_from), checked before anything is compiled; a
     # resumed run has its weights in its own checkpoint already.
     source = init_from.find_source(config) if config.init_from and resume_step is None else None
-    preemption_sync = _preemption_sync_point(resume_step or 0)
+    preemption_sync = processes.preemption_sync_point(resume_step or 0)
     data = _load_data(config, task)
     fingerprint = resume.data_fingerprint(data)
+    processes.agree_on(f"the data read from config.data_dir={config.data_dir}",
+                       {f"{split} split (hash)": h for split, h in fingerprint.items()})
     if resume_step is not None:
         resume.check_same_data(resume_loop.get("data_fingerprint"), data, config, workdir)
     if config.objective == "mlm":
@@ -455,7 +413,7 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
             return bool(preemption_sync(step))
         if jax.process_count() == 1:
             return bool(preempted)
-        return step % config.log_every_steps == 0 and _any_process(bool(preempted))
+        return step % config.log_every_steps == 0 and processes.any_process(bool(preempted))
 
     pending: list[tuple[int, dict]] = []  # per-step metrics not yet fetched from the device
     clock, steps_since_clock, first_step_of_segment = time.perf_counter(), 0, True

@@ -278,3 +278,46 @@ def test_pretraining_two_processes_resume_exactly_after_sigkill(listops_dir, tmp
     np.testing.assert_allclose(_losses(resumed, after), _losses(straight, after), rtol=RTOL)
     assert resumed["test_loss"] == pytest.approx(straight["test_loss"], rel=RTOL)
     assert resumed["test_accuracy"] == pytest.approx(straight["test_accuracy"])
+
+
+def test_processes_given_different_settings_or_data_all_stop_in_one_line(
+        listops_dir, tmp_path):
+    """Issue 35: one process given another learning rate (or another data set at the same
+    path) trained a mix and exited 0 recording process 0's settings. Now every process
+    exits 2 with one line naming what differs and which process had which."""
+    import shutil
+
+    def run_pair(extra, cwds):
+        port = _free_port()
+        procs = []
+        for pid in range(2):
+            cmd = [sys.executable, os.path.join(REPO, "launch.py"),
+                   f"--workdir={tmp_path / 'w'}",
+                   *[f.replace("configs/", f"{REPO}/configs/") for f in _flags("data", 4)],
+                   *extra[pid], f"--coordinator_address=127.0.0.1:{port}",
+                   "--num_processes=2", f"--process_id={pid}", "--heartbeat_timeout=10"]
+            procs.append(subprocess.Popen(cmd, cwd=cwds[pid], env=_env(1), text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        outs = [p.communicate(timeout=300) for p in procs]
+        for p, (_, err) in zip(procs, outs):
+            assert p.returncode == 2, err[-3000:]
+            assert "Traceback" not in err
+        return [[l for l in err.splitlines() if l.startswith("error:")] for _, err in outs]
+
+    # Each process runs in its own folder, where `data` is a ListOps set: the same set...
+    for name in ("a", "b"):
+        os.makedirs(tmp_path / name)
+        shutil.copytree(listops_dir, tmp_path / name / "data")
+    cwds = [str(tmp_path / "a"), str(tmp_path / "b")]
+    lines = run_pair([[], ["--config.learning_rate=0.01"]], cwds)
+    for (line,) in lines:
+        assert ("the config differs between the processes of this run: learning_rate "
+                "(process 0: 0.05, process 1: 0.01)") in line
+    # ... then another set at the same relative path: the config agrees, the data not.
+    test_file = tmp_path / "b" / "data" / "basic_test.tsv"
+    rows = test_file.read_text().splitlines()
+    test_file.write_text("\n".join(rows[:1] + rows[2:]) + "\n")  # one example fewer
+    lines = run_pair([[], []], cwds)
+    for (line,) in lines:
+        assert "the data read from config.data_dir=data differs between the processes" in line
+        assert "test split (hash)" in line and "train split" not in line

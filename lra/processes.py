@@ -1,0 +1,109 @@
+"""What the processes of one multi-process run must agree on, and how they agree.
+
+Every function here is a collective when `jax.process_count() > 1`: every process of the
+run calls it at the same point, or the run waits (and, after the heartbeat timeout, stops
+as a lost peer). With one process each is a no-op or a plain local answer.
+
+- `agree_on(what, values)`: every process holds the same values (the resolved config, the
+  data fingerprint), else every process raises one ConfigError naming the fields that
+  differ and which process had which value. Two processes of one run given different
+  settings (`--config.data_dir` on one, another learning rate) trained one model on a mix
+  and recorded process 0's settings (issue 35).
+- `agree_on_error(error)`: process 0's outcome (an error or None) raised everywhere.
+- `any_process(flag)`: True on every process when it is True on one.
+- `preemption_sync_point(step)`: jax's preemption sync point, or None.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import zlib
+from typing import Any, Mapping
+
+import jax
+import numpy as np
+
+from lra.errors import CheckpointError, ConfigError, UserError, WorkdirBusy
+
+_BROADCAST_BYTES = 2048
+# The compressed JSON of one process's values, when they differ (a resolved config is a
+# few KiB of JSON, well under 1 KiB compressed).
+_VALUES_BYTES = 1 << 16
+_SHOWN = 4  # differing fields named in the message
+
+
+def _allgather(array: np.ndarray) -> np.ndarray:
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(array))
+
+
+def agree_on(what: str, values: Mapping[str, Any]) -> None:
+    """Raises the same ConfigError on every process if `values` (field -> JSON-able value)
+    differ between processes: '<what> differs between the processes of this run: field
+    (process 0: a, process 1: b); ...'."""
+    if jax.process_count() == 1:
+        return
+    text = json.dumps(dict(values), sort_keys=True, default=str)
+    digest = np.frombuffer(hashlib.blake2b(text.encode(), digest_size=16).digest(), np.uint8)
+    digests = _allgather(digest)
+    if (digests == digests[0]).all():
+        return
+    packed = zlib.compress(text.encode())
+    if len(packed) > _VALUES_BYTES - 4:
+        packed = zlib.compress(b"{}")  # too large to show: the message names no field
+    buffer = np.zeros(_VALUES_BYTES, np.uint8)
+    buffer[:4] = np.frombuffer(len(packed).to_bytes(4, "little"), np.uint8)
+    buffer[4:4 + len(packed)] = np.frombuffer(packed, np.uint8)
+    everyone = [json.loads(zlib.decompress(bytes(row[4:4 + int.from_bytes(bytes(row[:4]),
+                                                                           "little")])))
+                for row in _allgather(buffer)]
+    fields = sorted({k for v in everyone for k in v})
+    differ = [k for k in fields if len({json.dumps(v.get(k), sort_keys=True)
+                                        for v in everyone}) > 1]
+    shown = "; ".join(
+        f"{k} (" + ", ".join(f"process {p}: {json.dumps(v.get(k))}"
+                             for p, v in enumerate(everyone)) + ")" for k in differ[:_SHOWN])
+    more = f"; and {len(differ) - _SHOWN} more" if len(differ) > _SHOWN else ""
+    raise ConfigError(f"{what} differs between the processes of this run: "
+                      f"{shown or 'values too large to show'}{more}; start every process "
+                      "with the same command and data")
+
+
+def agree_on_error(error: UserError | None) -> None:
+    """Process 0's outcome (None or an error) raised on every process of the run."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        kinds = [type(None), WorkdirBusy, ConfigError, CheckpointError, UserError]
+        kind = next(i for i, k in enumerate(kinds) if type(error) is k or
+                    (i == len(kinds) - 1 and error is not None))
+        payload = np.zeros(_BROADCAST_BYTES, np.uint8)
+        text = str(error or "").encode()[:_BROADCAST_BYTES - 1]
+        payload[0] = kind
+        payload[1:1 + len(text)] = np.frombuffer(text, np.uint8)
+        got = np.asarray(multihost_utils.broadcast_one_to_all(payload))
+        if got[0]:
+            raise kinds[int(got[0])](bytes(got[1:]).rstrip(b"\0").decode(errors="replace"))
+    elif error is not None:
+        raise error
+
+
+def any_process(flag: bool) -> bool:
+    return bool(np.any(_allgather(np.int32(flag))))
+
+
+def preemption_sync_point(step: int):
+    """jax's preemption sync point (a multi-process run): the coordination service hears
+    of a SIGTERM to any process and names one step at which every process sees True.
+    None when unavailable (one process, or the service disabled)."""
+    if jax.process_count() == 1:
+        return None
+    try:
+        from jax.experimental import multihost_utils
+
+        reached = multihost_utils.reached_preemption_sync_point
+        reached(step)
+        return reached
+    except (ImportError, AttributeError, RuntimeError):
+        return None
