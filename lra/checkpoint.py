@@ -26,12 +26,15 @@ saving leaves the previous checkpoint intact.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
+import io
 import json
 import logging
 import os
 import socket
+import sys
 import time
 import uuid
 from typing import Any
@@ -63,11 +66,66 @@ def _first_line(error: BaseException, limit: int = 200) -> str:
     return f"{type(error).__name__}: {text[:limit]}"
 
 
+# What orbax/tensorstore say (as ValueError, RuntimeError) when the file system refuses a
+# write; such an error is the disk's, not a lost peer's.
+_STORAGE_FAILURES = {"No space left on device": "No space left on device",
+                     "os_error_code='28'": "No space left on device",
+                     "Disk quota exceeded": "Disk quota exceeded",
+                     "Read-only file system": "Read-only file system",
+                     "Permission denied": "Permission denied"}
+
+
+def storage_failure(error: BaseException) -> str | None:
+    """The reason, when `error` (any type) is the file system refusing a write."""
+    if isinstance(error, OSError):
+        return error.strerror or _first_line(error)
+    text = str(error)
+    return next((reason for needle, reason in _STORAGE_FAILURES.items() if needle in text),
+                None)
+
+
 def _write_error(what: str, path: str, error: BaseException) -> CheckpointError:
-    reason = (error.strerror if isinstance(error, OSError) and error.strerror
-              else _first_line(error))
+    reason = storage_failure(error) or _first_line(error)
     return CheckpointError(f"cannot write {what} to {path}: {reason}; free space or fix "
                            "the folder, then re-run the same command to resume")
+
+
+@contextlib.contextmanager
+def _stderr_held():
+    """Holds what is written to sys.stderr meanwhile (orbax's writer threads) and passes it
+    on afterwards, unless the block failed for the file system: a full disk made orbax's
+    threads print ~400 lines of tracebacks ("Event loop is closed") before the one line
+    that says what happened (issue 35)."""
+    held, real, records = io.StringIO(), sys.stderr, []
+    logger = logging.getLogger("absl")  # orbax logs its threads' exceptions there
+
+    def hold(record):
+        records.append(record)
+        return False
+
+    def release(failure):
+        sys.stderr = real
+        logger.removeFilter(hold)
+        if failure is None or not storage_failure(failure):
+            real.write(held.getvalue())
+            for record in records:
+                logger.handle(record)
+
+    sys.stderr = held
+    logger.addFilter(hold)
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001
+        release(e)
+        raise
+    release(None)
+
+
+def _raise_if_storage(what: str, path: str, error: BaseException) -> None:
+    """A write that failed for the file system: CheckpointError in one line. Anything else
+    (in a multi-process run: a lost peer) propagates as it is."""
+    if storage_failure(error):
+        raise _write_error(what, path, error) from None
 
 
 class CorruptCheckpoint(CheckpointError):
@@ -188,11 +246,13 @@ class Checkpoints:
             return
         self._forget_checksums("last", step)  # a deleted step's record, if one is left
         try:
-            saved = self._last.save(step, args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), loop=ocp.args.JsonSave(loop)))
-            self._last.wait_until_finished()
-        except OSError as e:  # disk full, permissions
-            raise _write_error(f"checkpoint step {step}", self.last_dir, e) from None
+            with _stderr_held():
+                saved = self._last.save(step, args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state), loop=ocp.args.JsonSave(loop)))
+                self._last.wait_until_finished()
+        except Exception as e:  # noqa: BLE001  disk full, permissions (tensorstore: ValueError)
+            _raise_if_storage(f"checkpoint step {step}", self.last_dir, e)
+            raise
         if not saved:
             raise CheckpointError(f"orbax did not save step {step} to {self.last_dir} "
                                   f"(it holds steps {self.last_steps()}); delete "
@@ -234,11 +294,13 @@ class Checkpoints:
             self._best.delete(step)
         self._forget_checksums("best", step)
         try:
-            saved = self._best.save(step, args=ocp.args.Composite(
-                weights=ocp.args.StandardSave(weights), info=ocp.args.JsonSave(info)))
-            self._best.wait_until_finished()
-        except OSError as e:
-            raise _write_error(f"best weights of step {step}", self.best_dir, e) from None
+            with _stderr_held():
+                saved = self._best.save(step, args=ocp.args.Composite(
+                    weights=ocp.args.StandardSave(weights), info=ocp.args.JsonSave(info)))
+                self._best.wait_until_finished()
+        except Exception as e:  # noqa: BLE001  (as save_last)
+            _raise_if_storage(f"best weights of step {step}", self.best_dir, e)
+            raise
         if not saved:  # orbax skips a step lower than its newest one, silently
             raise CheckpointError(
                 f"orbax did not save the best weights of step {step} to {self.best_dir} "
