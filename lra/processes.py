@@ -12,6 +12,7 @@ as a lost peer). With one process each is a no-op or a plain local answer.
 - `agree_on_error(error)`: process 0's outcome (an error or None) raised everywhere.
 - `any_process(flag)`: True on every process when it is True on one.
 - `preemption_sync_point(step)`: jax's preemption sync point, or None.
+- `check_peers()`: raises (a failed collective) if another process has died.
 """
 from __future__ import annotations
 
@@ -107,3 +108,11 @@ def preemption_sync_point(step: int):
         return reached
     except (ImportError, AttributeError, RuntimeError):
         return None
+
+
+def check_peers() -> None:
+    """A collective that fails at once if another process of the run has died (its
+    connections closed): to tell a lost process from bad files before advising anything
+    about them. Every process must call it at the same point."""
+    if jax.process_count() > 1:
+        any_process(False)

@@ -241,6 +241,7 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
     # Resume point and config check before the data is read and the step compiled.
     unreadable, resume_step, resume_loop = resume.resume_point(ckpts, config, workdir, diverged)
     if ckpts.last_steps() and resume_step is None:
+        processes.check_peers()  # as below: a lost process, not bad files
         raise resume.unrestorable(ckpts, unreadable)
     # The run to start from (config.init_from), checked before anything is compiled; a
     # resumed run has its weights in its own checkpoint already.
@@ -311,6 +312,13 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         train_iter.set_state(saved_loop.pop("train_iter"))
         loop.update(saved_loop, config=config.to_dict(), data_fingerprint=fingerprint)
         break
+    if unreadable:
+        # In a multi-process run a restore also fails when another process died meanwhile
+        # (orbax's reads are collectives): that is not a bad file, and its advice (delete
+        # the checkpoints) would be the worst possible. A collective tells: it fails at once
+        # if a process is gone (launch.py: the lost-peer line, exit 3), else the files are
+        # bad for every process alike.
+        processes.check_peers()
     if resume_step is not None and restored_step is None:
         raise resume.unrestorable(ckpts, unreadable)
     for step, error in unreadable:
