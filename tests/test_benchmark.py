@@ -89,6 +89,7 @@ def test_program_resumes_from_its_csv(tmp_path):
     assert second.stdout.split("\n", 1)[1] == first.stdout.split("\n", 1)[1]
 
 
+@pytest.mark.slow  # five processes: a minute on 2 CPU cores
 def test_isolated_cells_match_in_process_cells(tmp_path):
     """--isolate=true measures each cell in a fresh process (the device peak needs it);
     the numbers are the in-process ones, and the CSV settings are the same, the impl

@@ -433,7 +433,7 @@ def test_axial_sum_is_row_pass_plus_column_pass(impl):
                                np.asarray(expected)[real], **TOL)
 
 
-@pytest.mark.parametrize("impl", ["dense", "blocksparse"])
+@pytest.mark.parametrize("impl", ["dense"])  # blocksparse: ..._agree_after_a_cls_slot
 def test_axial_sum_counts_the_cls_slot_once(impl):
     """With a CLS slot (prefix_len=1) the slot is in the row pass only: its row is one
     full-attention pass (not two summed), and a content row is its row pass with the

@@ -1,0 +1,106 @@
+"""Fault injection: random SIGKILL/SIGTERM to one or both processes of a 2-process runlocal
+run, at random moments (while starting, connecting, restoring, training, saving), then the
+same command again until the run finishes; the finished run must equal an uninterrupted one
+(losses, evaluations, test numbers), and no process may advise deleting checkpoints.
+
+Slow (about a minute a trial on 2 CPU cores), so behind the slow marker:
+
+  LRA_FAULT_TRIALS=20 .venv/bin/pytest -m slow tests/test_fault_injection.py -s
+
+prints one line per trial and a summary (exit codes seen, how many restarts each needed).
+LRA_FAULT_SEED picks another random sequence. Exit codes a fault may cause: 0 (finished
+before the fault), 3 (the lost-peer line), 143 (SIGTERM: saved and stopped), -9 / -15 (the
+process the fault hit); -6 (SIGABRT) is counted apart: jaxlib aborts a survivor when the
+coordination service declares a peer dead before a collective fails in Python (README,
+"Several devices, several hosts").
+"""
+import collections
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.test_multihost import _env, _flags, _free_port
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 24
+EXTRA = ("--config.checkpoint_freq=2", "--config.eval_frequency=8")
+
+
+def _start(workdir, flags):
+    port = _free_port()
+    return [subprocess.Popen(
+        [sys.executable, os.path.join(REPO, "launch.py"), f"--workdir={workdir}", *flags,
+         f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+         f"--process_id={pid}", "--heartbeat_timeout=10"],
+        cwd=REPO, env=_env(2), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for pid in range(2)]
+
+
+def _finish(procs, timeout=300):
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=timeout))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            outs.append(p.communicate())
+    return [p.returncode for p in procs], outs
+
+
+def _numbers(results):
+    return {k: results[k] for k in ("eval_history", "best_step", "test_accuracy",
+                                    "test_loss")} | {
+        "losses": [h["loss"] for h in results["train_history"]]}
+
+
+@pytest.mark.slow
+def test_random_faults_leave_the_same_run(listops_dir, tmp_path):
+    trials = int(os.environ.get("LRA_FAULT_TRIALS", "20"))
+    rng = random.Random(int(os.environ.get("LRA_FAULT_SEED", "0")))
+    flags = _flags(listops_dir, STEPS, *EXTRA)
+    codes, ok = _finish(_start(tmp_path / "reference", flags))
+    assert codes == [0, 0], ok[0][1][-2000:]
+    reference = _numbers(json.load(open(tmp_path / "reference" / "results.json")))
+    seen, restarts, aborts, bad_advice = collections.Counter(), [], 0, []
+    for trial in range(trials):
+        workdir = tmp_path / f"trial{trial}"
+        victims = rng.choice([[0], [1], [0, 1]])
+        sig = rng.choice([signal.SIGKILL, signal.SIGTERM])
+        delay = rng.uniform(1.0, 25.0)
+        procs = _start(workdir, flags)
+        time.sleep(delay)
+        for v in victims:
+            if procs[v].poll() is None:
+                procs[v].send_signal(sig)
+        codes, outs = _finish(procs)
+        seen.update(codes)
+        aborts += codes.count(-6)
+        bad_advice += [trial for _, err in outs if "delete" in err and "to start" in err]
+        runs = 1
+        while not os.path.exists(workdir / "results.json"):  # the same command again
+            assert runs < 5, f"trial {trial}: not finished after {runs} runs: {outs}"
+            codes, outs = _finish(_start(workdir, flags))
+            runs += 1
+            bad_advice += [trial for _, err in outs if "delete" in err and "to start" in err]
+        restarts.append(runs - 1)
+        got = _numbers(json.load(open(workdir / "results.json")))
+        same = got == reference or (
+            got["eval_history"] == reference["eval_history"]
+            and np.allclose(got["losses"], reference["losses"], rtol=1e-6))
+        print(f"trial {trial}: {sig.name} to {victims} after {delay:.1f} s: exit "
+              f"{codes if runs == 1 else 'then restarted'}; {runs - 1} restart(s); "
+              f"{'same as uninterrupted' if same else 'DIFFERENT'}", flush=True)
+        assert same, f"trial {trial}: {got} != {reference}"
+        shutil.rmtree(workdir)
+    print(f"{trials} trials: exit codes {dict(seen)}, restarts {collections.Counter(restarts)}"
+          f", SIGABRT survivors {aborts}, 'delete' advice {len(bad_advice)}")
+    assert not bad_advice, f"trials {bad_advice} advised deleting checkpoints"
+    assert set(seen) <= {0, 2, 3, 143, -9, -15, -6}, seen
