@@ -81,6 +81,7 @@ def test_random_faults_leave_the_same_run(listops_dir, tmp_path):
             if procs[v].poll() is None:
                 procs[v].send_signal(sig)
         codes, outs = _finish(procs)
+        first = codes
         seen.update(codes)
         aborts += codes.count(-6)
         bad_advice += [trial for _, err in outs if "delete" in err and "to start" in err]
@@ -96,7 +97,7 @@ def test_random_faults_leave_the_same_run(listops_dir, tmp_path):
             got["eval_history"] == reference["eval_history"]
             and np.allclose(got["losses"], reference["losses"], rtol=1e-6))
         print(f"trial {trial}: {sig.name} to {victims} after {delay:.1f} s: exit "
-              f"{codes if runs == 1 else 'then restarted'}; {runs - 1} restart(s); "
+              f"{first}; {runs - 1} restart(s); "
               f"{'same as uninterrupted' if same else 'DIFFERENT'}", flush=True)
         assert same, f"trial {trial}: {got} != {reference}"
         shutil.rmtree(workdir)
