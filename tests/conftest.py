@@ -55,3 +55,24 @@ def tiny_listops_config():
         return config
 
     return make
+
+
+# Files whose tests start processes or train for seconds each: collected first, so that
+# pytest-xdist hands them out while the quick tests fill the gaps, instead of two of them
+# running alone at the end of the suite. The multi-process tests (each 2 processes on the
+# machine's 2 cores) alternate with single-process ones, so that the two workers rarely run
+# two of them at once (4 busy processes, heartbeats late).
+_MULTI_PROCESS = "test_multihost.py"
+_LONG = ("test_train.py", "test_pretrain.py", "test_sweep_pretrain.py", "test_benchmark.py",
+         "test_reliability.py", "test_tasks_train.py", "test_notebooks.py")
+
+
+def pytest_collection_modifyitems(items):
+    multi = [i for i in items if i.path.name == _MULTI_PROCESS]
+    long = [i for i in items if i.path.name in _LONG]
+    rest = [i for i in items if i.path.name != _MULTI_PROCESS and i.path.name not in _LONG]
+    mixed = []
+    for k in range(max(len(multi), (len(long) + 1) // 2)):
+        mixed += multi[k:k + 1] + long[2 * k:2 * k + 2]  # one multi-process, two others
+    assert len(mixed) == len(multi) + len(long)
+    items[:] = mixed + rest

@@ -100,6 +100,7 @@ def test_fsdp_and_head_parallel_match_data_parallel(listops_dir, tmp_path):
     assert heads["param_bytes_per_device"] < data["param_bytes"]
 
 
+@pytest.mark.slow  # ~25 s; per-shard kernels are also checked in tests/kernels (default)
 def test_pallas_attention_with_dropout_is_the_same_on_any_mesh(listops_dir, tmp_path):
     """The Pallas kernels run per shard (shard_map) under data x head parallelism, and
     their hashed attention-dropout mask uses global batch and head indices, so training
@@ -247,6 +248,7 @@ def test_a_failure_in_a_multi_process_run_is_one_line_and_exit_3(tmp_path):
     assert "another process probably died" in lines[0]
 
 
+@pytest.mark.slow  # ~40 s; pretraining resume (1 process) and 2-process resume are default
 def test_pretraining_two_processes_resume_exactly_after_sigkill(listops_dir, tmp_path):
     """Self-pretraining (masked tokens drawn in the step from the step number) on two
     processes: both SIGKILLed mid-run, the same commands resume from the last checkpoint
