@@ -323,3 +323,36 @@ def test_processes_given_different_settings_or_data_all_stop_in_one_line(
     for (line,) in lines:
         assert "the data read from config.data_dir=data differs between the processes" in line
         assert "test split (hash)" in line and "train split" not in line
+
+
+# ~20 s a case; the fault-injection trials (slow) cover the same at random moments.
+@pytest.mark.parametrize("delay", [2.0, pytest.param(4.0, marks=pytest.mark.slow)])
+def test_a_peer_dying_during_a_resume_is_not_called_a_bad_checkpoint(listops_dir, tmp_path,
+                                                                    delay):
+    """Issue 35: a peer killed 2-6 s after connecting, while the survivor restored, was
+    reported as 'cannot restore any checkpoint ... delete .../checkpoints'. The checkpoints
+    were fine. Now: never that advice, and the checkpoints are all kept."""
+    workdir = tmp_path / "run"
+    _run(workdir, _flags(listops_dir, 6), devices=2, processes=2)
+    last = workdir / "checkpoints" / "last"
+    before = sorted(d for d in os.listdir(last) if d.isdigit())
+    procs = _start(workdir, _flags(listops_dir, 40), devices=2, processes=2,
+                   port=_free_port())
+    try:
+        deadline = time.time() + 120
+        seen = ""
+        while "all processes connected" not in seen:
+            line = procs[1].stderr.readline()
+            assert line or procs[1].poll() is None
+            assert time.time() < deadline
+            seen += line
+        time.sleep(delay)
+        procs[1].send_signal(signal.SIGKILL)
+        out, err = procs[0].communicate(timeout=180)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert "cannot restore any checkpoint" not in err and "delete" not in err, err[-2000:]
+    assert procs[0].returncode in (3, -6), err[-2000:]  # -6: issue 35 item 7, still open
+    assert set(before) <= set(d for d in os.listdir(last) if d.isdigit())
