@@ -302,4 +302,3 @@ def _validate_objective(config: ml_collections.ConfigDict) -> None:
     if config.lm_loss == "l1" and config.task not in PIXEL_TASKS:
         raise ConfigError(f"config.lm_loss='l1' regresses pixel intensities; task "
                           f"{config.task!r} has symbolic tokens: use lm_loss='xent'")
-

@@ -37,6 +37,7 @@ import socket
 import sys
 import time
 import uuid
+import warnings
 from typing import Any
 
 import jax
@@ -125,7 +126,30 @@ def _raise_if_storage(what: str, path: str, error: BaseException) -> None:
     """A write that failed for the file system: CheckpointError in one line. Anything else
     (in a multi-process run: a lost peer) propagates as it is."""
     if storage_failure(error):
+        _silence_failed_writers()
         raise _write_error(what, path, error) from None
+
+
+def _silence_failed_writers() -> None:
+    """After a save failed for the disk, orbax's abandoned writer tasks still report the
+    same failure when asyncio collects them, as the process exits ("Task exception was
+    never retrieved", "coroutine ... was never awaited", "Exception ignored in ..."): dozens
+    of tracebacks after the one line that said it. The run is stopping; they are dropped."""
+    def not_a_failed_write(record):
+        error = record.exc_info[1] if record.exc_info else None
+        return not (error is not None and storage_failure(error))
+
+    logging.getLogger("asyncio").addFilter(not_a_failed_write)
+    warnings.filterwarnings("ignore", message="coroutine .* was never awaited",
+                            category=RuntimeWarning)
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if not (storage_failure(unraisable.exc_value)
+                or "serializ" in repr(unraisable.object)):  # orbax's write coroutines
+            previous(unraisable)
+
+    sys.unraisablehook = hook
 
 
 class CorruptCheckpoint(CheckpointError):
@@ -183,6 +207,9 @@ class Checkpoints:
 
     # -------------------------------------------------------------------- checksums
 
+    def _step_dir(self, kind: str, step: int) -> str:
+        return os.path.join(self.last_dir if kind == "last" else self.best_dir, str(step))
+
     def _checksum_path(self, kind: str, step: int) -> str:
         return os.path.join(self.directory, "checksums", kind, f"{step}.json")
 
@@ -191,7 +218,7 @@ class Checkpoints:
         files are shared), and drops the records of steps orbax has deleted since."""
         if jax.process_index() != 0:
             return
-        folder = os.path.join(self.last_dir if kind == "last" else self.best_dir, str(step))
+        folder = self._step_dir(kind, step)
         sums = {name: _sha256(os.path.join(folder, name)) for name in _files(folder)}
         path = self._checksum_path(kind, step)
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -222,7 +249,7 @@ class Checkpoints:
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise CorruptCheckpoint(f"the checksum record of {kind} step {step} cannot be "
                                     f"read ({_first_line(e, 80)})") from None
-        folder = os.path.join(self.last_dir if kind == "last" else self.best_dir, str(step))
+        folder = self._step_dir(kind, step)
         for name, digest in recorded.items():
             path = os.path.join(folder, name)
             where = os.path.join(kind, str(step), name)  # short: warnings quote 120 chars
@@ -250,7 +277,7 @@ class Checkpoints:
                 saved = self._last.save(step, args=ocp.args.Composite(
                     state=ocp.args.StandardSave(state), loop=ocp.args.JsonSave(loop)))
                 self._last.wait_until_finished()
-        except Exception as e:  # noqa: BLE001  disk full, permissions (tensorstore: ValueError)
+        except Exception as e:  # noqa: BLE001  a full disk (tensorstore: a ValueError)
             _raise_if_storage(f"checkpoint step {step}", self.last_dir, e)
             raise
         if not saved:
@@ -325,9 +352,9 @@ class Checkpoints:
         """The `params` of a best (`kind='best'`) or last checkpoint as nested dicts of
         numpy arrays, read without a template: another run's weights (config.init_from),
         whatever model that run built."""
-        folder, item = (self.best_dir, "weights") if kind == "best" else (self.last_dir, "state")
         self.verify(kind, step)
-        path = os.path.join(folder, str(step), item)
+        item = "weights" if kind == "best" else "state"
+        path = os.path.join(self._step_dir(kind, step), item)
         checkpointer = ocp.PyTreeCheckpointer()
         quiet = logging.getLogger("absl")  # orbax warns that a per-item file is absent
         level = quiet.level

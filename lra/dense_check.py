@@ -74,8 +74,7 @@ def reduces_to_dense(model: str, hparams: Mapping[str, Any], length: int, *,
     Raises what building the variant raises (RegistryError for an unknown model or
     hparam, ValueError for a bad value), and ValueError above MAX_LENGTH.
     """
-    key = json.dumps(dict(hparams), sort_keys=True, default=repr)
-    return _check(model, key, int(length), bool(causal), int(prefix_len))
+    return _check(model, _key(hparams), int(length), bool(causal), int(prefix_len))
 
 
 def run_length(config: Mapping[str, Any]) -> tuple[int, int]:
@@ -84,11 +83,22 @@ def run_length(config: Mapping[str, Any]) -> tuple[int, int]:
     return int(config["max_length"]) + int(cls), int(cls)
 
 
+def _of_run(check, config: Mapping[str, Any]):
+    """`check` (reduces_to_dense, degenerate, key_fraction) for a run's resolved config
+    (results.json's `config`)."""
+    length, prefix_len = run_length(config)
+    return check(config["model"], config.get("model_hparams") or {}, length,
+                 causal=bool(config.get("causal", False)), prefix_len=prefix_len)
+
+
+def _key(hparams: Mapping[str, Any]) -> str:
+    """`hparams` as a cache key."""
+    return json.dumps(dict(hparams), sort_keys=True, default=repr)
+
+
 def run_reduces_to_dense(config: Mapping[str, Any]) -> bool:
     """`reduces_to_dense` for a run's resolved config (results.json's `config`)."""
-    length, prefix_len = run_length(config)
-    return reduces_to_dense(config["model"], config.get("model_hparams") or {}, length,
-                            causal=bool(config.get("causal", False)), prefix_len=prefix_len)
+    return _of_run(reduces_to_dense, config)
 
 
 @functools.lru_cache(maxsize=None)
@@ -209,15 +219,12 @@ def degenerate(model: str, hparams: Mapping[str, Any], length: int, *,
     - a query or key projection gets an all-zero gradient (a softmax over one key, a
       window of 0, SAC's hard gather of k=1): the attention is not learned at all.
     """
-    key = json.dumps(dict(hparams), sort_keys=True, default=repr)
-    return _degenerate(model, key, int(length), bool(causal), int(prefix_len))
+    return _degenerate(model, _key(hparams), int(length), bool(causal), int(prefix_len))
 
 
 def run_degenerate(config: Mapping[str, Any]) -> str | None:
     """`degenerate` for a run's resolved config (results.json's `config`)."""
-    length, prefix_len = run_length(config)
-    return degenerate(config["model"], config.get("model_hparams") or {}, length,
-                      causal=bool(config.get("causal", False)), prefix_len=prefix_len)
+    return _of_run(degenerate, config)
 
 
 def _is_projection(path: tuple) -> str | None:
@@ -285,15 +292,12 @@ def key_fraction(model: str, hparams: Mapping[str, Any], length: int, *,
     It measures what a mixer reads, whatever its mechanism (a window, a pattern, buckets,
     clusters, a low-rank summary: a summary of everything reads everything, 1.0). Masked
     keys weigh exactly 0 and give exactly zero derivatives."""
-    key = json.dumps(dict(hparams), sort_keys=True, default=repr)
-    return _key_fraction(model, key, int(length), bool(causal), int(prefix_len))
+    return _key_fraction(model, _key(hparams), int(length), bool(causal), int(prefix_len))
 
 
 def run_key_fraction(config: Mapping[str, Any]) -> float:
     """`key_fraction` for a run's resolved config (results.json's `config`)."""
-    length, prefix_len = run_length(config)
-    return key_fraction(config["model"], config.get("model_hparams") or {}, length,
-                        causal=bool(config.get("causal", False)), prefix_len=prefix_len)
+    return _of_run(key_fraction, config)
 
 
 @functools.lru_cache(maxsize=None)
@@ -346,12 +350,15 @@ def _config_rows(spec: str, models: list[str]) -> list[dict]:
     import os
 
     path, _, arg = spec.partition(":")
-    module = importlib.import_module("configs." + os.path.splitext(os.path.basename(path))[0])
+    name = os.path.splitext(os.path.basename(path))[0]
+    try:
+        module = importlib.import_module(f"configs.{name}")
+    except ModuleNotFoundError:
+        raise ValueError(f"--config={spec}: no task config configs/{name}.py") from None
     rows = []
     for model in models:
         config = module.get_config(",".join(filter(None, [f"model={model}", arg])))
-        rows.append({"task": config.task, "config": config.to_dict(),
-                     "run": f"{config.task}:{arg or 'full'}"})
+        rows.append({"config": config.to_dict(), "run": f"{config.task}:{arg or 'full'}"})
     return rows
 
 
@@ -406,6 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.dirs and not args.config:
         parser.error("give a directory of runs or --config=configs/<task>.py[:args]")
+    from lra.errors import UserError
     from lra.results import load
     from models import registry
 
@@ -413,7 +421,10 @@ def main(argv: list[str] | None = None) -> int:
               else [m for m in args.models.split(",") if m])
     rows = []
     for spec in args.config:
-        rows += _config_rows(spec, models)
+        try:
+            rows += _config_rows(spec, models)
+        except (ValueError, UserError) as e:  # no such config, unknown model or argument
+            parser.error(str(e))
     for root in args.dirs:
         results, skipped = load(root)
         for line in skipped:

@@ -242,7 +242,7 @@ def summarize(results: list[dict]) -> dict[tuple[str, str], dict]:
         groups[(r["task"], base + suffix)].append((r, base))
 
     def entry(pairs):
-        pairs = _one_run_per_seed(pairs)
+        pairs = _one_run_per_seed(pairs, run_of=lambda pair: pair[0])
         rs = [r for r, _ in pairs]
         return {
             "model": rs[0]["model"],
@@ -268,13 +268,13 @@ def _seed_of(r: dict):
     return None if seed is None else json.dumps(seed)
 
 
-def _one_run_per_seed(items: list) -> list:
-    """`items` (runs, or (run, x) pairs) with one run per recorded seed: the first (in
-    path order); runs without a recorded seed all count. A copied run folder is not
-    another seed (repeated_seeds says which run was kept)."""
+def _one_run_per_seed(items: list, run_of=lambda item: item) -> list:
+    """`items` (runs, or anything `run_of` maps to one) with one run per recorded seed: the
+    first (in path order); runs without a recorded seed all count. A copied run folder is
+    not another seed (repeated_seeds says which run was kept)."""
     seen, kept = set(), []
     for item in items:
-        seed = _seed_of(item[0] if isinstance(item, tuple) else item)
+        seed = _seed_of(run_of(item))
         if seed is not None and seed in seen:
             continue
         seen.add(seed)

@@ -103,3 +103,13 @@ def test_command_line_table(capsys):
     out = capsys.readouterr().out
     assert "| listops:mini | linformer | 65 | k=16 | no | no | 100.0% |" in out
     assert "| listops:mini | local | 65 | window=4 | no | no |" in out
+
+
+def test_command_line_mistakes_are_one_line(capsys):
+    for args, needle in ((["--config=configs/nope.py:mini"], "no task config configs/nope.py"),
+                         (["--config=configs/listops.py:mini", "--models=nope"],
+                          "unknown model 'nope'")):
+        with pytest.raises(SystemExit) as exit_info:
+            dense_check.main(args)
+        assert exit_info.value.code == 2
+        assert needle in capsys.readouterr().err
