@@ -17,6 +17,10 @@ returning x, or (x, new_carry) when `block.carries_state` (the mixer threads a
 state between layers, e.g. Luna). The pre_ln and gated kinds also take
 `memory=`, `memory_mask=` (the segment_recurrent stack's previous segment) and
 pass them, normalised, to a mixer with `Capabilities.takes_memory`.
+
+Decoding (models.decoding): `init_cache(batch, max_len)`, `prefill(cache, x_BxLxD, mask)`
+and `step(cache, x_BxD)` run the same residual form around the mixer's decoding form,
+dropout off.
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models import layers, registry
+from models import decoding, layers, registry
 
 # Every key `config.block` may set, with its default. A variant's Capabilities.block
 # overrides these; the user's config.block overrides both.
@@ -107,6 +111,8 @@ class EncoderBlock(nnx.Module):
         block = {**BLOCK_DEFAULTS, **dict(block or {})}
         self.mixer_norm = layers.layer_norm(dim, rngs=rngs)
         self.carries_state = registry.capabilities(model).carries_state
+        self.decode_form = registry.capabilities(model).decode if causal else ""
+        self.dim = dim
         self.mixer = registry.build(model, dim=dim, num_heads=num_heads, max_len=max_len,
                                     causal=causal, prefix_len=prefix_len, rotary=rotary,
                                     rngs=rngs, **dict(model_hparams or {}))
@@ -144,12 +150,45 @@ class EncoderBlock(nnx.Module):
         if self.carries_state:
             y_BxLxD, carry = self.mixer(self.mixer_norm(x_BxLxD), padding_mask=padding_mask,
                                         deterministic=deterministic, carry=carry)
-            x_BxLxD = x_BxLxD + self.dropout(y_BxLxD, deterministic=deterministic)
+            y_BxLxD = self.dropout(y_BxLxD, deterministic=deterministic)
         else:
-            x_BxLxD = x_BxLxD + self.mix(x_BxLxD, padding_mask, deterministic=deterministic,
-                                         memory=memory, memory_mask=memory_mask)
-        x_BxLxD = x_BxLxD + self.feed_forward(x_BxLxD, deterministic=deterministic)
+            y_BxLxD = self.mix(x_BxLxD, padding_mask, deterministic=deterministic,
+                               memory=memory, memory_mask=memory_mask)
+        x_BxLxD = self.combine(x_BxLxD, y_BxLxD, deterministic=deterministic)
         return (x_BxLxD, carry) if self.carries_state else x_BxLxD
+
+    def combine(self, x_BxLxD: jax.Array, y_BxLxD: jax.Array, *,
+                deterministic: bool) -> jax.Array:
+        """The layer's output from its input x and the mixer branch y (dropped out)."""
+        x_BxLxD = x_BxLxD + y_BxLxD
+        return x_BxLxD + self.feed_forward(x_BxLxD, deterministic=deterministic)
+
+    # ---------------------------------------------------------------- decoding
+
+    def _check_decodes(self) -> None:
+        if not self.decode_form or self.decode_form == "segment_memory":
+            raise decoding.DecodingError(
+                "this block's mixer was built without causal=True" if not self.decode_form
+                else "a segment_memory mixer decodes through the segment_recurrent stack")
+
+    def init_cache(self, batch: int, max_len: int) -> decoding.Cache:
+        self._check_decodes()
+        return decoding.init_cache(self.mixer, self.decode_form, batch=batch,
+                                   max_len=max_len, dim=self.dim)
+
+    def prefill(self, cache: decoding.Cache, x_BxLxD: jax.Array,
+                padding_mask: jax.Array | None) -> tuple[jax.Array, decoding.Cache]:
+        """The parallel layer on a right-padded prompt, and the mixer's cache of it."""
+        y_BxLxD, cache = decoding.prefill(self.mixer, self.decode_form, cache,
+                                          self.mixer_norm(x_BxLxD), padding_mask)
+        return self.combine(x_BxLxD, y_BxLxD, deterministic=True), cache
+
+    def step(self, cache: decoding.Cache, x_BxD: jax.Array) -> tuple[jax.Array,
+                                                                       decoding.Cache]:
+        """One token per row through the layer (each row at its cache position)."""
+        y_BxD, cache = decoding.step(self.mixer, self.decode_form, cache,
+                                     self.mixer_norm(x_BxD))
+        return self.combine(x_BxD[:, None], y_BxD[:, None], deterministic=True)[:, 0], cache
 
 
 class GruGate(nnx.Module):
@@ -189,21 +228,12 @@ class GatedBlock(EncoderBlock):
         self.mixer_gate = GruGate(dim, gate_bias=gate_bias, rngs=rngs)
         self.mlp_gate = GruGate(dim, gate_bias=gate_bias, rngs=rngs)
 
-    def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None = None, *,
-                 deterministic: bool, carry: Any = None, memory: jax.Array | None = None,
-                 memory_mask: jax.Array | None = None) -> Any:
-        """As `EncoderBlock.__call__`."""
-        if self.carries_state:
-            y_BxLxD, carry = self.mixer(self.mixer_norm(x_BxLxD), padding_mask=padding_mask,
-                                        deterministic=deterministic, carry=carry)
-            y_BxLxD = self.dropout(y_BxLxD, deterministic=deterministic)
-        else:
-            y_BxLxD = self.mix(x_BxLxD, padding_mask, deterministic=deterministic,
-                               memory=memory, memory_mask=memory_mask)
+    def combine(self, x_BxLxD: jax.Array, y_BxLxD: jax.Array, *,
+                deterministic: bool) -> jax.Array:
+        """Gates instead of the sums of `EncoderBlock.combine`."""
         x_BxLxD = self.mixer_gate(x_BxLxD, jax.nn.relu(y_BxLxD))
-        x_BxLxD = self.mlp_gate(
+        return self.mlp_gate(
             x_BxLxD, jax.nn.relu(self.feed_forward(x_BxLxD, deterministic=deterministic)))
-        return (x_BxLxD, carry) if self.carries_state else x_BxLxD
 
 
 # kind name -> block class (constructor and call as in the module docstring).

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models import layers, registry, stacks
+from models import decoding, layers, registry, stacks
 from models.layers import sinusoidal_positions
 from models.stacks import resolve_block
 
@@ -70,6 +70,15 @@ class Embeddings(nnx.Module):
             pos_LxD = sinusoidal_positions(seq_len, dim)
         return self.dropout(x_BxLxD + pos_LxD[None], deterministic=deterministic)
 
+    def at(self, tokens_B: jax.Array, pos_B: jax.Array) -> jax.Array:
+        """One token per row at its own position (decoding; no CLS, no dropout): BxD."""
+        x_BxD = self.token(tokens_B)
+        if self.pos_emb in ("rotary", "none"):
+            return x_BxD
+        if self.position is not None:
+            return x_BxD + self.position[...][pos_B].astype(x_BxD.dtype)
+        return x_BxD + layers.sinusoidal_at(pos_B, x_BxD.shape[-1]).astype(x_BxD.dtype)
+
 
 class Encoder(nnx.Module):
     """Embeddings -> a stack of num_layers blocks -> LayerNorm.
@@ -87,6 +96,7 @@ class Encoder(nnx.Module):
                  block: Mapping[str, Any] | None = None, rngs: nnx.Rngs):
         self.max_len = max_len
         self.cls_token = cls_token
+        self.causal = causal
         self.embeddings = Embeddings(vocab_size=vocab_size, emb_dim=emb_dim, max_len=max_len,
                                      pos_emb=pos_emb, cls_token=cls_token,
                                      dropout_rate=dropout_rate, rngs=rngs)
@@ -131,6 +141,48 @@ class Encoder(nnx.Module):
                                   masked_BxL=masked_BxL, mask_vector_D=mask_vector_D)
         x_BxLxD = self.stack(x_BxLxD, mask_BxL, deterministic=deterministic)
         return self.norm(x_BxLxD), mask_BxL
+
+    # ---------------------------------------------------------------- decoding
+    # DESIGN.md 10: the same embeddings, stack and norm, one token at a time. The cache is
+    # {"pos": int32[B] (tokens each row holds), "stack": the stack's cache}.
+
+    def check_decodes(self) -> None:
+        """Raises DecodingError, in one line, if this encoder cannot decode."""
+        if not self.causal:
+            raise decoding.DecodingError(
+                "the model was built with causal=False: its positions see later tokens, so "
+                "it cannot generate one token at a time (train with causal=True)")
+        if self.cls_token:
+            raise decoding.DecodingError("a decoding encoder has no CLS slot (pooling CLS)")
+        if not hasattr(self.stack, "step"):
+            raise decoding.DecodingError(
+                f"the {self.block['stack']!r} stack has no decoding form")
+
+    def init_cache(self, batch: int) -> decoding.Cache:
+        self.check_decodes()
+        return {"pos": jnp.zeros((batch,), jnp.int32),
+                "stack": self.stack.init_cache(batch, self.max_len)}
+
+    def prefill(self, cache: decoding.Cache, inputs_BxL: jax.Array,
+                mask_BxL: jax.Array | None = None) -> tuple[jax.Array, decoding.Cache]:
+        """Encodes a right-padded prompt (row b: its first mask[b].sum() tokens) in one
+        parallel call: (encoded_BxLxD, the cache after each row's prompt)."""
+        batch, length = inputs_BxL.shape
+        if length > self.max_len:
+            raise decoding.DecodingError(f"a prompt of {length} tokens is longer than the "
+                                         f"model's max_len {self.max_len}")
+        x_BxLxD = self.embeddings(inputs_BxL, deterministic=True)
+        x_BxLxD, stack_cache = self.stack.prefill(cache["stack"], x_BxLxD, mask_BxL)
+        pos_B = decoding.lengths_of(mask_BxL, batch, length)
+        return self.norm(x_BxLxD), {"pos": pos_B, "stack": stack_cache}
+
+    def step(self, cache: decoding.Cache, tokens_B: jax.Array
+             ) -> tuple[jax.Array, decoding.Cache]:
+        """Encodes one more token per row, at position cache["pos"][b]: (encoded_BxD,
+        cache). Positions past max_len are the caller's to avoid (lra.generate checks)."""
+        x_BxD = self.embeddings.at(tokens_B, cache["pos"])
+        x_BxD, stack_cache = self.stack.step(cache["stack"], x_BxD)
+        return self.norm(x_BxD), {"pos": cache["pos"] + 1, "stack": stack_cache}
 
 
 def pool(encoded_BxLxD: jax.Array, mask_BxL: jax.Array, pooling: str) -> jax.Array:

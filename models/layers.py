@@ -147,12 +147,18 @@ def manual_shards(fn, args: Sequence[jax.Array], in_specs: Sequence, out_spec,
 
 def sinusoidal_positions(length: int, dim: int) -> jax.Array:
     """LRA's fixed table: even features sin(p / 10000^(2i/d)), odd features cos."""
-    pos_Lx1 = jnp.arange(length, dtype=jnp.float32)[:, None]
+    return sinusoidal_at(jnp.arange(length), dim)
+
+
+def sinusoidal_at(positions: jax.Array, dim: int) -> jax.Array:
+    """Rows of `sinusoidal_positions` at any int positions (shape positions.shape + (dim,)):
+    the table does not depend on its length, so decoding takes row p alone."""
+    pos_x1 = jnp.asarray(positions, jnp.float32)[..., None]
     inv_freq_F = jnp.exp(jnp.arange(0, dim, 2, dtype=jnp.float32) * -(math.log(10000.0) / dim))
-    angles_LxF = pos_Lx1 * inv_freq_F
-    table_LxD = jnp.zeros((length, dim), jnp.float32)
-    table_LxD = table_LxD.at[:, 0::2].set(jnp.sin(angles_LxF))
-    return table_LxD.at[:, 1::2].set(jnp.cos(angles_LxF[:, :dim // 2]))
+    angles_xF = pos_x1 * inv_freq_F
+    table_xD = jnp.zeros((*angles_xF.shape[:-1], dim), jnp.float32)
+    table_xD = table_xD.at[..., 0::2].set(jnp.sin(angles_xF))
+    return table_xD.at[..., 1::2].set(jnp.cos(angles_xF[..., :dim // 2]))
 
 
 # RoFormer's base: pair i of a D-wide head turns at the angle p * ROTARY_BASE^(-2i/D).

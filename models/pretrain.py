@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models import layers
+from models.decoding import Cache, DecodingError
 from models.encoder import Classifier
 
 OBJECTIVES = ("classify", "mlm", "causal_lm")
@@ -75,5 +76,35 @@ class TokenPredictor(Classifier):
             mask_vector_D=None if self.mask_vector is None else self.mask_vector[...])
         if self.encoder.cls_token:
             encoded_BxLxD = encoded_BxLxD[:, 1:]
+        return self._head(encoded_BxLxD)
+
+    def _head(self, encoded_BxLxD: jax.Array) -> jax.Array:
         out_BxLxV = self.lm_head(encoded_BxLxD).astype(jnp.float32)
         return out_BxLxV[..., 0] if self.lm_loss == "l1" else out_BxLxV
+
+    # ---------------------------------------------------------------- decoding
+    # (DESIGN.md 10; lra/generate.py samples with these.) The output at position t is the
+    # prediction of token t + 1, as in training.
+
+    def check_decodes(self) -> None:
+        """Raises models.decoding.DecodingError, in one line, if this model cannot decode."""
+        if self.objective != "causal_lm":
+            raise DecodingError(f"objective {self.objective!r} does not predict the next "
+                                "token; only a causal_lm model generates")
+        self.encoder.check_decodes()
+
+    def init_cache(self, batch: int) -> Cache:
+        """The empty cache for `batch` rows of up to max_len tokens."""
+        self.check_decodes()
+        return self.encoder.init_cache(batch)
+
+    def prefill(self, cache: Cache, tokens_BxL: jax.Array,
+                mask_BxL: jax.Array | None = None) -> tuple[jax.Array, Cache]:
+        """Predictions for a right-padded prompt (BxLxV, or BxL for l1), and the cache."""
+        encoded_BxLxD, cache = self.encoder.prefill(cache, tokens_BxL, mask_BxL)
+        return self._head(encoded_BxLxD), cache
+
+    def step(self, cache: Cache, tokens_B: jax.Array) -> tuple[jax.Array, Cache]:
+        """The prediction after one more token per row (BxV, or B for l1), and the cache."""
+        encoded_BxD, cache = self.encoder.step(cache, tokens_B)
+        return self._head(encoded_BxD[:, None])[:, 0], cache

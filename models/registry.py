@@ -33,6 +33,16 @@ and `out` parameters (top-level attribute names, `nnx.Linear`, as in
 (tests/models/test_conformance.py) builds both at dim 32, 2 heads, max_len 16 and
 L <= 16, so `test_hparams` and `dense_equivalent` must be valid at those sizes.
 
+Decoding (DESIGN.md 10): every variant with `causal=True` names in `Capabilities.decode`
+the form it decodes with, one token at a time (`models.decoding`): "kv_cache" (softmax
+attention over cached keys and values, a ring of the pattern's reach where that is
+shorter than the sequence), "recurrent_state" (the linear family's state; the mixer has
+`init_cache(batch, max_len)`, `prefill(cache, x_BxLxD, mask)` and `step(cache, x_BxD) ->
+(y_BxD, cache)`; so do "conv_kv" (lite) and "gate_cache" (gmlp)), "recompute" (the inputs so far, the parallel form re-run per token:
+exact, not cheap) or "segment_memory" (Transformer-XL: the segment_recurrent stack
+decodes). Step-by-step decoding equals the parallel causal form at every position
+(tests/models/test_decoding.py).
+
 Variant modules register themselves on import; `_load_all` imports the variant
 packages lazily, so `import models.registry` alone is enough to see every variant.
 """
@@ -114,6 +124,14 @@ class Capabilities:
     # paper's): "none" for variants whose attention has relative positions of its own
     # (Transformer-XL, GTrXL), which the paper does not add absolute positions to.
     pos_emb: str = "learned"
+    # How the causal form decodes one token at a time (DECODE_FORMS, see the module
+    # docstring and models.decoding); "" for variants without a causal form.
+    decode: str = ""
+
+
+# Capabilities.decode values; "segment_memory" is decoded by the segment_recurrent stack.
+DECODE_FORMS = ("kv_cache", "recurrent_state", "conv_kv", "gate_cache", "recompute",
+                "segment_memory")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,6 +186,12 @@ def register(name: str, builder: Builder | None = None,
     if capabilities.receptive_field not in RECEPTIVE_FIELDS:
         raise RegistryError(f"{name!r}: receptive_field must be one of {RECEPTIVE_FIELDS}, "
                             f"got {capabilities.receptive_field!r}")
+    if capabilities.causal != bool(capabilities.decode) or (
+            capabilities.decode and capabilities.decode not in DECODE_FORMS):
+        raise RegistryError(f"{name!r}: a causal variant names its decoding form, one of "
+                            f"{DECODE_FORMS}, in Capabilities.decode (and only a causal one); "
+                            f"got causal={capabilities.causal}, "
+                            f"decode={capabilities.decode!r}")
     if name in _REGISTRY:
         raise RegistryError(f"model {name!r} is already registered")
     hparams, open_hparams = _signature_hparams(name, builder)

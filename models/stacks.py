@@ -10,6 +10,11 @@ before the content (the CLS slot); the blocks pass it to the mixers, and `rotary
 (pos_emb='rotary': queries and keys rotated by position) too.
 
 and called as `stack(x_BxLxD, padding_mask_BxL, deterministic=...) -> x_BxLxD`.
+
+Decoding (DESIGN.md 10, models.decoding): a causal stack also has
+`init_cache(batch, max_len)`, `prefill(cache, x_BxLxD, mask) -> (y_BxLxD, cache)` (a
+right-padded prompt, one parallel call) and `step(cache, x_BxD) -> (y_BxD, cache)`, equal
+to the parallel stack at every position; dropout is off.
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models import layers, registry
+from models import decoding, layers, registry
 from models.blocks import BLOCK_DEFAULTS, BLOCK_KINDS, EncoderBlock
 
 
@@ -59,6 +64,25 @@ class SequentialStack(nnx.Module):
                 x_BxLxD = layer(x_BxLxD, padding_mask, deterministic=deterministic)
             x_BxLxD = layers.constrain(x_BxLxD, ("batch", None, None))
         return x_BxLxD
+
+    def init_cache(self, batch: int, max_len: int) -> list[decoding.Cache]:
+        return [layer.init_cache(batch, max_len) for layer in self.blocks]
+
+    def prefill(self, cache: list[decoding.Cache], x_BxLxD: jax.Array,
+                padding_mask: jax.Array | None) -> tuple[jax.Array, list[decoding.Cache]]:
+        new = []
+        for layer, layer_cache in zip(self.blocks, cache):
+            x_BxLxD, layer_cache = layer.prefill(layer_cache, x_BxLxD, padding_mask)
+            new.append(layer_cache)
+        return x_BxLxD, new
+
+    def step(self, cache: list[decoding.Cache], x_BxD: jax.Array
+             ) -> tuple[jax.Array, list[decoding.Cache]]:
+        new = []
+        for layer, layer_cache in zip(self.blocks, cache):
+            x_BxD, layer_cache = layer.step(layer_cache, x_BxD)
+            new.append(layer_cache)
+        return x_BxD, new
 
 
 def _zero_cotangent(x: jax.Array) -> Any:
@@ -181,6 +205,33 @@ class ReversibleStack(nnx.Module):
                 nnx.update(layer, out)  # advanced RNG states: new dropout masks next call
         return y_BxLxD
 
+    # Decoding: the same two branches per layer, F through the mixer's decoding form.
+    def init_cache(self, batch: int, max_len: int) -> list[decoding.Cache]:
+        return [layer.init_cache(batch, max_len) for layer in self.blocks]
+
+    def _decode(self, cache, x, run_mixer):
+        x1 = x2 = x
+        new = []
+        for layer, layer_cache in zip(self.blocks, cache):
+            f, layer_cache = run_mixer(layer, layer_cache, layer.mixer_norm(x2))
+            new.append(layer_cache)
+            y1 = x1 + f
+            x1, x2 = y1, x2 + layer.feed_forward(y1, deterministic=True)
+        return (x1 + x2) / 2, new
+
+    def prefill(self, cache, x_BxLxD, padding_mask):
+        return self._decode(cache, x_BxLxD, lambda layer, c, h: decoding.prefill(
+            layer.mixer, layer.decode_form, c, h, padding_mask))
+
+    def step(self, cache, x_BxD):
+        def mixer_step(layer, layer_cache, h_Bx1xD):
+            y_BxD, layer_cache = decoding.step(layer.mixer, layer.decode_form, layer_cache,
+                                               h_Bx1xD[:, 0])
+            return y_BxD[:, None], layer_cache
+
+        y_Bx1xD, cache = self._decode(cache, x_BxD[:, None], mixer_step)
+        return y_Bx1xD[:, 0], cache
+
 
 class SegmentRecurrentStack(nnx.Module):
     """Transformer-XL's segment-level recurrence (Dai et al. 2019).
@@ -218,20 +269,30 @@ class SegmentRecurrentStack(nnx.Module):
 
     def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None, *,
                  deterministic: bool) -> jax.Array:
-        batch, length, _ = x_BxLxD.shape
+        return self._run(x_BxLxD, padding_mask, deterministic=deterministic)[0]
+
+    def _lengths(self, length: int) -> tuple[int, int]:
+        """(segment length, memory length) for an input of `length` positions."""
         seg_len = min(self.segment_len or length, length)
-        mem_len = self.mem_len or seg_len
+        return seg_len, self.mem_len or seg_len
+
+    def _run(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None, *,
+             deterministic: bool) -> tuple[jax.Array, list[jax.Array]]:
+        """(output, every layer's inputs BxLxD): the second is the decoding cache."""
+        batch, length, _ = x_BxLxD.shape
+        seg_len, mem_len = self._lengths(length)
         num_segments = -(-length // seg_len)
         extra = num_segments * seg_len - length
         mask_BxL = layers.valid_mask(padding_mask, batch, length)
         x_BxPxD = jnp.pad(x_BxLxD, ((0, 0), (0, extra), (0, 0)))
         mask_BxP = jnp.pad(mask_BxL, ((0, 0), (0, extra)))
         memories: list[tuple[jax.Array, jax.Array] | None] = [None] * len(self.blocks)
-        outputs = []
+        outputs, inputs = [], [[] for _ in self.blocks]
         for s in range(num_segments):
             h_BxSxD = x_BxPxD[:, s * seg_len:(s + 1) * seg_len]
             m_BxS = mask_BxP[:, s * seg_len:(s + 1) * seg_len]
             for i, layer in enumerate(self.blocks):
+                inputs[i].append(h_BxSxD)
                 memory = memories[i]
                 if memory is None:
                     new_memory = (h_BxSxD, m_BxS)
@@ -244,7 +305,47 @@ class SegmentRecurrentStack(nnx.Module):
                                 memory=None if memory is None else memory[0],
                                 memory_mask=None if memory is None else memory[1])
             outputs.append(h_BxSxD)
-        return jnp.concatenate(outputs, axis=1)[:, :length]
+        return (jnp.concatenate(outputs, axis=1)[:, :length],
+                [jnp.concatenate(h, axis=1)[:, :length] for h in inputs])
+
+    # Decoding, the segment memory: each layer's inputs at every position so far. A token
+    # at position p, in the segment starting at s0 = p - p % segment_len, is the last row
+    # of that layer run on the segment's inputs up to p with, as memory, the inputs at the
+    # mem_len positions before s0 (masked where they do not exist): what the parallel
+    # form's memory holds there. Per token and layer: one segment_len x (segment_len +
+    # mem_len) attention; memory O(max_len) (the parallel form's own length).
+    def init_cache(self, batch: int, max_len: int) -> list[decoding.Cache]:
+        return [{"pos": jnp.zeros((batch,), jnp.int32),
+                 "h": jnp.zeros((batch, max_len, layer.dim), jnp.float32)}
+                for layer in self.blocks]
+
+    def prefill(self, cache, x_BxLxD, padding_mask):
+        y_BxLxD, inputs = self._run(x_BxLxD, padding_mask, deterministic=True)
+        pos_B = decoding.lengths_of(padding_mask, *x_BxLxD.shape[:2])
+        return y_BxLxD, [
+            {"pos": pos_B, "h": jax.lax.dynamic_update_slice(
+                c["h"], h_BxLxD.astype(c["h"].dtype), (0, 0, 0))}
+            for c, h_BxLxD in zip(cache, inputs)]
+
+    def step(self, cache, x_BxD):
+        max_len = cache[0]["h"].shape[1]
+        seg_len, mem_len = self._lengths(max_len)
+        pos_B = cache[0]["pos"]
+        start_B = pos_B - pos_B % seg_len
+        seg_idx_BxS = start_B[:, None] + jnp.arange(seg_len)[None]
+        seg_mask_BxS = seg_idx_BxS <= pos_B[:, None]
+        mem_idx_BxM = start_B[:, None] - mem_len + jnp.arange(mem_len)[None]
+        mem_mask_BxM = mem_idx_BxM >= 0
+        gather = lambda h_BxMxD, idx: jnp.take_along_axis(  # noqa: E731
+            h_BxMxD, jnp.clip(idx, 0, max_len - 1)[..., None], axis=1).astype(x_BxD.dtype)
+        new = []
+        for layer, c in zip(self.blocks, cache):
+            h_BxMxD = decoding.write_row(c["h"], pos_B, x_BxD)
+            new.append({"pos": pos_B + 1, "h": h_BxMxD})
+            y_BxSxD = layer(gather(h_BxMxD, seg_idx_BxS), seg_mask_BxS, deterministic=True,
+                            memory=gather(h_BxMxD, mem_idx_BxM), memory_mask=mem_mask_BxM)
+            x_BxD = decoding.row_at(y_BxSxD, pos_B - start_B)
+        return x_BxD, new
 
 
 class UniversalStack(nnx.Module):
@@ -282,9 +383,29 @@ class UniversalStack(nnx.Module):
     def act(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None, *,
             deterministic: bool) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
         """(output_BxLxD, weights_TxBxL, steps_BxL (N), remainders_BxL (R))."""
+        carry = None
+
+        def apply(t: int, in_BxLxD: jax.Array) -> jax.Array:
+            nonlocal carry
+            if self.layer.carries_state:
+                new_BxLxD, carry = self.layer(in_BxLxD, padding_mask,
+                                              deterministic=deterministic, carry=carry)
+                return new_BxLxD
+            return self.layer(in_BxLxD, padding_mask, deterministic=deterministic)
+
+        length, dim = x_BxLxD.shape[1:]
+        return self._act(x_BxLxD, self._positions(length, dim)[None], apply)
+
+    def _positions(self, length: int, dim: int) -> jax.Array:
+        """The position signal added before every step (none under rotary)."""
+        if self.rotary:
+            return jnp.zeros((length, dim), jnp.float32)
+        return layers.sinusoidal_positions(length, dim)
+
+    def _act(self, x_BxLxD: jax.Array, position_BxLxD: jax.Array, apply: Any
+             ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+        """ACT over `apply(t, step_input) -> step_output` (the shared block at step t)."""
         batch, length, dim = x_BxLxD.shape
-        position_1xLxD = (jnp.zeros((1, length, dim), x_BxLxD.dtype) if self.rotary
-                          else layers.sinusoidal_positions(length, dim)[None])
         timestep_TxD = layers.sinusoidal_positions(self.max_steps, dim)
         cumulative_BxL = jnp.zeros((batch, length), jnp.float32)
         remainders_BxL = jnp.zeros_like(cumulative_BxL)
@@ -292,9 +413,9 @@ class UniversalStack(nnx.Module):
         output_BxLxD = jnp.zeros_like(x_BxLxD)
         # Tracked as its own flag: 1 - cumulative after halting may round below 1.
         running_BxL = jnp.ones_like(cumulative_BxL)
-        state_BxLxD, carry, weights = x_BxLxD, None, []
+        state_BxLxD, weights = x_BxLxD, []
         for t in range(self.max_steps):
-            in_BxLxD = state_BxLxD + position_1xLxD + timestep_TxD[t]
+            in_BxLxD = state_BxLxD + position_BxLxD.astype(x_BxLxD.dtype) + timestep_TxD[t]
             p_BxL = jax.nn.sigmoid(self.halting(in_BxLxD)[..., 0].astype(jnp.float32))
             if t == self.max_steps - 1:
                 halts_BxL, continues_BxL = running_BxL, jnp.zeros_like(running_BxL)
@@ -309,16 +430,40 @@ class UniversalStack(nnx.Module):
             steps_BxL = steps_BxL + continues_BxL + halts_BxL
             weight_BxL = p_BxL * continues_BxL + step_remainder_BxL
             weights.append(weight_BxL)
-            if self.layer.carries_state:
-                new_BxLxD, carry = self.layer(in_BxLxD, padding_mask,
-                                              deterministic=deterministic, carry=carry)
-            else:
-                new_BxLxD = self.layer(in_BxLxD, padding_mask, deterministic=deterministic)
+            new_BxLxD = apply(t, in_BxLxD)
             weight_BxLx1 = weight_BxL[..., None].astype(new_BxLxD.dtype)
             output_BxLxD = output_BxLxD + weight_BxLx1 * new_BxLxD
             state_BxLxD = jnp.where(running_BxL[..., None] > 0, new_BxLxD, state_BxLxD)
             running_BxL = continues_BxL
         return output_BxLxD, jnp.stack(weights), steps_BxL, remainders_BxL
+
+    # Decoding: the shared block has one cache per ACT step (step t's keys are the
+    # positions' step-t inputs; a halted position's state is copied on, as in `act`).
+    def init_cache(self, batch: int, max_len: int) -> list[decoding.Cache]:
+        return [self.layer.init_cache(batch, max_len) for _ in range(self.max_steps)]
+
+    def prefill(self, cache, x_BxLxD, padding_mask):
+        new = list(cache)
+
+        def apply(t, in_BxLxD):
+            out_BxLxD, new[t] = self.layer.prefill(cache[t], in_BxLxD, padding_mask)
+            return out_BxLxD
+
+        length, dim = x_BxLxD.shape[1:]
+        output_BxLxD = self._act(x_BxLxD, self._positions(length, dim)[None], apply)[0]
+        return output_BxLxD, new
+
+    def step(self, cache, x_BxD):
+        new = list(cache)
+
+        def apply(t, in_Bx1xD):
+            out_BxD, new[t] = self.layer.step(cache[t], in_Bx1xD[:, 0])
+            return out_BxD[:, None]
+
+        pos_B = cache[0]["pos"]
+        position_Bx1xD = (jnp.zeros_like(x_BxD) if self.rotary
+                          else layers.sinusoidal_at(pos_B, x_BxD.shape[-1]))[:, None]
+        return self._act(x_BxD[:, None], position_Bx1xD, apply)[0][:, 0], new
 
     def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None, *,
                  deterministic: bool) -> jax.Array:

@@ -143,7 +143,7 @@ class BPAttention(MultiHeadAttention):
     description="BP-Transformer: each token attends to k neighbour tokens and, per level "
                 "of a binary partition, k mean-pooled span nodes on each side",
     causal=True, padding=True, variable_length=True,
-    dense_equivalent=dict(k=16), test_hparams=dict(k=1), rotary=True))
+    dense_equivalent=dict(k=16), test_hparams=dict(k=1), rotary=True, decode="recompute"))
 def build_bp_transformer(*, dim, num_heads, max_len, causal, rngs, rotary: bool = False,
                          k: int = 4, max_level: int | None = None, qkv_dim=None,
                          attention_dropout=0.1, use_bias=True):

@@ -88,6 +88,16 @@ def favor_softmax_features(x_BxHxLxK: jax.Array, w_MxK: jax.Array, *, is_query: 
     return jnp.exp(log_phi - stab) / math.sqrt(m)
 
 
+def favor_key_logits(k_BxHxLxK: jax.Array, w_MxK: jax.Array) -> jax.Array:
+    """FAVOR+ key features in log space before any stabiliser: w.k' - |k'|^2/2 (BxHxLxM),
+    k' = k d^(-1/4); a key's features are exp(logits - stabiliser) / sqrt(m). Shared by
+    the causal parallel form and the one-token step (models/attention/linear.py)."""
+    d = k_BxHxLxK.shape[-1]
+    x = k_BxHxLxK.astype(jnp.float32) * d ** -0.25
+    proj_BxHxLxM = jnp.einsum("bhlk,mk->bhlm", x, w_MxK.astype(jnp.float32))
+    return proj_BxHxLxM - 0.5 * jnp.sum(x * x, axis=-1, keepdims=True)
+
+
 def favor_causal_key_features(k_BxHxLxK: jax.Array, w_MxK: jax.Array, *,
                                mask_BxL: jax.Array | None = None
                                ) -> tuple[jax.Array, jax.Array]:
@@ -98,14 +108,13 @@ def favor_causal_key_features(k_BxHxLxK: jax.Array, w_MxK: jax.Array, *,
     exp(-P_j), P_j = max over real keys i <= j, and query i must see every key
     scaled by exp(-P_i): a decay exp(P_j - P_i) = prod_{j<s<=i} g_s with
     log g_s = P_{s-1} - P_s <= 0, exactly what `gated_linear_attention` carries.
-    Returns (phi_k BxHxLxM, log_g BxHxL).
+    Returns (phi_k BxHxLxM, log_g BxHxL). (Decoding carries P_t itself and applies the
+    same g_t one token at a time: `Performer.recur` in models/attention/linear.py.)
     """
-    d, m = k_BxHxLxK.shape[-1], w_MxK.shape[0]
-    x = k_BxHxLxK.astype(jnp.float32) * d ** -0.25
-    proj_BxHxLxM = jnp.einsum("bhlk,mk->bhlm", x, w_MxK.astype(jnp.float32))
+    m = w_MxK.shape[0]
     # The max includes -|k'|^2/2 (see `favor_softmax_features`): the largest key feature
     # seen by each query is then exactly 1/sqrt(m), not exp(-|k'|^2/2) / sqrt(m).
-    log_phi_BxHxLxM = proj_BxHxLxM - 0.5 * jnp.sum(x * x, axis=-1, keepdims=True)
+    log_phi_BxHxLxM = favor_key_logits(k_BxHxLxK, w_MxK)
     row_max_BxHxL = jnp.max(log_phi_BxHxLxM, axis=-1)
     if mask_BxL is not None:
         row_max_BxHxL = jnp.where(mask_BxL[:, None, :], row_max_BxHxL, -jnp.inf)

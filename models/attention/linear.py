@@ -18,6 +18,15 @@ Causal forms are chunked: exact (masked) attention inside a chunk of C positions
 d x dv state carried across chunks by `jax.lax.scan`, so no per-position state is stored
 (the delta rule is a scan over time, rematerialised per chunk for the same reason).
 
+Decoding (models.decoding's "recurrent_state"; the driver is models/attention/recurrent.py):
+each causal form runs as an RNN, one token per step at O(state) cost whatever the
+position: `linear` carries S (rotated phi(k) under rotary) and z (plain phi(k));
+`performer` S and z over its m features, plus under kernel='softmax' the running key max
+that stabilises them (the causal form's decaying gate); `rfa` S and z over its sin/cos
+features, decayed by g_t under gate; `fast_weight` its memory S. `prefill` gives the
+parallel outputs of a prompt and its state in one call (closed-form sums over the masked
+keys; the delta rule's own scan).
+
 attention_impl="pallas" (linear, performer, rfa) runs `linear_attention` through the Pallas
 kernels of `models.kernels.linear_attention` (interpreted on CPU, with their own chunk
 size); the gated forms (causal FAVOR+, rfa with gate) have no kernel and refuse it, and
@@ -51,22 +60,26 @@ Rotary (pos_emb='rotary'), two forms:
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from models import layers, registry
+from models.attention import recurrent
 from models.attention.dense import MultiHeadAttention
 from models.attention.features import (FeatureProjection, dpfp_feature_map,
-                                      favor_causal_key_features, favor_softmax_features,
-                                      relu_features, sum_normalise, trig_features)
+                                      favor_causal_key_features, favor_key_logits,
+                                      favor_softmax_features, relu_features, sum_normalise,
+                                      trig_features)
 from models.kernels.linear_attention import linear_attention as pallas_linear_attention
 
 DEFAULT_CHUNK = 64
 IMPLS = ("dense", "pallas")  # the XLA (lax.scan) forms, or the Pallas kernels
 FEATURE_KERNELS = ("softmax", "relu")
 FAST_WEIGHT_MAPS = ("dpfp", "elu")
+EPS = 1e-6  # the normalisers' eps (performer, rfa; linear's default)
 
 
 # ----------------------------------------------------------------------------- core math
@@ -233,10 +246,20 @@ def _relative_eps_ratio(num_BxHxLxD: jax.Array, den_BxHxL: jax.Array,
     return (num_BxHxLxD / scale_BxHxL[..., None]) / (den_BxHxL / scale_BxHxL + eps)[..., None]
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "chunk_size"))
+def delta_write(s_BxHxDxK: jax.Array, phi_k_BxHxK: jax.Array, v_BxHxD: jax.Array,
+                beta_BxH: jax.Array) -> jax.Array:
+    """One delta-rule write: S + beta (v - S phi(k)) phi(k)^T (the memory's old value for
+    the key, moved a fraction beta towards v). Used by the scan and by decoding."""
+    old_v_BxHxD = jnp.einsum("bhdk,bhk->bhd", s_BxHxDxK, phi_k_BxHxK)
+    delta_BxHxD = beta_BxH[..., None] * (v_BxHxD - old_v_BxHxD)
+    return s_BxHxDxK + jnp.einsum("bhd,bhk->bhdk", delta_BxHxD, phi_k_BxHxK)
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "chunk_size", "return_state"))
 def delta_rule_attention(phi_q_BxHxLxK: jax.Array, phi_k_BxHxLxK: jax.Array,
                          v_BxHxLxD: jax.Array, beta_BxHxL: jax.Array, *, causal: bool,
-                         chunk_size: int = DEFAULT_CHUNK) -> jax.Array:
+                         chunk_size: int = DEFAULT_CHUNK, return_state: bool = False
+                         ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Fast-weight delta rule: S_t = S_{t-1} + beta_t (v_t - S_{t-1} phi(k_t)) phi(k_t)^T.
 
     causal=True: y_t = S_t phi(q_t) (Schlag et al.). causal=False: the same recurrence
@@ -245,6 +268,8 @@ def delta_rule_attention(phi_q_BxHxLxK: jax.Array, phi_k_BxHxLxK: jax.Array,
     beta = 0, so it writes nothing. A `jax.lax.scan` over time; each chunk of
     `chunk_size` steps is rematerialised so the backward pass stores S only at chunk
     boundaries (O(L/C d dv)), not at every step. BxHxLxD, float32 inside.
+    return_state=True also returns the final memory S_L (BxHxDxK, float32), the state
+    a decoder continues from.
     """
     b, h, l, k_dim = phi_q_BxHxLxK.shape
     d_dim = v_BxHxLxD.shape[-1]
@@ -258,9 +283,7 @@ def delta_rule_attention(phi_q_BxHxLxK: jax.Array, phi_k_BxHxLxK: jax.Array,
 
     def step(s_BxHxDxK, xs):
         q_BxHxK, k_BxHxK, v_BxHxD, beta_BxH = xs
-        old_v_BxHxD = jnp.einsum("bhdk,bhk->bhd", s_BxHxDxK, k_BxHxK)
-        delta_BxHxD = beta_BxH[..., None] * (v_BxHxD - old_v_BxHxD)
-        s_BxHxDxK = s_BxHxDxK + jnp.einsum("bhd,bhk->bhdk", delta_BxHxD, k_BxHxK)
+        s_BxHxDxK = delta_write(s_BxHxDxK, k_BxHxK, v_BxHxD, beta_BxH)
         return s_BxHxDxK, jnp.einsum("bhdk,bhk->bhd", s_BxHxDxK, q_BxHxK)
 
     @jax.checkpoint
@@ -279,13 +302,14 @@ def delta_rule_attention(phi_q_BxHxLxK: jax.Array, phi_k_BxHxLxK: jax.Array,
         n = y_NxBxHxCxD.shape[0]
         y_BxHxLxD = y_NxBxHxCxD.transpose(1, 2, 0, 3, 4).reshape(b, h, n * chunk, d_dim)
         y_BxHxLxD = y_BxHxLxD[:, :, :l]
-    return y_BxHxLxD.astype(v_BxHxLxD.dtype)
+    y_BxHxLxD = y_BxHxLxD.astype(v_BxHxLxD.dtype)
+    return (y_BxHxLxD, s_final) if return_state else y_BxHxLxD
 
 
 # ----------------------------------------------------------------------------- modules
 
 
-class _KernelAttention(MultiHeadAttention):
+class _KernelAttention(MultiHeadAttention, recurrent.RecurrentDecoding):
     """query/key/value/out projections (named as in `transformer`) around a feature map."""
 
     # Under rotary: False rotates q, k before the feature map (in __call__); True leaves
@@ -331,12 +355,20 @@ class _KernelAttention(MultiHeadAttention):
         real_Bx1xLx1 = padding_mask.astype(jnp.bool_)[:, None, :, None]
         return jnp.where(real_Bx1xLx1, phi_k_BxHxLxF, 0.0), jnp.where(real_Bx1xLx1, v_BxHxLxK, 0.0)
 
-    def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None = None,
-                 deterministic: bool = True) -> jax.Array:
+    def qkv(self, x_BxLxD: jax.Array, positions: jax.Array | None = None
+            ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """q, k, v (BxHxLxK) as `attend` takes them: q and k rotated by `positions` (default
+        0..L-1) under rotary unless the variant rotates its features instead."""
         q_BxHxLxK, k_BxHxLxK, v_BxHxLxK = (self.split_heads(proj(x_BxLxD)) for proj in
                                            (self.query, self.key, self.value))
         if not self.rotary_on_features:
-            q_BxHxLxK, k_BxHxLxK = self.rotate(q_BxHxLxK), self.rotate(k_BxHxLxK)
+            q_BxHxLxK = self.rotate(q_BxHxLxK, positions)
+            k_BxHxLxK = self.rotate(k_BxHxLxK, positions)
+        return q_BxHxLxK, k_BxHxLxK, v_BxHxLxK
+
+    def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None = None,
+                 deterministic: bool = True) -> jax.Array:
+        q_BxHxLxK, k_BxHxLxK, v_BxHxLxK = self.qkv(x_BxLxD)
         o_BxHxLxK = self.attend(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, x_BxLxD, padding_mask,
                                 deterministic)
         return self.out(self.merge_heads(o_BxHxLxK.astype(x_BxLxD.dtype)))
@@ -368,46 +400,35 @@ class LinearAttention(_KernelAttention):
         _, den_BxHxL = _num_den(phi_q, phi_k, v_BxHxLxK[..., :1], **common)
         return (num_BxHxLxK / (den_BxHxL[..., None] + self.eps)).astype(v_BxHxLxK.dtype)
 
-    def init_state(self, batch_size: int) -> tuple[jax.Array, jax.Array]:
-        """The empty RNN state (S: BxHxKxK, z: BxHxK) for `step`."""
-        h, k = self.num_heads, self.head_dim
-        return (jnp.zeros((batch_size, h, k, k), jnp.float32),
-                jnp.zeros((batch_size, h, k), jnp.float32))
+    def empty_state(self, batch: int) -> dict[str, jax.Array]:
+        """S (BxHxKxK, rotated phi(k) under rotary) and z (BxHxK, plain phi(k))."""
+        return recurrent.zero_sums(batch, self.num_heads, self.head_dim, self.head_dim)
 
-    def step(self, state: tuple[jax.Array, jax.Array], x_BxD: jax.Array,
-             position: int | jax.Array | None = None
-             ) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:
-        """One autoregressive token: (S, z) += (phi(k) v^T, phi(k)); y = phi(q) S / phi(q) z.
+    def prompt(self, q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, x_BxLxD, padding_mask):
+        o_BxHxLxK = self.attend(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, x_BxLxD, padding_mask,
+                                deterministic=True)
+        phi_k, v_BxHxLxK = self.drop_padded(elu_feature_map(k_BxHxLxK), v_BxHxLxK,
+                                            padding_mask)
+        return o_BxHxLxK, recurrent.prompt_sums(self.rotate(phi_k), phi_k, v_BxHxLxK)
 
-        Constant memory per token; equals the causal parallel form position by position.
-        Under rotary the token's `position` (0, 1, ...) is needed: S takes the rotated
-        phi(k), the numerator the rotated phi(q), z and the denominator the plain ones.
-        """
-        if self.rotary and position is None:
-            raise ValueError("LinearAttention.step with rotary needs the token's position")
-        s_BxHxKxK, z_BxHxK = state
-        q_BxHx1xK, k_BxHx1xK, v_BxHx1xK = (self.split_heads(proj(x_BxD[:, None])) for proj
-                                           in (self.query, self.key, self.value))
-        phi_q_BxHxK = elu_feature_map(q_BxHx1xK[:, :, 0]).astype(jnp.float32)
-        phi_k_BxHxK = elu_feature_map(k_BxHx1xK[:, :, 0]).astype(jnp.float32)
-        turned_q_BxHxK, turned_k_BxHxK = phi_q_BxHxK, phi_k_BxHxK
-        if self.rotary:
-            turned_q_BxHxK, turned_k_BxHxK = (layers.rotary(phi, position)
-                                              for phi in (phi_q_BxHxK, phi_k_BxHxK))
-        s_BxHxKxK = s_BxHxKxK + jnp.einsum("bhk,bhd->bhkd", turned_k_BxHxK,
-                                           v_BxHx1xK[:, :, 0].astype(jnp.float32))
-        z_BxHxK = z_BxHxK + phi_k_BxHxK
-        num_BxHxK = jnp.einsum("bhk,bhkd->bhd", turned_q_BxHxK, s_BxHxKxK)
-        den_BxH = jnp.einsum("bhk,bhk->bh", phi_q_BxHxK, z_BxHxK)
-        o_BxHx1xK = (num_BxHxK / (den_BxH[..., None] + self.eps))[:, :, None]
-        y_BxD = self.out(self.merge_heads(o_BxHx1xK.astype(x_BxD.dtype)))[:, 0]
-        return (s_BxHxKxK, z_BxHxK), y_BxD
-
+    def recur(self, state, q_BxHx1xK, k_BxHx1xK, v_BxHx1xK, x_BxD, pos_B):
+        phi_q_BxHx1xK, phi_k_BxHx1xK = elu_feature_map(q_BxHx1xK), elu_feature_map(k_BxHx1xK)
+        # S and the numerator take the features rotated by the token's position; z and the
+        # denominator the plain ones (as in `attend`).
+        at_Bx1x1 = pos_B[:, None, None]
+        turned_q_BxHx1xK = self.rotate(phi_q_BxHx1xK, at_Bx1x1)
+        turned_k_BxHx1xK = self.rotate(phi_k_BxHx1xK, at_Bx1x1)
+        state = recurrent.add_token(state, turned_k_BxHx1xK[:, :, 0], phi_k_BxHx1xK[:, :, 0],
+                                    v_BxHx1xK[:, :, 0])
+        num_BxHxK, den_BxH = recurrent.read(state, turned_q_BxHx1xK[:, :, 0],
+                                            phi_q_BxHx1xK[:, :, 0])
+        return num_BxHxK / (den_BxH[..., None] + self.eps), state
 
 
 @registry.register("linear", capabilities=registry.Capabilities(
     description="linear attention, phi = elu + 1 (Katharopoulos et al.); chunked causal form",
-    causal=True, padding=True, variable_length=True, test_hparams={"chunk_size": 5},
+    causal=True, decode="recurrent_state",
+    padding=True, variable_length=True, test_hparams={"chunk_size": 5},
     rotary=True))
 def build_linear(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
                  rotary: bool = False, qkv_dim: int | None = None, use_bias: bool = True,
@@ -448,7 +469,7 @@ class Performer(_KernelAttention):
             phi_k, log_g = favor_causal_key_features(k_BxHxLxK, w_MxK, mask_BxL=mask)
             phi_k, v_BxHxLxK = self.drop_padded(phi_k, v_BxHxLxK, mask)
             num, den = _causal_num_den(phi_q, phi_k, v_BxHxLxK, log_g, self.chunk_size)
-            return _relative_eps_ratio(num, den, 1e-6).astype(v_BxHxLxK.dtype)
+            return _relative_eps_ratio(num, den, EPS).astype(v_BxHxLxK.dtype)
         else:
             phi_q = favor_softmax_features(q_BxHxLxK, w_MxK, is_query=True)
             phi_k = favor_softmax_features(k_BxHxLxK, w_MxK, is_query=False, mask_BxL=mask)
@@ -459,10 +480,62 @@ class Performer(_KernelAttention):
         phi_k, v_BxHxLxK = self.drop_padded(phi_k, v_BxHxLxK, mask)
         return self.linear(phi_q, phi_k, v_BxHxLxK)
 
+    def empty_state(self, batch: int) -> dict[str, jax.Array]:
+        """S (BxHxMxK) and z (BxHxM) over the m features; kernel='softmax' adds key_max
+        (BxH, -inf before the first key), the running max P of the keys' logits
+        (`favor_key_logits`): every key in S and z is stabilised by exp(-P)."""
+        state = recurrent.zero_sums(batch, self.num_heads, self.projection.num_features,
+                                    self.head_dim)
+        if self.kernel == "softmax":
+            state["key_max"] = jnp.full((batch, self.num_heads), -jnp.inf, jnp.float32)
+        return state
+
+    def prompt(self, q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, x_BxLxD, padding_mask):
+        o_BxHxLxK = self.attend(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, x_BxLxD, padding_mask,
+                                deterministic=True)
+        w_MxK = self.projection(deterministic=True)
+        if self.kernel == "relu":
+            phi_k, v_BxHxLxK = self.drop_padded(relu_features(k_BxHxLxK, w_MxK), v_BxHxLxK,
+                                                padding_mask)
+            return o_BxHxLxK, recurrent.prompt_sums(phi_k, phi_k, v_BxHxLxK)
+        # The causal form scales key j by exp(-P_j) and decays it by exp(P_j - P) by the end
+        # of the prompt, P the max over all its real keys: key j ends as exp(logits_j - P).
+        log_phi_BxHxLxM = favor_key_logits(k_BxHxLxK, w_MxK)
+        if padding_mask is not None:
+            real_Bx1xLx1 = padding_mask.astype(jnp.bool_)[:, None, :, None]
+            log_phi_BxHxLxM = jnp.where(real_Bx1xLx1, log_phi_BxHxLxM, -jnp.inf)
+        key_max_BxH = jnp.max(log_phi_BxHxLxM, axis=(-2, -1))
+        # A row without a real key: S = z = 0 whatever the scale, and key_max stays -inf.
+        scale_BxH = jnp.where(jnp.isfinite(key_max_BxH), key_max_BxH, 0.0)
+        phi_k = (jnp.exp(log_phi_BxHxLxM - scale_BxH[..., None, None])
+                 / math.sqrt(w_MxK.shape[0]))
+        phi_k, v_BxHxLxK = self.drop_padded(phi_k, v_BxHxLxK, padding_mask)
+        state = recurrent.prompt_sums(phi_k, phi_k, v_BxHxLxK)
+        return o_BxHxLxK, {**state, "key_max": key_max_BxH}
+
+    def recur(self, state, q_BxHx1xK, k_BxHx1xK, v_BxHx1xK, x_BxD, pos_B):
+        w_MxK = self.projection(deterministic=True)
+        v_BxHxK = v_BxHx1xK[:, :, 0]
+        if self.kernel == "relu":
+            phi_q, phi_k = (relu_features(t, w_MxK)[:, :, 0] for t in (q_BxHx1xK, k_BxHx1xK))
+            state = recurrent.add_token(state, phi_k, phi_k, v_BxHxK)
+            num_BxHxK, den_BxH = recurrent.read(state, phi_q, phi_q)
+            return num_BxHxK / (den_BxH[..., None] + EPS), state
+        phi_q = favor_softmax_features(q_BxHx1xK, w_MxK, is_query=True)[:, :, 0]
+        log_phi_BxHxM = favor_key_logits(k_BxHx1xK, w_MxK)[:, :, 0]
+        key_max_BxH = jnp.maximum(state["key_max"], jnp.max(log_phi_BxHxM, axis=-1))
+        # The parallel form's gate g_t = exp(P_{t-1} - P_t) <= 1 rescales the past to the
+        # new max (exp(-inf) = 0 on an empty state, which holds nothing to rescale).
+        decay_BxH = jnp.exp(state["key_max"] - key_max_BxH)
+        phi_k = jnp.exp(log_phi_BxHxM - key_max_BxH[..., None]) / math.sqrt(w_MxK.shape[0])
+        state = recurrent.add_token(state, phi_k, phi_k, v_BxHxK, decay_BxH)
+        num_BxHxK, den_BxH = recurrent.read(state, phi_q, phi_q)
+        return _relative_eps_ratio(num_BxHxK, den_BxH, EPS), {**state, "key_max": key_max_BxH}
+
 
 @registry.register("performer", capabilities=registry.Capabilities(
     description="Performer FAVOR+: positive orthogonal random features, redrawn in training",
-    causal=True, padding=True, variable_length=True,
+    causal=True, decode="recurrent_state", padding=True, variable_length=True,
     test_hparams={"num_features": 32, "chunk_size": 5}, rotary=True))
 def build_performer(*, dim: int, num_heads: int, max_len: int, causal: bool,
                     rngs: nnx.Rngs, rotary: bool = False, qkv_dim: int | None = None,
@@ -515,19 +588,62 @@ class RandomFeatureAttention(_KernelAttention):
         if self.gate is None:
             num, den = _num_den(phi_q, phi_k, v, causal=self.causal,
                                 chunk_size=self.chunk_size)
-            return num / _away_from_zero(den, 1e-6)[..., None]
+            return num / _away_from_zero(den, EPS)[..., None]
+        log_g_BxHxL, write_BxHxL = self.gates(x_BxLxD, padding_mask)
+        return gated_linear_attention(phi_q, phi_k * write_BxHxL[..., None], v, log_g_BxHxL,
+                                      chunk_size=self.chunk_size)
+
+    def gates(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None
+              ) -> tuple[jax.Array, jax.Array]:
+        """log g and the write factor 1 - g (BxHxL); a padded position keeps the state
+        (log g = 0; its key is zeroed by the caller)."""
         gate_logit_BxHxL = self.gate(x_BxLxD).astype(jnp.float32).transpose(0, 2, 1)
         log_g_BxHxL = jax.nn.log_sigmoid(gate_logit_BxHxL)
         write_BxHxL = jax.nn.sigmoid(-gate_logit_BxHxL)  # 1 - g
         if padding_mask is not None:
             log_g_BxHxL = jnp.where(padding_mask[:, None, :], log_g_BxHxL, 0.0)
-        return gated_linear_attention(phi_q, phi_k * write_BxHxL[..., None], v, log_g_BxHxL,
-                                      chunk_size=self.chunk_size)
+        return log_g_BxHxL, write_BxHxL
+
+    def trig(self, x_BxHxLxK: jax.Array) -> jax.Array:
+        """The deterministic features (decoding: no redraw)."""
+        return trig_features(x_BxHxLxK, self.projection(deterministic=True),
+                             jnp.exp(-self.log_temperature[...]))
+
+    def empty_state(self, batch: int) -> dict[str, jax.Array]:
+        """S (BxHxFxK) and z (BxHxF) over the F = 2m sin/cos features (decayed under gate)."""
+        return recurrent.zero_sums(batch, self.num_heads, 2 * self.projection.num_features,
+                                   self.head_dim)
+
+    def prompt(self, q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, x_BxLxD, padding_mask):
+        o_BxHxLxK = self.attend(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, x_BxLxD, padding_mask,
+                                deterministic=True)
+        phi_k, v_BxHxLxK = self.drop_padded(self.trig(k_BxHxLxK), v_BxHxLxK, padding_mask)
+        if self.gate is not None:
+            log_g_BxHxL, write_BxHxL = self.gates(x_BxLxD, padding_mask)
+            # Key j reaches the prompt's end through prod_{s>j} g_s: a suffix sum of log g
+            # (the difference of two long prefix sums would lose digits in float32).
+            through_BxHxL = jnp.flip(jnp.cumsum(jnp.flip(log_g_BxHxL, -1), axis=-1), -1)
+            after_BxHxL = jnp.concatenate(
+                [through_BxHxL[..., 1:], jnp.zeros_like(through_BxHxL[..., :1])], axis=-1)
+            phi_k = phi_k * (write_BxHxL * jnp.exp(after_BxHxL))[..., None]
+        return o_BxHxLxK, recurrent.prompt_sums(phi_k, phi_k, v_BxHxLxK)
+
+    def recur(self, state, q_BxHx1xK, k_BxHx1xK, v_BxHx1xK, x_BxD, pos_B):
+        phi_q, phi_k = (self.trig(t)[:, :, 0] for t in (q_BxHx1xK, k_BxHx1xK))
+        decay_BxH = None
+        if self.gate is not None:
+            log_g_BxHx1, write_BxHx1 = self.gates(x_BxD[:, None], None)
+            decay_BxH, phi_k = jnp.exp(log_g_BxHx1[..., 0]), phi_k * write_BxHx1
+        state = recurrent.add_token(state, phi_k, phi_k, v_BxHx1xK[:, :, 0], decay_BxH)
+        num_BxHxK, den_BxH = recurrent.read(state, phi_q, phi_q)
+        if self.gate is None and self.attention_impl == "pallas":
+            return num_BxHxK / (den_BxH[..., None] + EPS), state  # the kernel's normaliser
+        return num_BxHxK / _away_from_zero(den_BxH, EPS)[..., None], state
 
 
 @registry.register("rfa", capabilities=registry.Capabilities(
     description="Random Feature Attention: sin/cos features, learned temperature, causal gate",
-    causal=True, padding=True, variable_length=True,
+    causal=True, decode="recurrent_state", padding=True, variable_length=True,
     test_hparams={"num_features": 32, "chunk_size": 5}, rotary=True))
 def build_rfa(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
               rotary: bool = False, qkv_dim: int | None = None, use_bias: bool = True,
@@ -575,19 +691,48 @@ class FastWeightAttention(_KernelAttention):
             return sum_normalise(dpfp_feature_map(x, self.dpfp_nu))
         return sum_normalise(elu_feature_map(x))
 
-    def attend(self, q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, x_BxLxD, padding_mask, deterministic):
+    def memory(self, q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, x_BxLxD, padding_mask, *,
+               return_state: bool):
+        """`delta_rule_attention` on the (rotated) features; beta = 0 at padded positions."""
         beta_BxHxL = jax.nn.sigmoid(self.beta(x_BxLxD).astype(jnp.float32)).transpose(0, 2, 1)
         if padding_mask is not None:
             beta_BxHxL = jnp.where(padding_mask[:, None, :], beta_BxHxL, 0.0)
         return delta_rule_attention(self.rotate(self.phi(q_BxHxLxK)),
                                     self.rotate(self.phi(k_BxHxLxK)), v_BxHxLxK,
                                     beta_BxHxL, causal=self.causal,
-                                    chunk_size=self.chunk_size)
+                                    chunk_size=self.chunk_size, return_state=return_state)
+
+    def attend(self, q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, x_BxLxD, padding_mask, deterministic):
+        return self.memory(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, x_BxLxD, padding_mask,
+                           return_state=False)
+
+    def empty_state(self, batch: int) -> dict[str, jax.Array]:
+        """S (BxHxKxF): the fast-weight memory, values by features (F = 2 K dpfp_nu for
+        dpfp, K for elu)."""
+        k = self.head_dim
+        features = 2 * k * self.dpfp_nu if self.feature_map == "dpfp" else k
+        return {"s": jnp.zeros((batch, self.num_heads, k, features), jnp.float32)}
+
+    def prompt(self, q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, x_BxLxD, padding_mask):
+        # The scan that gives the outputs ends on the memory after the real tokens (padded
+        # positions write nothing).
+        o_BxHxLxK, s_BxHxKxF = self.memory(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, x_BxLxD,
+                                           padding_mask, return_state=True)
+        return o_BxHxLxK, {"s": s_BxHxKxF}
+
+    def recur(self, state, q_BxHx1xK, k_BxHx1xK, v_BxHx1xK, x_BxD, pos_B):
+        phi_q, phi_k = (self.rotate(self.phi(t), pos_B[:, None, None])[:, :, 0]
+                        for t in (q_BxHx1xK, k_BxHx1xK))
+        beta_BxH = jax.nn.sigmoid(self.beta(x_BxD).astype(jnp.float32))
+        s_BxHxKxF = delta_write(state["s"], phi_k, v_BxHx1xK[:, :, 0].astype(jnp.float32),
+                                beta_BxH)
+        return jnp.einsum("bhkf,bhf->bhk", s_BxHxKxF, phi_q), {"s": s_BxHxKxF}
 
 
 @registry.register("fast_weight", capabilities=registry.Capabilities(
     description="fast-weight programmer: delta-rule memory, DPFP features (Schlag et al.)",
-    causal=True, padding=True, variable_length=True, test_hparams={"chunk_size": 5},
+    causal=True, decode="recurrent_state",
+    padding=True, variable_length=True, test_hparams={"chunk_size": 5},
     receptive_field="limited",  # DPFP features are ReLU products: some pairs are 0
     rotary=True))
 def build_fast_weight(*, dim: int, num_heads: int, max_len: int, causal: bool,

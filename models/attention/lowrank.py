@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models import layers, registry
+from models import decoding, layers, registry
 from models.attention.dense import (MultiHeadAttention, attend_logits, dot_product_attention,
                                     make_attention_mask)
 
@@ -233,7 +233,7 @@ class MemoryCompressedAttention(MultiHeadAttention):
 
 @registry.register("compressed", capabilities=registry.Capabilities(
     description="memory-compressed attention: strided convolution shrinks keys/values by c",
-    causal=True, padding=True, variable_length=True,
+    causal=True, decode="recompute", padding=True, variable_length=True,
     dense_equivalent={"compression": 1, "conv_init": "identity"},
     test_hparams={"compression": 3}, rotary=True))
 def build_compressed(*, dim: int, num_heads: int, max_len: int, causal: bool,
@@ -366,10 +366,62 @@ class Synthesizer(nnx.Module):
         b, h, l, kd = o_BxHxLxK.shape
         return self.out(o_BxHxLxK.transpose(0, 2, 1, 3).reshape(b, l, h * kd))
 
+    # Decoding, form kv_cache (models.decoding): the values of every earlier position (and
+    # the keys in dot mode); a token synthesizes its own row of logits over them: O(M).
+    def init_cache(self, batch: int, max_len: int) -> dict:
+        shape = (batch, self.num_heads, self.max_len, self.head_dim)
+        cache = {"pos": jnp.zeros((batch,), jnp.int32), "v": jnp.zeros(shape, jnp.float32)}
+        if "dot" in self.modes:
+            cache["k"] = jnp.zeros(shape, jnp.float32)
+        return cache
+
+    def prefill(self, cache: dict, x_BxLxD: jax.Array, padding_mask: jax.Array | None):
+        y_BxLxD = self(x_BxLxD, padding_mask=padding_mask)
+        batch, length, _ = x_BxLxD.shape
+        new = {"pos": decoding.lengths_of(padding_mask, batch, length)}
+        for name in ("v", "k") if "dot" in self.modes else ("v",):
+            proj = self.value if name == "v" else self.key
+            new[name] = jax.lax.dynamic_update_slice(
+                cache[name], self.split_heads(proj(x_BxLxD)).astype(jnp.float32), (0, 0, 0, 0))
+        return y_BxLxD, new
+
+    def _row_logits(self, mode: str, x_BxD: jax.Array, pos_B: jax.Array,
+                    k_BxHxMxK: jax.Array | None) -> jax.Array:
+        """Row pos of one mode's logits, BxHxM."""
+        if mode == "dense":
+            hidden_BxHxK = self.split_heads(jax.nn.relu(self.dense_hidden(x_BxD[:, None])))
+            return (jnp.einsum("bhk,hkm->bhm", hidden_BxHxK[:, :, 0], self.dense_logits[...])
+                    + self.dense_bias[...][None])
+        if mode == "random":
+            return self.random_logits[...][:, pos_B].transpose(1, 0, 2)
+        if mode == "factorized_random":
+            a_BxHxK = self.factor_a[...][:, pos_B].transpose(1, 0, 2)
+            return jnp.einsum("bhk,hkm->bhm", a_BxHxK, self.factor_b[...])
+        q_BxHxK = self.split_heads(self.query(x_BxD[:, None]))[:, :, 0]
+        return jnp.einsum("bhk,bhmk->bhm", q_BxHxK, k_BxHxMxK) / math.sqrt(self.head_dim)
+
+    def step(self, cache: dict, x_BxD: jax.Array) -> tuple[jax.Array, dict]:
+        pos_B = cache["pos"]
+        new = {"pos": pos_B + 1}
+        for name in ("v", "k") if "dot" in self.modes else ("v",):
+            proj = self.value if name == "v" else self.key
+            row_BxHxK = self.split_heads(proj(x_BxD[:, None]))[:, :, 0]
+            new[name] = decoding.write_row(cache[name].transpose(0, 2, 1, 3), pos_B,
+                                           row_BxHxK).transpose(0, 2, 1, 3)
+        weights = self.mixture_weights()
+        logits_BxHxM = sum(weights[i] * self._row_logits(m, x_BxD, pos_B, new.get("k"))
+                           for i, m in enumerate(self.modes))
+        seen_Bx1x1xM = (jnp.arange(self.max_len)[None] <= pos_B[:, None])[:, None, None]
+        o_BxHx1xK = attend_logits(logits_BxHxM[:, :, None], new["v"].astype(x_BxD.dtype),
+                                  mask=seen_Bx1x1xM)
+        b, h, _, kd = o_BxHx1xK.shape
+        return self.out(o_BxHx1xK.reshape(b, h * kd)), new
+
 
 @registry.register("synthesizer", capabilities=registry.Capabilities(
     description="Synthesizer: attention logits from an MLP of x_i or learned tables (+ mixes)",
-    causal=True, padding=True, variable_length=True, dense_equivalent={"mode": "dot"},
+    causal=True, decode="kv_cache",
+    padding=True, variable_length=True, dense_equivalent={"mode": "dot"},
     test_hparams={"mode": "dense+random+factorized_random", "k": 4},
     rotary_refusal="its attention logits are synthesized from each token alone or learned "
     "as position-to-position tables, not formed from queries and keys (mode='dot' alone is "

@@ -167,7 +167,7 @@ class ProbSparseAttention(MultiHeadAttention):
 
 @registry.register("informer", capabilities=registry.Capabilities(
     description="Informer ProbSparse: top-u queries by max-minus-mean score, the rest mean(V)",
-    causal=True, padding=True, variable_length=True,
+    causal=True, decode="recompute", padding=True, variable_length=True,
     dense_equivalent={"factor": 16}, test_hparams={"factor": 1}, rotary=True))
 def build_informer(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
                    rotary: bool = False,

@@ -123,10 +123,11 @@ _HAS_RELATIVE = ("its attention has relative positions of its own (Transformer-X
 registry.register("transformer_xl", build_relative, registry.Capabilities(
     description="Transformer-XL: relative-position attention, segment recurrence with memory",
     causal=True, padding=True, variable_length=True, takes_memory=True,
-    block={"stack": "segment_recurrent"}, rotary_refusal=_HAS_RELATIVE, pos_emb="none"))
+    block={"stack": "segment_recurrent"}, rotary_refusal=_HAS_RELATIVE, pos_emb="none",
+    decode="segment_memory"))
 
 registry.register("gtrxl", build_relative, registry.Capabilities(
     description="GTrXL: Transformer-XL attention in GRU-gated identity-map-reordered blocks",
     causal=True, padding=True, variable_length=True, takes_memory=True,
     block={"kind": "gated", "stack": "segment_recurrent"}, rotary_refusal=_HAS_RELATIVE,
-    pos_emb="none"))
+    pos_emb="none", decode="segment_memory"))

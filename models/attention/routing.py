@@ -230,7 +230,7 @@ class RoutingAttention(MultiHeadAttention):
 
 @registry.register("routing", capabilities=registry.Capabilities(
     description="Routing Transformer: attention within online k-means clusters (EMA centroids)",
-    causal=True, padding=True, variable_length=True, receptive_field="limited",
+    causal=True, decode="recompute", padding=True, variable_length=True, receptive_field="limited",
     dense_form=("shared_qk",),
     dense_equivalent={"num_clusters": 1, "window": None, "shared_qk": False},
     test_hparams={"num_clusters": 2, "window": 6}, rotary=True))

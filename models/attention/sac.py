@@ -111,7 +111,7 @@ def chosen_edge_weights(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxK: j
 
 @registry.register("sac", capabilities=registry.Capabilities(
     description="SAC: a learned low-rank edge predictor picks k keys per query",
-    causal=True, padding=True, variable_length=True, receptive_field="limited",
+    causal=True, decode="recompute", padding=True, variable_length=True, receptive_field="limited",
     dense_equivalent={"k": 16}, test_hparams={"k": 4, "rank": 4}, rotary=True))
 def build_sac(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
               rotary: bool = False, k: int = 32, rank: int = 16, qkv_dim: int | None = None,

@@ -187,7 +187,7 @@ class SinkhornAttention(MultiHeadAttention):
 
 @registry.register("sinkhorn", capabilities=registry.Capabilities(
     description="Sparse Sinkhorn attention: local block plus a Sinkhorn-sorted block",
-    causal=True, padding=True, variable_length=True,
+    causal=True, decode="recompute", padding=True, variable_length=True,
     dense_equivalent={"block_size": 16},
     test_hparams={"block_size": 4}, rotary=True))
 def build_sinkhorn(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,

@@ -75,6 +75,17 @@ class AdaptiveSpanAttention(MultiHeadAttention):
         clipped_H = p_H + jax.lax.stop_gradient(jnp.clip(p_H, 0.0, 1.0) - p_H)
         return self.max_span * clipped_H
 
+    # Decoding (models.decoding, form kv_cache): the cache holds only the keys any span can
+    # reach, ramp + max_span (the paper's point: memory and time O(span), not O(L)), and
+    # weighs them by the soft mask.
+    def decode_reach(self, max_len: int) -> int:
+        return min(math.ceil(self.ramp + self.max_span), max_len - 1)
+
+    def key_weights(self, distance_BxHxQxS: jax.Array) -> jax.Array:
+        """m_z(x) per head for distances x = i - j (BxHxQxS)."""
+        span_1xHx1x1 = jax.lax.stop_gradient(self.spans())[None, :, None, None]
+        return jnp.clip((self.ramp + span_1xHx1x1 - distance_BxHxQxS) / self.ramp, 0.0, 1.0)
+
     def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None = None,
                  deterministic: bool = True) -> jax.Array:
         q_BxHxLxK, k_BxHxLxK, v_BxHxLxK = self.project_qkv(x_BxLxD)
@@ -110,7 +121,8 @@ class AdaptiveSpanAttention(MultiHeadAttention):
 
 @registry.register("adaptive_span", capabilities=registry.Capabilities(
     description="softmax attention with a learned soft span per head (L1 aux loss)",
-    causal=True, padding=True, variable_length=True, receptive_field="limited",
+    causal=True, decode="kv_cache", padding=True, variable_length=True,
+    receptive_field="limited",
     dense_equivalent={"span_init": 1.0}, test_hparams={"ramp": 4.0}, rotary=True))
 def build_adaptive_span(*, dim: int, num_heads: int, max_len: int, causal: bool,
                         rngs: nnx.Rngs, rotary: bool = False, max_span: int | None = None,

@@ -198,7 +198,8 @@ class AxialSumAttention(PatternAttention):
 
 @registry.register("transformer", capabilities=registry.Capabilities(
     description="softmax multi-head attention over all positions (the reference)",
-    causal=True, padding=True, variable_length=True, dense_equivalent={}, rotary=True))
+    causal=True, padding=True, variable_length=True, dense_equivalent={}, rotary=True,
+    decode="kv_cache"))
 def build_transformer(*, dim: int, num_heads: int, max_len: int, causal: bool,
                       rngs: nnx.Rngs, rotary: bool = False, qkv_dim: int | None = None,
                       attention_dropout: float = 0.1, use_bias: bool = True,
@@ -239,7 +240,8 @@ def _caps(description: str, *, causal: bool, test_hparams: dict,
     return registry.Capabilities(description=description, causal=causal, padding=True,
                                  variable_length=True, dense_equivalent=dense_equivalent,
                                  dense_form=dense_form, test_hparams=test_hparams,
-                                 receptive_field="pattern", rotary=True)
+                                 receptive_field="pattern", rotary=True,
+                                 decode="kv_cache" if causal else "")
 
 
 def _build(pattern, *, causal, **common):

@@ -14,4 +14,4 @@ from models.attention.sparse import build_transformer
 registry.register("universal", build_transformer, registry.Capabilities(
     description="Universal Transformer: one shared block applied up to T times with ACT",
     causal=True, padding=True, variable_length=True, dense_equivalent={},
-    block={"stack": "universal"}, rotary=True))
+    block={"stack": "universal"}, rotary=True, decode="kv_cache"))

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models import layers, registry
+from models import decoding, layers, registry
 from models.attention.lowrank import check_length
 
 
@@ -75,10 +75,37 @@ class SpatialGatingMLP(nnx.Module):
                       + self.spatial_bias[:seq_len][None, :, None])
         return self.proj_out(u_BxLxH * gate_BxLxH)
 
+    # Decoding, form gate_cache (models.decoding): the gate inputs LN(Z2) of every earlier
+    # position; token i gates with row i of W (j <= i): O(M ffn_dim / 2) per token.
+    def init_cache(self, batch: int, max_len: int) -> decoding.Cache:
+        half = self.proj_out.in_features
+        return {"pos": jnp.zeros((batch,), jnp.int32),
+                "v": jnp.zeros((batch, self.max_len, half), jnp.float32)}
+
+    def prefill(self, cache, x_BxLxD, padding_mask):
+        y_BxLxD = self(x_BxLxD, padding_mask=padding_mask)
+        batch, length, _ = x_BxLxD.shape
+        v_BxLxH = self.gate_norm(jnp.split(jax.nn.gelu(self.proj_in(x_BxLxD)), 2, axis=-1)[1])
+        v_BxMxH = jax.lax.dynamic_update_slice(cache["v"], v_BxLxH.astype(jnp.float32),
+                                               (0, 0, 0))
+        return y_BxLxD, {"pos": decoding.lengths_of(padding_mask, batch, length),
+                         "v": v_BxMxH}
+
+    def step(self, cache, x_BxD):
+        pos_B = cache["pos"]
+        u_BxH, v_BxH = jnp.split(jax.nn.gelu(self.proj_in(x_BxD)), 2, axis=-1)
+        v_BxMxH = decoding.write_row(cache["v"], pos_B, self.gate_norm(v_BxH))
+        w_BxM = self.spatial_weight[...][pos_B]
+        w_BxM = jnp.where(jnp.arange(self.max_len)[None] <= pos_B[:, None], w_BxM, 0.0)
+        gate_BxH = (jnp.einsum("bj,bjh->bh", w_BxM, v_BxMxH.astype(w_BxM.dtype))
+                    + self.spatial_bias[...][pos_B][:, None])
+        return self.proj_out(u_BxH * gate_BxH.astype(u_BxH.dtype)), {"pos": pos_B + 1,
+                                                                     "v": v_BxMxH}
+
 
 @registry.register("gmlp", capabilities=registry.Capabilities(
     description="gMLP: spatial gating unit, one channel half gated by an L x L projection",
-    causal=True, padding=True, variable_length=True,
+    causal=True, decode="gate_cache", padding=True, variable_length=True,
     test_hparams={"ffn_dim": 64, "init_eps": 0.5},
     rotary_refusal="it mixes tokens by a learned position-by-position matrix and forms no "
     "query-key products to rotate"))

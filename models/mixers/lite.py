@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models import layers, registry
+from models import decoding, layers, registry
 from models.attention.dense import MultiHeadAttention
 
 CONVS = ("lightweight", "dynamic")
@@ -122,10 +122,53 @@ class LongShortRangeAttention(nnx.Module):
         yc_BxLxC = self.conv_out(self.convolve(h_BxLxC, deterministic))
         return jnp.concatenate([ya_BxLxA, yc_BxLxC], axis=-1)
 
+    def _glu_in(self, xc_BxLxC: jax.Array) -> jax.Array:
+        h_BxLxC = self.conv_in(xc_BxLxC)
+        return jax.nn.glu(h_BxLxC, axis=-1) if self.glu else h_BxLxC
+
+    # Decoding, form conv_kv (models.decoding): the attention half's kv cache and the last
+    # kernel_size - 1 convolution inputs (oldest first), so a token costs O(M) for the
+    # attention and O(kernel_size) for the convolution.
+    def init_cache(self, batch: int, max_len: int) -> decoding.Cache:
+        channels = self.conv_out.in_features
+        return {"pos": jnp.zeros((batch,), jnp.int32),
+                "attention": decoding.kv_init(self.attention, batch, max_len),
+                "taps": jnp.zeros((batch, self.kernel_size - 1, channels), jnp.float32)}
+
+    def prefill(self, cache, x_BxLxD, padding_mask):
+        y_BxLxD = self(x_BxLxD, padding_mask=padding_mask, deterministic=True)
+        batch, length, _ = x_BxLxD.shape
+        pos_B = decoding.lengths_of(padding_mask, batch, length)
+        xa_BxLxA, xc_BxLxC = x_BxLxD[..., :self.attn_dim], x_BxLxD[..., self.attn_dim:]
+        h_BxLxC = self._glu_in(xc_BxLxC)
+        # Row b's taps: its prompt positions pos_b - K + 1 .. pos_b - 1 (0 before the start).
+        index_BxT = pos_B[:, None] - (self.kernel_size - 1) + jnp.arange(
+            self.kernel_size - 1)[None]
+        taps_BxTxC = jnp.take_along_axis(h_BxLxC, jnp.clip(index_BxT, 0, length - 1)[..., None],
+                                         axis=1)
+        taps_BxTxC = jnp.where((index_BxT >= 0)[..., None], taps_BxTxC, 0.0)
+        return y_BxLxD, {"pos": pos_B,
+                         "attention": decoding.kv_fill(self.attention, cache["attention"],
+                                                       xa_BxLxA, pos_B),
+                         "taps": taps_BxTxC.astype(jnp.float32)}
+
+    def step(self, cache, x_BxD):
+        xa_BxA, xc_BxC = x_BxD[..., :self.attn_dim], x_BxD[..., self.attn_dim:]
+        ya_BxA, attention = decoding.kv_step(self.attention, cache["attention"], xa_BxA)
+        h_BxC = self._glu_in(xc_BxC[:, None])[:, 0]
+        window_BxKxC = jnp.concatenate([cache["taps"].astype(h_BxC.dtype), h_BxC[:, None]],
+                                       axis=1)
+        # The causal convolution's last position sees exactly the window's K taps.
+        conv_BxC = self.convolve(window_BxKxC, deterministic=True)[:, -1]
+        yc_BxC = self.conv_out(conv_BxC)
+        return jnp.concatenate([ya_BxA, yc_BxC], axis=-1), {
+            "pos": cache["pos"] + 1, "attention": attention,
+            "taps": window_BxKxC[:, 1:].astype(jnp.float32)}
+
 
 @registry.register("lite", capabilities=registry.Capabilities(
     description="Lite Transformer LSRA: attention on half the channels, conv on the other",
-    causal=True, padding=True, variable_length=True,
+    causal=True, decode="conv_kv", padding=True, variable_length=True,
     test_hparams={"kernel_size": 3, "conv": "dynamic"}, rotary=True))
 def build_lite(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
                rotary: bool = False, kernel_size: int = 31, conv: str = "dynamic",

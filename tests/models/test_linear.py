@@ -119,15 +119,18 @@ def test_dpfp_features():
 
 
 def test_linear_step_matches_causal_parallel():
+    # The recurrent form from an empty cache (prompts and every variant:
+    # tests/models/test_recurrent_decoding.py).
     model = build("linear", causal=True, dim=16, chunk_size=4)
     x = jnp.asarray(normal(15, (2, 9, 16)))
     y_parallel = model(x, deterministic=True)
     graphdef, weights = nnx.split(model)
-    step = jax.jit(lambda state, x_t: nnx.merge(graphdef, weights).step(state, x_t))
-    state = model.init_state(2)
+    step = jax.jit(lambda cache, x_t: nnx.merge(graphdef, weights).step(cache, x_t))
+    cache = model.init_cache(2, max_len=9)
     for t in range(9):
-        state, y_t = step(state, x[:, t])
+        y_t, cache = step(cache, x[:, t])
         np.testing.assert_allclose(y_t, y_parallel[:, t], **TOL)
+    np.testing.assert_array_equal(cache["pos"], [9, 9])
 
 
 def test_linear_module_matches_explicit_attention():

@@ -149,13 +149,18 @@ def test_linear_step_with_rotary_matches_causal_parallel():
     x = normal(6, (2, 9, DIM))
     y_parallel = model(x, deterministic=True)
     graphdef, weights = nnx.split(model)
-    step = jax.jit(lambda state, x_t, t: nnx.merge(graphdef, weights).step(state, x_t, t))
-    state = model.init_state(2)
+    step = jax.jit(lambda cache, x_t: nnx.merge(graphdef, weights).step(cache, x_t))
+    # The token's position comes from the cache's "pos" (per row): row 1 starts 4 tokens
+    # later, after a prompt, so the two rows are rotated by different positions each step.
+    y_prompt, cache = model.prefill(model.init_cache(2, MAX_LEN), x[:, :4],
+                                    jnp.array([[False] * 4, [True] * 4]))
+    np.testing.assert_allclose(y_prompt[1], y_parallel[1, :4], **TOL)
+    np.testing.assert_array_equal(cache["pos"], [0, 4])
     for t in range(9):
-        state, y_t = step(state, x[:, t], t)
-        np.testing.assert_allclose(y_t, y_parallel[:, t], **TOL)
-    with pytest.raises(ValueError, match="position"):
-        model.step(model.init_state(2), x[:, 0])
+        y_t, cache = step(cache, x[[0, 1], [t, min(t + 4, 8)]])
+        np.testing.assert_allclose(y_t[0], y_parallel[0, t], **TOL)
+        if t + 4 < 9:
+            np.testing.assert_allclose(y_t[1], y_parallel[1, t + 4], **TOL)
 
 
 # ------------------------------------------------------------------- relative positions
