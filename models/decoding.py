@@ -192,7 +192,7 @@ def kv_init(mixer: Any, batch: int, max_len: int) -> Cache:
             "v": jnp.zeros(shape, jnp.float32)}
 
 
-def _slot_positions(pos_B: jax.Array, slots: int) -> jax.Array:
+def slot_positions(pos_B: jax.Array, slots: int) -> jax.Array:
     """Position each ring slot holds once position pos (the newest) is written: the latest
     p <= pos with p = slot (mod slots); negative where no such position exists yet."""
     slot_S = jnp.arange(slots)
@@ -204,7 +204,7 @@ def kv_fill(mixer: Any, cache: Cache, x_BxLxD: jax.Array, pos_B: jax.Array) -> C
     row b gets its latest prompt position p = s (mod slots), p < pos_b."""
     _, k_BxHxLxK, v_BxHxLxK = mixer.project_qkv(x_BxLxD)
     slots, length = cache["k"].shape[2], x_BxLxD.shape[1]
-    held_BxS = _slot_positions(pos_B - 1, slots)
+    held_BxS = slot_positions(pos_B - 1, slots)
     index_Bx1xSx1 = jnp.clip(held_BxS, 0, length - 1)[:, None, :, None]
     valid_Bx1xSx1 = (held_BxS >= 0)[:, None, :, None]
 
@@ -233,7 +233,7 @@ def kv_step(mixer: Any, cache: Cache, x_BxD: jax.Array) -> tuple[jax.Array, Cach
                           k_BxHx1xK[:, :, 0]).transpose(0, 2, 1, 3)
     v_BxHxSxK = write_row(cache["v"].transpose(0, 2, 1, 3), slot_B,
                           v_BxHx1xK[:, :, 0]).transpose(0, 2, 1, 3)
-    held_BxS = _slot_positions(pos_B, slots)
+    held_BxS = slot_positions(pos_B, slots)
     allowed = pattern_of(mixer).mask(pos_B[:, None], held_BxS, jnp)  # BxS or HxBxS
     allowed = allowed & (held_BxS >= 0)
     if allowed.ndim == 3:  # per-head pattern: HxBxS

@@ -308,42 +308,56 @@ class SegmentRecurrentStack(nnx.Module):
         return (jnp.concatenate(outputs, axis=1)[:, :length],
                 [jnp.concatenate(h, axis=1)[:, :length] for h in inputs])
 
-    # Decoding, the segment memory: each layer's inputs at every position so far. A token
-    # at position p, in the segment starting at s0 = p - p % segment_len, is the last row
-    # of that layer run on the segment's inputs up to p with, as memory, the inputs at the
-    # mem_len positions before s0 (masked where they do not exist): what the parallel
-    # form's memory holds there. Per token and layer: one segment_len x (segment_len +
-    # mem_len) attention; memory O(max_len) (the parallel form's own length).
+    # Decoding, the segment memory: each layer's inputs at the last segment_len + mem_len
+    # positions, in a ring (slot p % size). A token at position p, in the segment starting
+    # at s0 = p - p % segment_len, is the last row of that layer run on the segment's inputs
+    # up to p with, as memory, the inputs at the mem_len positions before s0 (masked where
+    # they do not exist): what the parallel form's memory holds there. Writing p overwrites
+    # position p - size < s0 - mem_len, which no later token of this segment reads. Per
+    # token and layer: one segment_len x (segment_len + mem_len) attention.
+    def _ring(self, max_len: int) -> int:
+        seg_len, mem_len = self._lengths(max_len)
+        return min(seg_len + mem_len, max_len)
+
     def init_cache(self, batch: int, max_len: int) -> list[decoding.Cache]:
+        size = self._ring(max_len)
         return [{"pos": jnp.zeros((batch,), jnp.int32),
-                 "h": jnp.zeros((batch, max_len, layer.dim), jnp.float32)}
+                 "h": jnp.zeros((batch, size, layer.dim), jnp.float32)}
                 for layer in self.blocks]
 
     def prefill(self, cache, x_BxLxD, padding_mask):
         y_BxLxD, inputs = self._run(x_BxLxD, padding_mask, deterministic=True)
-        pos_B = decoding.lengths_of(padding_mask, *x_BxLxD.shape[:2])
+        batch, length, _ = x_BxLxD.shape
+        pos_B = decoding.lengths_of(padding_mask, batch, length)
+        size = cache[0]["h"].shape[1]
+        held_BxS = decoding.slot_positions(pos_B - 1, size)
+        index_BxSx1 = jnp.clip(held_BxS, 0, length - 1)[..., None]
         return y_BxLxD, [
-            {"pos": pos_B, "h": jax.lax.dynamic_update_slice(
-                c["h"], h_BxLxD.astype(c["h"].dtype), (0, 0, 0))}
+            {**c, "pos": pos_B,
+             "h": jnp.where((held_BxS >= 0)[..., None], jnp.take_along_axis(
+                 h_BxLxD.astype(jnp.float32), index_BxSx1, axis=1), 0.0)}
             for c, h_BxLxD in zip(cache, inputs)]
 
     def step(self, cache, x_BxD):
-        max_len = cache[0]["h"].shape[1]
-        seg_len, mem_len = self._lengths(max_len)
+        # The ring holds a whole segment (size >= segment length; = max_len when the
+        # segment is the whole input or longer), so the lengths follow from its size.
+        size = cache[0]["h"].shape[1]
+        seg_len = min(self.segment_len or size, size)
+        mem_len = self.mem_len or seg_len
         pos_B = cache[0]["pos"]
         start_B = pos_B - pos_B % seg_len
         seg_idx_BxS = start_B[:, None] + jnp.arange(seg_len)[None]
         seg_mask_BxS = seg_idx_BxS <= pos_B[:, None]
         mem_idx_BxM = start_B[:, None] - mem_len + jnp.arange(mem_len)[None]
         mem_mask_BxM = mem_idx_BxM >= 0
-        gather = lambda h_BxMxD, idx: jnp.take_along_axis(  # noqa: E731
-            h_BxMxD, jnp.clip(idx, 0, max_len - 1)[..., None], axis=1).astype(x_BxD.dtype)
+        gather = lambda h_BxRxD, idx: jnp.take_along_axis(  # noqa: E731
+            h_BxRxD, jnp.mod(idx, size)[..., None], axis=1).astype(x_BxD.dtype)
         new = []
         for layer, c in zip(self.blocks, cache):
-            h_BxMxD = decoding.write_row(c["h"], pos_B, x_BxD)
-            new.append({"pos": pos_B + 1, "h": h_BxMxD})
-            y_BxSxD = layer(gather(h_BxMxD, seg_idx_BxS), seg_mask_BxS, deterministic=True,
-                            memory=gather(h_BxMxD, mem_idx_BxM), memory_mask=mem_mask_BxM)
+            h_BxRxD = decoding.write_row(c["h"], pos_B % size, x_BxD)
+            new.append({**c, "pos": pos_B + 1, "h": h_BxRxD})
+            y_BxSxD = layer(gather(h_BxRxD, seg_idx_BxS), seg_mask_BxS, deterministic=True,
+                            memory=gather(h_BxRxD, mem_idx_BxM), memory_mask=mem_mask_BxM)
             x_BxD = decoding.row_at(y_BxSxD, pos_B - start_B)
         return x_BxD, new
 

@@ -119,6 +119,18 @@ def test_decoding_with_other_positions(name, pos_emb):
     check_equal(model_for(name, pos_emb), lra.tasks.get("listops").vocab_size)
 
 
+@pytest.mark.parametrize("name", ["transformer_xl", "gtrxl"])
+def test_segment_memory_is_a_ring_of_segment_and_memory(name):
+    """Segments of 8, memory of 4 (four segments in 32 positions): each layer keeps 12
+    inputs, not max_len, and decoding still equals the parallel segment recurrence."""
+    config = config_for(name)
+    config.block.segment_len, config.block.mem_len = 8, 4
+    model = randomize_params(train.build_model(config, lra.tasks.get("listops")), seed=5,
+                             scale=0.3)
+    assert all(c["h"].shape[1] == 12 for c in model.init_cache(1)["stack"])
+    check_equal(model, lra.tasks.get("listops").vocab_size)
+
+
 def test_decoding_through_the_reversible_stack():
     check_equal(model_for("local", stack="reversible"), lra.tasks.get("listops").vocab_size)
 
