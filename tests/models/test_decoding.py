@@ -28,7 +28,7 @@ CAUSAL = [n for n in registry.available() if registry.capabilities(n).causal]
 MAX_LEN = 32
 PROMPT_LENS = (1, 7, 12)  # one row per prompt length; right-padded to 12
 # float32; the recurrent and chunked forms sum in different orders.
-RTOL, ATOL = 1e-4, 2e-5
+RTOL, ATOL = 1e-5, 1e-5
 
 
 def config_for(name: str, **overrides):
