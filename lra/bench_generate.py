@@ -85,7 +85,6 @@ def time_decoding(name: str, length: int, steps: int, batch: int, repeats: int,
                   sizes: dict) -> tuple[float, int]:
     """(seconds per token at position ~length, cache bytes) for `name`'s decoding form."""
     import jax
-    import jax.numpy as jnp
 
     from lra.cache_memory import cache_bytes
     from models import decoding
