@@ -85,6 +85,9 @@ def base_config(*, task: str, model: str) -> ml_collections.ConfigDict:
     c.checkpoint_freq = 500
     c.log_every_steps = 50
     c.random_seed = 0
+    # "N1,N2": a jax.profiler trace of training steps N1..N2 (process 0) written into
+    # <workdir>/profile (TensorBoard's profile plugin; trace.json.gz opens in Perfetto).
+    c.profile_steps = ""
 
     # Model (LRA's field names).
     c.max_length = 2000
@@ -264,11 +267,28 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"config.mesh_shape={shape!r} must be a tuple of integers, e.g. "
                           "'(-1,1)' or '(2,4)'")
     _validate_objective(config)
+    parse_profile_steps(config.get("profile_steps", ""))
     if config.emb_dim % config.num_heads or config.qkv_dim % config.num_heads:
         raise ConfigError(
             f"config.emb_dim ({config.emb_dim}) and config.qkv_dim ({config.qkv_dim}) must be "
             f"divisible by config.num_heads ({config.num_heads})"
         )
+
+
+def parse_profile_steps(value: str) -> tuple[int, int] | None:
+    """config.profile_steps "N1,N2" (or "N": one step) as (N1, N2); None when empty."""
+    if not str(value).strip():
+        return None
+    try:
+        steps = [int(v) for v in str(value).split(",")]
+    except ValueError:
+        steps = []
+    if len(steps) == 1:
+        steps *= 2
+    if len(steps) != 2 or not 1 <= steps[0] <= steps[1]:
+        raise ConfigError(f"config.profile_steps={value!r}: give 'N1,N2' with 1 <= N1 <= N2 "
+                          "(the training steps to trace), e.g. '10,20'")
+    return steps[0], steps[1]
 
 
 OBJECTIVES = ("classify", "mlm", "causal_lm")

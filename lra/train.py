@@ -151,6 +151,12 @@ def _format_duration(seconds: float) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
+def _input_fraction(loop: dict) -> float:
+    """Share of the timed training time spent waiting for input batches."""
+    seconds = loop["train_seconds"]
+    return min(loop.get("input_seconds", 0.0) / seconds, 1.0) if seconds else 0.0
+
+
 def _write_json(path: str, obj: Any) -> None:
     tmp = path + ".tmp"
     try:
@@ -295,6 +301,7 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
     loop = {"best_eval_accuracy": -1.0, "best_eval_loss": None, "best_step": -1,
             "eval_history": [],
             "train_history": [], "train_seconds": 0.0, "timed_steps": 0,
+            "input_seconds": 0.0,
             "config": config.to_dict(), "data_fingerprint": fingerprint}
     restored_step = None
     for step in [s for s in ckpts.last_steps() if resume_step is not None and s <= resume_step]:
@@ -473,17 +480,32 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         eta = (config.num_train_steps - step) / rate if rate else float("nan")
         _log(f"step {step:>6}/{config.num_train_steps} | loss {mean['loss']:.4f} "
              f"| acc {mean['accuracy']:.3f} | lr {mean['learning_rate']:.2e} "
-             f"| {rate:6.2f} steps/s "
+             f"| {rate:6.2f} steps/s | input {100 * _input_fraction(loop):.0f}% "
              f"| ETA {_format_duration(eta) if math.isfinite(eta) else '?'}")
         if writer:
             for k, v in mean.items():
                 writer.add_scalar(f"train/{k}", v, step)
             writer.add_scalar("train/steps_per_sec", rate, step)
 
+    profile = common.parse_profile_steps(config.get("profile_steps", ""))
+    profile_dir = os.path.join(workdir, "profile")
+    tracing = False
+    input_since_clock = 0.0  # host time spent waiting for batches in the timed window
     try:
         for step in range(start_step + 1, config.num_train_steps + 1):
+            if profile and step == profile[0] and jax.process_index() == 0:
+                jax.profiler.start_trace(profile_dir)
+                tracing = True
+            waited = time.perf_counter()
             batch = _to_global(next(train_iter), batch_sharding)
+            input_since_clock += time.perf_counter() - waited
             state, metrics = train_step(state, batch)
+            if tracing and step == profile[1]:
+                jax.block_until_ready(metrics)
+                jax.profiler.stop_trace()
+                tracing = False
+                _log(f"profile of steps {profile[0]}..{profile[1]} written to {profile_dir} "
+                     f"(tensorboard --logdir={profile_dir}; or trace.json.gz in Perfetto)")
             pending.append((step, metrics))
             _bound_steps_in_flight(pending)
             is_last = step == config.num_train_steps
@@ -491,6 +513,7 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
                 # The first step of a process compiles: keep it out of steps/s.
                 jax.block_until_ready(metrics)
                 clock, first_step_of_segment = time.perf_counter(), False
+                input_since_clock = 0.0
             else:
                 steps_since_clock += 1
             notice = preemption_notice(step)
@@ -500,8 +523,9 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
                 jax.block_until_ready(metrics)
                 loop["train_seconds"] += time.perf_counter() - clock
                 loop["timed_steps"] += steps_since_clock
+                loop["input_seconds"] = loop.get("input_seconds", 0.0) + input_since_clock
                 flush()
-                steps_since_clock, clock = 0, time.perf_counter()
+                steps_since_clock, clock, input_since_clock = 0, time.perf_counter(), 0.0
             if do_eval:
                 result = evaluate(weights_of(state), "val", config.num_eval_steps)
                 loop["eval_history"].append({"step": step, **result})
@@ -526,12 +550,15 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
             if do_save:
                 save_last(state, step)
                 clock = time.perf_counter()  # evaluation and saving are not training time
+                input_since_clock = 0.0
             if notice:
                 _log(f"SIGTERM: saved step {step} to {ckpts.directory}/last; "
                      f"re-run the same command to resume.")
                 raise Preempted(step)
         flush()
     finally:
+        if tracing:  # a run stopped inside the traced steps still writes its trace
+            jax.profiler.stop_trace()
         if previous_handler is not None:
             signal.signal(signal.SIGTERM, previous_handler)
         if writer:
@@ -584,6 +611,9 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         "majority_baseline_accuracy": float(np.mean(test_tokens == majority)),
         "train_steps_per_sec": (loop["timed_steps"] / loop["train_seconds"]
                                 if loop["train_seconds"] else 0.0),
+        # Share of the timed training wall time the host spent getting batches (reading,
+        # batching, placing on devices): near 1, the run is input-bound.
+        "input_wait_fraction": _input_fraction(loop),
         "eval_history": loop["eval_history"],
         "train_history": loop["train_history"],
         "num_devices": jax.device_count(),

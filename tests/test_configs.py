@@ -65,6 +65,14 @@ def test_validate_rejects_bad_values():
     c.num_heads = 3
     with pytest.raises(ConfigError, match="divisible by config.num_heads"):
         common.validate(c)
+    for bad in ("10", "3,2", "0,4", "a,b", "1,2,3"):
+        c = listops.get_config("runlocal")
+        c.profile_steps = bad
+        if bad == "10":  # one step is allowed
+            common.validate(c)
+            continue
+        with pytest.raises(ConfigError, match="profile_steps"):
+            common.validate(c)
 
 
 def test_mesh_shape_resolves_and_rejects_impossible_shapes():

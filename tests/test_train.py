@@ -41,9 +41,14 @@ def _metrics(results):
 
 
 def test_train_and_evaluate_writes_results(tiny_listops_config, listops_dir, tmp_path):
-    config = tiny_listops_config(listops_dir, num_train_steps=12, eval_frequency=4)
+    config = tiny_listops_config(listops_dir, num_train_steps=12, eval_frequency=4,
+                                 profile_steps="5,6")
     results = train.train_and_evaluate(config, str(tmp_path))
     on_disk = json.load(open(tmp_path / "results.json"))
+    # The profiler switch: a trace of steps 5..6 (TensorBoard's xplane and Perfetto's json).
+    traces = [f for _, _, files in os.walk(tmp_path / "profile") for f in files]
+    assert any(f.endswith(".xplane.pb") for f in traces), traces
+    assert 0.0 <= on_disk["input_wait_fraction"] <= 1.0
     for key in REQUIRED_RESULT_KEYS:
         assert key in on_disk, key
     assert on_disk["test_accuracy"] == results["test_accuracy"]
