@@ -63,6 +63,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     "performer": {"num_features": 256, "kernel": "softmax", "redraw_interval": 1000},
     "rfa": {"num_features": 128, "gate": False, "redraw_interval": 1000},
     "fast_weight": {"feature_map": "dpfp", "dpfp_nu": 1},
+    # Decayed linear attention (models/attention/retention.py), fla's layer defaults:
+    # widths over qkv_dim (retnet's value heads twice its key heads, as the paper), gla's
+    # low-rank gate and its logit normaliser. chunk_size changes the speed, not the result.
+    "retnet": {"expand_k": 1.0, "expand_v": 2.0},
+    "gla": {"expand_k": 0.5, "expand_v": 1.0, "gate_low_rank_dim": 16,
+            "gate_logit_normalizer": 16.0},
     # Low-rank / memory variants (models/attention/lowrank.py, memory.py).
     "linformer": {"k": 32, "share_kv": False},  # VARIANTS.md: LRA k 16-32
     "compressed": {"compression": 3},
