@@ -246,6 +246,11 @@ def _degenerate(model: str, hparams_json: str, length: int, causal: bool,
 
     from models import registry
 
+    if length > MAX_LENGTH:
+        # A full-size Path-X run (16385 positions) took more than 12 GB for the gradient
+        # of a quadratic mixer: the report says "could not check" instead.
+        raise ValueError(f"degeneracy check: length {length} > {MAX_LENGTH} (L x L logits "
+                         "in the gradient)")
     variant = _build(model, json.loads(hparams_json), length, causal, prefix_len)
     carries = registry.capabilities(model).carries_state
     graphdef, params, rest = nnx.split(variant, nnx.Param, ...)
@@ -312,6 +317,11 @@ def _key_fraction(model: str, hparams_json: str, length: int, causal: bool,
 
     if length > MAX_LENGTH:
         raise ValueError(f"key fraction: length {length} > {MAX_LENGTH}")
+    if length > MAX_LENGTH:
+        # A full-size Path-X run (16385 positions) took more than 12 GB for the gradient
+        # of a quadratic mixer: the report says "could not check" instead.
+        raise ValueError(f"degeneracy check: length {length} > {MAX_LENGTH} (L x L logits "
+                         "in the gradient)")
     variant = _build(model, json.loads(hparams_json), length, causal, prefix_len)
     carries = registry.capabilities(model).carries_state
     graphdef, state = nnx.split(variant)

@@ -22,7 +22,22 @@ and writes, into `--out` (default: the directory itself):
                             footnote; a run the check cannot build gets no mark and a
                             warning line. Classifiers
                             only: a run fine-tuned from a self-pretraining
-                            run (config.init_from) is the row `<model> (self-pretrained)`;
+                            run (config.init_from) is the row `<model> (self-pretrained)`.
+                            `avg` is LRA's: the mean over the tasks but Path-X (every
+                            model failed Path-X in LRA's Table 1); with a Path-X column
+                            `avg incl. Path-X` follows (later papers average all six).
+                            Not converged: a run whose test accuracy is below its
+                            majority baseline plus CONVERGENCE_MARGIN, or whose
+                            logged training loss never went below
+                            CHANCE_LOSS_FRACTION of ln(classes); a cell of several
+                            seeds with such runs shows `(k/n converged: <mean of the
+                            converged>)`, and a table lists every cell with one.
+                            Published: a cell whose every run is of the task's
+                            full-size config (SIZE_FIELDS and task_options as
+                            configs/<task>.py:model=<m> builds them: never mini or
+                            runlocal) and whose model has a number in
+                            lra/published_results.json shows `[published P, ours
+                            ±d]` (d: our mean minus P);
   results.md (per task) /   per model: from-scratch and self-pretrained test accuracy, their
   comparison.csv            difference, the pretraining run (objective, steps of the total),
                             the classifier's parameter count and its ratio to
@@ -35,6 +50,9 @@ and writes, into `--out` (default: the directory itself):
                             relative to `transformer` on the same task), marker area from
                             compiled training-step memory relative to `transformer`.
 
+`python -m lra.report --published` prints the published numbers with their sources
+(lra/published_results.json; no directory needed).
+
 The runs' own steps/s are only comparable when the runs had the machine to themselves.
 `--efficiency=bench.csv` takes speed and memory from an `lra.benchmark --csv` file instead
 (as LRA's Figure 3 does, at one length: `--efficiency_length`, default the longest at which
@@ -46,7 +64,10 @@ The runs' own steps/s are only comparable when the runs had the machine to thems
 from __future__ import annotations
 
 import csv
+import functools
+import importlib
 import json
+import math
 import os
 import statistics
 import sys
@@ -86,6 +107,9 @@ def _define_flags() -> None:
                         "speed and memory from it instead of from the runs.")
     flags.DEFINE_integer("efficiency_length", 0, "Length of the --efficiency cells to use "
                          "(0: the longest at which transformer was measured).")
+    flags.DEFINE_bool("published", False, "Print the published LRA results with their "
+                      "sources (lra/published_results.json); then the report of the "
+                      "directory, if one is given.")
 
 
 PARAMS_MARK = "!"
@@ -94,12 +118,206 @@ PARAMS_NOTE = (f"{PARAMS_MARK}: the variant's parameter count is outside "
                f"±{PARAMS_TOLERANCE_PERCENT}% of `transformer`'s on the same task and config (LRA "
                "kept its variants within 10% of the baseline's parameters, without "
                "publishing the counts); its accuracy is not a like-for-like comparison.")
+# The fields that make a run the task's full-size one (with task_options.*): a run is
+# compared with a published number only when they equal what `configs/<task>.py:model=<m>`
+# (no other argument: LRA's setting) builds.
+SIZE_FIELDS = ("max_length", "batch_size", "num_train_steps", "emb_dim", "num_heads",
+               "num_layers", "qkv_dim", "mlp_dim")
+AVG_NOTE = ("avg: the mean over the row's tasks but Path-X, as LRA's Table 1 (Tay et al. "
+            "2021) averages (every model there failed Path-X); `*`: the row lacks some of "
+            "the averaged tasks. Later papers (S4 and after) average all six tasks.")
+PUBLISHED_NOTE = (
+    "[published P, ours d]: P is the published test accuracy of the same model "
+    "(lra/published_results.json; `python -m lra.report --published` lists them with their "
+    "sources), d our mean over all seeds minus P, in points; [published FAIL]: the source "
+    "reports a failure (chance accuracy). Shown only for a cell whose every run is of the "
+    "task's full-size config: its " + ", ".join(SIZE_FIELDS) + " and task_options equal "
+    "what configs/<task>.py:model=<model> (LRA's setting, no other argument) builds; never "
+    "for `mini` or `runlocal` runs, nor for self-pretrained rows against from-scratch "
+    "numbers.")
 PRETRAINED_NOTE = ("self-pretrained: a classifier fine-tuned (config.init_from) from a "
                    "self-pretraining run on the task's own training inputs (lra.sweep "
                    "--pretrain). Its runs are grouped by being self-pretrained, not by the "
                    "path of init_from, and their num_train_steps counts the pretraining and "
                    "the fine-tuning steps, so that a row compares with the from-scratch run "
                    "of as many steps. Δ: self-pretrained minus from scratch, in points.")
+
+
+# --- Non-convergence ---------------------------------------------------------------------
+CONVERGENCE_MARGIN = 0.01  # test accuracy within 1 point of the majority baseline
+CHANCE_LOSS_FRACTION = 0.98  # every logged training loss >= 98% of ln(number of classes)
+CONVERGENCE_NOTE = (
+    f"(k/n converged: m): k of the cell's n seeds converged; m is the mean over those k "
+    f"(the cell's first number is the mean over all n). A run has not converged when its "
+    f"test accuracy is below its majority-class baseline plus {100 * CONVERGENCE_MARGIN:g} "
+    f"point (results.json majority_baseline_accuracy: the most frequent training label's "
+    f"share of the test set), or when every training loss it logged (train_history, the "
+    f"mean over each log_every_steps window) is at least {100 * CHANCE_LOSS_FRACTION:g}% of "
+    f"ln(number of classes), the loss of a uniform guess: it never left chance. Cells of "
+    f"one seed carry no count; every cell with a run that did not converge is in the "
+    f"convergence table.")
+
+
+@functools.lru_cache(maxsize=None)
+def _chance_loss(task: str) -> float | None:
+    """ln(number of classes) of `task` (the cross-entropy of a uniform guess), or None."""
+    try:
+        from lra.tasks import registry as task_registry
+
+        classes = task_registry.get(task).num_classes
+    except Exception:  # noqa: BLE001  (a task this checkout does not have)
+        return None
+    return math.log(classes) if classes > 1 else None
+
+
+def not_converged_reason(r: dict) -> str | None:
+    """Why the classification run `r` has not converged (see CONVERGENCE_NOTE), or None
+    (converged, or nothing recorded that says otherwise)."""
+    acc, base = r.get("test_accuracy"), r.get("majority_baseline_accuracy")
+    if is_number(acc) and is_number(base) and acc < base + CONVERGENCE_MARGIN:
+        return (f"test {100 * acc:.2f} < majority {100 * base:.2f} + "
+                f"{100 * CONVERGENCE_MARGIN:g} point")
+    history = r.get("train_history")
+    losses = [h["loss"] for h in history if isinstance(h, dict) and is_number(h.get("loss"))
+              ] if isinstance(history, list) else []
+    chance = _chance_loss(r["task"]) if losses else None
+    if chance and min(losses) >= CHANCE_LOSS_FRACTION * chance:
+        return f"training loss never below {min(losses):.3f} (chance: ln C = {chance:.3f})"
+    return None
+
+
+def _run_name(r: dict) -> str:
+    seed = _seed_of(r)
+    return f"seed {seed}" if seed is not None else r.get("_path", "?")
+
+
+# --- Published results ---------------------------------------------------------------------
+PUBLISHED_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                              "published_results.json")
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@functools.lru_cache(maxsize=None)
+def published(path: str = PUBLISHED_PATH) -> dict:
+    """The published results file (see lra/published_results.json `about`)."""
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def published_entries(task: str, model: str, training: str = SCRATCH,
+                      path: str = PUBLISHED_PATH) -> list[tuple[dict, dict]]:
+    """(result, source) for each published number (or FAIL) of `model` on `task` with
+    `training` (SCRATCH or SELF_PRETRAINED), in the file's order."""
+    data = published(path)
+    return [(e, data["sources"][e["source"]]) for e in data["results"]
+            if e.get("model") == model and e.get("training", SCRATCH) == training
+            and (e["accuracy"].get(task) is not None or task in e.get("failed", ()))]
+
+
+@functools.lru_cache(maxsize=None)
+def _full_size_config(task: str, model: str) -> str | None:
+    """configs/<task>.py:model=<model> (LRA's setting), flattened, as JSON; None if it
+    cannot be built (a task or model this checkout does not have)."""
+    if _REPO not in sys.path:  # task configs import `configs.common`
+        sys.path.insert(0, _REPO)
+    try:
+        config = importlib.import_module(f"configs.{task}").get_config(f"model={model}")
+        return json.dumps(flatten(json.loads(json.dumps(config.to_dict(), default=str))))
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def size_differences(r: dict) -> list[str]:
+    """How the run's recorded config differs from its task's full-size config in
+    SIZE_FIELDS and task_options ([] for a full-size run), e.g. 'max_length 64 (full
+    size: 2000)'."""
+    config = r.get("config")
+    if not isinstance(config, dict):
+        return ["no config recorded"]
+    model = config.get("model") or r["model"]
+    reference = _full_size_config(r["task"], model)
+    if reference is None:
+        return [f"configs/{r['task']}.py cannot be built for {model}"]
+    full, flat = json.loads(reference), flatten(config)
+    fields = [*SIZE_FIELDS, *sorted(k for k in full if k.startswith("task_options."))]
+    return [f"{k} {_show(flat.get(k, _ABSENT))} (full size: {_show(full.get(k, _ABSENT))})"
+            for k in fields if flat.get(k, _ABSENT) != full.get(k, _ABSENT)]
+
+
+def published_cells(summary, path: str = PUBLISHED_PATH
+                    ) -> tuple[dict[tuple[str, str], tuple[dict, dict]], list[str]]:
+    """((task, row label) -> (result, source) shown beside the cell), and the cells that
+    have a published number but are not shown with it (runs not of the full-size config:
+    see size_differences), one line per set of differences (the first three):
+    'listops linear, listops transformer: max_length 64 (full size: 2000); ...'."""
+    shown, withheld = {}, defaultdict(list)
+    for (task, label), s in summary.items():
+        entries = published_entries(task, s.get("model", label), s.get("kind", SCRATCH),
+                                    path)
+        if not entries:
+            continue
+        differences = list(dict.fromkeys(d for r in s.get("runs", [])
+                                         for d in size_differences(r)))
+        if differences or not s.get("runs"):
+            withheld["; ".join(differences[:3]) or "no runs"].append(f"{task} {label}")
+        else:
+            shown[(task, label)] = entries[0]
+    return shown, [f"{', '.join(cells)}: {why}" for why, cells in withheld.items()]
+
+
+def _published_text(task: str, s: dict, entry: tuple[dict, dict]) -> str:
+    result, _ = entry
+    value = result["accuracy"].get(task)
+    if value is None:
+        return "[published FAIL]"
+    return f"[published {value:.2f}, ours {100 * s['accuracy'] - value:+.2f}]"
+
+
+def published_rows(path: str = PUBLISHED_PATH) -> tuple[list[str], list[list[str]]]:
+    """The published results as a table: one row per result, its source, its average
+    without Path-X (the source's own where it gives one, marked † where that is not the
+    mean of the five columns) and the average of all six where the source has all six."""
+    data = published(path)
+    header = ["model (ours)", "in the source", "source", *TASK_ORDER, "avg (no Path-X)",
+              "avg (all 6)"]
+    rows = []
+    for e in data["results"]:
+        source = data["sources"][e["source"]]
+        accs = e["accuracy"]
+        cells = ["FAIL" if t in e.get("failed", ()) else
+                 "-" if accs.get(t) is None else f"{accs[t]:.2f}" for t in TASK_ORDER]
+        five = [accs.get(t) for t in TASK_ORDER if t != "pathx"]
+        six = five + [accs.get("pathx")]
+        mean = statistics.fmean(five) if None not in five else None
+        stated = e.get("average_in_source")
+        average = "-" if stated is None and mean is None else (
+            f"{mean:.2f}" if stated is None else
+            f"{stated:.2f}" + (" †" if mean is not None and abs(stated - mean) > 0.006
+                               else ""))
+        rows.append([e.get("model") or "-", e["name_in_source"],
+                     f"{source['short']}, {source['table']}, arXiv {source['arxiv']}", *cells,
+                     average,
+                     f"{statistics.fmean(six):.2f}" if None not in six else "-"])
+    return header, rows
+
+
+def published_markdown(path: str = PUBLISHED_PATH) -> str:
+    data = published(path)
+    lines = ["Published LRA test accuracy (%) (" + os.path.relpath(path, _REPO) + ")", "",
+             markdown(*published_rows(path)), ""]
+    for key, source in data["sources"].items():
+        lines.append(f"- {source['short']}: {source['citation']} arXiv {source['arxiv']}, "
+                     f"{source['table']}. {source['setting']}. Average: {source['average']}."
+                     + (f" Checked against {source['checked_against']}."
+                        if source.get("checked_against") else ""))
+    if any(row[-2].endswith("†") for row in published_rows(path)[1]):
+        lines.append("- †: the source's average is not the mean of its five columns.")
+    lines += [f"- {e['name_in_source']} -> `{e['model']}`: {e['note']}"
+              for e in data["results"] if e.get("note")]
+    if data.get("left_out"):
+        lines += ["", "Not entered:"]
+        lines += [f"- {e['paper']} (arXiv {e['arxiv']}): {e['why']}" for e in data["left_out"]]
+    return "\n".join(lines)
 
 
 def _grouping_config(r: dict) -> dict | None:
@@ -231,7 +449,9 @@ def classifiers(results: list[dict]) -> list[dict]:
 def summarize(results: list[dict]) -> dict[tuple[str, str], dict]:
     """(task, row label) -> mean/std test accuracy, seeds, speed, memory, baseline, the
     model, its kind (SCRATCH or SELF_PRETRAINED), the base label it shares with the other
-    kind, and its distinct parameter counts. Classification runs only (pretraining runs:
+    kind, its distinct parameter counts, the seeds that converged (`converged`, their mean
+    `accuracy_converged`, and (run, why) for the others: not_converged_reason), and the
+    runs themselves (`runs`). Classification runs only (pretraining runs:
     summarize_pretraining). Runs are averaged only when their configs agree but for the
     seed and NON_RESULT_FIELDS (see labels); the label is then the model name (followed by
     ` (self-pretrained)` for fine-tuned runs)."""
@@ -244,6 +464,8 @@ def summarize(results: list[dict]) -> dict[tuple[str, str], dict]:
     def entry(pairs):
         pairs = _one_run_per_seed(pairs, run_of=lambda pair: pair[0])
         rs = [r for r, _ in pairs]
+        reasons = [not_converged_reason(r) for r in rs]
+        converged = [r for r, why in zip(rs, reasons) if why is None]
         return {
             "model": rs[0]["model"],
             "kind": kind(rs[0]),
@@ -258,6 +480,10 @@ def summarize(results: list[dict]) -> dict[tuple[str, str], dict]:
                                   if r.get("num_params") is not None}),
             "param_key": _param_key(rs[0]),
             "pretraining": _pretraining_text(rs[0]) if kind(rs[0]) == SELF_PRETRAINED else "",
+            "converged": len(converged),
+            "accuracy_converged": _mean(converged, "test_accuracy"),
+            "not_converged": [(_run_name(r), why) for r, why in zip(rs, reasons) if why],
+            "runs": rs,
         }
 
     return {key: entry(pairs) for key, pairs in groups.items()}
@@ -499,35 +725,82 @@ def pretraining_rows(pretraining: dict) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def table_rows(summary, marks: dict[tuple[str, str], list[str]] | None = None
+def table_rows(summary, marks: dict[tuple[str, str], list[str]] | None = None,
+               published: dict[tuple[str, str], tuple[dict, dict]] | None = None
                ) -> tuple[list[str], list[list[str]]]:
-    """Header and rows; a cell carries its marks (see run_marks)."""
-    marks = marks or {}
+    """Header and rows; a cell carries its marks (see run_marks), its count of converged
+    seeds when some of several did not converge (see not_converged_reason), and its
+    published number (`published`: see published_cells). `avg` leaves Path-X out (LRA's
+    Table 1 average); with a pathx column, `avg incl. Path-X` follows."""
+    marks, published = marks or {}, published or {}
     tasks, models = tasks_and_models(summary)
-    header = ["model", *tasks, "avg"]
+    averaged = [t for t in tasks if t != "pathx"]
+    header = ["model", *tasks, "avg", *(["avg incl. Path-X"] if "pathx" in tasks else [])]
     rows = []
     for m in models:
-        cells, accs = [], []
+        cells, accs = [], {}
         for t in tasks:
             s = summary.get((t, m))
             if s is None or s["accuracy"] is None:
                 cells.append("-")
                 continue
-            accs.append(s["accuracy"])
+            accs[t] = s["accuracy"]
             cell = f"{100 * s['accuracy']:.2f}"
             if s["std"] is not None:
                 cell += f" ± {100 * s['std']:.2f}"
             for mark in marks.get((t, m), ()):
                 cell += f" {mark}"
+            cell += _convergence_text(s)
+            if (t, m) in published:
+                cell += " " + _published_text(t, s, published[(t, m)])
             cells.append(cell)
         # The average covers the tasks this model has; '*' marks a partial row.
-        avg = f"{100 * statistics.fmean(accs):.2f}" if accs else "-"
-        rows.append([m, *cells, avg + ("*" if 0 < len(accs) < len(tasks) else "")])
+        avg = [_average([accs[t] for t in averaged if t in accs], len(averaged))]
+        if "pathx" in tasks:
+            avg.append(_average(list(accs.values()), len(tasks)))
+        rows.append([m, *cells, *avg])
     baselines = []
     for t in tasks:
         values = [s["baseline"] for (tt, _), s in summary.items() if tt == t and s["baseline"]]
         baselines.append(f"{100 * statistics.fmean(values):.2f}" if values else "-")
-    rows.append(["(majority class)", *baselines, ""])
+    rows.append(["(majority class)", *baselines, *[""] * (len(header) - 1 - len(tasks))])
+    return header, rows
+
+
+def _average(accs: list[float], of: int) -> str:
+    """The mean of `accs` in %, with '*' when the row has fewer than `of` tasks."""
+    if not accs:
+        return "-"
+    return f"{100 * statistics.fmean(accs):.2f}" + ("*" if len(accs) < of else "")
+
+
+def _convergence_text(s: dict) -> str:
+    """' (k/n converged: m)' for a cell of several seeds where some did not converge."""
+    n, k = s["seeds"], s.get("converged", s["seeds"])
+    if n < 2 or k == n:
+        return ""
+    if k == 0:
+        return f" (0/{n} converged)"
+    return f" ({k}/{n} converged: {100 * s['accuracy_converged']:.2f})"
+
+
+def convergence_rows(summary) -> tuple[list[str], list[list[str]]]:
+    """Every cell with a run that did not converge: seeds converged of all, the mean over
+    all seeds and over the converged ones, and why each other run did not converge."""
+    header = ["task", "model", "converged / seeds", "mean, all seeds", "mean, converged",
+              "not converged"]
+    tasks, models = tasks_and_models(summary)
+    rows = []
+    for t in tasks:
+        for m in models:
+            s = summary.get((t, m))
+            if s is None or not s.get("not_converged"):
+                continue
+            conv = s["accuracy_converged"]
+            rows.append([t, m, f"{s['converged']}/{s['seeds']}",
+                         f"{100 * s['accuracy']:.2f}", "-" if conv is None else
+                         f"{100 * conv:.2f}",
+                         "; ".join(f"{run}: {why}" for run, why in s["not_converged"])])
     return header, rows
 
 
@@ -611,9 +884,11 @@ def plot(summary, path: str, efficiency: tuple[int, dict] | None = None) -> None
 
 
 def report(root: str, out: str | None = None, efficiency_csv: str | None = None,
-           efficiency_length: int = 0, skipped: list[str] | None = None) -> dict[str, str]:
+           efficiency_length: int = 0, skipped: list[str] | None = None,
+           published_path: str = PUBLISHED_PATH) -> dict[str, str]:
     """Writes results.md, results.csv, comparison.csv and efficiency_accuracy.png;
-    returns their paths.
+    returns their paths. `published_path`: the published results file (see
+    published_cells).
     The results.json files that were skipped (see load) are warning lines in results.md
     and, when `skipped` is a list, appended to it."""
     out = out or root
@@ -625,7 +900,9 @@ def report(root: str, out: str | None = None, efficiency_csv: str | None = None,
     os.makedirs(out, exist_ok=True)
     summary = summarize(results)
     marks, warnings = run_marks(results)
-    header, rows = table_rows(summary, marks)
+    shown, withheld = published_cells(summary, published_path)
+    header, rows = table_rows(summary, marks, shown)
+    convergence = convergence_rows(summary)
     tasks, _ = tasks_and_models(summary)
     comparisons = {t: comparison_rows(summary, t) for t in tasks}
     pretraining = summarize_pretraining(results)
@@ -633,6 +910,20 @@ def report(root: str, out: str | None = None, efficiency_csv: str | None = None,
     used = {mark for cell in marks.values() for mark in cell}
     notes = [note for mark, note in ((DENSE_MARK, DENSE_NOTE),
                                      (DEGENERATE_MARK, DEGENERATE_NOTE)) if mark in used]
+    if summary:
+        notes.append(AVG_NOTE + (" This table has a Path-X column: `avg incl. Path-X` "
+                                 "averages all its tasks." if "pathx" in tasks else ""))
+    if convergence[1]:
+        notes.append(CONVERGENCE_NOTE)
+    if shown:
+        used_sources = {source["short"]: source for _, source in shown.values()}
+        notes.append(PUBLISHED_NOTE + " Sources: " + "; ".join(
+            f"{short}: arXiv {src['arxiv']}, {src['table']}" for short, src in
+            used_sources.items()) + ".")
+    if withheld:
+        notes.append("Published numbers not shown (the runs are not of the task's full-size "
+                     "config; see the note on published numbers): " + "; ".join(withheld)
+                     + ".")
     if any(marked for _, _, marked in comparisons.values()):
         notes.append(PARAMS_NOTE)
     if any(s["kind"] == SELF_PRETRAINED for s in summary.values()):
@@ -657,6 +948,9 @@ def report(root: str, out: str | None = None, efficiency_csv: str | None = None,
             f.write(markdown(header, rows) + "\n")
         else:
             f.write("No classification runs (only pretraining runs, below).\n")
+        if convergence[1]:
+            f.write("\n### Convergence: cells with a run that did not converge\n\n"
+                    + markdown(*convergence) + "\n")
         for t, (c_header, c_rows, _) in comparisons.items():
             f.write(f"\n### {t}: test accuracy (%) and parameters\n\n"
                     + markdown(c_header, c_rows) + "\n")
@@ -682,6 +976,11 @@ def report(root: str, out: str | None = None, efficiency_csv: str | None = None,
 
 
 def main(argv):
+    if FLAGS.published:
+        print(published_markdown())
+        if len(argv) == 1:
+            return
+        print()
     if len(argv) != 2:
         print("error: give one directory of runs: python -m lra.report <directory> "
               "[--out=<dir>] [--efficiency=<bench.csv>]", file=sys.stderr)

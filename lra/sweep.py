@@ -1,7 +1,17 @@
-r"""Run many variants (and seeds) of one task into one directory.
+r"""Run many variants (and seeds) of one task, several tasks, or all of LRA into one directory.
 
   python -m lra.sweep --task=listops --models=all --config_arg=mini --seeds=0,1 \
       --sweep_dir=workdirs/sweep_listops_mini [--override=num_train_steps=500 ...]
+  python -m lra.sweep --task=all --models=transformer,linear --config_arg=mini \
+      --seeds=0,1,2 --sweep_dir=workdirs/sweep_all_mini      # or --task=listops,text
+
+`--task=all` is LRA's Table 1 (TASKS: listops, text, retrieval, image, pathfinder, pathx);
+a comma list names some of them. Before anything runs, each task's data folder (the
+config's data_dir after --config_arg and --override) is looked for; a task whose data is
+missing is skipped with one line naming the command that gets it (lra.download for text,
+retrieval and image; the generators lra.tasks.listops / lra.tasks.pathfinder for the
+others, with the mini's own generator arguments for a mini's folder), and the other tasks
+run. The sweep exits 1 when a run failed or was refused, or when no task had its data.
 
 Each run is `launch.py --workdir=<workdir> --config=configs/<task>.py:model=<m>,<config_arg>
 --config.random_seed=<s> [--config.<override> ...]` in its own process
@@ -59,7 +69,9 @@ FLAGS = flags.FLAGS
 def _define_flags() -> None:
     # Defined only when run as a program, so importing this module (tests, notebooks,
     # other tools) never claims global absl flag names.
-    flags.DEFINE_string("task", "listops", "Task config: configs/<task>.py.")
+    flags.DEFINE_string("task", "listops", "Task config(s): configs/<task>.py; a comma "
+                        "list, or 'all' (" + ",".join(TASKS) + "). A task whose data is "
+                        "missing is skipped, naming the command that gets it.")
     flags.DEFINE_list("models", ["all"], "Registry names, or 'all'.")
     flags.DEFINE_string("config_arg", "", "Extra config arguments, e.g. 'mini' or 'runlocal'.")
     flags.DEFINE_list("seeds", ["0"], "Random seeds (config.random_seed), integers.")
@@ -72,6 +84,125 @@ def _define_flags() -> None:
                       "together as many steps as a from-scratch run.")
     flags.DEFINE_integer("pretrain_steps", None, "Steps of the pretraining run, below the "
                          "config's num_train_steps (the total); default half of it.")
+
+
+# LRA's Table 1, in its order (lra.report.TASK_ORDER): what --task=all runs.
+TASKS = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
+
+
+def parse_tasks(value: str) -> list[str]:
+    """--task as a list of task names: 'all' is TASKS; a ValueError (one line) names an
+    entry that has no configs/<task>.py."""
+    names = [t.strip() for t in value.split(",") if t.strip()]
+    if names == ["all"]:
+        return list(TASKS)
+    known = sorted(f[:-3] for f in os.listdir(os.path.join(REPO, "configs"))
+                   if f.endswith(".py") and f not in ("__init__.py", "common.py", "presets.py"))
+    if not names:
+        raise ValueError(f"--task is empty; give one of {', '.join(known)}, a comma list, "
+                         "or all")
+    for name in names:
+        if name == "all":
+            raise ValueError(f"--task={value}: `all` is all the tasks, not one of a list")
+        if name not in known:
+            raise ValueError(f"no task config configs/{name}.py; --task is one of "
+                             f"{', '.join(known)}, a comma list of them, or all")
+    return list(dict.fromkeys(names))
+
+
+# What fills each task's data folder (README, "Data"): LRA's archives for the tasks that
+# have no generator, the generators for the others. A mini's folder gets the mini's own
+# generator arguments (configs/<task>.py docstrings).
+DOWNLOADED = ("text", "retrieval", "image")
+LISTOPS_MINI_ARGS = ("--num_train_samples=20000 --num_valid_samples=1000 "
+                     "--num_test_samples=1000 --min_length=10 --max_length=60 --max_depth=4")
+
+
+def data_command(task: str, data_dir: str, task_options: dict | None = None) -> str:
+    """The command that puts `task`'s data into `data_dir` (as the config names it)."""
+    options = task_options or {}
+    if task in DOWNLOADED:
+        parent, name = os.path.split(os.path.normpath(data_dir))
+        if name == task:
+            return f"python -m lra.download {task} --data_dir={parent or '.'}"
+        return (f"python -m lra.download {task} --data_dir=DIR, then "
+                f"--override=data_dir=DIR/{task}")
+    if task == "listops":
+        mini = os.path.basename(os.path.normpath(data_dir)) == "listops_mini"
+        return (f"python -m lra.tasks.listops --output_dir={data_dir}"
+                + (f" {LISTOPS_MINI_ARGS}" if mini else ""))
+    if task in ("pathfinder", "pathx"):
+        resolution = options.get("resolution", 32 if task == "pathfinder" else 128)
+        difficulty = options.get("difficulty", "hard")
+        size = ("--num_images=20000" if difficulty == "easy"
+                else "--num_images=200000 --seed=0 --workers=2")
+        return (f"python -m lra.tasks.pathfinder --output_dir={data_dir} "
+                f"--resolution={resolution} --difficulty={difficulty} {size}")
+    return f"put {task}'s data into {data_dir}"
+
+
+def missing_data(task: str, config: dict) -> str | None:
+    """None when `config`'s data folder holds `task`'s data (what the reader opens first:
+    ListOps' and Retrieval's training file, Pathfinder's difficulty folder at the
+    resolution, Text's and Image's unpacked archive or TFDS folder), else one line: the
+    task is skipped, what is missing, and the command that gets it (data_command).
+    Relative data_dirs are taken from the repository, where launch.py runs."""
+    data_dir = str(config.get("data_dir", f"data/{task}"))
+    options = config.get("task_options") or {}
+    path = data_dir if os.path.isabs(data_dir) else os.path.join(REPO, data_dir)
+    if task == "listops":
+        need = os.path.join(path, f"{options.get('task_prefix', 'basic')}_train.tsv")
+        present = os.path.isfile(need)
+    elif task == "retrieval":
+        need = os.path.join(path, "new_aan_pairs.train.tsv")
+        present = os.path.isfile(need)
+    elif task in ("pathfinder", "pathx"):
+        from lra.tasks.pathfinder_generator import DIFFICULTIES
+
+        folder = DIFFICULTIES.get(options.get("difficulty", "hard"), ("?",))[0]
+        need = os.path.join(path, f"pathfinder{options.get('resolution', '?')}", folder)
+        present = os.path.isdir(need)
+    elif task in ("text", "image"):
+        need = path
+        present = os.path.isdir(path) and _archive_or_tfds(task, path)
+    else:
+        need = path
+        present = os.path.isdir(path) and bool(os.listdir(path))
+    if present:
+        return None
+    what = "" if need == path else f": {os.path.relpath(need, path)} not found"
+    return (f"{task}: SKIPPED, no data in {data_dir}{what}; get it with: "
+            f"{data_command(task, data_dir, options)}")
+
+
+def _archive_or_tfds(task: str, path: str) -> bool:
+    """Whether `path` holds what the text / image reader looks for: the unpacked archive
+    (aclImdb/, cifar-10-batches-py/) or a TFDS folder of the dataset (one of another
+    version counts: the run then says what is wrong with it)."""
+    from lra.errors import DataError
+    from lra.tasks import image, text, tfds_folders
+
+    if (text.find_imdb_root(path) if task == "text" else image._find_root(path)):
+        return True
+    try:
+        return tfds_folders.find(path, (text if task == "text" else image).TFDS, "") is not None
+    except DataError:
+        return True
+
+
+def plan_tasks(tasks: list[str], model: str, seed: int, config_arg: str,
+               overrides: list[str]) -> tuple[list[str], list[str]]:
+    """(the tasks whose data is there, one skip line per task whose data is missing: see
+    missing_data), from each task's config for `model` after `config_arg` and
+    `overrides` (the data folder does not depend on the model or seed)."""
+    ready, skipped = [], []
+    for task in tasks:
+        line = missing_data(task, expected_config(task, model, seed, config_arg, overrides))
+        if line:
+            skipped.append(line)
+        else:
+            ready.append(task)
+    return ready, skipped
 
 
 def normalized_overrides(overrides: list[str]) -> list[str]:
@@ -383,48 +514,69 @@ def main(argv):
     bad = [o for o in FLAGS.override if not o.partition("=")[0].strip() or "=" not in o]
     if bad:
         _fail(f"--override={bad[0]!r} is not field=value (e.g. --override=num_train_steps=500)")
-    if not os.path.isfile(os.path.join(REPO, "configs", f"{FLAGS.task}.py")):
-        _fail(f"no task config configs/{FLAGS.task}.py; --task is one of "
-              + ", ".join(sorted(f[:-3] for f in os.listdir(os.path.join(REPO, "configs"))
-                                 if f.endswith(".py") and f not in
-                                 ("__init__.py", "common.py", "presets.py"))))
+    try:
+        tasks = parse_tasks(FLAGS.task)
+    except ValueError as e:
+        _fail(str(e))
     from models import registry
 
     models = registry.available() if FLAGS.models == ["all"] else FLAGS.models
     unknown = [m for m in models if m not in registry.available()]
     if unknown:
         _fail(f"unknown models {unknown}; available: {', '.join(registry.available())}")
-    try:  # a bad --override or --config_arg: once here, not once per run
-        expected_config(FLAGS.task, models[0], seeds[0], FLAGS.config_arg, FLAGS.override)
-    except (AttributeError, KeyError) as e:  # --config.<field> that the config lacks
-        _fail(f"--override: unknown config field {str(e).strip(chr(39) + chr(34))!r}; the "
-              "fields are those of configs/common.py:base_config and the task config")
-    except Exception as e:  # noqa: BLE001  (a bad value, a bad --config_arg)
-        _fail(f"the config for {models[0]} cannot be built: {e}")
+    for task in tasks:
+        on = f" of {task}" if len(tasks) > 1 else ""
+        try:  # a bad --override or --config_arg: once here, not once per run
+            expected_config(task, models[0], seeds[0], FLAGS.config_arg, FLAGS.override)
+        except (AttributeError, KeyError) as e:  # --config.<field> that the config lacks
+            _fail(f"--override: unknown config field{on} "
+                  f"{str(e).strip(chr(39) + chr(34))!r}; the fields are those of "
+                  "configs/common.py:base_config and the task config")
+        except Exception as e:  # noqa: BLE001  (a bad value, a bad --config_arg)
+            _fail(f"the config{on} for {models[0]} cannot be built: {e}")
     if FLAGS.pretrain_steps is not None and not FLAGS.pretrain:
         _fail(f"--pretrain_steps={FLAGS.pretrain_steps} is for --pretrain runs; add --pretrain "
               "or leave it out")
     if FLAGS.pretrain:
-        _check_pretrain_args(models, seeds[0])
-    try:
-        outcome = sweep(task=FLAGS.task, models=models, seeds=seeds,
-                        config_arg=FLAGS.config_arg, sweep_dir=FLAGS.sweep_dir,
-                        overrides=FLAGS.override, timeout=FLAGS.timeout,
-                        pretrain=FLAGS.pretrain, pretrain_steps=FLAGS.pretrain_steps)
-    except OSError as e:  # a read-only or full disk under --sweep_dir
+        for task in tasks:
+            _check_pretrain_args(task, models, seeds[0])
+    try:  # before the data check: an unwritable --sweep_dir is said even if data is missing
+        os.makedirs(FLAGS.sweep_dir, exist_ok=True)
+    except OSError as e:
         _fail(f"cannot write {e.filename or FLAGS.sweep_dir}: {e.strerror or e}; give a "
               "--sweep_dir you can write to")
+    ready, missing = plan_tasks(tasks, models[0], seeds[0], FLAGS.config_arg, FLAGS.override)
+    for line in missing:
+        print(line)
+    several = len(tasks) > 1
+    outcome = {"done": [], "skipped": [], "failed": [], "refused": [], "blocked": []}
+    for task in ready:
+        try:
+            done = sweep(task=task, models=models, seeds=seeds,
+                         config_arg=FLAGS.config_arg, sweep_dir=FLAGS.sweep_dir,
+                         overrides=FLAGS.override, timeout=FLAGS.timeout,
+                         pretrain=FLAGS.pretrain, pretrain_steps=FLAGS.pretrain_steps)
+        except OSError as e:  # a read-only or full disk under --sweep_dir
+            _fail(f"cannot write {e.filename or FLAGS.sweep_dir}: {e.strerror or e}; give a "
+                  "--sweep_dir you can write to")
+        for state, runs in done.items():  # with several tasks, each run names its task
+            outcome[state] += [(task, *run) for run in runs] if several else runs
     print(f"{len(outcome['done'])} run, {len(outcome['skipped'])} skipped, "
           f"{len(outcome['failed'])} failed: {outcome['failed'] or ''}"
           + (f", {len(outcome['refused'])} refused (another config finished there): "
              f"{outcome['refused']}" if outcome["refused"] else "")
           + (f", {len(outcome['blocked'])} not started (pretraining run failed or refused): "
-             f"{outcome['blocked']}" if outcome["blocked"] else ""))
-    print(f"Report: python -m lra.report {FLAGS.sweep_dir}")
-    sys.exit(1 if outcome["failed"] or outcome["refused"] or outcome["blocked"] else 0)
+             f"{outcome['blocked']}" if outcome["blocked"] else "")
+          + (f"; {len(missing)} task(s) skipped for missing data: "
+             f"{', '.join(line.split(':')[0] for line in missing)} (commands above)"
+             if missing else ""))
+    if ready:
+        print(f"Report: python -m lra.report {FLAGS.sweep_dir}")
+    sys.exit(1 if outcome["failed"] or outcome["refused"] or outcome["blocked"] or not ready
+             else 0)
 
 
-def _check_pretrain_args(models: list[str], seed: int) -> None:
+def _check_pretrain_args(task: str, models: list[str], seed: int) -> None:
     """--pretrain's one-line refusals, before anything runs: overrides that --pretrain
     sets itself, a pretraining config that cannot be built, a split of the steps that
     leaves a run without steps or a cosine schedule without decay (pretrain_plan)."""
@@ -437,8 +589,8 @@ def _check_pretrain_args(models: list[str], seed: int) -> None:
     pretrain_arg = ",".join(filter(None, [FLAGS.config_arg, "pretrain"]))
     for model in models:
         try:
-            config = expected_config(FLAGS.task, model, seed, FLAGS.config_arg, FLAGS.override)
-            expected_config(FLAGS.task, model, seed, pretrain_arg, FLAGS.override)
+            config = expected_config(task, model, seed, FLAGS.config_arg, FLAGS.override)
+            expected_config(task, model, seed, pretrain_arg, FLAGS.override)
         except Exception as e:  # noqa: BLE001  (e.g. 'causal' with CLS pooling refused)
             _fail(f"the pretraining config for {model} ({pretrain_arg}) cannot be built: {e}")
         try:

@@ -113,3 +113,12 @@ def test_command_line_mistakes_are_one_line(capsys):
             dense_check.main(args)
         assert exit_info.value.code == 2
         assert needle in capsys.readouterr().err
+
+
+def test_too_long_to_check_is_refused_before_building():
+    """A full-size Path-X run: the check says it cannot (the report warns) instead of
+    taking more than 12 GB for a quadratic mixer's gradient."""
+    from lra import dense_check
+
+    with pytest.raises(ValueError, match="degeneracy check: length 16385"):
+        dense_check.degenerate("transformer", {}, 16385)
