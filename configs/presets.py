@@ -118,6 +118,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Lite Transformer LSRA (models/mixers/lite.py). The paper's "flattened" FFN has no
     # bottleneck: also pass --config.mlp_dim=<emb_dim> (e.g. 512 for listops).
     "lite": {"kernel_size": 31, "conv": "dynamic", "glu": True, "weight_dropout": 0.1},
+    # Diagonal state-space mixers (models/mixers/ssm.py): the builders' defaults are the
+    # papers' (s4d: N = 64, S4D-Lin, dt in [1e-3, 1e-1]; lru: N = 256, ring [0.9, 0.999],
+    # max_phase 2 pi). Sizes of a state, not of a window: not scaled with the length.
+    "s4d": {},
+    "lru": {},
 }
 
 # (model, task) -> overrides of PRESETS[model] for that task.
