@@ -167,12 +167,15 @@ def plot(rows: list[dict], lengths: list[int], path: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for r in rows:
         ax.plot(lengths, [s * 1e3 for s in r["seconds"]], marker="o", label=r["model"])
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.set_xticks(lengths, [str(n) for n in lengths])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_xlabel("position (tokens before the generated one)")
     ax.set_ylabel("ms per generated token")
     ax.set_title("Autoregressive generation, one token at a time (CPU)")
