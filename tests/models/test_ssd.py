@@ -1,0 +1,241 @@
+"""mamba2 (models/attention/ssd.py) against its references.
+
+The conformance, fidelity and decoding suites check shapes, padding, causality and the
+decoding contract through the configs; here: the three forms (step-by-step reference,
+chunked, recurrent step) equal each other and the paper's recurrence written
+independently in numpy, at any chunk size and at L = 16384, with padding, and the
+initial A, dt and D as mamba_ssm's.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from models import decoding, registry
+from models.attention import ssd
+
+from tests.models.helpers import normal, randomize_params
+
+TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+def ssd_inputs(seed: int, shape=(2, 3, 13, 4), n: int = 5, decay: float = 1.0):
+    """x (already times dt), log a = dt A <= 0, B, C."""
+    b, h, length, _ = shape
+    x = normal(seed, shape)
+    log_a = -decay * jax.nn.softplus(normal(seed + 1, (b, h, length)))
+    return x, log_a, normal(seed + 2, (b, h, length, n)), normal(seed + 3, (b, h, length, n))
+
+
+def paper_recurrence(x, log_a, b, c):
+    """h_t = exp(dt_t A) h_{t-1} + (dt_t x_t) B_t^T, y_t = h_t C_t, float64."""
+    x, log_a, b, c = (np.asarray(t, np.float64) for t in (x, log_a, b, c))
+    h = np.zeros(x.shape[:2] + (x.shape[-1], b.shape[-1]))
+    y = np.zeros(x.shape)
+    for t in range(x.shape[2]):
+        h = np.exp(log_a[:, :, t])[..., None, None] * h + np.einsum(
+            "bhp,bhn->bhpn", x[:, :, t], b[:, :, t])
+        y[:, :, t] = np.einsum("bhpn,bhn->bhp", h, c[:, :, t])
+    return y, h
+
+
+def build(*, causal: bool, seed: int = 0, **hparams) -> nnx.Module:
+    mixer = registry.build("mamba2", dim=16, num_heads=2, max_len=64, causal=causal,
+                           rngs=nnx.Rngs(params=seed), state_size=8, **hparams)
+    return randomize_params(mixer, seed=seed + 3, scale=0.4)
+
+
+def run(mixer, method: str, *args):
+    """mixer.<method>(*args) under one jit (eager dispatch op by op is slow on CPU)."""
+    return nnx.jit(lambda m, *a: getattr(m, method)(*a))(mixer, *args)
+
+
+def assert_close(a, b, **tol):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), **(tol or TOL))
+
+
+# ----------------------------------------------------------------------------- pure functions
+
+
+def test_reference_is_the_papers_recurrence():
+    inputs = ssd_inputs(0)
+    y, h = ssd.ssd_reference(*inputs)
+    y_paper, h_paper = paper_recurrence(*inputs)
+    assert_close(y, y_paper)
+    assert_close(h, h_paper)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 5, 64])  # L = 13: 5 leaves a tail, 64 > L
+def test_chunked_equals_reference(chunk_size):
+    inputs = ssd_inputs(1)
+    y_ref, h_ref = ssd.ssd_reference(*inputs)
+    y, h = ssd.chunk_ssd(*inputs, chunk_size=chunk_size)
+    assert_close(y, y_ref)
+    assert_close(h, h_ref)
+
+
+def test_gradients_equal_and_finite():
+    inputs = ssd_inputs(2)
+    w_y, w_h = normal(9, inputs[0].shape), normal(10, (2, 3, 4, 5))
+
+    def loss(fn):
+        def f(*args):
+            y, h = fn(*args)
+            return jnp.sum(y * w_y) + jnp.sum(h * w_h)
+        return f
+
+    chunked = jax.grad(loss(lambda *a: ssd.chunk_ssd(*a, chunk_size=5)), argnums=(0, 1, 2, 3))(
+        *inputs)
+    reference = jax.grad(loss(ssd.ssd_reference), argnums=(0, 1, 2, 3))(*inputs)
+    for got, want in zip(chunked, reference):
+        assert np.isfinite(np.asarray(got)).all()
+        assert_close(got, want, rtol=2e-4, atol=5e-5)
+
+
+def test_padded_tail_leaves_the_state():
+    """x = 0 and log a = 0 (dt = 0, what the layer gives padded positions): the final
+    state is the real prefix's."""
+    x, log_a, b, c = ssd_inputs(3)
+    keep = jnp.arange(13) < 9
+    y, h = ssd.chunk_ssd(jnp.where(keep[:, None], x, 0.0), jnp.where(keep, log_a, 0.0), b, c,
+                         chunk_size=4)
+    y_prefix, h_prefix = ssd.chunk_ssd(x[:, :, :9], log_a[:, :, :9], b[:, :, :9], c[:, :, :9],
+                                       chunk_size=4)
+    assert_close(h, h_prefix)
+    assert_close(y[:, :, :9], y_prefix)
+
+
+def test_long_sequence_stays_finite_and_exact():
+    """L = 16384, tiny dims, decays from e^-16 to e^-1e-3 a step: every exponent of the
+    chunked form is <= 0, so nothing overflows; equal to the step-by-step form everywhere
+    and finite in the backward pass."""
+    x, _, b, c = ssd_inputs(4, shape=(1, 2, 16384, 2), n=2)
+    log_a = jnp.stack([-16.0 * jax.nn.sigmoid(normal(11, (16384,))),
+                       -1e-3 * jax.nn.sigmoid(normal(12, (16384,)))])[None]
+    chunked = jax.jit(lambda *a: ssd.chunk_ssd(*a, chunk_size=256))
+    y, h = chunked(x, log_a, b, c)
+    y_ref, h_ref = ssd.ssd_reference(x, log_a, b, c)
+    assert np.isfinite(np.asarray(y)).all() and np.isfinite(np.asarray(h)).all()
+    # The slow head sums ~1000 terms of size ~1: float32 rounding, not the form.
+    assert_close(y, y_ref, rtol=1e-4, atol=1e-3)
+    assert_close(h, h_ref, rtol=1e-4, atol=1e-3)
+    grads = jax.jit(jax.grad(lambda *a: jnp.sum(chunked(*a)[0]), argnums=(0, 1)))(
+        x, log_a, b, c)
+    assert all(np.isfinite(np.asarray(grad)).all() for grad in grads)
+
+
+# ----------------------------------------------------------------------------- the layer
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_layer_chunked_equals_reference_form(causal, monkeypatch):
+    """Chunk 4 at L = 11 (a tail), with padding, against the step-by-step form."""
+    mixer = build(causal=causal, chunk_size=4)
+    x = normal(8, (2, 11, 16))
+    mask = jnp.arange(11)[None] < jnp.array([[11], [7]])
+    y = run(mixer, "__call__", x, mask)
+    monkeypatch.setattr(ssd, "chunk_ssd",
+                        lambda x, log_a, b, c, chunk_size: ssd.ssd_reference(x, log_a, b, c))
+    y_ref = run(mixer, "__call__", x, mask)
+    real = np.asarray(mask)
+    assert_close(np.asarray(y)[real], np.asarray(y_ref)[real])
+
+
+def test_bidirectional_is_forward_plus_reversed_backward():
+    mixer = build(causal=False, chunk_size=4)
+    x = normal(9, (1, 10, 16))
+
+    @nnx.jit
+    def by_hand(mixer, x):
+        z, xbc, dt_raw = mixer.conv_inputs(x)
+        real = jnp.ones((1, 10), bool)
+        y_fwd, _ = mixer.scan(mixer.forward_scan, xbc, dt_raw, real)
+        y_bwd, _ = mixer.scan(mixer.backward_scan, jnp.flip(xbc, 1), jnp.flip(dt_raw, 1), real)
+        return mixer.finish(y_fwd + jnp.flip(y_bwd, 2), z)
+
+    y = run(mixer, "__call__", x)
+    assert_close(y, by_hand(mixer, x))
+    y_moved = run(mixer, "__call__", x.at[:, -1].add(1.0))  # the last input reaches output 0
+    assert not np.allclose(np.asarray(y_moved[:, 0]), np.asarray(y[:, 0]))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_padding_never_reaches_real_tokens(causal):
+    """Left and right padding, both directions: padded inputs may be anything."""
+    mixer = build(causal=causal, chunk_size=4)
+    x = normal(10, (2, 12, 16))
+    mask = jnp.array([[True] * 8 + [False] * 4, [False] * 3 + [True] * 9])
+    y = run(mixer, "__call__", x, mask)
+    y_changed = run(mixer, "__call__", jnp.where(mask[..., None], x, 5.0 * normal(11, x.shape)),
+                    mask)
+    real = np.asarray(mask)
+    assert_close(np.asarray(y)[real], np.asarray(y_changed)[real], rtol=1e-6, atol=1e-6)
+
+
+def test_prefill_and_steps_equal_the_parallel_form():
+    """Prompts of 1, 5 and 9 tokens (right-padded to 9), then each row steps on at its own
+    position: the parallel causal form's outputs (chunk 4) at every position; the cache is
+    the same size whatever max_len."""
+    mixer = build(causal=True, chunk_size=4)
+    x = normal(12, (3, 16, 16))
+    lens = jnp.array([1, 5, 9])
+    parallel = np.asarray(run(mixer, "__call__", x))
+    y_prompt, cache = run(mixer, "prefill", mixer.init_cache(3, 16), x[:, :9],
+                          jnp.arange(9)[None] < lens[:, None])
+    outputs = np.zeros(parallel.shape)
+    for b, n in enumerate(np.asarray(lens)):
+        outputs[b, :n] = np.asarray(y_prompt)[b, :n]
+    graphdef, state = nnx.split(mixer)
+    step = jax.jit(lambda cache, x_BxD: nnx.merge(graphdef, state).step(cache, x_BxD))
+    for i in range(16 - 9):
+        y, cache = step(cache, decoding.row_at(x, lens + i))
+        for b, n in enumerate(np.asarray(lens)):
+            outputs[b, n + i] = np.asarray(y)[b]
+    reached = np.arange(16)[None] < (np.asarray(lens) + 16 - 9)[:, None]
+    assert_close(outputs[reached], parallel[reached])
+    assert jax.tree.map(jnp.shape, mixer.init_cache(3, 16)) == jax.tree.map(
+        jnp.shape, mixer.init_cache(3, 4096))
+
+
+def test_right_padding_leaves_the_prompt_state():
+    mixer = build(causal=True, chunk_size=4)
+    x = normal(13, (1, 10, 16))
+    _, padded = run(mixer, "prefill", mixer.init_cache(1, 16),
+                    jnp.where(jnp.arange(10)[None, :, None] < 6, x, 7.0),
+                    jnp.arange(10)[None] < 6)
+    _, alone = run(mixer, "prefill", mixer.init_cache(1, 16), x[:, :6], None)
+    for key in alone:
+        assert_close(padded[key], alone[key], rtol=1e-6, atol=1e-6)
+
+
+def test_bidirectional_form_does_not_decode():
+    with pytest.raises(decoding.DecodingError, match="causal=False"):
+        build(causal=False).init_cache(1, 8)
+
+
+def test_steps_positive_and_decay_at_most_one():
+    mixer = build(causal=True)
+    dt, log_a = mixer.forward_scan.steps(normal(14, (4, 32, 2)), jnp.ones((4, 32), bool))
+    assert (np.asarray(dt) > 0).all() and (np.asarray(log_a) < 0).all()
+
+
+def test_initialisation_is_mamba2s():
+    """A = exp(A_log) ~ U(1, 16), softplus(dt_bias) = dt log-uniform in [1e-3, 1e-1], D = 1
+    (mamba_ssm's Mamba2); none takes weight decay."""
+    heads = 20000
+    direction = ssd.SSDDirection(num_heads=heads, channels=4, conv_size=4,
+                                 rngs=nnx.Rngs(params=0))
+    a = np.exp(np.asarray(direction.a_log[...], np.float64))
+    dt = np.asarray(jax.nn.softplus(direction.dt_bias[...]), np.float64)
+    assert 1 <= a.min() and a.max() < 16
+    deciles = np.linspace(0.1, 0.9, 9)
+    assert_close(np.quantile(a, deciles), 1 + 15 * deciles, rtol=0, atol=0.15)
+    assert 1e-3 * (1 - 1e-5) < dt.min() and dt.max() < 1e-1 * (1 + 1e-5)
+    assert_close(np.quantile(np.log(dt), deciles), np.log(1e-3) + deciles * np.log(100.0),
+                 rtol=0, atol=0.05)
+    assert (np.asarray(direction.d[...]) == 1).all()
+    for param in (direction.a_log, direction.dt_bias, direction.d):
+        assert param.get_metadata()["no_weight_decay"] is True
