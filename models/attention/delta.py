@@ -27,7 +27,8 @@ Three forms, equal (tests/models/test_delta.py):
    Algorithm. Per chunk of C positions with b_i = sum of g over the chunk up to i and
    Gamma_ij = exp(b_i - b_j) (i >= j; 1 without a gate),
        (I + tril(diag(beta) (K K^T o Gamma), -1)) [U | W] = [diag(beta) V | diag(beta e^b) K]
-   solved with one triangular solve for all chunks at once; then a scan over the chunks
+   solved for all chunks at once through the inverse of the unit lower triangular matrix
+   (`unit_lower_inverse`, block forward substitution); then a scan over the chunks
    carries S: V_new = U - W S^T, O = (Q e^b) S^T + tril(Q K^T o Gamma) V_new,
    S <- e^{b_C} S + V_new^T (K e^{b_C - b}). Float32; every exponent is <= 0 (the
    above-diagonal differences are masked before exp), so nothing overflows at any length;
@@ -83,6 +84,37 @@ def causal_conv(x_BxHxLxF: jax.Array, w_WxHxF: jax.Array) -> jax.Array:
                for i in range(taps))
 
 
+def unit_lower_inverse(a_xCxC: jax.Array) -> jax.Array:
+    """(I + tril(a, -1))^-1 (only a's strict lower part is read), batched over leading axes.
+
+    Block forward substitution by doubling: the inverses of the diagonal blocks of size
+    1, 2, 4, ... at once, two neighbours T1, T2 (coupled by the block A21 below T1) merged
+    into [[T1, 0], [-T2 A21 T1, T2]] (fla's solve_tril on GPU merges 16 x 16 blocks the
+    same way); C is padded to a power of two with identity. log2(C) steps of batched
+    matmuls. Not jax.scipy.linalg.solve_triangular: on CPU its LAPACK kernel (jaxlib
+    0.10.2) hands its batch to XLA's thread pool and blocks a pool thread waiting for it,
+    so two such calls at once (the two scans' solves in one training step) deadlocked
+    the pool on 2 cores. It stays the tests' oracle.
+    """
+    c = a_xCxC.shape[-1]
+    size = 1 << (c - 1).bit_length()
+    lead = a_xCxC.shape[:-2]
+    a = jnp.pad(jnp.tril(a_xCxC, -1), [(0, 0)] * len(lead) + [(0, size - c), (0, size - c)])
+    t_xNxSxS = jnp.ones(lead + (size, 1, 1), a.dtype)  # the 1 x 1 blocks: unit diagonal
+    s = 1
+    while s < size:
+        n = size // (2 * s)
+        # The n diagonal blocks of size 2s; A21 is the lower left s x s of each.
+        diag_xNx2Sx2S = jnp.einsum("...iaib->...iab", a.reshape(lead + (n, 2 * s, n, 2 * s)))
+        t_xNx2xSxS = t_xNxSxS.reshape(lead + (n, 2, s, s))
+        t1, t2 = t_xNx2xSxS[..., 0, :, :], t_xNx2xSxS[..., 1, :, :]
+        low = -(t2 @ diag_xNx2Sx2S[..., s:, :s] @ t1)
+        t_xNxSxS = jnp.concatenate([jnp.concatenate([t1, jnp.zeros_like(t1)], -1),
+                                    jnp.concatenate([low, t2], -1)], -2)
+        s *= 2
+    return t_xNxSxS.reshape(lead + (size, size))[..., :c, :c]
+
+
 def delta_rule_step(s_BxHxVxK: jax.Array, q_BxHxK: jax.Array, k_BxHxK: jax.Array,
                     v_BxHxV: jax.Array, beta_BxH: jax.Array, log_alpha_BxH: jax.Array,
                     scale: float) -> tuple[jax.Array, jax.Array]:
@@ -134,7 +166,7 @@ def chunk_delta_rule(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax.
     Any L: the tail is zero-padded to a multiple of the chunk with beta = 0 and g = 0,
     which neither writes nor decays, so S_L is the state after the real positions. The
     scan over chunks is rematerialised: the backward pass keeps S at chunk boundaries,
-    U and W (L x (V + K)) and the solve's C x C matrices (L x C), never L x V x K.
+    U and W (L x (V + K)) and the C x C matrices of the inverse (L x C), never L x V x K.
     """
     q, k, v, beta, log_alpha = _inputs(q_BxHxLxK, k_BxHxLxK, v_BxHxLxV, beta_BxHxL,
                                        log_alpha_BxHxL)
@@ -157,14 +189,13 @@ def chunk_delta_rule(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax.
         return jnp.exp(jnp.where(lower_CxC, diff_xCxC, -jnp.inf))
 
     # The UT transform, all chunks at once: (I + A) [U | W] = [beta V | beta e^b K] with
-    # A = tril(diag(beta) (K K^T o Gamma), -1) (the solve reads the strict lower part).
+    # A = tril(diag(beta) (K K^T o Gamma), -1) (the inverse reads the strict lower part).
     kk_NxBxHxCxC = jnp.einsum("nbhik,nbhjk->nbhij", k_NxBxHxCxK, k_NxBxHxCxK)
     a_NxBxHxCxC = beta_NxBxHxC[..., :, None] * kk_NxBxHxCxC * decay_within(cum_NxBxHxC)
     rhs_NxBxHxCxF = jnp.concatenate(
         [beta_NxBxHxC[..., None] * v_NxBxHxCxV,
          (beta_NxBxHxC * jnp.exp(cum_NxBxHxC))[..., None] * k_NxBxHxCxK], axis=-1)
-    uw_NxBxHxCxF = jax.scipy.linalg.solve_triangular(a_NxBxHxCxC, rhs_NxBxHxCxF, lower=True,
-                                                     unit_diagonal=True)
+    uw_NxBxHxCxF = unit_lower_inverse(a_NxBxHxCxC) @ rhs_NxBxHxCxF
     u_NxBxHxCxV, w_NxBxHxCxK = uw_NxBxHxCxF[..., :v_dim], uw_NxBxHxCxF[..., v_dim:]
 
     @jax.checkpoint

@@ -89,6 +89,17 @@ def test_reference_is_the_papers_recurrence(gated):
     assert_close(s, s_paper)
 
 
+@pytest.mark.parametrize("size", [1, 2, 5, 16, 64])  # powers of two and not
+def test_unit_lower_inverse_solves_the_triangular_system(size):
+    """The UT transform's inverse against jax.scipy.linalg.solve_triangular and float64."""
+    a = 0.3 * normal(15, (2, 3, size, size))  # the diagonal and upper part must be ignored
+    b = normal(16, (2, 3, size, 4))
+    x = delta.unit_lower_inverse(a) @ b
+    assert_close(x, jax.scipy.linalg.solve_triangular(a, b, lower=True, unit_diagonal=True))
+    eye_plus = np.eye(size) + np.tril(np.asarray(a, np.float64), -1)
+    assert_close(x, np.linalg.solve(eye_plus, np.asarray(b, np.float64)))
+
+
 @pytest.mark.parametrize("chunk_size", [1, 5, 64])  # L = 13: 5 leaves a tail, 64 > L
 @pytest.mark.parametrize("gated", [False, True])
 def test_chunked_equals_reference(gated, chunk_size):
