@@ -53,10 +53,9 @@ from models import masks
 
 Cache = dict[str, Any]
 
-# Forms this module implements for any mixer of the right kind; every other form
-# (recurrent_state, conv_kv, gate_cache: see models.registry.DECODE_FORMS) is the mixer's
-# own init_cache / prefill / step.
-GENERIC_FORMS = ("kv_cache", "recompute")
+# This module implements "kv_cache" and "recompute" for any mixer of the right kind; every
+# other form (recurrent_state, conv_kv, gate_cache: models.registry.DECODE_FORMS) is the
+# mixer's own init_cache / prefill / step.
 
 
 class DecodingError(ValueError):

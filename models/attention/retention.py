@@ -51,6 +51,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models import decoding, layers, registry
+from models.attention.linear import _pad_to_chunks
 
 State = dict[str, jax.Array]
 GROUP_NORMS = ("rms", "layer")
@@ -62,14 +63,6 @@ GROUP_NORMS = ("rms", "layer")
 def retnet_log_gammas(num_heads: int) -> jax.Array:
     """log gamma_h = log(1 - 2^(-5-h)), h = 0..H-1 (log1p: gamma is within 2^-5 of 1)."""
     return jnp.log1p(-jnp.exp2(-5.0 - jnp.arange(num_heads, dtype=jnp.float32)))
-
-
-def _chunks(x_BxHxLxF: jax.Array, chunk: int) -> jax.Array:
-    """Zero-pads the length to a multiple of `chunk`; NxBxHxCxF (N chunks, scan-major)."""
-    b, h, l, f = x_BxHxLxF.shape
-    n = -(-l // chunk)
-    x_BxHxLxF = jnp.pad(x_BxHxLxF, ((0, 0), (0, 0), (0, n * chunk - l), (0, 0)))
-    return x_BxHxLxF.reshape(b, h, n, chunk, f).transpose(2, 0, 1, 3, 4)
 
 
 @functools.partial(jax.jit, static_argnames=("chunk_size", "strict"))
@@ -90,7 +83,7 @@ def chunked_retention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax
     v_dim, diagonal = v_BxHxLxV.shape[-1], log_a_BxHxLxG.shape[-1] > 1
     chunk = max(1, min(chunk_size, l))
     f32 = jnp.float32
-    xs = tuple(_chunks(t.astype(f32), chunk) for t in
+    xs = tuple(_pad_to_chunks(t.astype(f32), chunk) for t in
                (q_BxHxLxK, k_BxHxLxK, v_BxHxLxV, log_a_BxHxLxG))
     seen_CxC = jnp.tril(jnp.ones((chunk, chunk), jnp.bool_), -1 if strict else 0)
 
