@@ -68,6 +68,11 @@ def base_config(*, task: str, model: str) -> ml_collections.ConfigDict:
     c.adam_b2 = 0.98
     c.adam_eps = 1e-9
     c.grad_clip_norm = 0.0  # 0 = no clipping
+    # Parameter groups (lra/optim.py): the variant's parameters marked with a group (the
+    # SSMs' A, B, log step: "ssm") train with the group's lr_scale (times the schedule)
+    # and weight_decay, e.g. --config.param_groups.ssm.lr_scale=0.5; the papers' values
+    # are presets (configs/presets.py PARAM_GROUPS).
+    c.param_groups = ml_collections.ConfigDict(presets.param_groups(model, task))
     c.factors = "constant * linear_warmup * rsqrt_decay"
     c.warmup = 1000
     c.steps_per_cycle = 0  # cosine_decay period; 0 = num_train_steps - warmup
@@ -267,6 +272,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"config.mesh_shape={shape!r} must be a tuple of integers, e.g. "
                           "'(-1,1)' or '(2,4)'")
     _validate_objective(config)
+    from lra.optim import group_settings  # imports optax; only when a config is checked
+
+    group_settings(config)
     parse_profile_steps(config.get("profile_steps", ""))
     if config.emb_dim % config.num_heads or config.qkv_dim % config.num_heads:
         raise ConfigError(

@@ -129,6 +129,34 @@ PRESETS: dict[str, dict[str, Any]] = {
 TASK_OVERRIDES: dict[tuple[str, str], dict[str, Any]] = {}
 
 
+# Optimiser groups (lra/optim.py, config.param_groups): model -> {group: settings} for
+# the parameters a variant marks with `param_group` metadata. lr_scale multiplies the
+# learning-rate schedule for the group, weight_decay replaces config.weight_decay. The
+# originals train their SSM parameters with Adam at a smaller learning rate and no decay:
+PARAM_GROUPS: dict[str, dict[str, dict[str, float]]] = {
+    # state-spaces/s4 (e757cef), configs/experiment/lra/s4-{listops,imdb,aan,cifar}.yaml:
+    # optimizer lr 0.01, layer.lr (A, B; dt follows them) 0.001, weight decay 0 for the
+    # SSM (models/s4/s4d.py registers them with wd=0.0): lr_scale 0.1.
+    "s4d": {"ssm": {"lr_scale": 0.1, "weight_decay": 0.0}},
+    # NicolasZucchet/minimal-LRU (bbd71b1), run_train.py: ssm lr = lr_factor * lr with
+    # lr_factor 0.5; lru/train_helpers.py: Adam without decay for nu, theta, gamma, B.
+    "lru": {"ssm": {"lr_scale": 0.5, "weight_decay": 0.0}},
+}
+
+# (model, task) -> that task's groups where the original's per-task configs differ.
+TASK_PARAM_GROUPS: dict[tuple[str, str], dict[str, dict[str, float]]] = {
+    # s4-pathfinder.yaml: lr 0.004, layer.lr 0.001; s4-pathx.yaml: lr 0.001 for both.
+    ("s4d", "pathfinder"): {"ssm": {"lr_scale": 0.25, "weight_decay": 0.0}},
+    ("s4d", "pathx"): {"ssm": {"lr_scale": 1.0, "weight_decay": 0.0}},
+}
+
+
+def param_groups(model: str, task: str) -> dict[str, dict[str, float]]:
+    """config.param_groups of `model` on `task` (lra/optim.py): {} for most variants."""
+    groups = TASK_PARAM_GROUPS.get((model, task), PARAM_GROUPS.get(model, {}))
+    return {name: dict(settings) for name, settings in groups.items()}
+
+
 # Task -> the length its presets are stated at: its full-size config's max_length
 # (tests/test_configs.py checks that they agree).
 REFERENCE_LENGTHS: dict[str, int] = {

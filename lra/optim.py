@@ -1,8 +1,24 @@
 """The optimiser LRA's configs describe: the `factors` learning-rate schedule and AdamW
 with global-norm clipping, obeying the metadata models put on their own parameters
-(`no_weight_decay`, `bounds`). `lra.train` builds both from the config."""
+(`no_weight_decay`, `bounds`, `param_group`) and the config's parameter groups
+(`config.param_groups`). `lra.train` builds both from the config.
+
+Parameter groups: a model names the group of a parameter in its metadata
+(`nnx.Param(value, param_group="ssm")`: the SSMs' A, B and log step), and the config says
+what the group trains with, e.g. S4's LRA setting (lr 0.001 for the SSM, 0.01 elsewhere,
+no weight decay on the SSM):
+    config.param_groups.ssm.lr_scale = 0.1      # times the schedule's learning rate
+    config.param_groups.ssm.weight_decay = 0.0  # instead of config.weight_decay
+(`--config.param_groups.ssm.lr_scale=0.5` on the command line). A group is the originals'
+optax.multi_transform label; here the one AdamW chain scales the group's updates and
+decays it by its own rate, which is AdamW with that group's learning rate and weight
+decay (optax.adamw decays by lr * wd * p, so the lr scale applies to the decay too, as in
+a separate AdamW). The per-variant groups are presets (configs/presets.py PARAM_GROUPS).
+A parameter with no group, or a group the config does not name, trains with
+config.learning_rate and config.weight_decay; `no_weight_decay` wins over any rate."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -49,6 +65,10 @@ def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
 # nnx.Param(value, no_weight_decay=True, bounds=(0.0, 1.0)) (adaptive_span's span).
 NO_WEIGHT_DECAY = "no_weight_decay"  # True: AdamW's weight decay leaves the parameter alone
 PARAM_BOUNDS = "bounds"  # (low, high): the parameter is clamped to it after every update
+PARAM_GROUP = "param_group"  # a name: config.param_groups.<name> sets its lr scale and decay
+# What a config.param_groups entry may set, with the default of a group that omits it
+# (None: config.weight_decay).
+GROUP_SETTINGS = {"lr_scale": 1.0, "weight_decay": None}
 
 
 def _metadata(x: Any) -> dict:
@@ -90,6 +110,91 @@ def clamp_to_bounds() -> optax.GradientTransformation:
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
 
 
+def group_settings(config: ml_collections.ConfigDict) -> dict[str, dict[str, float]]:
+    """config.param_groups as {group: {"lr_scale": s, "weight_decay": wd}} with the
+    defaults filled in; raises ConfigError for an unknown setting or a value out of
+    range (lr_scale > 0, weight_decay >= 0, both finite)."""
+    groups = config.get("param_groups") or {}
+    groups = groups.to_dict() if isinstance(groups, ml_collections.ConfigDict) else groups
+    if not isinstance(groups, dict):
+        raise ConfigError(f"config.param_groups={groups!r} must map group names to "
+                          "settings, e.g. {'ssm': {'lr_scale': 0.1, 'weight_decay': 0.0}}")
+    out = {}
+    for name, settings in groups.items():
+        if not isinstance(settings, dict):
+            raise ConfigError(f"config.param_groups.{name}={settings!r} must be settings, "
+                              f"e.g. {{'lr_scale': 0.1, 'weight_decay': 0.0}}")
+        unknown = sorted(set(settings) - set(GROUP_SETTINGS))
+        if unknown:
+            raise ConfigError(f"config.param_groups.{name}: unknown setting(s) "
+                              f"{', '.join(unknown)}; known: {', '.join(GROUP_SETTINGS)}")
+        merged = {**GROUP_SETTINGS, **settings}
+        if merged["weight_decay"] is None:
+            merged["weight_decay"] = float(config.weight_decay)
+        for key, value in merged.items():
+            ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+                  and math.isfinite(value) and (value > 0 if key == "lr_scale" else value >= 0))
+            if not ok:
+                bound = "> 0" if key == "lr_scale" else ">= 0"
+                raise ConfigError(f"config.param_groups.{name}.{key}={value!r} must be "
+                                  f"finite and {bound}")
+        out[name] = {k: float(v) for k, v in merged.items()}
+    return out
+
+
+def groups_of(params: Any) -> set[str]:
+    """The `param_group` names the parameters carry."""
+    return {_metadata(v)[PARAM_GROUP] for v in jax.tree.leaves(params, is_leaf=_is_variable)
+            if _metadata(v).get(PARAM_GROUP) is not None}
+
+
+def _per_parameter(params: Any, value_of) -> Any:
+    return jax.tree.map(lambda v: value_of(_metadata(v)), params, is_leaf=_is_variable)
+
+
+def _map_updates(fn, params: Any, updates: Any) -> Any:
+    """fn(param metadata, param value, update value) -> new update value, leaf by leaf,
+    for updates given as nnx Variables or plain arrays."""
+    def one(p, u):
+        u_val = u[...] if isinstance(u, nnx.Variable) else u
+        new = fn(_metadata(p), p[...] if isinstance(p, nnx.Variable) else p, u_val)
+        return u.replace(new) if isinstance(u, nnx.Variable) else new
+
+    return jax.tree.map(one, params, updates, is_leaf=_is_variable)
+
+
+def _stateless(update) -> optax.GradientTransformation:
+    def update_fn(updates, state, params=None):
+        if params is None:
+            raise ValueError("this transformation needs the params")
+        return update(updates, params), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+
+
+def decay_by_group(groups: dict[str, dict[str, float]],
+                   default: float) -> optax.GradientTransformation:
+    """optax.add_decayed_weights with each parameter's rate: its group's weight_decay,
+    else `default`; 0 for parameters marked no_weight_decay."""
+    def rate(meta: dict) -> float:
+        if meta.get(NO_WEIGHT_DECAY, False):
+            return 0.0
+        return groups.get(meta.get(PARAM_GROUP), {}).get("weight_decay", default)
+
+    return _stateless(lambda updates, params: _map_updates(
+        lambda meta, p, u: u + rate(meta) * p if rate(meta) else u, params, updates))
+
+
+def scale_by_group(groups: dict[str, dict[str, float]]) -> optax.GradientTransformation:
+    """Multiplies a parameter's update by its group's lr_scale (after the learning rate:
+    the group trains with lr_scale times the schedule)."""
+    def scale(meta: dict) -> float:
+        return groups.get(meta.get(PARAM_GROUP), {}).get("lr_scale", 1.0)
+
+    return _stateless(lambda updates, params: _map_updates(
+        lambda meta, p, u: u * scale(meta) if scale(meta) != 1.0 else u, params, updates))
+
+
 def _has_marks(params: Any) -> bool:
     """Whether any parameter asks for `bounds` or `no_weight_decay`."""
     leaves = jax.tree.leaves(params, is_leaf=_is_variable)
@@ -100,11 +205,17 @@ def _has_marks(params: Any) -> bool:
 def make_optimizer(config: ml_collections.ConfigDict,
                    schedule: optax.Schedule) -> optax.GradientTransformation:
     """AdamW (weight decay on all parameters not marked `no_weight_decay`), after global
-    norm clipping if configured; parameters with `bounds` are clamped after each step.
+    norm clipping if configured; parameters with `bounds` are clamped after each step;
+    parameters in a group named by config.param_groups train with its lr scale and
+    weight decay (module docstring).
 
     Models without such marks get the plain chain, whose state has the layout of the
-    checkpoints written before the marks existed (so those runs still resume); the
-    choice is made from the parameters' metadata, which init and update both see."""
+    checkpoints written before the marks existed (so those runs still resume), and models
+    whose groups the config does not name get the chain of before the groups existed; the
+    choice is made from the parameters' metadata, which init and update both see. A group
+    the config names that no parameter carries is a ConfigError (a misspelt name would
+    otherwise change nothing)."""
+    groups = group_settings(config)
     def chain(adamw: optax.GradientTransformation, *after: optax.GradientTransformation):
         clip = ([optax.clip_by_global_norm(config.grad_clip_norm)]
                 if config.grad_clip_norm > 0 else [])
@@ -115,11 +226,30 @@ def make_optimizer(config: ml_collections.ConfigDict,
                 weight_decay=config.weight_decay)
     plain = chain(optax.adamw(schedule, **adam))
     marked = chain(optax.adamw(schedule, mask=weight_decay_mask, **adam), clamp_to_bounds())
+    # optax.adamw's own chain (scale_by_adam, decay, learning rate) with per-parameter
+    # decay and lr scale: equal to `marked` when every group has lr_scale 1 and the
+    # config's weight decay (tests/test_train.py checks it).
+    grouped = chain(optax.scale_by_adam(config.adam_b1, config.adam_b2, config.adam_eps),
+                    decay_by_group(groups, config.weight_decay),
+                    optax.scale_by_learning_rate(schedule), scale_by_group(groups),
+                    clamp_to_bounds())
+
+    def pick(params):
+        carried = groups_of(params)
+        if groups and not set(groups) <= carried:
+            missing = ", ".join(sorted(set(groups) - carried))
+            raise ConfigError(
+                f"config.param_groups names {missing}, which no parameter of model "
+                f"{config.get('model', '?')!r} carries (its groups: "
+                f"{', '.join(sorted(carried)) or 'none'}); remove it or fix the name")
+        if groups:
+            return grouped
+        return marked if _has_marks(params) else plain
 
     def init(params):
-        return (marked if _has_marks(params) else plain).init(params)
+        return pick(params).init(params)
 
     def update(updates, state, params=None):
-        return (marked if _has_marks(params) else plain).update(updates, state, params)
+        return pick(params).update(updates, state, params)
 
     return optax.GradientTransformation(init, update)

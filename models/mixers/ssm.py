@@ -51,9 +51,11 @@ Padding: padded inputs are zeroed before the convolution or the scan, so they re
 real position in either direction (right-padded or not). Decoding (the causal form,
 "recurrent_state"): the cache holds the state, H x N/2 (s4d) or N (lru) complex numbers
 per row as float32 (re, im) pairs, at every position; a step is the recurrence above.
-The SSM parameters the papers exclude from weight decay carry `no_weight_decay=True`
-(lra.optim): s4d's log_dt, log_a_real, a_imag and B (S4's `register(..., wd=0.0)`), the
-LRU's nu_log, theta_log, gamma_log and B (minimal-LRU's "ssm" optimiser group).
+The SSM parameters the papers train apart carry `no_weight_decay=True` and
+`param_group="ssm"` (lra.optim; the group's learning-rate scale is a preset,
+configs/presets.py PARAM_GROUPS): s4d's log_dt, log_a_real, a_imag and B (S4's
+`register(..., lr=0.001, wd=0.0)`), the LRU's nu_log, theta_log, gamma_log and B
+(minimal-LRU's "ssm" optimiser group, lr_factor 0.5).
 Numerics: float32 parameters and inputs, complex64 inside; every power of a decay is
 exp(l dt A) or a product of |lambda| < 1, so no exponent is positive (L = 16384 is finite).
 """
@@ -158,7 +160,8 @@ class S4D(nnx.Module):
             return jax.random.uniform(key, shape, dtype, log_lo, log_hi)
 
         imag = jnp.asarray(s4d_imag(init, d_state), jnp.float32)
-        ssm = dict(rngs=rngs, no_weight_decay=True)  # S4's register(..., wd=0.0)
+        # S4's register(..., lr=0.001, wd=0.0): group "ssm" (configs/presets.py PARAM_GROUPS)
+        ssm = dict(rngs=rngs, no_weight_decay=True, param_group="ssm")
         self.log_dt = layers.param(log_dt_init, ("embed",), (dim,), **ssm)
         self.log_a_real = layers.param(jax.nn.initializers.constant(math.log(0.5)),
                                        ("embed", None), (dim, half), **ssm)
@@ -303,7 +306,7 @@ class LRU(nnx.Module):
         def theta_init(key, shape, dtype=jnp.float32):
             return jnp.log(max_phase * jax.random.uniform(key, shape, dtype))
 
-        ssm = dict(rngs=rngs, no_weight_decay=True)  # minimal-LRU's "ssm" optimiser group
+        ssm = dict(rngs=rngs, no_weight_decay=True, param_group="ssm")  # minimal-LRU's "ssm"
         self.nu_log = layers.param(nu_init, (None,), (d_state,), **ssm)
         self.theta_log = layers.param(theta_init, (None,), (d_state,), **ssm)
         # gamma = sqrt(1 - |lambda|^2) of the initial lambda, then a parameter of its own.

@@ -1,0 +1,119 @@
+"""Parameter groups (lra/optim.py, config.param_groups): a group trains as the originals'
+optax.multi_transform does (Adam at a scaled learning rate, its own weight decay), the
+chain equals AdamW when the groups change nothing, and a config that names a group no
+parameter carries, or a bad setting, is refused in one line."""
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from configs import common, presets
+from lra import optim
+from lra.errors import ConfigError
+from models import registry
+
+LR = 0.01
+
+
+def _config(**groups):
+    return ml_collections.ConfigDict(dict(
+        model="s4d", adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9, weight_decay=0.05,
+        grad_clip_norm=0.0, param_groups=ml_collections.ConfigDict(groups)))
+
+
+def _params(name="s4d"):
+    model = registry.build(name, dim=6, num_heads=2, max_len=8, causal=False,
+                           rngs=nnx.Rngs(0), **registry.capabilities(name).test_hparams)
+    return nnx.split(model, nnx.Param, ...)[1]
+
+
+def _run(tx, params, steps=3):
+    """`steps` updates with fixed random gradients; the parameter values after each."""
+    state = tx.init(params)
+    leaves, treedef = jax.tree.flatten(params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    keys = jax.random.split(jax.random.key(1), len(leaves))
+    grads = jax.tree.unflatten(treedef, [
+        v.replace(jax.random.normal(k, v[...].shape)) for v, k in zip(leaves, keys)])
+    out = []
+    for _ in range(steps):
+        updates, state = tx.update(grads, state, params)
+        params = optax.apply_updates(params, updates)
+        out.append(params)
+    return out
+
+
+def _values(params):
+    return [np.asarray(v[...]) for v in jax.tree.leaves(
+        params, is_leaf=lambda x: isinstance(x, nnx.Variable))]
+
+
+def test_groups_train_as_the_originals_multi_transform():
+    """S4 / minimal-LRU: optax.multi_transform({"ssm": adam(lr * scale), "regular":
+    adamw(lr, wd)}) by parameter label; ours gives the same parameters step by step."""
+    params = _params()
+    labels = jax.tree.map(
+        lambda v: "ssm" if v.get_metadata().get("param_group") == "ssm" else "regular",
+        params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    assert {"ssm", "regular"} <= set(jax.tree.leaves(labels))
+    original = optax.multi_transform(
+        {"ssm": optax.adam(LR * 0.1, b1=0.9, b2=0.98, eps=1e-9),
+         "regular": optax.adamw(LR, b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.05)},
+        jax.tree.map(lambda v: v, labels))
+    ours = optim.make_optimizer(_config(ssm={"lr_scale": 0.1, "weight_decay": 0.0}),
+                                lambda step: LR)
+    for a, b in zip(_run(ours, params), _run(original, params)):
+        for x, y in zip(_values(a), _values(b)):
+            np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+
+
+def test_groups_that_change_nothing_are_adamw():
+    """lr_scale 1 and the config's weight decay: the grouped chain equals the one of a
+    config without groups (AdamW, no decay where no_weight_decay)."""
+    params = _params()
+    grouped = optim.make_optimizer(_config(ssm={"lr_scale": 1.0}), lambda step: LR)
+    plain = optim.make_optimizer(_config(), lambda step: LR)
+    for a, b in zip(_run(grouped, params), _run(plain, params)):
+        for x, y in zip(_values(a), _values(b)):
+            np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+
+
+def test_a_group_no_parameter_carries_is_refused():
+    tx = optim.make_optimizer(_config(ssn={"lr_scale": 0.1}), lambda step: LR)
+    with pytest.raises(ConfigError, match=r"names ssn, which no parameter of model 's4d' "
+                                          r"carries \(its groups: ssm\)"):
+        tx.init(_params())
+    tx = optim.make_optimizer(_config(ssm={"lr_scale": 0.1}), lambda step: LR)
+    with pytest.raises(ConfigError, match="its groups: none"):
+        tx.init(_params("transformer"))
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"lr": 0.1}, "unknown setting"), ({"lr_scale": 0.0}, r"lr_scale=0.0 must be finite and > 0"),
+    ({"lr_scale": float("inf")}, "must be finite"),
+    ({"weight_decay": -1.0}, r"weight_decay=-1.0 must be finite and >= 0")])
+def test_bad_group_settings_are_refused_by_validate(settings, message):
+    config = common.base_config(task="listops", model="s4d")
+    config.param_groups.ssm = ml_collections.ConfigDict(settings)
+    with pytest.raises(ConfigError, match=message):
+        common.validate(config)
+
+
+def test_task_configs_give_the_papers_groups():
+    """Through the task configs: s4d's and lru's SSM groups as their code; a variant
+    without groups gets none; --config.param_groups.ssm.lr_scale reaches the optimiser."""
+    from configs import listops, pathfinder
+
+    assert listops.get_config("model=s4d,mini").param_groups.to_dict() == {
+        "ssm": {"lr_scale": 0.1, "weight_decay": 0.0}}
+    assert pathfinder.get_config("model=s4d").param_groups.ssm.lr_scale == 0.25
+    assert listops.get_config("model=lru").param_groups.ssm.lr_scale == 0.5
+    assert listops.get_config("model=transformer").param_groups.to_dict() == {}
+    for model, groups in presets.PARAM_GROUPS.items():
+        carried = optim.groups_of(_params(model))
+        assert set(groups) <= carried, (model, carried)
+    config = listops.get_config("model=s4d,runlocal")
+    config.param_groups.ssm.lr_scale = 0.5
+    assert optim.group_settings(config)["ssm"] == {"lr_scale": 0.5, "weight_decay": 0.0}
