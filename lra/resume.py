@@ -25,7 +25,7 @@ RESUME_FREE_FIELDS = ("data_dir", "log_every_steps", "checkpoint_freq", "mesh_sh
 # run continues from its last good checkpoint with, e.g., a lower learning rate:
 AFTER_DIVERGENCE_FIELDS = ("learning_rate", "warmup", "factors", "steps_per_cycle",
                            "adam_b1", "adam_b2", "adam_eps", "weight_decay",
-                           "grad_clip_norm")
+                           "grad_clip_norm", "param_groups")
 
 
 def data_fingerprint(data: dict[str, dict[str, np.ndarray]]) -> dict[str, str]:
@@ -80,6 +80,12 @@ def check_compatible(saved: dict, config: ml_collections.ConfigDict, workdir: st
                           f"values (clipping adds optimizer state); {workdir} has "
                           f"{old.get('grad_clip_norm')!r}; use another --workdir to start over "
                           "with clipping")
+    if diverged and bool(old_groups := saved.get("param_groups")) != bool(
+            config.get("param_groups")):
+        raise ConfigError(f"config.param_groups can change on resume only in its values "
+                          f"(groups add optimizer transformations); {workdir} has "
+                          f"{old_groups!r}; use another --workdir to start over with "
+                          "other groups")
 
 
 def check_same_data(saved: dict | None, data: dict, config, workdir: str) -> None:

@@ -117,3 +117,20 @@ def test_task_configs_give_the_papers_groups():
     config = listops.get_config("model=s4d,runlocal")
     config.param_groups.ssm.lr_scale = 0.5
     assert optim.group_settings(config)["ssm"] == {"lr_scale": 0.5, "weight_decay": 0.0}
+
+
+def test_after_a_divergence_group_values_may_change_but_not_whether_there_are_groups():
+    """Resuming a diverged run (lra/resume.py): a lower lr_scale is a lower learning
+    rate and is allowed; dropping every group changes the optimizer state's layout."""
+    from configs import listops
+    from lra import resume
+
+    saved = listops.get_config("model=s4d,runlocal").to_dict()
+    config = listops.get_config("model=s4d,runlocal")
+    config.param_groups.ssm.lr_scale = 0.05
+    resume.check_compatible(saved, config, "w", step=10, diverged=True)
+    with pytest.raises(ConfigError, match="param_groups.ssm.lr_scale"):
+        resume.check_compatible(saved, config, "w", step=10, diverged=False)
+    config.param_groups = ml_collections.ConfigDict()
+    with pytest.raises(ConfigError, match="param_groups can change on resume only in"):
+        resume.check_compatible(saved, config, "w", step=10, diverged=True)
