@@ -37,6 +37,7 @@ from models import decoding, layers, registry
 BLOCK_DEFAULTS: dict[str, Any] = {
     "kind": "pre_ln",  # the residual form of one layer: a key of BLOCK_KINDS
     "stack": "sequential",  # how the layers are applied: a key of models.stacks.STACKS
+    "ffn": True,  # False: no feed-forward branch, the layer is its mixer (S4's and S5's)
     "ffn_chunks": 1,  # feed-forward applied over this many sequence chunks; 1 = at once
     "gate_bias": 2.0,  # gated kind: b_g, > 0 so each gate starts near the identity
     "segment_len": 256,  # segment_recurrent stack: segment length; 0 = the whole input
@@ -101,7 +102,9 @@ class MlpBlock(nnx.Module):
 
 
 class EncoderBlock(nnx.Module):
-    """x + Dropout(mixer(LN(x))), then x + MLP(LN(x))."""
+    """x + Dropout(mixer(LN(x))), then x + MLP(LN(x)); without the second step when
+    block["ffn"] is False (S4's and S5's LRA layers: the mixer alone, whose own output
+    projection, a GLU, plays the MLP's part)."""
 
     def __init__(self, *, dim: int, num_heads: int, mlp_dim: int, max_len: int,
                  model: str = "transformer", model_hparams: Mapping[str, Any] | None = None,
@@ -118,8 +121,13 @@ class EncoderBlock(nnx.Module):
                                     rngs=rngs, **dict(model_hparams or {}))
         self.dropout = nnx.Dropout(dropout_rate, rngs=rngs)
         self.mlp_norm = layers.layer_norm(dim, rngs=rngs)
-        self.mlp = MlpBlock(dim=dim, mlp_dim=mlp_dim, dropout_rate=dropout_rate,
-                            chunks=int(block["ffn_chunks"]), rngs=rngs)
+        self.mlp = (MlpBlock(dim=dim, mlp_dim=mlp_dim, dropout_rate=dropout_rate,
+                             chunks=int(block["ffn_chunks"]), rngs=rngs)
+                    if block["ffn"] else None)
+
+    def branch_input(self, x_BxLxD: jax.Array) -> jax.Array:
+        """What the mixer sees: LN(x) (pre-LN)."""
+        return self.mixer_norm(x_BxLxD)
 
     def mix(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None = None, *,
             deterministic: bool, memory: jax.Array | None = None,
@@ -131,13 +139,16 @@ class EncoderBlock(nnx.Module):
         """
         extra = {}
         if memory is not None:
-            extra = dict(memory=self.mixer_norm(memory), memory_mask=memory_mask)
-        y_BxLxD = self.mixer(self.mixer_norm(x_BxLxD), padding_mask=padding_mask,
+            extra = dict(memory=self.branch_input(memory), memory_mask=memory_mask)
+        y_BxLxD = self.mixer(self.branch_input(x_BxLxD), padding_mask=padding_mask,
                              deterministic=deterministic, **extra)
         return self.dropout(y_BxLxD, deterministic=deterministic)
 
     def feed_forward(self, x_BxLxD: jax.Array, *, deterministic: bool) -> jax.Array:
-        """The feed-forward residual branch, MLP(LN(x))."""
+        """The feed-forward residual branch, MLP(LN(x)); 0 without one (block["ffn"]
+        False; the reversible stack's G is then 0)."""
+        if self.mlp is None:
+            return jnp.zeros_like(x_BxLxD)
         return self.mlp(self.mlp_norm(x_BxLxD), deterministic=deterministic)
 
     def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None = None, *,
@@ -148,7 +159,7 @@ class EncoderBlock(nnx.Module):
         `memory`, `memory_mask`: see `mix` (passed by the segment_recurrent stack).
         """
         if self.carries_state:
-            y_BxLxD, carry = self.mixer(self.mixer_norm(x_BxLxD), padding_mask=padding_mask,
+            y_BxLxD, carry = self.mixer(self.branch_input(x_BxLxD), padding_mask=padding_mask,
                                         deterministic=deterministic, carry=carry)
             y_BxLxD = self.dropout(y_BxLxD, deterministic=deterministic)
         else:
@@ -161,6 +172,8 @@ class EncoderBlock(nnx.Module):
                 deterministic: bool) -> jax.Array:
         """The layer's output from its input x and the mixer branch y (dropped out)."""
         x_BxLxD = x_BxLxD + y_BxLxD
+        if self.mlp is None:
+            return x_BxLxD
         return x_BxLxD + self.feed_forward(x_BxLxD, deterministic=deterministic)
 
     # ---------------------------------------------------------------- decoding
@@ -180,14 +193,14 @@ class EncoderBlock(nnx.Module):
                 padding_mask: jax.Array | None) -> tuple[jax.Array, decoding.Cache]:
         """The parallel layer on a right-padded prompt, and the mixer's cache of it."""
         y_BxLxD, cache = decoding.prefill(self.mixer, self.decode_form, cache,
-                                          self.mixer_norm(x_BxLxD), padding_mask)
+                                          self.branch_input(x_BxLxD), padding_mask)
         return self.combine(x_BxLxD, y_BxLxD, deterministic=True), cache
 
     def step(self, cache: decoding.Cache, x_BxD: jax.Array) -> tuple[jax.Array,
                                                                        decoding.Cache]:
         """One token per row through the layer (each row at its cache position)."""
         y_BxD, cache = decoding.step(self.mixer, self.decode_form, cache,
-                                     self.mixer_norm(x_BxD))
+                                     self.branch_input(x_BxD))
         return self.combine(x_BxD[:, None], y_BxD[:, None], deterministic=True)[:, 0], cache
 
 
@@ -226,15 +239,42 @@ class GatedBlock(EncoderBlock):
         super().__init__(dim=dim, block=block, rngs=rngs, **block_args)
         gate_bias = float({**BLOCK_DEFAULTS, **dict(block or {})}["gate_bias"])
         self.mixer_gate = GruGate(dim, gate_bias=gate_bias, rngs=rngs)
-        self.mlp_gate = GruGate(dim, gate_bias=gate_bias, rngs=rngs)
+        self.mlp_gate = (GruGate(dim, gate_bias=gate_bias, rngs=rngs)
+                         if self.mlp is not None else None)
 
     def combine(self, x_BxLxD: jax.Array, y_BxLxD: jax.Array, *,
                 deterministic: bool) -> jax.Array:
         """Gates instead of the sums of `EncoderBlock.combine`."""
         x_BxLxD = self.mixer_gate(x_BxLxD, jax.nn.relu(y_BxLxD))
+        if self.mlp is None:
+            return x_BxLxD
         return self.mlp_gate(
             x_BxLxD, jax.nn.relu(self.feed_forward(x_BxLxD, deterministic=deterministic)))
 
 
+class PostLNBlock(EncoderBlock):
+    """The original Transformer's residual form, the norms after the sums:
+    x = LN(x + Dropout(mixer(x))), then LN(x + MLP(x)) (S4's LRA configs with
+    `prenorm: false`, ListOps and CIFAR; Mega's `normalize_before=False`). Without the
+    feed-forward branch (block["ffn"] False) the layer is LN(x + Dropout(mixer(x)))."""
+
+    def branch_input(self, x_BxLxD: jax.Array) -> jax.Array:
+        return x_BxLxD
+
+    def feed_forward(self, x_BxLxD: jax.Array, *, deterministic: bool) -> jax.Array:
+        if self.mlp is None:
+            return jnp.zeros_like(x_BxLxD)
+        return self.mlp(x_BxLxD, deterministic=deterministic)
+
+    def combine(self, x_BxLxD: jax.Array, y_BxLxD: jax.Array, *,
+                deterministic: bool) -> jax.Array:
+        x_BxLxD = self.mixer_norm(x_BxLxD + y_BxLxD)
+        if self.mlp is None:
+            return x_BxLxD
+        return self.mlp_norm(x_BxLxD + self.feed_forward(x_BxLxD,
+                                                        deterministic=deterministic))
+
+
 # kind name -> block class (constructor and call as in the module docstring).
-BLOCK_KINDS: dict[str, type[nnx.Module]] = {"pre_ln": EncoderBlock, "gated": GatedBlock}
+BLOCK_KINDS: dict[str, type[nnx.Module]] = {"pre_ln": EncoderBlock, "gated": GatedBlock,
+                                            "post_ln": PostLNBlock}

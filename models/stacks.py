@@ -213,7 +213,7 @@ class ReversibleStack(nnx.Module):
         x1 = x2 = x
         new = []
         for layer, layer_cache in zip(self.blocks, cache):
-            f, layer_cache = run_mixer(layer, layer_cache, layer.mixer_norm(x2))
+            f, layer_cache = run_mixer(layer, layer_cache, layer.branch_input(x2))
             new.append(layer_cache)
             y1 = x1 + f
             x1, x2 = y1, x2 + layer.feed_forward(y1, deterministic=True)
@@ -520,6 +520,8 @@ def resolve_block(model: str, overrides: Mapping[str, Any] | None = None) -> dic
     if resolved["stack"] not in STACKS:
         raise ValueError(f"unknown block stack {resolved['stack']!r}; "
                          f"valid: {', '.join(sorted(STACKS))}")
+    if not isinstance(resolved["ffn"], bool):
+        raise ValueError(f"block ffn must be true or false, got {resolved['ffn']!r}")
     if int(resolved["ffn_chunks"]) < 1:
         raise ValueError(f"block ffn_chunks must be >= 1, got {resolved['ffn_chunks']}")
     return resolved

@@ -176,3 +176,73 @@ def test_universal_stack_wraps_any_mixer_and_masks_padding():
     np.testing.assert_allclose(np.asarray(y)[real], np.asarray(y_changed)[real], **TOL)
     # The ponder cost counts real positions only.
     np.testing.assert_allclose(np.asarray(aux), np.asarray(aux_changed), **TOL)
+
+
+def _ln(x, norm):
+    """LayerNorm in float64 numpy with the module's scale and bias (eps as flax's)."""
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return ((x - mean) / np.sqrt(var + norm.epsilon) * np.asarray(norm.scale[...], np.float64)
+            + np.asarray(norm.bias[...], np.float64))
+
+
+def _block(kind: str, ffn: bool, model: str = "local"):
+    from models.blocks import BLOCK_KINDS
+
+    return BLOCK_KINDS[kind](dim=DIM, num_heads=HEADS, mlp_dim=MLP, max_len=LEN, model=model,
+                             block=resolve_block(model, {"kind": kind, "ffn": ffn}),
+                             dropout_rate=0.0, rngs=nnx.Rngs(params=0, dropout=1))
+
+
+@pytest.mark.parametrize("ffn", [True, False])
+def test_post_ln_block_normalises_after_each_sum(ffn):
+    """post_ln: h = LN1(x + mixer(x)), out = LN2(h + MLP(h)) (S4's prenorm=false);
+    without the feed-forward branch, out = h."""
+    block = _block("post_ln", ffn)
+    x = normal(3, (BATCH, LEN, DIM))
+    y = np.asarray(block.mixer(x, padding_mask=None), np.float64)
+    h = _ln(np.asarray(x, np.float64) + y, block.mixer_norm)
+    if ffn:
+        mlp = np.asarray(block.mlp(jnp.asarray(h, jnp.float32), deterministic=True), np.float64)
+        h = _ln(h + mlp, block.mlp_norm)
+    np.testing.assert_allclose(np.asarray(block(x, None, deterministic=True)), h, **TOL)
+
+
+@pytest.mark.parametrize("kind", ["pre_ln", "gated"])
+def test_a_block_without_feed_forward_is_its_mixer_branch(kind):
+    """block.ffn=False (S4's and S5's layers): no MLP parameters, and the pre-LN layer is
+    x + mixer(LN(x)) (the gated one: its first gate only)."""
+    block = _block(kind, ffn=False)
+    names = {"/".join(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(block, nnx.Param))}
+    assert not any(n.startswith(("mlp/", "mlp_gate/")) for n in names), names
+    x = normal(4, (BATCH, LEN, DIM))
+    branch = block.mixer(block.mixer_norm(x), padding_mask=None)
+    expected = x + branch if kind == "pre_ln" else block.mixer_gate(x, jax.nn.relu(branch))
+    np.testing.assert_allclose(np.asarray(block(x, None, deterministic=True)),
+                               np.asarray(expected), **TOL)
+    with_ffn = _block(kind, ffn=True)
+    assert len(nnx.to_flat_state(nnx.state(with_ffn, nnx.Param))) > len(names)
+
+
+@pytest.mark.parametrize("kind, ffn", [("post_ln", True), ("pre_ln", False),
+                                       ("post_ln", False)])
+def test_other_residual_forms_decode_through_the_config(kind, ffn):
+    """prefill + steps equal the parallel causal forward for the new residual forms
+    (through configs/listops.py, as tests/models/test_decoding.py)."""
+    import lra.tasks
+    from lra import train
+    from tests.models.helpers import randomize_params
+    from tests.models.test_decoding import check_equal, config_for
+
+    config = config_for("lru")
+    config.block.kind, config.block.ffn = kind, ffn
+    model = randomize_params(train.build_model(config, lra.tasks.get("listops")), seed=5,
+                             scale=0.3)
+    check_equal(model, lra.tasks.get("listops").vocab_size)
+
+
+def test_the_reversible_stack_refuses_post_ln():
+    with pytest.raises(ValueError, match="needs block kind 'pre_ln'"):
+        stacks.ReversibleStack(num_layers=1, block=resolve_block("local", {
+            "kind": "post_ln", "stack": "reversible"}), rngs=nnx.Rngs(0), dim=DIM,
+            num_heads=HEADS, mlp_dim=MLP, max_len=LEN, model="local")
