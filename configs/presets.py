@@ -123,10 +123,24 @@ PRESETS: dict[str, dict[str, Any]] = {
     # max_phase 2 pi). Sizes of a state, not of a window: not scaled with the length.
     "s4d": {},
     "lru": {},
+    # Mega (models/mixers/mega.py), facebookresearch/mega (aeaa4b4) fairseq/models/lra/
+    # model.py mega_lra_listop/_imdb/_aan: n_dim 16, z_dim 64, hidden_dim 2 x embed (0
+    # here), truncation_length 1024 (scaled with L like a window), softmax. chunk_size -1
+    # is Mega (full attention; their README.lra.md leaves CHUNK to the user); Mega-chunk
+    # is --config.model_hparams.chunk_size=<c> (not scaled). Their one Adam group decays
+    # every parameter: no PARAM_GROUPS entry.
+    "mega": {"ndim": 16, "z_dim": 64, "hidden_dim": 0, "chunk_size": -1,
+             "truncation": 1024, "attention_activation": "softmax"},
 }
 
 # (model, task) -> overrides of PRESETS[model] for that task.
-TASK_OVERRIDES: dict[tuple[str, str], dict[str, Any]] = {}
+TASK_OVERRIDES: dict[tuple[str, str], dict[str, Any]] = {
+    # Mega's image architectures (model.py mega_lra_cifar10, _pf32, _pf128) and their
+    # README.lra.md commands (--attention-activation-fn laplace).
+    ("mega", "image"): {"z_dim": 96, "attention_activation": "laplace"},
+    ("mega", "pathfinder"): {"attention_activation": "laplace"},
+    ("mega", "pathx"): {"z_dim": 32, "truncation": 4096, "attention_activation": "laplace"},
+}
 
 
 # Optimiser groups (lra/optim.py, config.param_groups): model -> {group: settings} for
@@ -141,6 +155,12 @@ PARAM_GROUPS: dict[str, dict[str, dict[str, float]]] = {
     # NicolasZucchet/minimal-LRU (bbd71b1), run_train.py: ssm lr = lr_factor * lr with
     # lr_factor 0.5; lru/train_helpers.py: Adam without decay for nu, theta, gamma, B.
     "lru": {"ssm": {"lr_scale": 0.5, "weight_decay": 0.0}},
+    # lindermanlab/S5 (3c18fdb), s5/train_helpers.py: Adam at ssm_lr_base without decay
+    # for "ssm" (Lambda, log_step), AdamW at lr_factor * ssm_lr_base for the rest; B is
+    # "ssm" under opt_config=standard (models/mixers/s5.py). Per task below, from
+    # bin/run_experiments/run_lra_<task>.sh (lr_factor, opt_config).
+    "s5": {"ssm": {"lr_scale": 1 / 3, "weight_decay": 0.0},
+           "ssm_b": {"lr_scale": 1 / 3, "weight_decay": 0.0}},
 }
 
 # (model, task) -> that task's groups where the original's per-task configs differ.
@@ -148,6 +168,19 @@ TASK_PARAM_GROUPS: dict[tuple[str, str], dict[str, dict[str, float]]] = {
     # s4-pathfinder.yaml: lr 0.004, layer.lr 0.001; s4-pathx.yaml: lr 0.001 for both.
     ("s4d", "pathfinder"): {"ssm": {"lr_scale": 0.25, "weight_decay": 0.0}},
     ("s4d", "pathx"): {"ssm": {"lr_scale": 1.0, "weight_decay": 0.0}},
+    # S5's scripts: listops lr_factor 3 and cifar 4.5 with BfastandCdecay (B trains with
+    # the rest: no ssm_b entry); imdb 4, aan 2, pathfinder 5 with standard; pathx 3 with
+    # BandCdecay (B at the ssm rate, decayed as the rest).
+    ("s5", "listops"): {"ssm": {"lr_scale": 1 / 3, "weight_decay": 0.0}},
+    ("s5", "image"): {"ssm": {"lr_scale": 1 / 4.5, "weight_decay": 0.0}},
+    ("s5", "text"): {"ssm": {"lr_scale": 0.25, "weight_decay": 0.0},
+                     "ssm_b": {"lr_scale": 0.25, "weight_decay": 0.0}},
+    ("s5", "retrieval"): {"ssm": {"lr_scale": 0.5, "weight_decay": 0.0},
+                          "ssm_b": {"lr_scale": 0.5, "weight_decay": 0.0}},
+    ("s5", "pathfinder"): {"ssm": {"lr_scale": 0.2, "weight_decay": 0.0},
+                           "ssm_b": {"lr_scale": 0.2, "weight_decay": 0.0}},
+    ("s5", "pathx"): {"ssm": {"lr_scale": 1 / 3, "weight_decay": 0.0},
+                      "ssm_b": {"lr_scale": 1 / 3}},
 }
 
 
@@ -190,6 +223,7 @@ LENGTH_SCALED: dict[str, dict[str, str]] = {
     "sac": {"k": "summaries"},
     "clustered": {"num_clusters": "summaries", "topk": "summaries"},
     "adaptive_span": {"ramp": "linear"},  # the soft mask's ramp R, in tokens (S = max_len)
+    "mega": {"truncation": "linear"},  # the EMA kernel's reach, in tokens
 }
 
 # config.block keys (models/blocks.py BLOCK_DEFAULTS) that are numbers of tokens, scaled
