@@ -16,18 +16,28 @@ from lra.errors import ConfigError
 ATTENTION_IMPLS = ("dense", "blocksparse", "pallas")
 
 
+# Config arguments every task config takes besides its own (`defaults` of parse_arg),
+# applied by apply_objective_args: `locality`, the task's locality baseline (see
+# apply_locality).
+SHARED_ARGS = {"locality": False}
+
+
 def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
-    """Parses 'model=performer,runlocal' into a ConfigDict, typed by the defaults.
+    """Parses 'model=performer,runlocal' into a ConfigDict, typed by the defaults, plus
+    SHARED_ARGS (the arguments every task config takes).
 
     A bare key (`runlocal`) means True. Unknown keys are an error that lists the known ones.
     """
+    own = sorted(defaults)
+    defaults = {**defaults, **{k: v for k, v in SHARED_ARGS.items() if k not in defaults}}
     parsed = ml_collections.ConfigDict(defaults)
     for item in filter(None, (arg or "").split(",")):
         key, _, value = item.partition("=")
         key = key.strip()
         if key not in defaults:
             raise ConfigError(
-                f"unknown config argument {key!r} in {arg!r}; known: {', '.join(sorted(defaults))}"
+                f"unknown config argument {key!r} in {arg!r}; known: "
+                f"{', '.join(own + sorted(set(defaults) - set(own)))}"
             )
         default = defaults[key]
         if not _:
@@ -82,6 +92,11 @@ def base_config(*, task: str, model: str) -> ml_collections.ConfigDict:
     # sharding = data | fsdp | heads | fsdp+heads.
     c.mesh_shape = (-1, 1)
     c.sharding = "data"
+    # Mixed precision (models/precision.py): the forward and backward passes in `dtype`
+    # (float32 | bfloat16), parameters and optimizer state in `param_dtype`; softmax,
+    # norms' statistics, the linear family's sums, SSM/EMA states and losses stay float32.
+    c.dtype = "float32"
+    c.param_dtype = "float32"
 
     # Evaluation, checkpoints, logging.
     c.eval_frequency = 200
@@ -138,9 +153,72 @@ PIXEL_TASKS = ("image", "pathfinder", "pathx")
 PRETRAIN_LM_LOSS = {"image": "l1", "pathfinder": "l1"}
 
 
-def apply_objective_args(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> None:
-    """The `pretrain` and `causal` config arguments, shared by every task config.
+# The locality baseline (config argument `locality`, every task config): the task's model
+# (width, heads, optimiser, steps, data) reduced to LOCALITY_LAYERS layer of attention over
+# a short window, pooled by MEAN. The window is NOT scaled with the length (finalize keeps
+# it): that it stays short is the point. Token tasks: `local`, |i - j| <= 4, 9 consecutive
+# tokens; pixel tasks: `local_2d` with a 1x1 query block and a flange of 2 rows up and 1
+# column each side, a 3x3 patch (models/masks.py Local2D: the flange reaches up, not down,
+# as Image Transformer's memory does). With one layer the model's receptive field is the
+# window's: the feed-forward block acts per position and the head on the mean.
+LOCALITY_LAYERS = 1
+LOCALITY_HPARAMS = {"local": {"window": 4},
+                    "local_2d": {"query_height": 1, "query_width": 1, "flange_height": 2,
+                                 "flange_width": 1}}
 
+
+def locality_model(task: str) -> str:
+    """The mixer of `task`'s locality baseline: `local_2d` on the pixel tasks' raster,
+    `local` on token sequences."""
+    return "local_2d" if task in PIXEL_TASKS else "local"
+
+
+def locality_receptive_field(task: str) -> str:
+    """What a position of `task`'s locality baseline sees, in words, from LOCALITY_HPARAMS:
+    with LOCALITY_LAYERS = 1, the whole model's receptive field. Recorded in the config as
+    `locality_baseline` (lra.report's footnote quotes it)."""
+    model = locality_model(task)
+    h = LOCALITY_HPARAMS[model]
+    if model == "local":
+        return (f"{2 * h['window'] + 1} consecutive tokens (the token and {h['window']} on "
+                f"each side: `local`, window {h['window']}), {LOCALITY_LAYERS} layer")
+    rows, cols = h["query_height"] + h["flange_height"], h["query_width"] + 2 * h["flange_width"]
+    return (f"a {rows}x{cols} patch of pixels (the pixel, the {h['flange_height']} rows above "
+            f"it and {h['flange_width']} column on each side: `local_2d`, a "
+            f"{h['query_height']}x{h['query_width']} query block and its flange, which reaches "
+            f"up only), {LOCALITY_LAYERS} layer")
+
+
+def apply_locality(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> None:
+    """The `locality` config argument: `c` becomes the task's locality baseline (see
+    LOCALITY_HPARAMS): model locality_model(task), LOCALITY_LAYERS layer, MEAN pooling (a
+    CLS slot would summarise only its own window), rotary positions (a window's output
+    then depends on the tokens in it and their offsets, not on where the window is; a
+    learned table would add the position, and its mean the input's length), and
+    `locality_baseline`, what a position sees (lra.report names the row and footnotes
+    it). The width, optimiser, steps and data stay the task config's (after `mini` or
+    `runlocal`). It is a model of its own: `model=` other than the task configs' default
+    (transformer) or the baseline's own mixer is refused."""
+    model = locality_model(c.task)
+    if arg.model not in ("transformer", model):
+        raise ConfigError(
+            f"config argument 'locality' is the {c.task} locality baseline, a model of its own "
+            f"({model}: {locality_receptive_field(c.task)}); it does not combine with "
+            f"model={arg.model}: leave model= out")
+    c.model = model
+    c.model_hparams = ml_collections.ConfigDict(LOCALITY_HPARAMS[model])
+    c.block = ml_collections.ConfigDict(_resolve_block(model))
+    c.param_groups = ml_collections.ConfigDict(presets.param_groups(model, c.task))
+    c.pos_emb = "rotary"
+    c.pooling = "MEAN"
+    c.num_layers = LOCALITY_LAYERS
+    c.locality_baseline = locality_receptive_field(c.task)
+
+
+def apply_objective_args(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> None:
+    """The config arguments shared by every task config: `locality`, `causal`, `pretrain`.
+
+    `locality`: the task's locality baseline (apply_locality).
     `causal`: a causal encoder (models that support it), pooled by MEAN, since a causal
     CLS token (position 0) would see only itself.
     `pretrain`: self-pretraining on the task's own training inputs: masked-token
@@ -149,6 +227,8 @@ def apply_objective_args(c: ml_collections.ConfigDict, arg: ml_collections.Confi
     schedule and model stay the task config's, so that the fine-tuning run
     (`--config.init_from=<this workdir>`, same arguments without `pretrain`) matches in
     size."""
+    if arg.locality:
+        apply_locality(c, arg)
     if arg.causal:
         c.causal = True
         if c.pooling == "CLS":
@@ -179,6 +259,9 @@ def finalize(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     not rescale them (see configs/presets.py)."""
     c.model_hparams = ml_collections.ConfigDict(
         presets.model_hparams(c.model, c.task, max_length=c.max_length))
+    if c.get("locality_baseline"):
+        # The baseline's window, not the presets scaled to the length: it stays short.
+        c.model_hparams.update(LOCALITY_HPARAMS[c.model])
     if c.dropout_rate == 0.0 and c.attention_dropout_rate == 0.0:
         # A config without dropout (every `mini`) has none anywhere: also not Lite's
         # DropConnect on its dynamic-convolution weights (`weight_dropout`).
@@ -272,6 +355,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"config.mesh_shape={shape!r} must be a tuple of integers, e.g. "
                           "'(-1,1)' or '(2,4)'")
     _validate_objective(config)
+    for name in ("dtype", "param_dtype"):
+        if config.get(name, "float32") not in ("float32", "bfloat16"):
+            raise ConfigError(f"config.{name}={config[name]!r}; choose float32 or bfloat16")
     from lra.optim import group_settings  # imports optax; only when a config is checked
 
     group_settings(config)

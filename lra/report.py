@@ -37,7 +37,13 @@ and writes, into `--out` (default: the directory itself):
                             configs/<task>.py:model=<m> builds them: never mini or
                             runlocal) and whose model has a number in
                             lra/published_results.json shows `[published P, ours
-                            ±d]` (d: our mean minus P);
+                            ±d]` (d: our mean minus P).
+                            The locality baseline's runs (config.locality_baseline:
+                            lra.sweep --locality_baseline) are the row `locality
+                            baseline`, after every model, whatever their mixer
+                            (`local`, `local_2d`), with a footnote saying what a
+                            position saw on each task; never compared with a
+                            published number;
   results.md (per task) /   per model: from-scratch and self-pretrained test accuracy, their
   comparison.csv            difference, the pretraining run (objective, steps of the total),
                             the classifier's parameter count and its ratio to
@@ -64,10 +70,7 @@ The runs' own steps/s are only comparable when the runs had the machine to thems
 from __future__ import annotations
 
 import csv
-import functools
-import importlib
 import json
-import math
 import os
 import statistics
 import sys
@@ -81,8 +84,17 @@ from lra.results import (NON_RESULT_FIELDS, PRETRAINING, SCRATCH, SEED_FIELD,  #
                          SELF_PRETRAINED, annotate, collect, flatten, is_number, kind,
                          load, nothing_found, objective, pretraining_steps,
                          pretraining_warnings)
+# The protocol's pieces (published numbers, convergence counting, the locality baseline,
+# LRA's task order) live in lra/report_protocol.py; re-exported under the names tests,
+# notebooks and scripts have used (`report.not_converged_reason`, `report.TASK_ORDER`, ...).
+from lra.report_protocol import (  # noqa: F401
+    ABSENT, CHANCE_LOSS_FRACTION, CONVERGENCE_MARGIN, CONVERGENCE_NOTE, LOCALITY_LABEL,
+    LOCALITY_NOTE, PUBLISHED_NOTE, PUBLISHED_PATH, SIZE_FIELDS, TASK_ORDER,
+    convergence_rows, convergence_text, locality_note, markdown, model_order,
+    not_converged_reason, published, published_cells, published_entries,
+    published_markdown, published_rows, published_text, row_model, run_name, seed_of, show,
+    size_differences, tasks_and_models)
 
-TASK_ORDER = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
 DENSE_MARK = "≡ dense"
 DEGENERATE_MARK = "⚠ degenerate"
 DEGENERATE_NOTE = (f"{DEGENERATE_MARK}: with the sizes the run used, at its length, the "
@@ -118,23 +130,9 @@ PARAMS_NOTE = (f"{PARAMS_MARK}: the variant's parameter count is outside "
                f"±{PARAMS_TOLERANCE_PERCENT}% of `transformer`'s on the same task and config (LRA "
                "kept its variants within 10% of the baseline's parameters, without "
                "publishing the counts); its accuracy is not a like-for-like comparison.")
-# The fields that make a run the task's full-size one (with task_options.*): a run is
-# compared with a published number only when they equal what `configs/<task>.py:model=<m>`
-# (no other argument: LRA's setting) builds.
-SIZE_FIELDS = ("max_length", "batch_size", "num_train_steps", "emb_dim", "num_heads",
-               "num_layers", "qkv_dim", "mlp_dim")
 AVG_NOTE = ("avg: the mean over the row's tasks but Path-X, as LRA's Table 1 (Tay et al. "
             "2021) averages (every model there failed Path-X); `*`: the row lacks some of "
             "the averaged tasks. Later papers (S4 and after) average all six tasks.")
-PUBLISHED_NOTE = (
-    "[published P, ours d]: P is the published test accuracy of the same model "
-    "(lra/published_results.json; `python -m lra.report --published` lists them with their "
-    "sources), d our mean over all seeds minus P, in points; [published FAIL]: the source "
-    "reports a failure (chance accuracy). Shown only for a cell whose every run is of the "
-    "task's full-size config: its " + ", ".join(SIZE_FIELDS) + " and task_options equal "
-    "what configs/<task>.py:model=<model> (LRA's setting, no other argument) builds; never "
-    "for `mini` or `runlocal` runs, nor for self-pretrained rows against from-scratch "
-    "numbers.")
 PRETRAINED_NOTE = ("self-pretrained: a classifier fine-tuned (config.init_from) from a "
                    "self-pretraining run on the task's own training inputs (lra.sweep "
                    "--pretrain). Its runs are grouped by being self-pretrained, not by the "
@@ -142,182 +140,6 @@ PRETRAINED_NOTE = ("self-pretrained: a classifier fine-tuned (config.init_from) 
                    "the fine-tuning steps, so that a row compares with the from-scratch run "
                    "of as many steps. Δ: self-pretrained minus from scratch, in points.")
 
-
-# --- Non-convergence ---------------------------------------------------------------------
-CONVERGENCE_MARGIN = 0.01  # test accuracy within 1 point of the majority baseline
-CHANCE_LOSS_FRACTION = 0.98  # every logged training loss >= 98% of ln(number of classes)
-CONVERGENCE_NOTE = (
-    f"(k/n converged: m): k of the cell's n seeds converged; m is the mean over those k "
-    f"(the cell's first number is the mean over all n). A run has not converged when its "
-    f"test accuracy is below its majority-class baseline plus {100 * CONVERGENCE_MARGIN:g} "
-    f"point (results.json majority_baseline_accuracy: the most frequent training label's "
-    f"share of the test set), or when every training loss it logged (train_history, the "
-    f"mean over each log_every_steps window) is at least {100 * CHANCE_LOSS_FRACTION:g}% of "
-    f"ln(number of classes), the loss of a uniform guess: it never left chance. Cells of "
-    f"one seed carry no count; every cell with a run that did not converge is in the "
-    f"convergence table.")
-
-
-@functools.lru_cache(maxsize=None)
-def _chance_loss(task: str) -> float | None:
-    """ln(number of classes) of `task` (the cross-entropy of a uniform guess), or None."""
-    try:
-        from lra.tasks import registry as task_registry
-
-        classes = task_registry.get(task).num_classes
-    except Exception:  # noqa: BLE001  (a task this checkout does not have)
-        return None
-    return math.log(classes) if classes > 1 else None
-
-
-def not_converged_reason(r: dict) -> str | None:
-    """Why the classification run `r` has not converged (see CONVERGENCE_NOTE), or None
-    (converged, or nothing recorded that says otherwise)."""
-    acc, base = r.get("test_accuracy"), r.get("majority_baseline_accuracy")
-    if is_number(acc) and is_number(base) and acc < base + CONVERGENCE_MARGIN:
-        return (f"test {100 * acc:.2f} < majority {100 * base:.2f} + "
-                f"{100 * CONVERGENCE_MARGIN:g} point")
-    history = r.get("train_history")
-    losses = [h["loss"] for h in history if isinstance(h, dict) and is_number(h.get("loss"))
-              ] if isinstance(history, list) else []
-    chance = _chance_loss(r["task"]) if losses else None
-    if chance and min(losses) >= CHANCE_LOSS_FRACTION * chance:
-        return f"training loss never below {min(losses):.3f} (chance: ln C = {chance:.3f})"
-    return None
-
-
-def _run_name(r: dict) -> str:
-    seed = _seed_of(r)
-    return f"seed {seed}" if seed is not None else r.get("_path", "?")
-
-
-# --- Published results ---------------------------------------------------------------------
-PUBLISHED_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                              "published_results.json")
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@functools.lru_cache(maxsize=None)
-def published(path: str = PUBLISHED_PATH) -> dict:
-    """The published results file (see lra/published_results.json `about`)."""
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
-def published_entries(task: str, model: str, training: str = SCRATCH,
-                      path: str = PUBLISHED_PATH) -> list[tuple[dict, dict]]:
-    """(result, source) for each published number (or FAIL) of `model` on `task` with
-    `training` (SCRATCH or SELF_PRETRAINED), in the file's order."""
-    data = published(path)
-    return [(e, data["sources"][e["source"]]) for e in data["results"]
-            if e.get("model") == model and e.get("training", SCRATCH) == training
-            and (e["accuracy"].get(task) is not None or task in e.get("failed", ()))]
-
-
-@functools.lru_cache(maxsize=None)
-def _full_size_config(task: str, model: str) -> str | None:
-    """configs/<task>.py:model=<model> (LRA's setting), flattened, as JSON; None if it
-    cannot be built (a task or model this checkout does not have)."""
-    if _REPO not in sys.path:  # task configs import `configs.common`
-        sys.path.insert(0, _REPO)
-    try:
-        config = importlib.import_module(f"configs.{task}").get_config(f"model={model}")
-        return json.dumps(flatten(json.loads(json.dumps(config.to_dict(), default=str))))
-    except Exception:  # noqa: BLE001
-        return None
-
-
-def size_differences(r: dict) -> list[str]:
-    """How the run's recorded config differs from its task's full-size config in
-    SIZE_FIELDS and task_options ([] for a full-size run), e.g. 'max_length 64 (full
-    size: 2000)'."""
-    config = r.get("config")
-    if not isinstance(config, dict):
-        return ["no config recorded"]
-    model = config.get("model") or r["model"]
-    reference = _full_size_config(r["task"], model)
-    if reference is None:
-        return [f"configs/{r['task']}.py cannot be built for {model}"]
-    full, flat = json.loads(reference), flatten(config)
-    fields = [*SIZE_FIELDS, *sorted(k for k in full if k.startswith("task_options."))]
-    return [f"{k} {_show(flat.get(k, _ABSENT))} (full size: {_show(full.get(k, _ABSENT))})"
-            for k in fields if flat.get(k, _ABSENT) != full.get(k, _ABSENT)]
-
-
-def published_cells(summary, path: str = PUBLISHED_PATH
-                    ) -> tuple[dict[tuple[str, str], tuple[dict, dict]], list[str]]:
-    """((task, row label) -> (result, source) shown beside the cell), and the cells that
-    have a published number but are not shown with it (runs not of the full-size config:
-    see size_differences), one line per set of differences (the first three):
-    'listops linear, listops transformer: max_length 64 (full size: 2000); ...'."""
-    shown, withheld = {}, defaultdict(list)
-    for (task, label), s in summary.items():
-        entries = published_entries(task, s.get("model", label), s.get("kind", SCRATCH),
-                                    path)
-        if not entries:
-            continue
-        differences = list(dict.fromkeys(d for r in s.get("runs", [])
-                                         for d in size_differences(r)))
-        if differences or not s.get("runs"):
-            withheld["; ".join(differences[:3]) or "no runs"].append(f"{task} {label}")
-        else:
-            shown[(task, label)] = entries[0]
-    return shown, [f"{', '.join(cells)}: {why}" for why, cells in withheld.items()]
-
-
-def _published_text(task: str, s: dict, entry: tuple[dict, dict]) -> str:
-    result, _ = entry
-    value = result["accuracy"].get(task)
-    if value is None:
-        return "[published FAIL]"
-    return f"[published {value:.2f}, ours {100 * s['accuracy'] - value:+.2f}]"
-
-
-def published_rows(path: str = PUBLISHED_PATH) -> tuple[list[str], list[list[str]]]:
-    """The published results as a table: one row per result, its source, its average
-    without Path-X (the source's own where it gives one, marked † where that is not the
-    mean of the five columns) and the average of all six where the source has all six."""
-    data = published(path)
-    header = ["model (ours)", "in the source", "source", *TASK_ORDER, "avg (no Path-X)",
-              "avg (all 6)"]
-    rows = []
-    for e in data["results"]:
-        source = data["sources"][e["source"]]
-        accs = e["accuracy"]
-        cells = ["FAIL" if t in e.get("failed", ()) else
-                 "-" if accs.get(t) is None else f"{accs[t]:.2f}" for t in TASK_ORDER]
-        five = [accs.get(t) for t in TASK_ORDER if t != "pathx"]
-        six = five + [accs.get("pathx")]
-        mean = statistics.fmean(five) if None not in five else None
-        stated = e.get("average_in_source")
-        average = "-" if stated is None and mean is None else (
-            f"{mean:.2f}" if stated is None else
-            f"{stated:.2f}" + (" †" if mean is not None and abs(stated - mean) > 0.006
-                               else ""))
-        rows.append([e.get("model") or "-", e["name_in_source"],
-                     f"{source['short']}, {source['table']}, arXiv {source['arxiv']}", *cells,
-                     average,
-                     f"{statistics.fmean(six):.2f}" if None not in six else "-"])
-    return header, rows
-
-
-def published_markdown(path: str = PUBLISHED_PATH) -> str:
-    data = published(path)
-    lines = ["Published LRA test accuracy (%) (" + os.path.relpath(path, _REPO) + ")", "",
-             markdown(*published_rows(path)), ""]
-    for key, source in data["sources"].items():
-        lines.append(f"- {source['short']}: {source['citation']} arXiv {source['arxiv']}, "
-                     f"{source['table']}. {source['setting']}. Average: {source['average']}."
-                     + (f" Checked against {source['checked_against']}."
-                        if source.get("checked_against") else ""))
-    if any(row[-2].endswith("†") for row in published_rows(path)[1]):
-        lines.append("- †: the source's average is not the mean of its five columns.")
-    lines += [f"- {e['name_in_source']} -> `{e['model']}`: {e['note']}"
-              for e in data["results"] if e.get("note")]
-    if data.get("left_out"):
-        lines += ["", "Not entered:"]
-        lines += [f"- {e['paper']} (arXiv {e['arxiv']}): {e['why']}" for e in data["left_out"]]
-    return "\n".join(lines)
 
 
 def _grouping_config(r: dict) -> dict | None:
@@ -352,7 +174,6 @@ def _param_key(r: dict) -> tuple[str, object]:
     return json.dumps(shared, sort_keys=True, default=str), config.get("pooling")
 
 
-_ABSENT = "(absent)"
 
 
 def _differing(configs: list[dict | None]) -> list[str]:
@@ -360,7 +181,7 @@ def _differing(configs: list[dict | None]) -> list[str]:
     recorded = [cfg for cfg in configs if cfg is not None]
     fields = sorted({k for cfg in recorded for k in cfg})
     return [k for k in fields
-            if len({json.dumps(cfg.get(k, _ABSENT), default=str) for cfg in recorded}) > 1]
+            if len({json.dumps(cfg.get(k, ABSENT), default=str) for cfg in recorded}) > 1]
 
 
 def _row_labels(results: list[dict]) -> list[tuple[str, str]]:
@@ -370,7 +191,7 @@ def _row_labels(results: list[dict]) -> list[tuple[str, str]]:
     canon = [json.dumps(_grouping_config(r), sort_keys=True, default=str) for r in results]
     by_model = defaultdict(dict)  # (task, model, pretraining?) -> {canonical: config}
     for r, c in zip(results, canon):
-        group = (r["task"], r["model"], kind(r) == PRETRAINING)
+        group = (r["task"], row_model(r), kind(r) == PRETRAINING)
         by_model[group].setdefault(c, _grouping_config(r))
     describe = {}
     for key, configs in by_model.items():
@@ -382,14 +203,14 @@ def _row_labels(results: list[dict]) -> list[tuple[str, str]]:
             if cfg is None:
                 text = "no config recorded"
             elif differing:
-                text = ", ".join(f"{k}={_show(cfg.get(k, _ABSENT))}" for k in differing)
+                text = ", ".join(f"{k}={show(cfg.get(k, ABSENT))}" for k in differing)
             else:
                 text = "config recorded"
             describe[(key, c)] = text
     bases = []
     for r, c in zip(results, canon):
-        text = describe[((r["task"], r["model"], kind(r) == PRETRAINING), c)]
-        bases.append(f"{r['model']} [{text}]" if text else r["model"])
+        text = describe[((r["task"], row_model(r), kind(r) == PRETRAINING), c)]
+        bases.append(f"{row_model(r)} [{text}]" if text else row_model(r))
     # Self-pretrained runs of one row whose pretraining runs differ (e.g. in steps): one row
     # per pretraining config, named by the fields that differ.
     sources = defaultdict(dict)  # (task, base) -> {canonical pretraining config: config}
@@ -416,14 +237,16 @@ def _row_labels(results: list[dict]) -> list[tuple[str, str]]:
         else:
             cfg = _grouping_config(source)
             fields = _differing(list(variants.values())) if cfg is not None else []
-            text = (", ".join(f"{k}={_show(cfg.get(k, _ABSENT))}" for k in fields)
+            text = (", ".join(f"{k}={show(cfg.get(k, ABSENT))}" for k in fields)
                     or "another pretraining run")
             out.append((base, f" ({SELF_PRETRAINED}; pretraining {text})"))
     return out
 
 
 def labels(results: list[dict]) -> list[str]:
-    """One row label per run: its model, or when runs of that model and task were made
+    """One row label per run: its model (`locality baseline` for the runs of the task
+    configs' `locality` argument, whatever their mixer: row_model), or when runs of that
+    model and task were made
     with configs that differ beyond the seed and NON_RESULT_FIELDS, the model followed by
     the differing fields, e.g. `transformer [learning_rate=0.01]`; then
     ` (self-pretrained)` for classifiers fine-tuned from a pretraining run (init_from; see
@@ -431,9 +254,6 @@ def labels(results: list[dict]) -> list[str]:
     classifiers never share a label."""
     return [base + suffix for base, suffix in _row_labels(results)]
 
-
-def _show(v) -> str:
-    return v if isinstance(v, str) else json.dumps(v)
 
 
 def _mean(rs: list[dict], key: str) -> float | None:
@@ -448,7 +268,8 @@ def classifiers(results: list[dict]) -> list[dict]:
 
 def summarize(results: list[dict]) -> dict[tuple[str, str], dict]:
     """(task, row label) -> mean/std test accuracy, seeds, speed, memory, baseline, the
-    model, its kind (SCRATCH or SELF_PRETRAINED), the base label it shares with the other
+    model (row_model: `locality baseline` for its runs), its kind (SCRATCH or
+    SELF_PRETRAINED), the base label it shares with the other
     kind, its distinct parameter counts, the seeds that converged (`converged`, their mean
     `accuracy_converged`, and (run, why) for the others: not_converged_reason), and the
     runs themselves (`runs`). Classification runs only (pretraining runs:
@@ -467,7 +288,7 @@ def summarize(results: list[dict]) -> dict[tuple[str, str], dict]:
         reasons = [not_converged_reason(r) for r in rs]
         converged = [r for r, why in zip(rs, reasons) if why is None]
         return {
-            "model": rs[0]["model"],
+            "model": row_model(rs[0]),
             "kind": kind(rs[0]),
             "base": pairs[0][1],
             "accuracy": _mean(rs, "test_accuracy"),
@@ -482,16 +303,13 @@ def summarize(results: list[dict]) -> dict[tuple[str, str], dict]:
             "pretraining": _pretraining_text(rs[0]) if kind(rs[0]) == SELF_PRETRAINED else "",
             "converged": len(converged),
             "accuracy_converged": _mean(converged, "test_accuracy"),
-            "not_converged": [(_run_name(r), why) for r, why in zip(rs, reasons) if why],
+            "not_converged": [(run_name(r), why) for r, why in zip(rs, reasons) if why],
             "runs": rs,
         }
 
     return {key: entry(pairs) for key, pairs in groups.items()}
 
 
-def _seed_of(r: dict):
-    seed = (r.get("config") or {}).get(SEED_FIELD)
-    return None if seed is None else json.dumps(seed)
 
 
 def _one_run_per_seed(items: list, run_of=lambda item: item) -> list:
@@ -500,7 +318,7 @@ def _one_run_per_seed(items: list, run_of=lambda item: item) -> list:
     not another seed (repeated_seeds says which run was kept)."""
     seen, kept = set(), []
     for item in items:
-        seed = _seed_of(run_of(item))
+        seed = seed_of(run_of(item))
         if seed is not None and seed in seen:
             continue
         seen.add(seed)
@@ -530,7 +348,7 @@ def summarize_pretraining(results: list[dict]) -> dict[tuple[str, str], dict]:
         groups[(r["task"], label)].append(r)
     groups = {key: _one_run_per_seed(rs) for key, rs in groups.items()}
     return {key: {
-        "model": rs[0]["model"],
+        "model": row_model(rs[0]),
         "objective": objective(rs[0]),
         "steps": sorted({r.get("steps", (r.get("config") or {}).get("num_train_steps"))
                          for r in rs} - {None}),
@@ -549,7 +367,7 @@ def repeated_seeds(results: list[dict]) -> list[str]:
     run in path order (summarize); the line names the one kept and the others."""
     by_row = defaultdict(lambda: defaultdict(list))
     for r, label in zip(results, labels(results)):
-        seed = _seed_of(r)
+        seed = seed_of(r)
         if seed is not None:
             by_row[(r["task"], label)][seed].append(r["_path"] if "_path" in r else "?")
     return [f"{task} {label}: {len(paths)} runs with {SEED_FIELD}={seed}: counted as one "
@@ -624,12 +442,6 @@ def efficiency_ratios(path: str, length: int = 0) -> tuple[int, dict[str, tuple]
                     for (m, l), r in cells.items() if l == length}
 
 
-def tasks_and_models(summary):
-    tasks = [t for t in TASK_ORDER if any(k[0] == t for k in summary)]
-    tasks += sorted({k[0] for k in summary} - set(tasks))
-    model_of = {k[1]: s.get("model", k[1]) for k, s in summary.items()}
-    models = sorted(model_of, key=lambda m: (model_of[m] != "transformer", model_of[m], m))
-    return tasks, models
 
 
 def _accuracy_cell(s: dict | None) -> str:
@@ -674,8 +486,7 @@ def comparison_rows(summary, task: str) -> tuple[list[str], list[list[str]], boo
         else:
             row["scratch"] = s
     rows, marked = [], False
-    for base in sorted(by_base, key=lambda b: (by_base[b]["model"] != "transformer",
-                                               by_base[b]["model"], b)):
+    for base in sorted(by_base, key=lambda b: (*model_order(by_base[b]["model"]), b)):
         scratch = by_base[base]["scratch"]
         pretrained = sorted(by_base[base]["pretrained"], key=lambda p: p[0])
         for label, pre in pretrained or [(base, None)]:
@@ -750,9 +561,9 @@ def table_rows(summary, marks: dict[tuple[str, str], list[str]] | None = None,
                 cell += f" ± {100 * s['std']:.2f}"
             for mark in marks.get((t, m), ()):
                 cell += f" {mark}"
-            cell += _convergence_text(s)
+            cell += convergence_text(s)
             if (t, m) in published:
-                cell += " " + _published_text(t, s, published[(t, m)])
+                cell += " " + published_text(t, s, published[(t, m)])
             cells.append(cell)
         # The average covers the tasks this model has; '*' marks a partial row.
         avg = [_average([accs[t] for t in averaged if t in accs], len(averaged))]
@@ -773,41 +584,6 @@ def _average(accs: list[float], of: int) -> str:
         return "-"
     return f"{100 * statistics.fmean(accs):.2f}" + ("*" if len(accs) < of else "")
 
-
-def _convergence_text(s: dict) -> str:
-    """' (k/n converged: m)' for a cell of several seeds where some did not converge."""
-    n, k = s["seeds"], s.get("converged", s["seeds"])
-    if n < 2 or k == n:
-        return ""
-    if k == 0:
-        return f" (0/{n} converged)"
-    return f" ({k}/{n} converged: {100 * s['accuracy_converged']:.2f})"
-
-
-def convergence_rows(summary) -> tuple[list[str], list[list[str]]]:
-    """Every cell with a run that did not converge: seeds converged of all, the mean over
-    all seeds and over the converged ones, and why each other run did not converge."""
-    header = ["task", "model", "converged / seeds", "mean, all seeds", "mean, converged",
-              "not converged"]
-    tasks, models = tasks_and_models(summary)
-    rows = []
-    for t in tasks:
-        for m in models:
-            s = summary.get((t, m))
-            if s is None or not s.get("not_converged"):
-                continue
-            conv = s["accuracy_converged"]
-            rows.append([t, m, f"{s['converged']}/{s['seeds']}",
-                         f"{100 * s['accuracy']:.2f}", "-" if conv is None else
-                         f"{100 * conv:.2f}",
-                         "; ".join(f"{run}: {why}" for run, why in s["not_converged"])])
-    return header, rows
-
-
-def markdown(header, rows) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def figure_points(summary, efficiency: tuple[int, dict] | None = None) -> list[tuple]:
@@ -924,6 +700,9 @@ def report(root: str, out: str | None = None, efficiency_csv: str | None = None,
         notes.append("Published numbers not shown (the runs are not of the task's full-size "
                      "config; see the note on published numbers): " + "; ".join(withheld)
                      + ".")
+    locality = locality_note(summary)
+    if locality:
+        notes.append(locality)
     if any(marked for _, _, marked in comparisons.values()):
         notes.append(PARAMS_NOTE)
     if any(s["kind"] == SELF_PRETRAINED for s in summary.values()):

@@ -20,6 +20,14 @@ Each run is `launch.py --workdir=<workdir> --config=configs/<task>.py:model=<m>,
 hash of them, order aside; the run's `sweep.json` lists them): another set of overrides
 is another set of runs, next to the first.
 
+`--locality_baseline` adds, per task and seed, the task's locality baseline after the
+models: its mixer (`local`; `local_2d` on the pixel tasks) with the config argument
+`locality` (configs/common.py apply_locality: one layer whose positions see 9
+consecutive tokens or a 3x3 patch, MEAN pooling), in `<sweep_dir>/<task>/locality_baseline/
+seed<s>[-<hash>]`, skipped, resumed and refused like any run; `lra.report` names its row
+`locality baseline`. It runs from scratch: not with --pretrain; and `locality` in
+--config_arg (every run the baseline) is refused in one line.
+
 A finished run (results.json present) is skipped if the config it recorded is the one this
 sweep would run (fields that do not change results, lra.results.NON_RESULT_FIELDS, aside);
 one that differs (another --config_arg, changed presets, a run started by hand) is not
@@ -84,6 +92,9 @@ def _define_flags() -> None:
                       "together as many steps as a from-scratch run.")
     flags.DEFINE_integer("pretrain_steps", None, "Steps of the pretraining run, below the "
                          "config's num_train_steps (the total); default half of it.")
+    flags.DEFINE_bool("locality_baseline", False, "Per task and seed, one more run: the "
+                      "task's locality baseline (config argument `locality`: one layer that "
+                      "sees a short window, MEAN pooling), into <task>/locality_baseline/.")
 
 
 # LRA's Table 1, in its order (lra.report.TASK_ORDER): what --task=all runs.
@@ -236,6 +247,41 @@ def run_dir(sweep_dir: str, task: str, model: str, seed: int,
     suffix = overrides_hash(list(overrides))
     name = f"seed{seed}" + (f"-{suffix}" if suffix else "") + PHASE_SUFFIX.get(phase, "")
     return os.path.join(sweep_dir, task, model, name)
+
+
+# --locality_baseline's runs: a name among the models (outcomes, log lines) and the folder
+# <sweep_dir>/<task>/locality_baseline/, whatever the baseline's mixer is on the task.
+LOCALITY_BASELINE = "locality_baseline"
+LOCALITY_ARG = "locality"
+
+
+def run_spec(task: str, name: str, config_arg: str) -> tuple[str, str, str]:
+    """(registry model, config argument, folder name) of the run the sweep calls `name`: a
+    model is itself; LOCALITY_BASELINE is the task's locality baseline, i.e. its mixer
+    (configs/common.py locality_model: `local`, or `local_2d` on pixels) with the config
+    argument `locality` added, in the folder LOCALITY_BASELINE."""
+    if name != LOCALITY_BASELINE:
+        return name, config_arg, name
+    if REPO not in sys.path:  # task configs import `configs.common`
+        sys.path.insert(0, REPO)
+    from configs import common
+
+    return (common.locality_model(task), ",".join(filter(None, [config_arg, LOCALITY_ARG])),
+            LOCALITY_BASELINE)
+
+
+def check_locality_args(config_arg: str, pretrain: bool, locality_baseline: bool) -> None:
+    """ValueError (one line) for a sweep that would mix the locality baseline into other
+    runs: `locality` in --config_arg (every model's runs would be the baseline, in the
+    models' folders), or --locality_baseline with --pretrain (the baseline is a
+    from-scratch run; the pretraining protocol is for the models)."""
+    if LOCALITY_ARG in [a.strip().partition("=")[0] for a in config_arg.split(",")]:
+        raise ValueError(f"--config_arg={config_arg}: `{LOCALITY_ARG}` makes every run the "
+                         "locality baseline; use --locality_baseline, which adds its runs "
+                         f"beside the models' (<task>/{LOCALITY_BASELINE}/)")
+    if pretrain and locality_baseline:
+        raise ValueError("--locality_baseline adds from-scratch runs; give it in the same "
+                         "command without --pretrain")
 
 
 def pretrain_plan(config: dict, pretrain_steps: int | None) -> tuple[int, int]:
@@ -408,13 +454,17 @@ def _run_one(*, tag: str, workdir: str, task: str, model: str, seed: int, config
 
 def sweep(*, task: str, models: list[str], seeds: list[int], config_arg: str, sweep_dir: str,
           overrides: list[str], timeout: int = 0, log=print, pretrain: bool = False,
-          pretrain_steps: int | None = None) -> dict[str, list]:
+          pretrain_steps: int | None = None, locality_baseline: bool = False
+          ) -> dict[str, list]:
     """Runs what is not finished; returns {'done': [...], 'skipped': [...], 'failed': [...],
     'refused': [...], 'blocked': [...]} of (model, seed), or with `pretrain` of
     (model, seed, PRETRAIN | FINE_TUNE). 'refused': finished earlier with another config;
     'blocked': fine-tuning runs not started because their pretraining run failed or was
-    refused. With `pretrain`, a bad split (see pretrain_plan) raises ValueError before
-    anything runs."""
+    refused. `locality_baseline`: after the models, the task's locality baseline for each
+    seed, as the model LOCALITY_BASELINE (run_spec). With `pretrain`, a bad split (see
+    pretrain_plan) raises ValueError before anything runs, as do the combinations
+    check_locality_args refuses."""
+    check_locality_args(config_arg, pretrain, locality_baseline)
     seeds = list(dict.fromkeys(seeds))
     # launch.py runs in REPO: a relative workdir (or init_from) would name another folder
     # there than the one this process creates and checks.
@@ -422,16 +472,20 @@ def sweep(*, task: str, models: list[str], seeds: list[int], config_arg: str, sw
     outcome = {"done": [], "skipped": [], "failed": [], "refused": [], "blocked": []}
     user_overrides = normalized_overrides(overrides)
     if not pretrain:
-        runs = [(m, s) for m in models for s in seeds]
-        for n, (model, seed) in enumerate(runs, 1):
+        names = [*models, *([LOCALITY_BASELINE] if locality_baseline else [])]
+        runs = [(m, s) for m in names for s in seeds]
+        for n, (name, seed) in enumerate(runs, 1):
+            # The baseline is launched (and its finished run recognised) as what it is:
+            # its mixer with the `locality` argument; only its folder and name are its own.
+            model, arg, folder = run_spec(task, name, config_arg)
             state = _run_one(
-                tag=f"[{n}/{len(runs)}] {task} {model} seed {seed}",
-                workdir=run_dir(sweep_dir, task, model, seed, overrides), task=task,
-                model=model, seed=seed, config_arg=config_arg, overrides=overrides,
-                record={"task": task, "model": model, "seed": seed, "config_arg": config_arg,
+                tag=f"[{n}/{len(runs)}] {task} {name} seed {seed}",
+                workdir=run_dir(sweep_dir, task, folder, seed, overrides), task=task,
+                model=model, seed=seed, config_arg=arg, overrides=overrides,
+                record={"task": task, "model": model, "seed": seed, "config_arg": arg,
                         "overrides": user_overrides},
                 timeout=timeout, log=log)
-            outcome[state].append((model, seed))
+            outcome[state].append((name, seed))
         return outcome
 
     # The split is the config's (num_train_steps, warmup, factors after the overrides),
@@ -524,16 +578,27 @@ def main(argv):
     unknown = [m for m in models if m not in registry.available()]
     if unknown:
         _fail(f"unknown models {unknown}; available: {', '.join(registry.available())}")
+    try:
+        check_locality_args(FLAGS.config_arg, FLAGS.pretrain, FLAGS.locality_baseline)
+    except ValueError as e:
+        _fail(str(e))
     for task in tasks:
         on = f" of {task}" if len(tasks) > 1 else ""
-        try:  # a bad --override or --config_arg: once here, not once per run
-            expected_config(task, models[0], seeds[0], FLAGS.config_arg, FLAGS.override)
-        except (AttributeError, KeyError) as e:  # --config.<field> that the config lacks
-            _fail(f"--override: unknown config field{on} "
-                  f"{str(e).strip(chr(39) + chr(34))!r}; the fields are those of "
-                  "configs/common.py:base_config and the task config")
-        except Exception as e:  # noqa: BLE001  (a bad value, a bad --config_arg)
-            _fail(f"the config{on} for {models[0]} cannot be built: {e}")
+        # A bad --override or --config_arg: once here, not once per run; with
+        # --locality_baseline, also for the baseline's config.
+        checked = [(models[0], FLAGS.config_arg, models[0])]
+        if FLAGS.locality_baseline:
+            baseline, arg, _ = run_spec(task, LOCALITY_BASELINE, FLAGS.config_arg)
+            checked.append((baseline, arg, "the locality baseline"))
+        for model, arg, name in checked:
+            try:
+                expected_config(task, model, seeds[0], arg, FLAGS.override)
+            except (AttributeError, KeyError) as e:  # --config.<field> the config lacks
+                _fail(f"--override: unknown config field{on} "
+                      f"{str(e).strip(chr(39) + chr(34))!r}; the fields are those of "
+                      "configs/common.py:base_config and the task config")
+            except Exception as e:  # noqa: BLE001  (a bad value, a bad --config_arg)
+                _fail(f"the config{on} for {name} cannot be built: {e}")
     if FLAGS.pretrain_steps is not None and not FLAGS.pretrain:
         _fail(f"--pretrain_steps={FLAGS.pretrain_steps} is for --pretrain runs; add --pretrain "
               "or leave it out")
@@ -555,7 +620,8 @@ def main(argv):
             done = sweep(task=task, models=models, seeds=seeds,
                          config_arg=FLAGS.config_arg, sweep_dir=FLAGS.sweep_dir,
                          overrides=FLAGS.override, timeout=FLAGS.timeout,
-                         pretrain=FLAGS.pretrain, pretrain_steps=FLAGS.pretrain_steps)
+                         pretrain=FLAGS.pretrain, pretrain_steps=FLAGS.pretrain_steps,
+                         locality_baseline=FLAGS.locality_baseline)
         except OSError as e:  # a read-only or full disk under --sweep_dir
             _fail(f"cannot write {e.filename or FLAGS.sweep_dir}: {e.strerror or e}; give a "
                   "--sweep_dir you can write to")

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from lra import report, sweep
 from lra.results import collect
 
@@ -189,21 +191,44 @@ def _provenance_table(module) -> dict[str, tuple[object, str]]:
     return rows
 
 
-def test_listops_provenance_table_matches_the_full_size_config():
-    from configs import listops
+# Fields every task's table states, with their source (besides SIZE_FIELDS and the task's
+# task_options): what makes a run LRA's, or says why it is not.
+PROVENANCE_FIELDS = ("learning_rate", "factors", "warmup", "weight_decay", "adam_b1",
+                     "adam_b2", "adam_eps", "grad_clip_norm", "pooling", "dropout_rate",
+                     "attention_dropout_rate", "pos_emb", "num_eval_steps", "eval_frequency",
+                     "random_seed")
+
+
+@pytest.mark.parametrize("task", sweep.TASKS)
+def test_provenance_table_matches_the_full_size_config(task):
+    """configs/<task>.py's docstring table (field | value | source) against the full-size
+    config: every row's value is the config's, every source cited is defined below the
+    table, every note referred to exists, and the fields that make a run LRA's are all
+    there (each task's own task_options, and the cosine schedule's period where there is
+    one)."""
+    import importlib
+    import re
+
     from lra.results import flatten
 
-    table = _provenance_table(listops)
-    config = flatten(_config("listops", ""))
+    module = importlib.import_module(f"configs.{task}")
+    doc = module.__doc__
+    table = _provenance_table(module)
+    config = flatten(_config(task, ""))
     for field, (value, source) in table.items():
         assert field in config, field
         assert config[field] == value, (field, config[field], value)
         assert source, field
-    # Every value that makes the run LRA's is in the table, with a source.
-    assert set(report.SIZE_FIELDS) <= set(table)
-    for field in ("learning_rate", "factors", "warmup", "weight_decay", "adam_b2", "pooling",
-                  "dropout_rate", "pos_emb", "task_options.drop_close_bracket"):
-        assert field in table, field
-    for ref in ("[C]", "[T]", "[M]", "[P]"):  # each source cited is defined below the table
-        assert any(s.startswith(ref) for _, s in table.values())
-        assert f"  {ref} " in listops.__doc__
+        assert source.startswith(("[", "ours")), (field, source)
+        for ref in re.findall(r"\[([A-Z])\]", source):  # defined below the table
+            assert f"\n  [{ref}] " in doc, (field, ref)
+        for note in re.findall(r"see (\d+)\.", source):  # a note that exists
+            assert f"\n  {note}. " in doc, (field, note)
+        if source.startswith("ours") and field != "data_dir":  # ours, and why
+            assert "(" in source, (field, source)
+    required = {*report.SIZE_FIELDS, *PROVENANCE_FIELDS,
+                *(k for k in config if k.startswith("task_options."))}
+    if "cosine_decay" in config["factors"]:
+        required.add("steps_per_cycle")
+    assert required <= set(table), sorted(required - set(table))
+    assert "Where LRA's code, configs and history disagree" in doc
