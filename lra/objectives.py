@@ -20,6 +20,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from models import precision
 from models.encoder import Classifier
 from models.pretrain import TokenPredictor
 
@@ -66,10 +67,11 @@ def _token_losses(model: TokenPredictor, tokens_BxL, mask_BxL, masked_BxL, *,
     if lm_loss == "l1":
         # The pixel intensity scaled to [0, 1]; "correct" = rounds to the right intensity.
         scale = vocab_size - 1
+        out = out.astype(jnp.float32)  # losses in float32 whatever the compute dtype
         loss = jnp.abs(out - targets.astype(jnp.float32) / scale)
         correct = jnp.round(jnp.clip(out, 0.0, 1.0) * scale).astype(targets.dtype) == targets
     else:
-        logp = jax.nn.log_softmax(out)
+        logp = jax.nn.log_softmax(out.astype(jnp.float32))
         loss = -jnp.take_along_axis(logp, targets[..., None].astype(jnp.int32), -1)[..., 0]
         correct = jnp.argmax(out, -1) == targets
     return loss, correct, weight.astype(jnp.float32)
@@ -93,8 +95,13 @@ def make_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
     (config.objective) chooses the loss: classification cross-entropy, or per-token loss
     averaged over the positions that are predicted (pretraining)."""
     objective = config.objective if config is not None else "classify"
+    # The compute dtype (config.dtype, models/precision.py): the forward pass runs on a
+    # view of the model with its parameters cast; gradients reach the parameters in
+    # their own dtype through the cast.
+    dtype = precision.dtype_of(config.get("dtype", "float32") if config is not None
+                               else "float32")
     if objective == "classify":
-        return _classify_steps(graphdef, tx, schedule, num_classes)
+        return _classify_steps(graphdef, tx, schedule, num_classes, dtype)
     lm = dict(objective=objective, lm_loss=config.lm_loss, vocab_size=vocab_size)
     mask_key = jax.random.key(config.random_seed + MASK_SEED_OFFSET)
     mask_ratio = config.mask_ratio
@@ -111,12 +118,14 @@ def make_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
             docs = _documents(batch, masked)
 
         def loss_fn(model):
-            parts = [_token_losses(model, t, m, k, deterministic=False, **lm)
+            view = precision.compute_view(model, dtype)
+            parts = [_token_losses(view, t, m, k, deterministic=False, **lm)
                      for t, m, k in docs]
             loss = sum(jnp.sum(l * w) for l, _, w in parts)
             correct = sum(jnp.sum(c * w) for _, c, w in parts)
             count = jnp.maximum(sum(jnp.sum(w) for _, _, w in parts), 1.0)
-            aux = aux_loss(model)
+            aux = aux_loss(view)
+            precision.sync_rngs(model, view)
             return loss / count + aux, (loss / count, aux, correct / count)
 
         grad_fn = nnx.grad(loss_fn, argnums=nnx.DiffState(0, nnx.Param), has_aux=True)
@@ -132,7 +141,8 @@ def make_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
         return new_state, metrics
 
     def eval_step(weights, batch):
-        model = nnx.merge(graphdef, weights["params"], weights["rest"])
+        model = precision.compute_view(
+            nnx.merge(graphdef, weights["params"], weights["rest"]), dtype)
         row_B = batch["weights"]
         sums = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
         for t, m, k in _documents(batch):
@@ -147,15 +157,17 @@ def make_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
 
 
 def _classify_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
-                    schedule: optax.Schedule, num_classes: int):
+                    schedule: optax.Schedule, num_classes: int, dtype=jnp.float32):
     """Classification: cross-entropy of the pooled logits against the labels."""
 
     def train_step(state, batch):
         model = nnx.merge(graphdef, state["params"], state["rest"])
 
         def loss_fn(model):
-            logits = _apply(model, batch, deterministic=False)
-            aux = aux_loss(model)
+            view = precision.compute_view(model, dtype)
+            logits = _apply(view, batch, deterministic=False)
+            aux = aux_loss(view)
+            precision.sync_rngs(model, view)
             ce = jnp.mean(_cross_entropy(logits, batch["targets"], num_classes))
             return ce + aux, (ce, aux, logits)
 
@@ -178,7 +190,8 @@ def _classify_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
         return new_state, metrics
 
     def eval_step(weights, batch):
-        model = nnx.merge(graphdef, weights["params"], weights["rest"])
+        model = precision.compute_view(
+            nnx.merge(graphdef, weights["params"], weights["rest"]), dtype)
         logits = _apply(model, batch, deterministic=True)
         w = batch["weights"]
         return {

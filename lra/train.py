@@ -35,7 +35,7 @@ from lra.results import flatten
 from lra.console import log as _log
 from lra.console import warn as _warn
 from lra.errors import CheckpointError, ConfigError, DataError, UserError
-from models import registry
+from models import precision, registry
 from models.encoder import Classifier, DualClassifier
 from lra.objectives import add_eval_masks, make_steps
 from models.pretrain import TokenPredictor
@@ -267,6 +267,8 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
 
     def init_state() -> dict:
         _, params, rest = nnx.split(build_model(config, task), nnx.Param, ...)
+        # config.param_dtype: the parameters (and so the optimizer's state) as stored.
+        params = precision.cast_params(params, precision.dtype_of(config.param_dtype))
         return {"step": jnp.int32(0), "params": params, "rest": rest,
                 "opt_state": tx.init(params)}
 

@@ -68,7 +68,10 @@ class Embeddings(nnx.Module):
             pos_LxD = self.position[:seq_len]
         else:
             pos_LxD = sinusoidal_positions(seq_len, dim)
-        return self.dropout(x_BxLxD + pos_LxD[None], deterministic=deterministic)
+        # The table in the activations' dtype (bfloat16 under mixed precision; a float32
+        # sinusoid would promote the whole encoder back to float32).
+        return self.dropout(x_BxLxD + pos_LxD[None].astype(x_BxLxD.dtype),
+                            deterministic=deterministic)
 
     def at(self, tokens_B: jax.Array, pos_B: jax.Array) -> jax.Array:
         """One token per row at its own position (decoding; no CLS, no dropout): BxD."""

@@ -267,9 +267,9 @@ class ScanDirection(nnx.Module):
                                    rngs=rngs) if gated else None)
         if gated:
             self.a_log = layers.param(a_log_init, ("heads",), (num_heads,), rngs=rngs,
-                                      no_weight_decay=True)
+                                      no_weight_decay=True, keep_float32=True)
             self.dt_bias = layers.param(dt_bias_init, ("heads",), (num_heads,), rngs=rngs,
-                                        no_weight_decay=True)
+                                        no_weight_decay=True, keep_float32=True)
 
     def conv_weights(self) -> tuple[jax.Array, jax.Array, jax.Array]:
         """The three kernels as WxHxF (channels are heads x features, head-major)."""

@@ -135,11 +135,11 @@ class SSDDirection(nnx.Module):
                                  rngs=rngs)
         self.conv_bias = layers.param(conv_init(conv_size), (None,), (channels,), rngs=rngs)
         self.dt_bias = layers.param(dt_bias_init, ("heads",), (num_heads,), rngs=rngs,
-                                    no_weight_decay=True)
+                                    no_weight_decay=True, keep_float32=True)
         self.a_log = layers.param(a_log_init, ("heads",), (num_heads,), rngs=rngs,
-                                  no_weight_decay=True)
+                                  no_weight_decay=True, keep_float32=True)
         self.d = layers.param(layers.ones, ("heads",), (num_heads,), rngs=rngs,
-                              no_weight_decay=True)
+                              no_weight_decay=True, keep_float32=True)
 
     def steps(self, dt_raw_xH: jax.Array, real_x: jax.Array) -> tuple[jax.Array, jax.Array]:
         """dt = softplus(logits + dt_bias) > 0 and log a = dt A <= 0, ...xH, float32; both 0

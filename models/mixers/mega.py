@@ -67,7 +67,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models import decoding, layers, registry
-from models.mixers.ssm import _check_causal_form, _zero_padded
+from models.mixers.ssm import _check_causal_form, _f32, _zero_padded
 
 ATTENTION_ACTIVATIONS = ("softmax", "laplace", "relu2")
 _STD = 0.02  # Mega's reset_parameters: every projection, gamma and the relative bias
@@ -108,21 +108,24 @@ class MultiHeadEMA(nnx.Module):
         self.truncation = truncation
         self.bidirectional = bidirectional
         shape, names = (2 if bidirectional else 1, dim, ndim), (None, "embed", None)
-        self.delta = layers.param(_normal(0.2), names, shape, rngs=rngs)
-        self.alpha = layers.param(_normal(0.2), names, shape, rngs=rngs)
-        self.beta = layers.param(_alternating(0.02), names, shape, rngs=rngs)
-        self.gamma = layers.param(_normal(1.0), names, shape, rngs=rngs)
-        self.omega = layers.param(_normal(1.0), ("embed",), (dim,), rngs=rngs)
+        # The EMA's parameters stay float32 under mixed precision (models/precision.py).
+        ema = dict(rngs=rngs, keep_float32=True)
+        self.delta = layers.param(_normal(0.2), names, shape, **ema)
+        self.alpha = layers.param(_normal(0.2), names, shape, **ema)
+        self.beta = layers.param(_alternating(0.02), names, shape, **ema)
+        self.gamma = layers.param(_normal(1.0), names, shape, **ema)
+        self.omega = layers.param(_normal(1.0), ("embed",), (dim,), **ema)
 
     def coeffs(self) -> tuple[jax.Array, jax.Array, jax.Array]:
         """(p beta, log q, gamma / sqrt(N)), each directions x D x N: the input weight,
         the log decay and the read-out. log q < 0; q is floored at the smallest normal
         float so that a saturated p alpha = 1 gives a huge negative log, not -inf (whose
         0 * -inf at lag 0 would be NaN)."""
-        p = jax.nn.sigmoid(self.delta[...])
-        q = 1.0 - p * jax.nn.sigmoid(self.alpha[...])
+        # float32 whatever the compute dtype (models/precision.py): the EMA is a state.
+        p = jax.nn.sigmoid(_f32(self.delta))
+        q = 1.0 - p * jax.nn.sigmoid(_f32(self.alpha))
         log_q = jnp.log(jnp.maximum(q, jnp.finfo(jnp.float32).tiny))
-        return p * self.beta[...], log_q, self.gamma[...] / math.sqrt(self.ndim)
+        return p * _f32(self.beta), log_q, _f32(self.gamma) / math.sqrt(self.ndim)
 
     def reach(self, length: int) -> int:
         """Lags the kernel has: min(truncation, length); all of them for truncation 0."""
@@ -138,6 +141,7 @@ class MultiHeadEMA(nnx.Module):
     def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None) -> jax.Array:
         """silu(EMA(x) + omega o x), float32 (padded inputs zeroed before the EMA)."""
         length, dim = x_BxLxD.shape[1:]
+        x_BxLxD = x_BxLxD.astype(jnp.float32)
         u_BxLxD = _zero_padded(x_BxLxD, padding_mask)
         k_KxDxT = self.kernel(length)
         size = 2 * length  # lags in (-L, L): an FFT of size 2L never wraps
@@ -151,7 +155,7 @@ class MultiHeadEMA(nnx.Module):
         y_BxLxD = jnp.fft.irfft(jnp.fft.rfft(u_BxLxD, n=size, axis=1)
                                 * jnp.fft.rfft(k_DxS, n=size, axis=-1).T[None],
                                 n=size, axis=1)[:, :length]
-        return jax.nn.silu(y_BxLxD + self.omega[...] * x_BxLxD)
+        return jax.nn.silu(y_BxLxD + _f32(self.omega) * x_BxLxD)
 
 
 class Mega(nnx.Module):
@@ -214,7 +218,8 @@ class Mega(nnx.Module):
     def _attend(self, q_xQxZ, k_xKxZ, v_xKxH, allowed_xQxK, bias_xQxK,
                 deterministic: bool) -> jax.Array:
         """Single-head attention of the queries over the keys they are allowed."""
-        qk_xQxK = jnp.einsum("...qz,...kz->...qk", q_xQxZ, k_xKxZ)
+        qk_xQxK = jnp.einsum("...qz,...kz->...qk", q_xQxZ, k_xKxZ,
+                             preferred_element_type=jnp.float32)  # softmax in float32
         if self.attention_activation == "softmax":
             logits = qk_xQxK * self.z_dim ** -0.5 + bias_xQxK
             weights = jax.nn.softmax(jnp.where(allowed_xQxK, logits, _NEG), axis=-1)
@@ -330,7 +335,7 @@ class Mega(nnx.Module):
             ema_BxDxN = ema_BxDxN - jnp.exp(trunc * log_q) * pb * dropped_BxD[..., None]
             new["ema_x"] = decoding.write_row(cache["ema_x"], slot_B, x_BxD_)
         mx_BxD = jax.nn.silu(jnp.einsum("bdn,dn->bd", ema_BxDxN, read)
-                             + self.ema.omega[...] * x_BxD_)
+                             + _f32(self.ema.omega) * x_BxD_)
         u, q_BxZ, k_BxZ, r, hx = self._gates(mx_BxD, True)
         slots = cache["k"].shape[1]
         slot_B = jnp.mod(pos_B, slots)

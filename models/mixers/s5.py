@@ -80,7 +80,7 @@ import numpy as np
 from flax import nnx
 
 from models import decoding, layers, registry
-from models.mixers.ssm import (_NO_PRODUCTS, _check_causal_form, _complex, _pair,
+from models.mixers.ssm import (_NO_PRODUCTS, _f32, _check_causal_form, _complex, _pair,
                                _zero_padded, linear_scan)
 
 C_INITS = ("trunc_standard_normal", "lecun_normal", "complex_normal")
@@ -177,15 +177,15 @@ class S5(nnx.Module):
             return jax.random.uniform(key, shape, dtype, log_lo, log_hi)
 
         # Groups, not no_weight_decay marks: whether B decays depends on S5's opt_config.
-        ssm = dict(rngs=rngs, param_group="ssm")
+        ssm = dict(rngs=rngs, param_group="ssm", keep_float32=True)
         self.lambda_re = layers.param(constant(lam_init.real), (None,), (self.half,), **ssm)
         self.lambda_im = layers.param(constant(lam_init.imag), (None,), (self.half,), **ssm)
         self.b = layers.param(b_init, (None, "embed", None), (self.half, dim, 2),
-                              rngs=rngs, param_group="ssm_b")
+                              rngs=rngs, param_group="ssm_b", keep_float32=True)
         self.log_step = layers.param(log_step_init, (None,), (self.half,), **ssm)
         directions = 1 if causal else 2  # S5's bidirectional C1, C2
         self.c = layers.param(c_init_fn, (None, "embed", None, None),
-                              (directions, dim, self.half, 2), rngs=rngs)
+                              (directions, dim, self.half, 2), rngs=rngs, keep_float32=True)
         self.d = layers.param(lambda key, shape, dtype=jnp.float32:
                               jax.random.normal(key, shape, dtype), ("embed",), (dim,),
                               rngs=rngs)
@@ -193,12 +193,12 @@ class S5(nnx.Module):
 
     def discretised(self) -> tuple[jax.Array, jax.Array]:
         """(Lambda_bar P/2, B_bar P/2 x H), complex64."""
-        re = self.lambda_re[...]
+        re = _f32(self.lambda_re)
         if self.clip_eigs:
             re = jnp.minimum(re, CLIP_RE)
-        lam = jax.lax.complex(re, self.lambda_im[...])
-        step = jnp.exp(self.log_step[...])
-        b_NxH = _complex(self.b[...])
+        lam = jax.lax.complex(re, _f32(self.lambda_im))
+        step = jnp.exp(_f32(self.log_step))
+        b_NxH = _complex(_f32(self.b))
         if self.discretization == "zoh":
             lam_bar = jnp.exp(step * lam)
             return lam_bar, ((lam_bar - 1.0) / lam)[:, None] * b_NxH
@@ -216,12 +216,12 @@ class S5(nnx.Module):
     def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None = None,
                  deterministic: bool = True) -> jax.Array:
         lam_bar, u_BxLxH, bu_BxLxN = self._inputs(x_BxLxD, padding_mask)
-        c_CxHxN = _complex(self.c[...])
+        c_CxHxN = _complex(_f32(self.c))
         read_BxLxH = jnp.einsum("bln,hn->blh", linear_scan(lam_bar, bu_BxLxN), c_CxHxN[0])
         if not self.causal:
             read_BxLxH = read_BxLxH + jnp.einsum(
                 "bln,hn->blh", linear_scan(lam_bar, bu_BxLxN, reverse=True), c_CxHxN[1])
-        y_BxLxH = 2.0 * jnp.real(read_BxLxH) + self.d[...] * u_BxLxH
+        y_BxLxH = 2.0 * jnp.real(read_BxLxH) + _f32(self.d) * u_BxLxH
         return self.head(y_BxLxH, deterministic).astype(x_BxLxD.dtype)
 
     # Decoding, form recurrent_state: the P/2 complex state x_t, y = 2 Re(C~ x_t) + D u_t.
@@ -251,8 +251,8 @@ class S5(nnx.Module):
         state_BxN = (lam_bar * _complex(cache["x"])
                      + jnp.einsum("bh,nh->bn", u_BxH.astype(jnp.complex64), b_NxH))
         y_BxH = (2.0 * jnp.real(jnp.einsum("bn,hn->bh", state_BxN,
-                                           _complex(self.c[...])[0]))
-                 + self.d[...] * u_BxH)
+                                           _complex(_f32(self.c))[0]))
+                 + _f32(self.d) * u_BxH)
         return (self.head(y_BxH).astype(x_BxD.dtype),
                 {"pos": cache["pos"] + 1, "x": _pair(state_BxN)})
 

@@ -77,6 +77,12 @@ _NO_PRODUCTS = "it mixes by a linear recurrence and forms no query-key products 
 # ----------------------------------------------------------------------------- shared
 
 
+def _f32(param: nnx.Variable) -> jax.Array:
+    """A parameter's value in float32: the SSM is computed in float32 (and complex64)
+    whatever the compute dtype (models/precision.py), as its state must be."""
+    return param[...].astype(jnp.float32)
+
+
 def _complex(pair: jax.Array) -> jax.Array:
     """[..., 2] float32 (re, im) -> complex64."""
     return jax.lax.complex(pair[..., 0], pair[..., 1])
@@ -161,7 +167,7 @@ class S4D(nnx.Module):
 
         imag = jnp.asarray(s4d_imag(init, d_state), jnp.float32)
         # S4's register(..., lr=0.001, wd=0.0): group "ssm" (configs/presets.py PARAM_GROUPS)
-        ssm = dict(rngs=rngs, no_weight_decay=True, param_group="ssm")
+        ssm = dict(rngs=rngs, no_weight_decay=True, param_group="ssm", keep_float32=True)
         self.log_dt = layers.param(log_dt_init, ("embed",), (dim,), **ssm)
         self.log_a_real = layers.param(jax.nn.initializers.constant(math.log(0.5)),
                                        ("embed", None), (dim, half), **ssm)
@@ -173,21 +179,21 @@ class S4D(nnx.Module):
         # per direction (S4's bidirectional kernel has channels * 2).
         directions = 1 if causal else 2
         self.c = layers.param(_normal(math.sqrt(0.5)), (None, "embed", None, None),
-                              (directions, dim, half, 2), rngs=rngs)
+                              (directions, dim, half, 2), rngs=rngs, keep_float32=True)
         self.d = layers.param(_normal(1.0), ("embed",), (dim,), rngs=rngs)
         self.head = _Head(dim, exact_gelu=True, dropout=dropout, rngs=rngs)
 
     def discretised(self) -> tuple[jax.Array, jax.Array]:
         """(dt A, dB), H x N/2 complex64: ZOH, dB = (exp(dt A) - 1) / A * B."""
-        dt_H = jnp.exp(self.log_dt[...])
-        a_HxN = jax.lax.complex(-jnp.exp(self.log_a_real[...]), self.a_imag[...])
+        dt_H = jnp.exp(_f32(self.log_dt))
+        a_HxN = jax.lax.complex(-jnp.exp(_f32(self.log_a_real)), _f32(self.a_imag))
         dta_HxN = dt_H[:, None] * a_HxN
-        return dta_HxN, (jnp.exp(dta_HxN) - 1.0) / a_HxN * _complex(self.b[...])
+        return dta_HxN, (jnp.exp(dta_HxN) - 1.0) / a_HxN * _complex(_f32(self.b))
 
     def kernel(self, length: int) -> jax.Array:
         """K (directions x H x L float32): K[c, h, l] = 2 Re(sum_n C dB dA^l)."""
         dta_HxN, db_HxN = self.discretised()
-        cb_CxHxN = _complex(self.c[...]) * db_HxN
+        cb_CxHxN = _complex(_f32(self.c)) * db_HxN
         return 2.0 * jnp.real(jnp.einsum("chn,hnl->chl", cb_CxHxN,
                                          vandermonde(dta_HxN, length)))
 
@@ -204,7 +210,7 @@ class S4D(nnx.Module):
         y_BxLxH = jnp.fft.irfft(jnp.fft.rfft(u_BxLxH, n=size, axis=1)
                                 * jnp.fft.rfft(k_HxT, n=size, axis=-1).T[None],
                                 n=size, axis=1)[:, :length]
-        y_BxLxH = y_BxLxH + self.d[...] * u_BxLxH
+        y_BxLxH = y_BxLxH + _f32(self.d) * u_BxLxH
         return self.head(y_BxLxH, deterministic).astype(x_BxLxD.dtype)
 
     # Decoding, form recurrent_state (models.decoding): per channel the N/2 complex state
@@ -239,8 +245,8 @@ class S4D(nnx.Module):
         u_BxH = x_BxD.astype(jnp.float32)
         dta_HxN, db_HxN = self.discretised()
         state_BxHxN = jnp.exp(dta_HxN) * _complex(cache["x"]) + db_HxN * u_BxH[..., None]
-        y_BxH = (2.0 * jnp.real(jnp.sum(_complex(self.c[...])[0] * state_BxHxN, axis=-1))
-                 + self.d[...] * u_BxH)
+        y_BxH = (2.0 * jnp.real(jnp.sum(_complex(_f32(self.c))[0] * state_BxHxN, axis=-1))
+                 + _f32(self.d) * u_BxH)
         return (self.head(y_BxH).astype(x_BxD.dtype),
                 {"pos": cache["pos"] + 1, "x": _pair(state_BxHxN)})
 
@@ -306,11 +312,12 @@ class LRU(nnx.Module):
         def theta_init(key, shape, dtype=jnp.float32):
             return jnp.log(max_phase * jax.random.uniform(key, shape, dtype))
 
-        ssm = dict(rngs=rngs, no_weight_decay=True, param_group="ssm")  # minimal-LRU's "ssm"
+        ssm = dict(rngs=rngs, no_weight_decay=True, param_group="ssm",  # minimal-LRU's "ssm"
+                   keep_float32=True)
         self.nu_log = layers.param(nu_init, (None,), (d_state,), **ssm)
         self.theta_log = layers.param(theta_init, (None,), (d_state,), **ssm)
         # gamma = sqrt(1 - |lambda|^2) of the initial lambda, then a parameter of its own.
-        modulus2 = jnp.exp(-2.0 * jnp.exp(self.nu_log[...]))
+        modulus2 = jnp.exp(-2.0 * jnp.exp(_f32(self.nu_log)))
         self.gamma_log = layers.param(
             lambda key, shape, dtype: 0.5 * jnp.log(1.0 - modulus2), (None,), (d_state,),
             **ssm)
@@ -320,24 +327,24 @@ class LRU(nnx.Module):
         directions = 1 if causal else 2  # S5's bidirectional form: a C per direction
         c_init = _normal(1.0 / math.sqrt(d_state))
         self.c_re = layers.param(c_init, (None, "embed", None), (directions, dim, d_state),
-                                 rngs=rngs)
+                                 rngs=rngs, keep_float32=True)
         self.c_im = layers.param(c_init, (None, "embed", None), (directions, dim, d_state),
-                                 rngs=rngs)
+                                 rngs=rngs, keep_float32=True)
         self.d = layers.param(_normal(1.0), ("embed",), (dim,), rngs=rngs)
         self.head = _Head(dim, exact_gelu=False, dropout=dropout, rngs=rngs)
 
     def lam(self) -> jax.Array:
         """lambda (N complex64), |lambda| = exp(-exp(nu_log)) < 1."""
-        return jnp.exp(jax.lax.complex(-jnp.exp(self.nu_log[...]),
-                                       jnp.exp(self.theta_log[...])))
+        return jnp.exp(jax.lax.complex(-jnp.exp(_f32(self.nu_log)),
+                                       jnp.exp(_f32(self.theta_log))))
 
     def b_norm(self) -> jax.Array:
         """B o gamma (N x H complex64)."""
-        return (jax.lax.complex(self.b_re[...], self.b_im[...])
-                * jnp.exp(self.gamma_log[...])[:, None])
+        return (jax.lax.complex(_f32(self.b_re), _f32(self.b_im))
+                * jnp.exp(_f32(self.gamma_log))[:, None])
 
     def c(self) -> jax.Array:
-        return jax.lax.complex(self.c_re[...], self.c_im[...])  # directions x H x N
+        return jax.lax.complex(_f32(self.c_re), _f32(self.c_im))  # directions x H x N
 
     def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None = None,
                  deterministic: bool = True) -> jax.Array:
@@ -348,7 +355,7 @@ class LRU(nnx.Module):
         if not self.causal:
             read_BxLxH = read_BxLxH + jnp.einsum(
                 "bln,hn->blh", linear_scan(lam_N, bu_BxLxN, reverse=True), c_CxHxN[1])
-        y_BxLxH = jnp.real(read_BxLxH) + self.d[...] * u_BxLxH
+        y_BxLxH = jnp.real(read_BxLxH) + _f32(self.d) * u_BxLxH
         return self.head(y_BxLxH, deterministic).astype(x_BxLxD.dtype)
 
     # Decoding, form recurrent_state: the N complex state x_t, y = Re(C x_t) + D u_t.
@@ -378,7 +385,7 @@ class LRU(nnx.Module):
         state_BxN = (self.lam() * _complex(cache["x"])
                      + jnp.einsum("bh,nh->bn", u_BxH.astype(jnp.complex64), self.b_norm()))
         y_BxH = (jnp.real(jnp.einsum("bn,hn->bh", state_BxN, self.c()[0]))
-                 + self.d[...] * u_BxH)
+                 + _f32(self.d) * u_BxH)
         return (self.head(y_BxH).astype(x_BxD.dtype),
                 {"pos": cache["pos"] + 1, "x": _pair(state_BxN)})
 
