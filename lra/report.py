@@ -80,8 +80,8 @@ from absl import app, flags
 
 # `collect` is re-exported: notebooks/compare_variants.ipynb and researchers' own
 # notebooks read runs as `report.collect(dir)`, as before lra/results.py held it.
-from lra.results import (NON_RESULT_FIELDS, PRETRAINING, SCRATCH, SEED_FIELD,  # noqa: F401
-                         SELF_PRETRAINED, annotate, collect, flatten, is_number, kind,
+from lra.results import (IMPLIED_WHEN_ABSENT, NON_RESULT_FIELDS, PRETRAINING,  # noqa: F401
+                         SCRATCH, SEED_FIELD, SELF_PRETRAINED, annotate, collect, flatten, is_number, kind,
                          load, nothing_found, objective, pretraining_steps,
                          pretraining_warnings)
 # The protocol's pieces (published numbers, convergence counting, the locality baseline,
@@ -150,8 +150,9 @@ def _grouping_config(r: dict) -> dict | None:
     config = r.get("config")
     if not isinstance(config, dict):
         return None
-    flat = {k: v for k, v in flatten(config).items()
-            if k != SEED_FIELD and k not in NON_RESULT_FIELDS and k != "init_from"}
+    flat = {**IMPLIED_WHEN_ABSENT,
+            **{k: v for k, v in flatten(config).items()
+               if k != SEED_FIELD and k not in NON_RESULT_FIELDS and k != "init_from"}}
     steps = pretraining_steps(r) if kind(r) == SELF_PRETRAINED else None
     if steps is not None and is_number(flat.get("num_train_steps")):
         flat["num_train_steps"] += steps

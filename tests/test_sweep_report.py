@@ -551,3 +551,24 @@ def test_report_names_the_locality_baseline_row_and_says_what_it_sees(tmp_path):
     (withheld,) = [l for l in text.splitlines() if l.startswith("Published numbers not shown")]
     assert "listops local" in withheld and "locality" not in withheld
     assert "| locality baseline |" in text.split("### listops: test accuracy")[1]
+
+
+def test_a_run_recorded_before_a_field_existed_shares_the_row_of_its_config(tmp_path):
+    """dtype (added later) absent from an older run's record means float32: the run and a
+    new float32 run of the same config are one row of two seeds; a bfloat16 run is not."""
+    root = str(tmp_path)
+    new = sweep.expected_config("listops", "transformer", 1, "mini", [])
+    old = {k: v for k, v in sweep.expected_config("listops", "transformer", 0, "mini",
+                                                  []).items() if k != "dtype"}
+    assert new["dtype"] == "float32"
+    _write_run(root, "transformer", 0, 0.38, old)
+    _write_run(root, "transformer", 1, 0.40, new)
+    header, rows = report.table_rows(report.summarize(collect(root)))
+    assert [r[0] for r in rows] == ["transformer", "(majority class)"]
+    _write_run(root, "transformer_bf16", 2, 0.36, {**new, "dtype": "bfloat16",
+                                                   "random_seed": 2})
+    header, rows = report.table_rows(report.summarize(collect(root)))
+    assert [r[0] for r in rows][:2] == ["transformer [dtype=float32]",
+                                        "transformer [dtype=bfloat16]"] or \
+        [r[0] for r in rows][:2] == ["transformer [dtype=bfloat16]",
+                                     "transformer [dtype=float32]"]
