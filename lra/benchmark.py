@@ -56,6 +56,8 @@ def _define_flags() -> None:
     flags.DEFINE_integer("num_heads", 0, "Attention heads (0: the task config's; 4 in mixer "
                          "mode).")
     flags.DEFINE_integer("num_layers", 0, "Layers in train_step mode (0: the task config's).")
+    flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "train_step mode: "
+                      "config.dtype, the compute dtype (parameters stay float32).")
     flags.DEFINE_enum("attention_impl", "dense", list(common.ATTENTION_IMPLS),
                       "train_step mode: config.attention_impl for the variants that have "
                       "it; the others run their own (attention_impl=dense), marked in the "
@@ -132,7 +134,7 @@ def measure(model: str, length: int, *, batch_size: int, dim: int, num_heads: in
 def measure_train_step(model: str, length: int, *, task: str = "text", batch_size: int = 0,
                        dim: int = 0, num_heads: int = 0, num_layers: int = 0,
                        repeats: int = 3, attention_impl: str = "dense",
-                       config_arg: str = "") -> dict:
+                       config_arg: str = "", dtype: str = "float32") -> dict:
     """Time (s) and compiled temporary memory (bytes) of one training step of `model` on
     `task`'s config (get_config("model=<model>,<config_arg>")) at max_length `length`
     (sizes: the config's, unless given)."""
@@ -143,7 +145,7 @@ def measure_train_step(model: str, length: int, *, task: str = "text", batch_siz
 
     config = importlib.import_module(f"configs.{task}").get_config(
         f"model={model}" + (f",{config_arg}" if config_arg else ""))
-    config.max_length = length
+    config.max_length, config.dtype = length, dtype
     for field, value in (("batch_size", batch_size), ("emb_dim", dim), ("qkv_dim", dim),
                          ("num_heads", num_heads), ("num_layers", num_layers)):
         if value:
@@ -162,7 +164,8 @@ def measure_train_step(model: str, length: int, *, task: str = "text", batch_siz
              "targets": rng.integers(0, task_info.num_classes, (b,), np.int32)}
     if task_info.dual_input:
         batch.update(inputs2=batch["inputs"][::-1].copy(), mask2=batch["mask"])
-    train_step, _ = train.make_steps(graphdef, tx, schedule, task_info.num_classes)
+    train_step, _ = train.make_steps(graphdef, tx, schedule, task_info.num_classes, config,
+                                     task_info.vocab_size)
     compiled = jax.jit(train_step, donate_argnums=0).lower(state, batch).compile(
         _MEMORY_ONLY_OPTIONS if repeats == 0 else None)
     analysis = compiled.memory_analysis()
@@ -290,7 +293,7 @@ def table(rows: list[dict], lengths: list[int], attention_impl: str = "dense") -
 
 CSV_FIELDS = ["model", "length", "time_s", "temp_bytes", "device_peak_bytes", "error",
               "impl", "mode", "task", "batch_size", "dim", "num_heads", "num_layers",
-              "attention_impl", "repeats", "platform", "config_arg"]
+              "attention_impl", "repeats", "platform", "config_arg", "dtype"]
 
 
 def append_csv(path: str, row: dict, settings: dict) -> None:
@@ -336,7 +339,7 @@ def measure_cell(model: str, length: int) -> dict:
                 model, length, task=FLAGS.task, batch_size=FLAGS.batch_size,
                 dim=FLAGS.dim, num_heads=FLAGS.num_heads, num_layers=FLAGS.num_layers,
                 repeats=FLAGS.repeats, attention_impl=FLAGS.attention_impl,
-                config_arg=FLAGS.config_arg)
+                config_arg=FLAGS.config_arg, dtype=FLAGS.dtype)
         return measure(model, length, batch_size=FLAGS.batch_size or 1,
                        dim=FLAGS.dim or 256, num_heads=FLAGS.num_heads or 4,
                        repeats=FLAGS.repeats, task=FLAGS.task)
@@ -417,7 +420,7 @@ def main(argv):
     settings = {"mode": FLAGS.mode, "task": FLAGS.task, "batch_size": FLAGS.batch_size,
                 "dim": FLAGS.dim, "num_heads": FLAGS.num_heads, "num_layers": FLAGS.num_layers,
                 "attention_impl": FLAGS.attention_impl, "repeats": FLAGS.repeats,
-                "platform": platform, "config_arg": FLAGS.config_arg}
+                "platform": platform, "config_arg": FLAGS.config_arg, "dtype": FLAGS.dtype}
     setting_flags = [f"--{k}={v}" for k, v in settings.items() if k != "platform"]
     done = read_csv(FLAGS.csv, settings) if FLAGS.csv else {}
     if done:
@@ -456,6 +459,8 @@ def main(argv):
     if attention_impl != "dense":
         what += (f" (attention_impl={attention_impl} where a variant has it, else its own: "
                  "the impl column)")
+    if FLAGS.mode == "train_step" and FLAGS.dtype != "float32":
+        what += f", computing in {FLAGS.dtype}"
     print(f"{what}; {sizes}; {platform}, jax {jax.__version__}. "
           f"Cells: time per step, XLA temporary memory (ratios to transformer).\n")
     print(table(rows, lengths, attention_impl))

@@ -407,6 +407,10 @@ def generate(workdir: str, *, num_samples: int = 4, max_new_tokens: int | None =
     pixels = config.task in PIXEL_TASKS
     model = build(config, task)
     step, kind = restore(model, workdir)
+    from models import precision
+
+    # Decode in the dtype the run computed in (config.dtype; float32 for older runs).
+    model = precision.compute_view(model, precision.dtype_of(config.get("dtype", "float32")))
     data_dir = data_dir or config.data_dir
     tokens_NxL, lengths_N = load_test_examples(config, task, data_dir, num_samples)
     if len(lengths_N) < num_samples:

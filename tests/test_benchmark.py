@@ -129,7 +129,7 @@ def _flags(**overrides):
         "mode": "train_step", "models": ["transformer"], "lengths": ["32"], "batch_size": 2,
         "dim": 16, "num_heads": 2, "num_layers": 1, "attention_impl": "dense", "repeats": 1,
         "task": "listops", "config_arg": "", "csv": None, "isolate": "false", "cell": None,
-        "transformer_max_length": 0, **overrides})
+        "transformer_max_length": 0, "dtype": "float32", **overrides})
 
 
 def test_attention_impl_a_variant_lacks_runs_its_own(monkeypatch, capsys, tmp_path):

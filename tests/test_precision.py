@@ -119,3 +119,20 @@ def test_a_bfloat16_run_trains(listops_dir, tiny_listops_config, tmp_path):
     losses = [h["loss"] for h in results["train_history"]]
     assert np.isfinite(losses).all() and losses[-1] < losses[0], losses
     assert results["config"]["dtype"] == "bfloat16"
+
+
+@pytest.mark.parametrize("name, impl", [("linear", "pallas"), ("local", "pallas"),
+                                        ("local", "blocksparse")])
+def test_kernels_take_bfloat16_through_the_config(name, impl):
+    """attention_impl=pallas / blocksparse under bfloat16 (the Pallas kernels in interpret
+    mode on CPU: bf16 inputs, float32 accumulation) within the same bound of float32."""
+    config = listops.get_config(f"model={name},runlocal")
+    config.max_length, config.attention_impl = 2 * LENGTH, impl
+    model = randomize_params(train.build_model(config, lra.tasks.get("listops")), seed=5,
+                             scale=0.3)
+    vocab = lra.tasks.get("listops").vocab_size
+    tokens = jax.random.randint(jax.random.key(0), (2, 2 * LENGTH), 1, vocab)
+    mask = jnp.arange(2 * LENGTH)[None] < jnp.array([[2 * LENGTH], [40]])
+    f32 = model(tokens, mask, deterministic=True)
+    b16 = precision.compute_view(model, jnp.bfloat16)(tokens, mask, deterministic=True)
+    assert float(jnp.max(jnp.abs(b16 - f32)) / jnp.max(jnp.abs(f32))) < TOLERANCE
