@@ -10,7 +10,7 @@ from typing import Any
 
 import ml_collections
 
-from configs import presets
+from configs import presets, recipes
 from lra.errors import ConfigError
 
 ATTENTION_IMPLS = ("dense", "blocksparse", "pallas")
@@ -18,8 +18,8 @@ ATTENTION_IMPLS = ("dense", "blocksparse", "pallas")
 
 # Config arguments every task config takes besides its own (`defaults` of parse_arg),
 # applied by apply_objective_args: `locality`, the task's locality baseline (see
-# apply_locality).
-SHARED_ARGS = {"locality": False}
+# apply_locality); `paper`, the variant's own published recipe (configs/recipes.py).
+SHARED_ARGS = {"locality": False, "paper": False}
 
 
 def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
@@ -58,6 +58,7 @@ def base_config(*, task: str, model: str) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.task = task
     c.model = model
+    c.recipe = ""  # the source of the `paper` recipe it follows (configs/recipes.py)
     # Variant hyperparameters (window, num_features, ...): from the shared presets, so
     # `--config.model_hparams.<name>=...` works for exactly the fields the variant takes.
     # Stated here at the task's reference length; `finalize` rescales them (and the
@@ -216,8 +217,11 @@ def apply_locality(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict)
 
 
 def apply_objective_args(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> None:
-    """The config arguments shared by every task config: `locality`, `causal`, `pretrain`.
+    """The config arguments shared by every task config: `paper`, `locality`, `causal`,
+    `pretrain`.
 
+    `paper`: the variant's own published recipe for the task (configs/recipes.py), a
+    full-size one: refused with `mini`, `runlocal` or `locality`.
     `locality`: the task's locality baseline (apply_locality).
     `causal`: a causal encoder (models that support it), pooled by MEAN, since a causal
     CLS token (position 0) would see only itself.
@@ -227,6 +231,14 @@ def apply_objective_args(c: ml_collections.ConfigDict, arg: ml_collections.Confi
     schedule and model stay the task config's, so that the fine-tuning run
     (`--config.init_from=<this workdir>`, same arguments without `pretrain`) matches in
     size."""
+    if arg.paper:
+        small = [name for name in ("mini", "runlocal", "locality") if arg.get(name)]
+        if small:
+            raise ConfigError(
+                f"config argument 'paper' is {arg.model}'s published {c.task} recipe at its "
+                f"full size (configs/recipes.py); it does not combine with "
+                f"{', '.join(repr(n) for n in small)}")
+        recipes.apply_recipe(c)
     if arg.locality:
         apply_locality(c, arg)
     if arg.causal:
@@ -254,14 +266,18 @@ def finalize(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     max_length: the variant's presets and the block's token counts (segment_len, ...)
     scaled to it (configs/presets.py), so that a short config keeps each variant's
     fraction of attended keys. model_hparams come from the presets (a task-specific value
-    belongs in presets.TASK_OVERRIDES); a block token count the task config changed is
-    kept. `--config.max_length=...` on the command line comes after get_config and does
-    not rescale them (see configs/presets.py)."""
+    belongs in presets.TASK_OVERRIDES), with a `paper` recipe's (c.recipe) merged over
+    them; a block token count the task config changed is kept. `--config.max_length=...`
+    on the command line comes after get_config and does not rescale them (see
+    configs/presets.py)."""
     c.model_hparams = ml_collections.ConfigDict(
         presets.model_hparams(c.model, c.task, max_length=c.max_length))
     if c.get("locality_baseline"):
         # The baseline's window, not the presets scaled to the length: it stays short.
         c.model_hparams.update(LOCALITY_HPARAMS[c.model])
+    if c.get("recipe"):
+        # The paper's values, stated at the paper's length (`paper` is full-size only).
+        c.model_hparams.update(recipes.recipe(c.model, c.task)["model_hparams"])
     if c.dropout_rate == 0.0 and c.attention_dropout_rate == 0.0:
         # A config without dropout (every `mini`) has none anywhere: also not Lite's
         # DropConnect on its dynamic-convolution weights (`weight_dropout`).

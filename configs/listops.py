@@ -26,6 +26,12 @@ Arguments after the colon (comma separated):
                  The variants' windows, blocks and chunks are scaled to the 64 tokens
                  (configs/presets.py): a window of 128 would be dense attention; ranks
                  (Linformer's k, inducing points, ...) keep their value, at most 16.
+  locality       the task's locality baseline: one layer of `local` attention whose
+                 positions see 9 consecutive tokens (4 on each side), rotary positions,
+                 MEAN pooling; the rest as above (with `mini`: at mini's sizes). Its row in
+                 lra.report is `locality baseline` (configs/common.py apply_locality;
+                 lra.sweep --locality_baseline)
+  paper          the variant's own published LRA recipe (configs/recipes.py): s4d, s5, mega
 
 Sequences longer than `max_length` are truncated to their first `max_length` tokens, as
 LRA does. Any field can be overridden: `--config.learning_rate=0.01`.

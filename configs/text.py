@@ -26,6 +26,7 @@ Arguments after the colon (comma separated):
                  MEAN pooling; the rest as above (with `mini`: at mini's sizes). Its row in
                  lra.report is `locality baseline` (configs/common.py apply_locality;
                  lra.sweep --locality_baseline)
+  paper          the variant's own published LRA recipe (configs/recipes.py): s4d, s5, mega
 
 Reviews longer than `max_length` bytes keep their first `max_length` bytes, as LRA does.
 Any field can be overridden: `--config.learning_rate=0.01`.
