@@ -72,6 +72,7 @@ of Lambda_bar decays, so L = 16384 is finite at init (and always with clip_eigs)
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -89,10 +90,12 @@ ACTIVATIONS = ("half_glu1", "half_glu2")
 CLIP_RE = -1e-4  # S5's clip_eigs bound on Re Lambda
 
 
+@functools.lru_cache(maxsize=None)
 def hippo_n(size: int) -> tuple[np.ndarray, np.ndarray]:
     """HiPPO-N of `size` states, diagonalised (float64, host numpy): the eigenvalues
     (size complex, eigh's ascending imaginary parts) and the unitary eigenvectors V
-    (columns), S5's `make_DPLR_HiPPO`."""
+    (columns), S5's `make_DPLR_HiPPO`. Cached (read-only arrays): every layer of a model
+    has the same, and eigh of 256 states takes most of a second."""
     q = np.sqrt(1.0 + 2.0 * np.arange(size))
     legs = -(np.tril(np.outer(q, q)) - np.diag(np.arange(size)))  # HiPPO-LegS A
     p = np.sqrt(np.arange(size) + 0.5)
@@ -100,7 +103,9 @@ def hippo_n(size: int) -> tuple[np.ndarray, np.ndarray]:
     # eigh reads one triangle of the Hermitian -i S (the -1/2 would be its imaginary
     # diagonal, which eigh ignores); the real part is the diagonal's mean, as S5.
     imag, v = np.linalg.eigh(normal * -1j)
-    return np.mean(np.diagonal(normal)) + 1j * imag, v
+    lam = np.mean(np.diagonal(normal)) + 1j * imag
+    lam.flags.writeable = v.flags.writeable = False
+    return lam, v
 
 
 def block_init(d_state: int, blocks: int) -> tuple[np.ndarray, np.ndarray]:
