@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEMO_DATA := data/listops_mini
 DEMO_WORKDIR := workdirs/demo/listops_mini_transformer
 
-.PHONY: demo test venv clean-demo bench-kernels bench
+.PHONY: demo test venv clean-demo bench-kernels bench gpu-wheels gpu-results
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
@@ -38,3 +38,35 @@ bench: $(STAMP)
 # make bench-kernels: Pallas linear attention vs its XLA path and dense attention (a table).
 bench-kernels: $(STAMP)
 	$(PYTHON) -m lra.bench_kernels
+
+# make gpu-wheels (here, where the package registry is reachable): Python 3.12 wheels of
+# the dependencies a GPU image lacks, into .gpu-wheels/ (git-ignored), to copy or carry to
+# the GPU machine with the tree. The image is expected to have jax, flax, optax, orbax,
+# numpy, scipy, matplotlib, pillow, absl-py, pytest and hypothesis; the suite needs
+# ml_collections, grain and tensorboardX besides (tensorflow-datasets only reads Text and
+# Image folders, which the suite does not), with whatever they need (pip resolves it).
+GPU_WHEELS := .gpu-wheels
+GPU_WHEEL_PACKAGES := ml_collections|grain|tensorboardX
+GPU_PY ?= python3
+GPU_OUT ?= results/gpu
+GPU_BUDGET ?= 25
+
+gpu-wheels: $(STAMP)
+	mkdir -p $(GPU_WHEELS)
+	grep -iE '^($(GPU_WHEEL_PACKAGES))[<>=~! ]' requirements.txt | sed 's/ *#.*//' \
+	    > $(GPU_WHEELS)/requirements.txt
+	$(PYTHON) -m pip download -q -d $(GPU_WHEELS) -r $(GPU_WHEELS)/requirements.txt \
+	    --only-binary=:all: --python-version 3.12 --implementation cp \
+	    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+	    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	    --platform manylinux1_x86_64
+	du -sh $(GPU_WHEELS)
+
+# make gpu-results (on the GPU machine): installs the carried wheels if present (what the
+# image already has is kept), then runs every measurement in $(GPU_BUDGET) minutes into
+# $(GPU_OUT) (README, "On a GPU: one command"). Run it again to continue what ran out of time.
+gpu-results:
+	if [ -f $(GPU_WHEELS)/requirements.txt ]; then \
+	    PIP_BREAK_SYSTEM_PACKAGES=1 $(GPU_PY) -m pip install -q --no-index \
+	        --find-links $(GPU_WHEELS) -r $(GPU_WHEELS)/requirements.txt; fi
+	$(GPU_PY) -m lra.gpu_suite --out=$(GPU_OUT) --budget_minutes=$(GPU_BUDGET)

@@ -64,7 +64,8 @@ def tiny_listops_config():
 # two of them at once (4 busy processes, heartbeats late).
 _MULTI_PROCESS = "test_multihost.py"
 _LONG = ("test_train.py", "test_pretrain.py", "test_sweep_pretrain.py", "test_benchmark.py",
-         "test_reliability.py", "test_tasks_train.py", "test_notebooks.py", "test_generate.py")
+         "test_reliability.py", "test_tasks_train.py", "test_notebooks.py", "test_generate.py",
+         "test_gpu_suite.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -57,7 +57,9 @@ def test_kernels_run_per_shard_and_match_one_device(tmp_path):
     script = tmp_path / "sharded.py"
     script.write_text(_SHARDED_SCRIPT)
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
+    # 4 host (CPU) devices: the forced count applies to the CPU backend only, so on a GPU
+    # machine the subprocess must not pick the GPU (one device).
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
                + " --xla_force_host_platform_device_count=4")
     proc = subprocess.run([sys.executable, str(script), repo], capture_output=True, text=True,
                           env=env, timeout=900)
