@@ -18,8 +18,9 @@ NON_RESULT_FIELDS = ("log_every_steps", "checkpoint_freq", "mesh_shape", "shardi
 # one had: it ran before the field existed, i.e. as the default does. lra.report fills
 # them in, so that an older run and a new one of the same config share a row (a missing
 # field is otherwise a difference). Only fields whose default is the old behaviour.
+# Flattened names (lra.results.flatten), as the report compares them.
 IMPLIED_WHEN_ABSENT = {"dtype": "float32", "param_dtype": "float32", "recipe": "",
-                       "profile_steps": ""}
+                       "profile_steps": "", "block.ffn": True}
 REQUIRED_KEYS = ("task", "model", "test_accuracy")
 _NUMERIC_KEYS = ("test_accuracy", "train_steps_per_sec", "train_step_temp_bytes",
                  "majority_baseline_accuracy", "num_params", "steps", "best_eval_loss",
