@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from lra import gpu_suite
+from lra import gpu_stages, gpu_suite
 
 H100 = {"kind": "NVIDIA H100 80GB HBM3", "platform": "gpu", "count": 1, "jax": "0.11.0",
         "jaxlib": "0.11.0"}
@@ -73,7 +73,7 @@ def test_dry_run_writes_every_stage_and_a_rerun_skips_them(tmp_path, monkeypatch
 
     # Everything complete: nothing runs, the device is not even probed.
     before = {name: (out / name).read_text() for name in STAGE_FILES}
-    monkeypatch.setattr(gpu_suite, "run_command", _no_commands)
+    monkeypatch.setattr(gpu_stages, "run_command", _no_commands)
     monkeypatch.setattr(gpu_suite, "probe_device", _no_commands)
     assert gpu_suite.main(["--dry_run", f"--out={out}"]) == 0
     assert {name: (out / name).read_text() for name in STAGE_FILES} == before
@@ -86,7 +86,7 @@ def test_dry_run_writes_every_stage_and_a_rerun_skips_them(tmp_path, monkeypatch
     def fake(cmd, **kwargs):
         ran.append(cmd[2])
         return gpu_suite.Outcome(0, 1.0, BENCH_KERNELS_OUT, "")
-    monkeypatch.setattr(gpu_suite, "run_command", fake)
+    monkeypatch.setattr(gpu_stages, "run_command", fake)
     monkeypatch.setattr(gpu_suite, "probe_device", lambda: dict(H100, platform="cpu",
                                                                  kind="cpu"))
     assert gpu_suite.main(["--dry_run", f"--out={out}"]) == 0
@@ -113,7 +113,7 @@ def test_failing_stage_is_recorded_and_the_suite_goes_on(tmp_path, monkeypatch):
               for s in gpu_suite.STAGES]
     monkeypatch.setattr(gpu_suite, "STAGES", stages)
     monkeypatch.setattr(gpu_suite, "probe_device", lambda: H100)
-    monkeypatch.setattr(gpu_suite, "run_command", lambda cmd, **kw: gpu_suite.Outcome(
+    monkeypatch.setattr(gpu_stages, "run_command", lambda cmd, **kw: gpu_suite.Outcome(
         None, 42.0, BENCH_KERNELS_OUT, ""))
     out = tmp_path / "gpu"
     assert gpu_suite.main([f"--out={out}", "--stages=kernel_tests,kernels"]) == 1
@@ -173,7 +173,7 @@ def test_one_line_refusals(tmp_path, monkeypatch, capsys):
     """Full size on a CPU-only jax, an unknown stage, a bad budget: exit 2, one line."""
     monkeypatch.setattr(gpu_suite, "probe_device", lambda: dict(H100, platform="cpu",
                                                                  kind="cpu"))
-    monkeypatch.setattr(gpu_suite, "run_command", _no_commands)
+    monkeypatch.setattr(gpu_stages, "run_command", _no_commands)
     for argv, start in (([], "error: jax sees no accelerator"),
                         (["--stages=kernels,bench"], "error: --stages=kernels,bench: "
                                                      "unknown stage 'bench'"),
@@ -270,8 +270,8 @@ def test_full_plan_with_stand_in_commands(tmp_path, monkeypatch, listops_dir):
                                  "boom (whole stderr: x)\n", "")
 
     monkeypatch.setattr(gpu_suite, "probe_device", lambda: H100)
-    monkeypatch.setattr(gpu_suite, "run_command", fake)
-    monkeypatch.setattr(gpu_suite, "listops_dir", lambda suite: listops_dir)
+    monkeypatch.setattr(gpu_stages, "run_command", fake)
+    monkeypatch.setattr(gpu_stages, "listops_dir", lambda suite: listops_dir)
     monkeypatch.setattr(sweep, "missing_data", lambda task, config: None)
     out = tmp_path / "gpu"
     assert gpu_suite.main([f"--out={out}", "--stages=efficiency,runs"]) == 0
