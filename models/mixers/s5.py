@@ -82,7 +82,7 @@ from flax import nnx
 
 from models import decoding, layers, registry
 from models.mixers.ssm import (_NO_PRODUCTS, _f32, _check_causal_form, _complex, _pair,
-                               _zero_padded, linear_scan)
+                               _zero_padded, linear_scan, state_after)
 
 C_INITS = ("trunc_standard_normal", "lecun_normal", "complex_normal")
 DISCRETIZATIONS = ("zoh", "bilinear")
@@ -245,9 +245,7 @@ class S5(nnx.Module):
         batch, length, _ = x_BxLxD.shape
         pos_B = decoding.lengths_of(padding_mask, batch, length)
         lam_bar, _, bu_BxLxN = self._inputs(x_BxLxD, padding_mask)
-        x_BxN = decoding.row_at(linear_scan(lam_bar, bu_BxLxN), jnp.maximum(pos_B - 1, 0))
-        x_BxN = jnp.where((pos_B > 0)[:, None], x_BxN, 0.0)
-        return y_BxLxD, {"pos": pos_B, "x": _pair(x_BxN)}
+        return y_BxLxD, {"pos": pos_B, "x": _pair(state_after(lam_bar, bu_BxLxN, pos_B))}
 
     def step(self, cache, x_BxD):
         _check_causal_form(self)

@@ -289,6 +289,13 @@ def linear_scan(lam_N: jax.Array, bu_BxLxN: jax.Array, reverse: bool = False) ->
     return x_BxLxN
 
 
+def state_after(lam_N: jax.Array, bu_BxLxN: jax.Array, pos_B: jax.Array) -> jax.Array:
+    """The causal scan's state after each row's first pos_B inputs (zero for none): a
+    prefill's cache (lru, s5)."""
+    x_BxN = decoding.row_at(linear_scan(lam_N, bu_BxLxN), jnp.maximum(pos_B - 1, 0))
+    return jnp.where((pos_B > 0)[:, None], x_BxN, 0.0)
+
+
 class LRU(nnx.Module):
     """The LRU layer (module docstring); `__call__` is the associative-scan form."""
 
@@ -375,9 +382,7 @@ class LRU(nnx.Module):
         pos_B = decoding.lengths_of(padding_mask, batch, length)
         u_BxLxH = _zero_padded(x_BxLxD.astype(jnp.float32), padding_mask)
         bu_BxLxN = jnp.einsum("blh,nh->bln", u_BxLxH.astype(jnp.complex64), self.b_norm())
-        x_BxN = decoding.row_at(linear_scan(self.lam(), bu_BxLxN), jnp.maximum(pos_B - 1, 0))
-        x_BxN = jnp.where((pos_B > 0)[:, None], x_BxN, 0.0)
-        return y_BxLxD, {"pos": pos_B, "x": _pair(x_BxN)}
+        return y_BxLxD, {"pos": pos_B, "x": _pair(state_after(self.lam(), bu_BxLxN, pos_B))}
 
     def step(self, cache, x_BxD):
         _check_causal_form(self)
