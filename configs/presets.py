@@ -160,7 +160,8 @@ PARAM_GROUPS: dict[str, dict[str, dict[str, float]]] = {
     # "ssm" under opt_config=standard (models/mixers/s5.py). Per task below, from
     # bin/run_experiments/run_lra_<task>.sh (lr_factor, opt_config).
     "s5": {"ssm": {"lr_scale": 1 / 3, "weight_decay": 0.0},
-           "ssm_b": {"lr_scale": 1 / 3, "weight_decay": 0.0}},
+           "ssm_b": {"lr_scale": 1 / 3, "weight_decay": 0.0},
+           "ssm_step": {"lr_scale": 1 / 3, "weight_decay": 0.0}},
 }
 
 # (model, task) -> that task's groups where the original's per-task configs differ.
@@ -170,17 +171,22 @@ TASK_PARAM_GROUPS: dict[tuple[str, str], dict[str, dict[str, float]]] = {
     ("s4d", "pathx"): {"ssm": {"lr_scale": 1.0, "weight_decay": 0.0}},
     # S5's scripts: listops lr_factor 3 and cifar 4.5 with BfastandCdecay (B trains with
     # the rest: no ssm_b entry); imdb 4, aan 2, pathfinder 5 with standard; pathx 3 with
-    # BandCdecay (B at the ssm rate, decayed as the rest).
-    ("s5", "listops"): {"ssm": {"lr_scale": 1 / 3, "weight_decay": 0.0}},
-    ("s5", "image"): {"ssm": {"lr_scale": 1 / 4.5, "weight_decay": 0.0}},
+    # BandCdecay (B at the ssm rate, decayed as the rest). imdb and aan set dt_global:
+    # log_step trains with the rest (no ssm_step entry).
+    ("s5", "listops"): {"ssm": {"lr_scale": 1 / 3, "weight_decay": 0.0},
+                        "ssm_step": {"lr_scale": 1 / 3, "weight_decay": 0.0}},
+    ("s5", "image"): {"ssm": {"lr_scale": 1 / 4.5, "weight_decay": 0.0},
+                      "ssm_step": {"lr_scale": 1 / 4.5, "weight_decay": 0.0}},
     ("s5", "text"): {"ssm": {"lr_scale": 0.25, "weight_decay": 0.0},
                      "ssm_b": {"lr_scale": 0.25, "weight_decay": 0.0}},
     ("s5", "retrieval"): {"ssm": {"lr_scale": 0.5, "weight_decay": 0.0},
                           "ssm_b": {"lr_scale": 0.5, "weight_decay": 0.0}},
     ("s5", "pathfinder"): {"ssm": {"lr_scale": 0.2, "weight_decay": 0.0},
-                           "ssm_b": {"lr_scale": 0.2, "weight_decay": 0.0}},
+                           "ssm_b": {"lr_scale": 0.2, "weight_decay": 0.0},
+                           "ssm_step": {"lr_scale": 0.2, "weight_decay": 0.0}},
     ("s5", "pathx"): {"ssm": {"lr_scale": 1 / 3, "weight_decay": 0.0},
-                      "ssm_b": {"lr_scale": 1 / 3}},
+                      "ssm_b": {"lr_scale": 1 / 3},
+                      "ssm_step": {"lr_scale": 1 / 3, "weight_decay": 0.0}},
 }
 
 

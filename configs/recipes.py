@@ -153,10 +153,6 @@ def _s5(task: str) -> dict[str, Any]:
     if "clip_eigs" in f:  # else build_s5's default: unclipped for the bidirectional form
         hparams["clip_eigs"] = f["clip_eigs"]
     deviations = [_S5_DEVIATIONS, _HEAD[task == "retrieval"] % "S5"]
-    if f.get("dt_global"):
-        deviations.append("dt_global=True (S5 then trains log_step with the rest: "
-                          "lr_factor x ssm_lr_base, weight decay) is not implemented: "
-                          "log_step stays in group ssm")
     if TRAIN_EXAMPLES[task] % f["bsz"]:
         floor = f["epochs"] * (TRAIN_EXAMPLES[task] // f["bsz"])
         deviations.append(f"S5's loader drops each epoch's last partial batch ({floor} "

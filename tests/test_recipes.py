@@ -65,8 +65,8 @@ def test_s5_listops_is_run_lra_listops_sh():
                                                                     "half_glu2")
     assert c.num_train_steps == 76_800 and c.warmup == 1_920  # 40 and 1 x 96,000 / 50
     assert c.learning_rate == pytest.approx(0.003) and c.weight_decay == 0.04
-    assert c.param_groups.to_dict() == {"ssm": {"lr_scale": pytest.approx(1 / 3),
-                                                "weight_decay": 0.0}}  # B with the rest
+    ssm = {"lr_scale": pytest.approx(1 / 3), "weight_decay": 0.0}
+    assert c.param_groups.to_dict() == {"ssm": ssm, "ssm_step": ssm}  # B with the rest
     assert (c.adam_b1, c.adam_b2, c.adam_eps, c.grad_clip_norm) == (0.9, 0.999, 1e-8, 0.0)
     assert c.factors == "constant * linear_warmup * cosine_decay"
     assert (c.block.kind, c.block.ffn, c.pooling) == ("pre_ln", False, "MEAN")
@@ -89,6 +89,10 @@ def test_s5_groups_train_at_ssm_lr_base_as_its_opt_config_says(task):
     if "ssm_b" in groups:
         assert groups["ssm_b"]["lr_scale"] == groups["ssm"]["lr_scale"]
         assert ("weight_decay" in groups["ssm_b"]) == (opt == "standard"), opt
+    # dt_global: log_step ("ssm_step") trains with the rest, else at the ssm rate.
+    assert ("ssm_step" in groups) == (not flags.get("dt_global")), task
+    if "ssm_step" in groups:
+        assert groups["ssm_step"] == groups["ssm"]
     # S5's p_dropout is the mixer's two dropouts only (module docstring of recipes._s5).
     assert (c.dropout_rate, c.attention_dropout_rate) == (0.0, flags["p_dropout"])
 
@@ -97,7 +101,8 @@ def test_s5_warmup_end_0_means_no_warmup():
     # run_lra_imdb.sh --warmup_end=0: cosine annealing from the first step.
     c = _config("text", "model=s5,paper")
     assert c.warmup == 0 and c.num_train_steps == 35 * 500
-    assert "dt_global" in recipes.RECIPES[("s5", "text")]["deviations"]
+    # --dt_global=True: log_step trains with the rest (no ssm_step group).
+    assert "ssm_step" not in c.param_groups
 
 
 def test_s4_listops_is_s4_listops_yaml():

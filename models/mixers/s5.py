@@ -59,12 +59,12 @@ and weight_decay; its `opt_config` says which parameters are "ssm": "standard" (
 imdb, aan, pathfinder): Lambda_re, Lambda_im, B, log_step; "BfastandCdecay" (listops,
 cifar): Lambda_re, Lambda_im, log_step (B with the rest); "BandCdecay" (pathx): the same,
 B at the ssm rate but decayed; `dt_global=True` (imdb, aan) moves log_step to the rest.
-Here lambda_re, lambda_im and log_step carry `param_group="ssm"` and B carries
-`param_group="ssm_b"` (lra.optim), so each opt_config is a setting of the two groups
-(configs/presets.py PARAM_GROUPS, per task): "standard" gives both lr_scale 1 / lr_factor
-and weight_decay 0; "BfastandCdecay" gives ssm_b the config's rate and decay;
-"BandCdecay" gives ssm_b 1 / lr_factor with the config's decay. C, D and the gate train
-with the rest. `dt_global` (one step for all states) is not implemented.
+Here lambda_re and lambda_im carry `param_group="ssm"`, B `param_group="ssm_b"` and
+log_step `param_group="ssm_step"` (lra.optim), so each opt_config is a setting of the
+groups (configs/presets.py PARAM_GROUPS, per task): "standard" gives all three lr_scale
+1 / lr_factor and weight_decay 0; "BfastandCdecay" gives ssm_b the config's rate and
+decay; "BandCdecay" gives ssm_b 1 / lr_factor with the config's decay; dt_global leaves
+ssm_step to the config's rate and decay. C, D and the gate train with the rest.
 Decoding (the causal form, "recurrent_state"): the cache holds x_t, P / 2 complex numbers
 per row as float32 (re, im) pairs; a step is the recurrence above.
 Numerics: float32 parameters and inputs, complex64 inside; with Re Lambda < 0 every power
@@ -187,7 +187,9 @@ class S5(nnx.Module):
         self.lambda_im = layers.param(constant(lam_init.imag), (None,), (self.half,), **ssm)
         self.b = layers.param(b_init, (None, "embed", None), (self.half, dim, 2),
                               rngs=rngs, param_group="ssm_b", keep_float32=True)
-        self.log_step = layers.param(log_step_init, (None,), (self.half,), **ssm)
+        # Its own group: S5's dt_global (imdb, aan) trains log_step with the rest.
+        self.log_step = layers.param(log_step_init, (None,), (self.half,), rngs=rngs,
+                                     param_group="ssm_step", keep_float32=True)
         directions = 1 if causal else 2  # S5's bidirectional C1, C2
         self.c = layers.param(c_init_fn, (None, "embed", None, None),
                               (directions, dim, self.half, 2), rngs=rngs, keep_float32=True)

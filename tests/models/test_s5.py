@@ -210,18 +210,21 @@ def test_length_16384_is_finite():
 
 
 def test_ssm_parameters_are_marked_for_the_optimiser():
-    """S5's groups: Lambda and log_step in "ssm", B in "ssm_b" (whether B is an SSM
-    parameter depends on S5's opt_config: a preset per task); the task configs give each
-    script's setting (ListOps: BfastandCdecay, B with the rest; Text: standard)."""
+    """S5's groups: Lambda in "ssm", B in "ssm_b", log_step in "ssm_step" (whether B and
+    log_step are SSM parameters depends on S5's opt_config and dt_global: a preset per
+    task); the task configs give each script's setting (ListOps: BfastandCdecay, B with
+    the rest; Text: standard with dt_global, log_step with the rest)."""
     params = nnx.state(build(False, randomize=False), nnx.Param)
     groups = {path[-1].key: v.get_metadata().get("param_group")
               for path, v in jax.tree_util.tree_leaves_with_path(
                   params, is_leaf=lambda x: isinstance(x, nnx.Variable))}
-    assert {k for k, g in groups.items() if g == "ssm"} == {"lambda_re", "lambda_im",
-                                                             "log_step"}
+    assert {k for k, g in groups.items() if g == "ssm"} == {"lambda_re", "lambda_im"}
+    assert {k for k, g in groups.items() if g == "ssm_step"} == {"log_step"}
     assert {k for k, g in groups.items() if g == "ssm_b"} == {"b"}
     listops_groups = listops.get_config("model=s5").param_groups.to_dict()
-    assert listops_groups == {"ssm": {"lr_scale": pytest.approx(1 / 3), "weight_decay": 0.0}}
+    assert listops_groups == {"ssm": {"lr_scale": pytest.approx(1 / 3), "weight_decay": 0.0},
+                              "ssm_step": {"lr_scale": pytest.approx(1 / 3),
+                                           "weight_decay": 0.0}}
     from configs import text
 
     text_groups = text.get_config("model=s5").param_groups.to_dict()
