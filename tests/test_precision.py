@@ -80,9 +80,9 @@ def test_every_variant_computes_in_bfloat16_close_to_float32(name):
     assert bf16_stream == (name not in FLOAT32_STREAM)
 
 
-# One variant per family in the default suite; every variant behind the slow marker.
-GRADIENT_SAMPLE = ("transformer", "linear", "performer", "reformer", "s5", "mega", "mamba2",
-                   "gla", "fnet")
+# Softmax attention, the linear family, an SSM with float32 parameters and Mega's EMA in
+# the default suite; every variant behind the slow marker.
+GRADIENT_SAMPLE = ("transformer", "linear", "s5", "mega")
 
 
 @pytest.mark.parametrize("name", [
