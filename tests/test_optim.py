@@ -3,7 +3,6 @@ optax.multi_transform does (Adam at a scaled learning rate, its own weight decay
 chain equals AdamW when the groups change nothing, and a config that names a group no
 parameter carries, or a bad setting, is refused in one line."""
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
