@@ -210,9 +210,7 @@ _MEGA_ROWS: dict[str, tuple] = {
 # max_positions 4002 of mega_lra_imdb: reviews of 4000 bytes (LRA's Text config: 1000).
 _MEGA_MAX_LENGTH = {"text": 4000}
 _MEGA_DEVIATIONS = (
-    "linear_decay (linear warmup from 1e-7, then linear to 0 at max-update) is cosine "
-    "decay to 0 after the warmup here (lra/optim.py has no linear decay factor); the FFN "
-    "is GELU (Mega: SiLU) and dropout_rate also drops its hidden (Mega: act-dropout 0) "
+    "linear_decay's warmup starts at 0 (Mega: at 1e-7); the FFN is GELU (Mega: SiLU) and dropout_rate also drops its hidden (Mega: act-dropout 0) "
     "and the mixer's output (Mega: no dropout there)")
 
 
@@ -243,7 +241,7 @@ def _mega(task: str) -> dict[str, Any]:
             num_heads=1,  # Mega's gated attention has one head
             batch_size=r["batch"], learning_rate=r["lr"], weight_decay=r["wd"],
             adam_b1=0.9, adam_b2=0.98, adam_eps=1e-8, grad_clip_norm=1.0,
-            factors="constant * linear_warmup * cosine_decay", steps_per_cycle=0,
+            factors="constant * linear_warmup * linear_decay", steps_per_cycle=0,
             warmup=r["warmup"], num_train_steps=r["updates"],
             dropout_rate=r["dropout"], attention_dropout_rate=0.0, pooling="MEAN",
             **({"max_length": _MEGA_MAX_LENGTH[task]} if task in _MEGA_MAX_LENGTH else {})),

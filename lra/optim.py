@@ -34,7 +34,7 @@ def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
     """LRA's `factors` string, e.g. 'constant * linear_warmup * rsqrt_decay'."""
     factors = [f.strip() for f in config.factors.split("*")]
     known = ("constant", "linear_warmup", "rsqrt_decay", "rsqrt_normalized_decay",
-             "cosine_decay")
+             "cosine_decay", "linear_decay")
     for f in factors:
         if f not in known:
             raise ConfigError(f"config.factors: unknown factor {f!r}; known: {', '.join(known)}")
@@ -56,6 +56,11 @@ def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
             elif f == "cosine_decay":
                 progress = jnp.maximum(0.0, (step - config.warmup) / cycle)
                 lr *= jnp.maximum(0.0, 0.5 * (1.0 + jnp.cos(jnp.pi * (progress % 1.0))))
+            elif f == "linear_decay":
+                # 1 until the warmup ends, then linearly to 0 at num_train_steps (fairseq's
+                # linear_decay scheduler, Mega's LRA recipes).
+                span = max(1, config.num_train_steps - config.warmup)
+                lr *= jnp.clip((config.num_train_steps - step) / span, 0.0, 1.0)
         return lr
 
     return schedule

@@ -127,6 +127,7 @@ def test_mega_recipes_are_readme_lra_commands():
     assert (c.learning_rate, c.weight_decay, c.batch_size) == (0.001, 0.01, 64)
     assert (c.num_train_steps, c.warmup, c.grad_clip_norm) == (90_000, 3_000, 1.0)
     assert (c.adam_b2, c.adam_eps, c.pooling) == (0.98, 1e-8, "MEAN")
+    assert c.factors == "constant * linear_warmup * linear_decay"  # --lr-scheduler
     assert (c.dropout_rate, c.model_hparams.dropout, c.attention_dropout_rate) == (0.1, 0.1,
                                                                                     0.0)
     # mega_lra_pf128 (Path-X): 4 layers of 64, z 32, truncation 4096, prenorm, laplace;

@@ -221,6 +221,11 @@ def test_learning_rate_schedule_matches_lra():
     schedule = optim.learning_rate_schedule(config)
     np.testing.assert_allclose(float(schedule(60)), 0.05 * 0.5 * (1 + np.cos(np.pi * 0.5)),
                                rtol=1e-6)
+    # fairseq's linear_decay (Mega's recipes): 1 through the warmup, then linearly to 0.
+    config.factors = "constant * linear_warmup * linear_decay"
+    schedule = optim.learning_rate_schedule(config)
+    for step, expected in ((5, 0.025), (10, 0.05), (60, 0.025), (110, 0.0), (200, 0.0)):
+        np.testing.assert_allclose(float(schedule(step)), expected, rtol=1e-6, atol=1e-9)
     config.factors = "constant * warmup"
     with pytest.raises(ConfigError, match="unknown factor 'warmup'"):
         optim.learning_rate_schedule(config)
