@@ -70,11 +70,14 @@ def check_compatible(saved: dict, config: ml_collections.ConfigDict, workdir: st
             raise ConfigError(f"{workdir} holds a run at step {step}; config.num_train_steps="
                               f"{config.num_train_steps} is lower; use another --workdir to "
                               "start a new run")
-        if "cosine_decay" in config.factors and not config.steps_per_cycle:
+        spanning = ("linear_decay" if "linear_decay" in config.factors
+                    else "cosine_decay" if ("cosine_decay" in config.factors
+                                            and not config.steps_per_cycle) else None)
+        if spanning:
             raise ConfigError(f"{workdir} holds a run with num_train_steps="
-                              f"{old['num_train_steps']}, and its cosine_decay schedule spans "
-                              "num_train_steps (steps_per_cycle=0), so it cannot change; use "
-                              "another --workdir to start a new run")
+                              f"{old['num_train_steps']}, and its {spanning} schedule spans "
+                              "num_train_steps, so it cannot change; use another --workdir "
+                              "to start a new run")
     if diverged and (old.get("grad_clip_norm", 0) > 0) != (config.grad_clip_norm > 0):
         raise ConfigError(f"config.grad_clip_norm can change on resume only between positive "
                           f"values (clipping adds optimizer state); {workdir} has "

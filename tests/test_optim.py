@@ -133,3 +133,19 @@ def test_after_a_divergence_group_values_may_change_but_not_whether_there_are_gr
     config.param_groups = ml_collections.ConfigDict()
     with pytest.raises(ConfigError, match="param_groups can change on resume only in"):
         resume.check_compatible(saved, config, "w", step=10, diverged=True)
+
+
+def test_a_linear_decay_run_cannot_change_its_length():
+    """linear_decay reaches 0 at num_train_steps: a longer resumed run would change the
+    schedule of the steps already taken (as cosine_decay over the whole run)."""
+    from configs import listops
+    from lra import resume
+
+    config = listops.get_config("model=transformer,runlocal")
+    config.factors = "constant * linear_warmup * linear_decay"
+    saved = config.to_dict()
+    config.num_train_steps = saved["num_train_steps"] * 2
+    with pytest.raises(ConfigError, match="linear_decay schedule spans num_train_steps"):
+        resume.check_compatible(saved, config, "w", step=10, diverged=False)
+    config.factors = saved["factors"] = "constant * linear_warmup * rsqrt_decay"
+    resume.check_compatible(saved, config, "w", step=10, diverged=False)
