@@ -204,3 +204,13 @@ def test_bad_lengths_are_one_line_errors(monkeypatch, capsys):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip() == ("error: --lengths: '0' is not a positive integer; give a "
                                    "comma list of sequence lengths, e.g. --lengths=1024,2048")
+
+
+def test_dtype_reaches_the_training_step():
+    """--dtype=bfloat16 reaches the compiled step: another program (its temporary memory
+    differs from float32's; on CPU the casts make it larger; compile only)."""
+    rows = {d: benchmark.measure_train_step("transformer", 128, task="listops", batch_size=4,
+                                            dim=64, num_heads=2, num_layers=1, repeats=0,
+                                            dtype=d)
+            for d in ("float32", "bfloat16")}
+    assert rows["bfloat16"]["temp_bytes"] != rows["float32"]["temp_bytes"], rows
