@@ -2,6 +2,10 @@ r"""Efficiency table: training steps/s and memory of every variant against `tran
 
   python -m lra.benchmark --models=all --lengths=1024,2048,3072,4096        (make bench)
   python -m lra.benchmark --mode=mixer --models=linear --lengths=1024,4096 --dim=64
+  python -m lra.benchmark --models=all --lengths=1024,2048,4096,8192,16384 --batch_size=1 \
+      --attention_impl=blocksparse --growth_check_length=4096 --csv=eff.csv
+                                    (results/cpu/efficiency.md: beyond 4K only the models
+                                     whose cells up to 4K grew at most as L^1.4)
 
 --mode=train_step (default; LRA's efficiency table): the whole training step of the
 task's model (`lra.train.make_steps`: embeddings, encoder, head, loss, gradients, optimizer
@@ -81,6 +85,13 @@ def _define_flags() -> None:
                       "auto: true on GPU/TPU, false on CPU (no device peak there).")
     flags.DEFINE_string("cell", None, "Internal (--isolate): measure the one cell "
                         "MODEL:LENGTH and print it as a JSON line.")
+    flags.DEFINE_integer("growth_check_length", 0,
+                         "Above this length (0 = never), measure a model only if its "
+                         "memory and time grew at most as L^--max_growth over the lengths "
+                         "measured up to it: quadratic variants skip 8K/16K with the reason "
+                         "in their cell, from their own numbers rather than a list.")
+    flags.DEFINE_float("max_growth", 1.4, "The growth exponent --growth_check_length "
+                       "allows (quadratic attention shows 1.5-2 on LRA's text model).")
     flags.DEFINE_integer("transformer_max_length", 0,
                          "Skip `transformer` above this length (0 = never): quadratic "
                          "memory and time make it the slowest cell by far.")
@@ -238,6 +249,21 @@ def growth_exponent(lengths: list[int], values: list[float | None]) -> float | N
     return float(np.polyfit(xs, ys, 1)[0])
 
 
+def too_steep(model: str, rows: list[dict], up_to: int, max_growth: float) -> str | None:
+    """Why `model` is not measured above `up_to` (its time or memory grew faster than
+    L^max_growth over its cells at lengths <= up_to), or None."""
+    mine = sorted((r["length"], r) for r in rows if r["model"] == model
+                  and r["length"] <= up_to and "error" not in r)
+    if len(mine) < 2:
+        return f"skipped: fewer than 2 cells up to L={up_to} to estimate its growth"
+    lengths = [l for l, _ in mine]
+    for what, key in (("time", "time_s"), ("memory", "temp_bytes")):
+        g = growth_exponent(lengths, [r.get(key) for _, r in mine])
+        if g is not None and g > max_growth:
+            return f"skipped: {what} grew as L^{g:.2f} up to L={up_to}"
+    return None
+
+
 def table(rows: list[dict], lengths: list[int], attention_impl: str = "dense") -> str:
     """Markdown: per model and L, time and memory with ratios to transformer.
 
@@ -385,7 +411,7 @@ def check_flags() -> list[int]:
     """The flags' mistakes as one ValueError (before anything is compiled); the lengths."""
     lengths = parse_lengths(FLAGS.lengths)
     for name in ("batch_size", "dim", "num_heads", "num_layers", "repeats",
-                 "transformer_max_length"):
+                 "transformer_max_length", "growth_check_length"):
         if getattr(FLAGS, name) < 0:
             raise ValueError(f"--{name}={getattr(FLAGS, name)} must be >= 0 (see --helpfull)")
     if not FLAGS.models:
@@ -443,6 +469,12 @@ def main(argv):
         if (model == "transformer" and FLAGS.transformer_max_length
                 and length > FLAGS.transformer_max_length):
             rows.append({"model": model, "length": length, "error": "skipped"})
+            continue
+        too_fast = (too_steep(model, rows, FLAGS.growth_check_length, FLAGS.max_growth)
+                    if FLAGS.growth_check_length and length > FLAGS.growth_check_length
+                    else None)
+        if too_fast:
+            rows.append({"model": model, "length": length, "error": too_fast})
             continue
         rows.append(isolated_cell(model, length, setting_flags) if isolate
                     else measure_cell(model, length))

@@ -214,3 +214,20 @@ def test_dtype_reaches_the_training_step():
                                             dtype=d)
             for d in ("float32", "bfloat16")}
     assert rows["bfloat16"]["temp_bytes"] != rows["float32"]["temp_bytes"], rows
+
+
+def test_growth_check_skips_only_the_steep_models():
+    """--growth_check_length: a model whose time or memory grew faster than L^max_growth up
+    to that length is not measured beyond it (the reason in its cell); others are."""
+    def cell(model, length, time_s, temp):
+        return {"model": model, "length": length, "time_s": time_s, "temp_bytes": temp}
+    rows = [cell("quadratic", 1024, 1.0, 100), cell("quadratic", 2048, 4.0, 400),
+            cell("linear", 1024, 1.0, 100), cell("linear", 2048, 2.1, 190),
+            cell("steep_memory", 1024, 1.0, 100), cell("steep_memory", 2048, 2.0, 400),
+            {"model": "broken", "length": 1024, "error": "boom"}]
+    assert benchmark.too_steep("quadratic", rows, 2048, 1.4) == (
+        "skipped: time grew as L^2.00 up to L=2048")
+    assert benchmark.too_steep("linear", rows, 2048, 1.4) is None
+    assert "memory grew as L^2.00" in benchmark.too_steep("steep_memory", rows, 2048, 1.4)
+    assert "fewer than 2 cells" in benchmark.too_steep("broken", rows, 2048, 1.4)
+    assert benchmark.too_steep("quadratic", rows, 2048, 2.1) is None
