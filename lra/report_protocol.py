@@ -196,7 +196,9 @@ PUBLISHED_NOTE = (
     "sources), d our mean over all seeds minus P, in points; [published FAIL]: the source "
     "reports a failure (chance accuracy). Shown only for a cell whose every run is of the "
     "task's full-size config: its " + ", ".join(SIZE_FIELDS) + " and task_options equal "
-    "what configs/<task>.py:model=<model> (LRA's setting, no other argument) builds; never "
+    "what configs/<task>.py:model=<model> (LRA's setting, no other argument) builds, or, "
+    "for a number published with the paper's own recipe (S5, Mega), what "
+    "configs/<task>.py:model=<model>,paper builds, with the recipe recorded; never "
     "for `mini` or `runlocal` runs, nor for self-pretrained rows against from-scratch "
     "numbers.")
 PUBLISHED_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -222,32 +224,40 @@ def published_entries(task: str, model: str, training: str = SCRATCH,
 
 
 @functools.lru_cache(maxsize=None)
-def _full_size_config(task: str, model: str) -> str | None:
-    """configs/<task>.py:model=<model> (LRA's setting), flattened, as JSON; None if it
-    cannot be built (a task or model this checkout does not have)."""
+def _full_size_config(task: str, model: str, config_arg: str = "") -> str | None:
+    """configs/<task>.py:model=<model> (LRA's setting; `config_arg` appended, e.g. the
+    paper's recipe), flattened, as JSON; None if it cannot be built (a task or model this
+    checkout does not have, a recipe it lacks)."""
     if _REPO not in sys.path:  # task configs import `configs.common`
         sys.path.insert(0, _REPO)
     try:
-        config = importlib.import_module(f"configs.{task}").get_config(f"model={model}")
+        config = importlib.import_module(f"configs.{task}").get_config(
+            f"model={model}" + (f",{config_arg}" if config_arg else ""))
         return json.dumps(flatten(json.loads(json.dumps(config.to_dict(), default=str))))
     except Exception:  # noqa: BLE001
         return None
 
 
-def size_differences(r: dict) -> list[str]:
+def size_differences(r: dict, config_arg: str = "") -> list[str]:
     """How the run's recorded config differs from its task's full-size config in
     SIZE_FIELDS and task_options ([] for a full-size run), e.g. 'max_length 64 (full
-    size: 2000)'."""
+    size: 2000)'. With `config_arg` ("paper": a number published with the paper's own
+    recipe), the reference is configs/<task>.py:model=<model>,<config_arg>, and the run
+    must record the same recipe."""
     config = r.get("config")
     if not isinstance(config, dict):
         return ["no config recorded"]
     model = config.get("model") or r["model"]
-    reference = _full_size_config(r["task"], model)
+    reference = _full_size_config(r["task"], model, config_arg)
     if reference is None:
-        return [f"configs/{r['task']}.py cannot be built for {model}"]
+        return [f"configs/{r['task']}.py cannot be built for {model}"
+                + (f",{config_arg}" if config_arg else "")]
     full, flat = json.loads(reference), flatten(config)
     fields = [*SIZE_FIELDS, *sorted(k for k in full if k.startswith("task_options."))]
-    return [f"{k} {show(flat.get(k, ABSENT))} (full size: {show(full.get(k, ABSENT))})"
+    if config_arg:
+        fields.append("recipe")
+    what = f"{config_arg} recipe" if config_arg else "full size"
+    return [f"{k} {show(flat.get(k, ABSENT))} ({what}: {show(full.get(k, ABSENT))})"
             for k in fields if flat.get(k, ABSENT) != full.get(k, ABSENT)]
 
 
@@ -263,8 +273,9 @@ def published_cells(summary, path: str = PUBLISHED_PATH
                                     path)
         if not entries:
             continue
+        config_arg = entries[0][0].get("config_arg", "")
         differences = list(dict.fromkeys(d for r in s.get("runs", [])
-                                         for d in size_differences(r)))
+                                         for d in size_differences(r, config_arg)))
         if differences or not s.get("runs"):
             withheld["; ".join(differences[:3]) or "no runs"].append(f"{task} {label}")
         else:

@@ -14,9 +14,12 @@ from lra.results import collect
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _config(task, arg):
-    """The resolved config launch.py would record for configs/<task>.py:<arg>."""
-    return sweep.expected_config(task, "transformer", 0, arg, [])
+def _config(task, arg, model="transformer", extra=""):
+    """The resolved config launch.py would record for configs/<task>.py:<arg> (with
+    `extra` appended to the model's argument, e.g. "paper")."""
+    if extra:
+        arg = ",".join(a for a in (arg, extra) if a)
+    return sweep.expected_config(task, model, 0, arg, [])
 
 
 def _write(root, folder, task, seed, acc, config, base=0.2, history=None):
@@ -100,14 +103,35 @@ def test_published_numbers_beside_full_size_runs_only(tmp_path):
             "size: 2000)") in text
 
 
+def test_recipe_numbers_are_shown_beside_runs_of_that_recipe_only(tmp_path):
+    """S5's published numbers are for its own recipe: beside a full-size run of
+    `model=s5,paper`, withheld (saying why) beside LRA's setting for s5."""
+    root = str(tmp_path / "paper")
+    _write(root, "seed0", "listops", 0, 0.60, _config("listops", "", "s5", "paper"),
+           base=0.17)
+    shown, withheld = report.published_cells(report.summarize(collect(root)))
+    (entry, source), = shown.values()
+    assert entry["accuracy"]["listops"] == 62.15 and source["short"] == "Smith et al. 2023"
+    assert withheld == []
+    root = str(tmp_path / "lra")
+    _write(root, "seed0", "listops", 0, 0.40, _config("listops", "", "s5"), base=0.17)
+    shown, withheld = report.published_cells(report.summarize(collect(root)))
+    assert shown == {}
+    assert "(paper recipe: " in withheld[0] and "recipe" in withheld[0]
+
+
 def test_published_table_names_a_source_for_every_number():
     from models import registry
 
     data = report.published()
     assert {e["model"] for e in data["results"]} == {
         "transformer", "local", "strided", "longformer", "linformer", "reformer", "sinkhorn",
-        "synthesizer", "bigbird", "linear", "performer"}
-    assert all(e["model"] in registry.available() for e in data["results"])
+        "synthesizer", "bigbird", "linear", "performer", "s5", "mega", None}
+    assert all(e["model"] in registry.available() for e in data["results"] if e["model"])
+    for e in data["results"]:  # each average the source states is its columns' mean
+        columns = [v for t, v in e["accuracy"].items() if t != "pathx" or v is not None]
+        if e["source"] != "tay2021" or e["name_in_source"] != "Sinkhorn Trans.":
+            assert abs(sum(columns) / len(columns) - e["average_in_source"]) < 0.006, e
     for e in data["results"]:
         source = data["sources"][e["source"]]
         assert source["arxiv"] and source["table"]
