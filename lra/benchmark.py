@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -41,6 +40,7 @@ from absl import app, flags, logging
 from flax import nnx
 
 from configs import common, presets
+from lra.bench_compare import growth_exponent, growth_goal, lra_comparison
 from models import registry
 
 FLAGS = flags.FLAGS
@@ -238,15 +238,6 @@ def first_line(text: str, limit: int = 300) -> str:
         if end < 0:
             return line
     return line[:end].rstrip(" ,;:") + "..."
-
-
-def growth_exponent(lengths: list[int], values: list[float | None]) -> float | None:
-    """Least-squares slope of log(value) against log(L); None with fewer than 2 points."""
-    pts = [(math.log(l), math.log(v)) for l, v in zip(lengths, values) if v]
-    if len(pts) < 2:
-        return None
-    xs, ys = zip(*pts)
-    return float(np.polyfit(xs, ys, 1)[0])
 
 
 def too_steep(model: str, rows: list[dict], up_to: int, max_growth: float) -> str | None:
@@ -496,6 +487,15 @@ def main(argv):
     print(f"{what}; {sizes}; {platform}, jax {jax.__version__}. "
           f"Cells: time per step, XLA temporary memory (ratios to transformer).\n")
     print(table(rows, lengths, attention_impl))
+    if FLAGS.mode == "train_step" and 4096 in lengths:
+        print("\nAt L=4096 against LRA's Table 2 (speed: steps/s ratio to transformer; "
+              "memory: transformer's / the variant's; LRA's on TPU, ours here; "
+              "lra/bench_compare.py says where LRA's numbers come from):\n")
+        print(lra_comparison(rows))
+    if max(lengths) > 4096:
+        print(f"\nGrowth from L=4096 to {max(lengths)} of the models measured there (goal: "
+              f"at most L^1.15 in time and memory):\n")
+        print(growth_goal(rows, lengths))
 
 
 if __name__ == "__main__":

@@ -129,7 +129,8 @@ def _flags(**overrides):
         "mode": "train_step", "models": ["transformer"], "lengths": ["32"], "batch_size": 2,
         "dim": 16, "num_heads": 2, "num_layers": 1, "attention_impl": "dense", "repeats": 1,
         "task": "listops", "config_arg": "", "csv": None, "isolate": "false", "cell": None,
-        "transformer_max_length": 0, "dtype": "float32", **overrides})
+        "transformer_max_length": 0, "growth_check_length": 0, "max_growth": 1.4,
+        "dtype": "float32", **overrides})
 
 
 def test_attention_impl_a_variant_lacks_runs_its_own(monkeypatch, capsys, tmp_path):
@@ -231,3 +232,23 @@ def test_growth_check_skips_only_the_steep_models():
     assert "memory grew as L^2.00" in benchmark.too_steep("steep_memory", rows, 2048, 1.4)
     assert "fewer than 2 cells" in benchmark.too_steep("broken", rows, 2048, 1.4)
     assert benchmark.too_steep("quadratic", rows, 2048, 2.1) is None
+
+
+def test_lra_comparison_and_growth_goal_verdicts():
+    from lra import bench_compare
+
+    def cell(model, length, time_s, temp):
+        return {"model": model, "length": length, "time_s": time_s, "temp_bytes": temp}
+    rows = [cell("transformer", 4096, 10.0, 1000), cell("linear", 4096, 1.0, 50),
+            cell("performer", 4096, 5.0, 50), cell("local", 4096, 1.0, 50),
+            cell("linear", 16384, 4.4, 210), cell("performer", 16384, 40.0, 200),
+            {"model": "local", "length": 16384, "error": "skipped: ..."}]
+    text = bench_compare.lra_comparison(rows)
+    # LRA at 4K: linear 7.8 / 1.4 = 5.6x faster, 9.48 / 1.03 = 9.2x less memory.
+    assert "| linear | 5.6x | 10.00x | 9.2x | 20.00x | yes |" in text
+    assert "| performer | 5.7x | 2.00x | 8.9x | 20.00x | no (speed) |" in text
+    assert "| sinkhorn |" not in text  # not measured
+    goal = bench_compare.growth_goal(rows, [4096, 16384])
+    assert "| linear | L^1.07 | L^1.04 | yes |" in goal
+    assert "| performer | L^1.50 | L^1.00 | no (time) |" in goal
+    assert "| local |" not in goal  # not measured at the longest length
