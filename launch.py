@@ -18,6 +18,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from lra import supervisor
+
 config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/listops.py:runlocal.",
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and results.json.")
@@ -44,12 +46,8 @@ EXIT_WORKDIR_BUSY = 75
 EXIT_PREEMPTED = 143
 
 
-def init_distributed(argv: list[str]) -> None:
-    """Starts jax.distributed before anything touches a device.
-
-    Read from argv ahead of absl's parsing because parsing --config builds the config,
-    and nothing JAX does may precede jax.distributed.initialize.
-    """
+def _distributed_args(argv: list[str]) -> argparse.Namespace | None:
+    """The distributed flags in argv, or None when this is a 1-process run."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--multihost", nargs="?", const="true", default="false")
     parser.add_argument("--nomultihost", dest="multihost", action="store_const", const="false")
@@ -57,10 +55,36 @@ def init_distributed(argv: list[str]) -> None:
     parser.add_argument("--num_processes", type=int)
     parser.add_argument("--process_id", type=int)
     parser.add_argument("--heartbeat_timeout", type=int, default=100)
+    parser.add_argument("--workdir")
     args, _ = parser.parse_known_args(argv[1:])
     explicit = (args.coordinator_address, args.num_processes, args.process_id)
     if not (args.multihost.lower() in ("true", "1") or any(v is not None for v in explicit)):
+        return None
+    return args
+
+
+def supervise(argv: list[str]) -> None:
+    """A multi-process run's work runs in a child process (lra/supervisor.py): jaxlib
+    aborts a process whose peer died (SIGABRT, stack dumps); the parent turns that into
+    one line and exit 3. Returns in the child and in 1-process runs."""
+    args = _distributed_args(argv)
+    if args is None or os.environ.get(supervisor.ENV):
         return
+    who = (f"process {args.process_id} of {args.num_processes}"
+           if args.process_id is not None else "this process")
+    sys.exit(supervisor.run_child(argv, who, args.workdir))
+
+
+def init_distributed(argv: list[str]) -> None:
+    """Starts jax.distributed before anything touches a device.
+
+    Read from argv ahead of absl's parsing because parsing --config builds the config,
+    and nothing JAX does may precede jax.distributed.initialize.
+    """
+    args = _distributed_args(argv)
+    if args is None:
+        return
+    explicit = (args.coordinator_address, args.num_processes, args.process_id)
     if any(v is not None for v in explicit) and any(v is None for v in explicit):
         print("error: --coordinator_address, --num_processes and --process_id go together "
               "(or use --multihost alone for automatic detection)", file=sys.stderr)
@@ -234,4 +258,5 @@ def _lost_peer(error: Exception, workdir: str) -> None:
 
 
 if __name__ == "__main__":
+    supervise(sys.argv)
     app.run(main, flags_parser=parse_flags)

@@ -354,5 +354,36 @@ def test_a_peer_dying_during_a_resume_is_not_called_a_bad_checkpoint(listops_dir
             if p.poll() is None:
                 p.kill()
     assert "cannot restore any checkpoint" not in err and "delete" not in err, err[-2000:]
-    assert procs[0].returncode in (3, -6), err[-2000:]  # -6: issue 35 item 7, still open
+    assert procs[0].returncode == 3, err[-2000:]  # not jaxlib's abort (-6): issue 35 item 7
+    assert "Check failure stack trace" not in err and "Fatal Python error" not in err
     assert set(before) <= set(d for d in os.listdir(last) if d.isdigit())
+
+
+def test_a_taken_process_id_stops_the_run_in_one_line_per_process(listops_dir, tmp_path):
+    """Issue 35 item 9: a second process given --process_id=1 made jaxlib abort (134, stack
+    dumps) processes 0 and 1. Now each says so in one line and exits 3; process 0 (the
+    coordinator, whose log names the task) says which --process_id was given twice."""
+    port, dup = _free_port(), []
+    procs = _start(tmp_path / "run", _flags(listops_dir, 400), devices=1, processes=2,
+                   port=port)
+    try:
+        _read_until(procs[0], "step ", time.time() + 120)
+        dup = [subprocess.Popen(
+            [sys.executable, os.path.join(REPO, "launch.py"), f"--workdir={tmp_path / 'dup'}",
+             *_flags(listops_dir, 400), f"--coordinator_address=127.0.0.1:{port}",
+             "--num_processes=2", "--process_id=1", "--heartbeat_timeout=10"],
+            cwd=REPO, env=_env(1), text=True, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)]
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs + dup:
+            if p.poll() is None:
+                p.kill()
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 3, err[-2000:]
+        assert "Check failure stack trace" not in err and "Fatal Python error" not in err
+    errors = [[l for l in err.splitlines() if l.startswith("error:")] for _, err in outs]
+    assert len(errors[0]) == len(errors[1]) == 1, errors
+    assert "process 1 connected a second time" in errors[0][0]
+    assert "--process_id=1" in errors[0][0]
+    assert "another process probably died" in errors[1][0]
