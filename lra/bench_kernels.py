@@ -3,7 +3,8 @@ r"""Kernel benchmark: the Pallas kernels against their XLA paths and dense atten
   python -m lra.bench_kernels --lengths=1024,2048,4096,8192,16384   (make bench-kernels)
   python -m lra.bench_kernels --lengths=256 --batch_size=1 --num_heads=2 --interpret  (CPU)
 
-Two sections (`--sections`): linear attention and block-sparse softmax attention.
+Three sections (`--sections`): linear attention, decayed linear attention and block-sparse
+softmax attention.
 
 Linear attention: for each length L and mode (causal, full) on random `[B, H, L, D]`
 inputs (positive features for linear attention), reports the median wall time of the
@@ -17,6 +18,12 @@ it takes the shape, else XLA) at the same shape.
 FLOPs are those of the chunked algorithm (the masked C x C products counted in full):
 per position 2C(K + V) + 4KV causal, 4KV non-causal, forward; forward+backward counted as
 3x forward, the usual convention.
+
+Decayed linear attention (retnet, mamba2: a scalar decay per head; gla: a diagonal gate):
+for each L and decay kind (`--decays`), the Pallas kernels' forward and forward+backward
+(gradients of q, k, v and log a) against `backend="xla"` (the same chunked algorithm under
+`lax.scan`) and against `chunked_retention`, the models' XLA form (attention_impl=dense;
+chunk 64 for scalar decays, 16 for gates, the builders' defaults), causal, same shape.
 
 Block-sparse attention: for each L and pattern density (`--densities`: the fraction of
 (tile x tile) blocks kept, a random block pattern, so every kept block is full; 1.0 is the
@@ -42,8 +49,10 @@ import numpy as np
 from absl import app, flags
 
 from models import masks
+from models.attention.retention import chunked_retention
 from models.kernels.block_sparse_attention import block_sparse_attention
 from models.kernels.block_sparse_attention import make_config as block_sparse_config
+from models.kernels.decayed_attention import decayed_linear_attention
 from models.kernels.linear_attention import linear_attention, make_config
 
 FLAGS = flags.FLAGS
@@ -60,7 +69,10 @@ def _define_flags() -> None:
     flags.DEFINE_integer("repeats", 20, "Timed calls per cell (the median is reported).")
     flags.DEFINE_bool("interpret", False, "Time the Pallas kernels in the interpreter on CPU.")
     flags.DEFINE_bool("dense", True, "Include dense softmax attention.")
-    flags.DEFINE_list("sections", ["linear", "block_sparse"], "Which kernels to time.")
+    flags.DEFINE_list("sections", ["linear", "decayed", "block_sparse"],
+                      "Which kernels to time.")
+    flags.DEFINE_list("decays", ["scalar", "gate"], "Decayed attention: a scalar decay per "
+                      "head (retnet, mamba2) and/or a diagonal gate (gla).")
     flags.DEFINE_list("densities", ["1.0", "0.5", "0.1"],
                       "Block-sparse: fractions of blocks kept (random block patterns).")
     flags.DEFINE_integer("block_size", None, "Block-sparse tile (default: the kernel's).")
@@ -129,6 +141,8 @@ def main(argv):
           f"D={d} {FLAGS.dtype}; ratios = other time / Pallas time\n")
     if "linear" in FLAGS.sections:
         _linear_section(dtype, b, h, d, run_pallas)
+    if "decayed" in FLAGS.sections:
+        _decayed_section(dtype, b, h, d, run_pallas)
     if "block_sparse" in FLAGS.sections:
         _block_sparse_section(dtype, b, h, d, run_pallas)
 
@@ -178,6 +192,60 @@ def _linear_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> None:
                   f"{ms(times['dense'][1])} ({dense_impl}) | {_ratio(times['dense'][0], pf)} | "
                   f"{_ratio(times['dense'][1], pfb)} |", flush=True)
 
+    print()
+
+
+def _fwd_and_fwd_bwd4(attn):
+    """_fwd_and_fwd_bwd for attention taking a fourth differentiable input (log a)."""
+    fwd = jax.jit(attn)
+
+    @jax.jit
+    def fwd_bwd(q, k, v, log_a, g):
+        _, vjp = jax.vjp(attn, q, k, v, log_a)
+        return vjp(g)
+
+    return fwd, fwd_bwd
+
+
+def _decayed_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> None:
+    print("### Decayed linear attention\n")
+    print("causal; XLA = the same chunked algorithm under lax.scan; chunked_retention = the "
+          "models' XLA form (attention_impl=dense)\n")
+    print("| L | decay | Pallas fwd ms | Pallas fwd+bwd ms | XLA fwd ms | XLA fwd+bwd ms "
+          "| vs XLA fwd | vs XLA fwd+bwd | chunked_retention fwd ms "
+          "| chunked_retention fwd+bwd ms | vs chunked_retention fwd "
+          "| vs chunked_retention fwd+bwd |")
+    print("|" + "---|" * 12)
+    rng = np.random.default_rng(0)
+    for length in map(int, FLAGS.lengths):
+        shape = (b, h, length, d)
+        q, k, v, g = (jnp.asarray(rng.standard_normal(shape, np.float32), dtype)
+                      for _ in range(4))
+        for decay in FLAGS.decays:
+            # gla's gate at init (logsigmoid(logits) / 16) or retnet-like decays per head.
+            logits = rng.standard_normal((b, h, length, d if decay == "gate" else 1))
+            log_a = jnp.asarray(jax.nn.log_sigmoid(logits + 4.0) / 16.0, jnp.float32)
+            print(f"L={length} {decay}", file=sys.stderr)
+            times = {}
+            for name, backend in (("pallas", "pallas"), ("xla", "xla")):
+                if name == "pallas" and not run_pallas:
+                    times[name] = (None, None)
+                    continue
+                attn = functools.partial(decayed_linear_attention, backend=backend,
+                                         chunk_size=FLAGS.chunk_size)
+                fwd, fwd_bwd = _fwd_and_fwd_bwd4(attn)
+                times[name] = (_time(fwd, q, k, v, log_a, repeats=FLAGS.repeats),
+                               _time(fwd_bwd, q, k, v, log_a, g, repeats=FLAGS.repeats))
+            chunk = 16 if decay == "gate" else 64
+            fwd, fwd_bwd = _fwd_and_fwd_bwd4(
+                lambda *a, chunk=chunk: chunked_retention(*a, chunk_size=chunk)[0])
+            times["model"] = (_time(fwd, q, k, v, log_a, repeats=FLAGS.repeats),
+                              _time(fwd_bwd, q, k, v, log_a, g, repeats=FLAGS.repeats))
+            ms = lambda t: _fmt(None if t is None else t * 1e3, ".2f")  # noqa: E731
+            (pf, pfb), (xf, xfb), (mf, mfb) = times["pallas"], times["xla"], times["model"]
+            print(f"| {length} | {decay} | {ms(pf)} | {ms(pfb)} | {ms(xf)} | {ms(xfb)} | "
+                  f"{_ratio(xf, pf)} | {_ratio(xfb, pfb)} | {ms(mf)} | {ms(mfb)} | "
+                  f"{_ratio(mf, pf)} | {_ratio(mfb, pfb)} |", flush=True)
     print()
 
 

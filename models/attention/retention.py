@@ -34,6 +34,13 @@ Three forms, equal up to float rounding (tests/models/test_retention.py):
    state carried by `jax.lax.scan`;
 3. the recurrent step (`step`, decoding "recurrent_state"): the state S per head.
 
+attention_impl="pallas" runs the training forms (__call__: causal, and both scans of the
+bidirectional form, the backward one strict) through the Pallas kernels of
+`models.kernels.decayed_attention` (Triton on GPU, Mosaic on TPU, interpreted on CPU),
+with the kernel's own chunk size (chunk_size applies to the XLA form). Decoding's
+`prefill` needs the final state, which the kernels do not return: it stays on
+`chunked_retention` under either implementation (and `step` on the recurrence).
+
 Padding: a padded position writes nothing (k = v = 0) and does not decay the state
 (log a = 0), as if it were removed (fla's unpadded, varlen inputs); decays count real
 tokens. Bidirectional (causal=False, LRA's classifiers): a forward scan plus a backward
@@ -52,9 +59,11 @@ from flax import nnx
 
 from models import decoding, layers, registry
 from models.attention.linear import _pad_to_chunks
+from models.kernels.decayed_attention import decayed_linear_attention
 
 State = dict[str, jax.Array]
 GROUP_NORMS = ("rms", "layer")
+IMPLS = ("dense", "pallas")  # the XLA chunked forms, or the Pallas kernels
 
 
 # ----------------------------------------------------------------------------- core math
@@ -131,6 +140,20 @@ def bidirectional_retention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array,
     return forward + flip(backward)
 
 
+def pallas_retention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax.Array,
+                     log_a_BxHxLxG: jax.Array, *, causal: bool) -> jax.Array:
+    """`chunked_retention`'s output (causal) or `bidirectional_retention` (not causal)
+    through the Pallas kernels (their own chunk; the kernel flavour and interpret mode
+    follow jax.default_backend()). The kernels return no final state."""
+    forward = decayed_linear_attention(q_BxHxLxK, k_BxHxLxK, v_BxHxLxV, log_a_BxHxLxG)
+    if causal:
+        return forward
+    flip = functools.partial(jnp.flip, axis=2)
+    backward = decayed_linear_attention(flip(q_BxHxLxK), flip(k_BxHxLxK), flip(v_BxHxLxV),
+                                        flip(log_a_BxHxLxG), strict=True)
+    return forward + flip(backward)
+
+
 @functools.partial(jax.jit, static_argnames=("causal",))
 def naive_retention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax.Array,
                     log_gamma_H: jax.Array, *, causal: bool,
@@ -194,7 +217,8 @@ class _DecayedAttention(nnx.Module):
 
     def __init__(self, *, dim: int, num_heads: int, causal: bool, qkv_dim: int | None,
                  expand_k: float, expand_v: float, chunk_size: int, use_bias: bool,
-                 group_norm: str, norm_eps: float, rotary: bool, rngs: nnx.Rngs):
+                 group_norm: str, norm_eps: float, rotary: bool, rngs: nnx.Rngs,
+                 attention_impl: str = "dense"):
         width = dim if qkv_dim is None else qkv_dim
         key_dim, value_dim = int(width * expand_k), int(width * expand_v)
         if num_heads <= 0 or key_dim <= 0 or value_dim <= 0 or key_dim % num_heads \
@@ -204,6 +228,11 @@ class _DecayedAttention(nnx.Module):
                              f"of num_heads ({num_heads})")
         if chunk_size <= 0:
             raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+        if attention_impl not in IMPLS:
+            raise registry.RegistryError(
+                f"attention_impl={attention_impl!r} is not available for decayed linear "
+                f"attention; valid: {', '.join(IMPLS)}")
+        self.attention_impl = attention_impl
         if group_norm not in GROUP_NORMS:
             raise ValueError(f"unknown group_norm {group_norm!r}; valid: "
                              f"{', '.join(GROUP_NORMS)}")
@@ -264,7 +293,9 @@ class _DecayedAttention(nnx.Module):
                  deterministic: bool = True) -> jax.Array:
         del deterministic  # no dropout inside (fla's layers have none)
         q, k, v, log_a = self.heads(x_BxLxD, padding_mask)
-        if self.causal:
+        if self.attention_impl == "pallas":
+            o_BxHxLxV = pallas_retention(q, k, v, log_a, causal=self.causal)
+        elif self.causal:
             o_BxHxLxV, _ = chunked_retention(q, k, v, log_a, chunk_size=self.chunk_size)
         else:
             o_BxHxLxV = bidirectional_retention(q, k, v, log_a, chunk_size=self.chunk_size)
@@ -324,20 +355,23 @@ class MultiScaleRetention(_DecayedAttention):
 
 @registry.register("retnet", capabilities=registry.Capabilities(
     description="RetNet retention: decay gamma_h = 1 - 2^(-5-h) per head, group norm, swish "
-                "gate; chunked; bidirectional = forward + strict backward scan summed",
+                "gate; chunked (XLA or attention_impl=pallas); bidirectional = forward + "
+                "strict backward scan summed",
     causal=True, decode="recurrent_state", padding=True, variable_length=True,
     test_hparams={"chunk_size": 5}, rotary=True))
 def build_retnet(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
                  rotary: bool = False, qkv_dim: int | None = None, expand_k: float = 1.0,
                  expand_v: float = 2.0, chunk_size: int = 64, use_bias: bool = False,
-                 group_norm: str = "rms", norm_eps: float = 1e-5) -> MultiScaleRetention:
+                 group_norm: str = "rms", norm_eps: float = 1e-5,
+                 attention_impl: str = "dense") -> MultiScaleRetention:
     """expand_k, expand_v: key and value widths over qkv_dim (fla's 1 and 2: value heads
-    twice the key heads, as the paper). group_norm: "rms" (fla) or "layer"."""
+    twice the key heads, as the paper). group_norm: "rms" (fla) or "layer".
+    attention_impl: "dense" (the XLA chunked form) or "pallas" (the kernels)."""
     del max_len  # any length
     return MultiScaleRetention(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
                                expand_k=expand_k, expand_v=expand_v, chunk_size=chunk_size,
                                use_bias=use_bias, group_norm=group_norm, norm_eps=norm_eps,
-                               rotary=rotary, rngs=rngs)
+                               rotary=rotary, rngs=rngs, attention_impl=attention_impl)
 
 
 class GatedLinearAttention(_DecayedAttention):
@@ -365,7 +399,8 @@ class GatedLinearAttention(_DecayedAttention):
 
 @registry.register("gla", capabilities=registry.Capabilities(
     description="gated linear attention: low-rank data-dependent diagonal decay in log space "
-                "(fla defaults); bidirectional = forward + strict backward scan summed",
+                "(fla defaults), chunked (XLA or attention_impl=pallas); bidirectional = "
+                "forward + strict backward scan summed",
     causal=True, decode="recurrent_state", padding=True, variable_length=True,
     test_hparams={"chunk_size": 5},
     rotary_refusal="its diagonal gate sits between q and k and does not commute with a "
@@ -374,12 +409,14 @@ def build_gla(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx
               qkv_dim: int | None = None, expand_k: float = 0.5, expand_v: float = 1.0,
               gate_low_rank_dim: int = 16, gate_logit_normalizer: float = 16.0,
               chunk_size: int = 16, use_bias: bool = False, group_norm: str = "rms",
-              norm_eps: float = 1e-5) -> GatedLinearAttention:
-    """fla's GatedLinearAttention defaults. chunk_size 16: the chunk's decay is C x C x d_k
+              norm_eps: float = 1e-5, attention_impl: str = "dense") -> GatedLinearAttention:
+    """fla's GatedLinearAttention defaults. attention_impl: "dense" (the XLA chunked
+    form) or "pallas" (the kernels). chunk_size 16: the chunk's decay is C x C x d_k
     (fla's chunk_gla computes its exact log-space part on sub-chunks of 16 too)."""
     del max_len  # any length
     return GatedLinearAttention(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
                                 expand_k=expand_k, expand_v=expand_v, chunk_size=chunk_size,
                                 use_bias=use_bias, group_norm=group_norm, norm_eps=norm_eps,
                                 rotary=False, gate_low_rank_dim=gate_low_rank_dim,
-                                gate_logit_normalizer=gate_logit_normalizer, rngs=rngs)
+                                gate_logit_normalizer=gate_logit_normalizer, rngs=rngs,
+                                attention_impl=attention_impl)

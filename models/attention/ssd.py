@@ -26,6 +26,14 @@ exp(b_i - b_j) masked before exp, a scan over the chunks carrying h; every expon
 <= 0), and `ssd_step` (decoding, "recurrent_state": the cache holds h and the
 convolution's last conv_size - 1 inputs).
 
+attention_impl="pallas": the SSD is decayed linear attention with queries C, keys B, values
+dt x and a scalar decay exp(dt A) per head (G = 1), so the layer's forward (__call__, both
+directions) runs `chunk_ssd`'s output through the Pallas kernels of
+`models.kernels.decayed_attention` (Triton on GPU, Mosaic on TPU, interpreted on CPU; their
+own chunk size, chunk_size applies to the XLA form); the D skip, convolution and gated norm
+stay in XLA. Decoding's `prefill` needs h_L, which the kernels do not return: it stays on
+`chunk_ssd` under either implementation.
+
 causal=False: a forward and a backward scan summed before the gated norm, as DeltaNet
 here (models/attention/delta.py): the backward one is the causal SSD on the reversed
 sequence, with its own convolution, dt_bias, A_log and D; projections, norm and `out`
@@ -42,10 +50,12 @@ from flax import nnx
 from models import decoding, layers, registry
 from models.attention.delta import CONV_SIZE, NORM_EPS, causal_conv, conv_init, dt_bias_init
 from models.attention.linear import _pad_to_chunks
+from models.kernels.decayed_attention import decayed_linear_attention
 
 DEFAULT_CHUNK = 256  # mamba_ssm's chunk size
 STATE_SIZE = 128  # mamba_ssm's d_state
 A_INIT_RANGE = (1.0, 16.0)  # mamba_ssm: A ~ U(1, 16), A_log = log A
+IMPLS = ("dense", "pallas")  # chunk_ssd (XLA), or the Pallas decayed-attention kernels
 
 
 # ----------------------------------------------------------------------------- core math
@@ -154,7 +164,7 @@ class Mamba2(nnx.Module):
 
     def __init__(self, *, dim: int, num_heads: int, causal: bool, expand: int,
                  state_size: int, conv_size: int, chunk_size: int, norm_eps: float,
-                 rngs: nnx.Rngs):
+                 rngs: nnx.Rngs, attention_impl: str = "dense"):
         inner = expand * dim
         if num_heads <= 0 or inner % num_heads or state_size <= 0:
             raise ValueError(f"mamba2: expand * dim ({inner}) must be a positive multiple of "
@@ -162,6 +172,11 @@ class Mamba2(nnx.Module):
         if chunk_size <= 0 or conv_size <= 0:
             raise ValueError(f"chunk_size ({chunk_size}) and conv_size ({conv_size}) must be "
                              "positive")
+        if attention_impl not in IMPLS:
+            raise registry.RegistryError(
+                f"attention_impl={attention_impl!r} is not available for mamba2; valid: "
+                f"{', '.join(IMPLS)}")
+        self.attention_impl = attention_impl
         self.num_heads, self.head_dim, self.state_size = num_heads, inner // num_heads, state_size
         self.causal, self.chunk_size, self.conv_size = causal, chunk_size, conv_size
         self.norm_eps = norm_eps
@@ -194,15 +209,23 @@ class Mamba2(nnx.Module):
             t[:, None], (batch, self.num_heads, length, self.state_size))
         return x_BxHxLxP, shared(b), shared(c)
 
-    def scan(self, direction: SSDDirection, xbc_BxLxC, dt_raw_BxLxH, real_BxL):
-        """One direction: y + D x (BxHxLxP) and h_L. Padded positions get dt = 0."""
+    def scan(self, direction: SSDDirection, xbc_BxLxC, dt_raw_BxLxH, real_BxL,
+             with_state: bool = True):
+        """One direction: y + D x (BxHxLxP) and h_L. Padded positions get dt = 0. Without
+        `with_state`, under attention_impl="pallas", the kernels give y and h_L is None."""
         w = direction.conv[...].astype(jnp.float32)
         conv_BxLxC = causal_conv(xbc_BxLxC.astype(jnp.float32)[:, None], w[:, None])[:, 0]
         xbc = jax.nn.silu(conv_BxLxC + direction.conv_bias[...])
         x, b, c = self.ssd_inputs(xbc)
         dt_BxLxH, log_a_BxLxH = direction.steps(dt_raw_BxLxH, real_BxL)
         dt_BxHxL, log_a_BxHxL = dt_BxLxH.transpose(0, 2, 1), log_a_BxLxH.transpose(0, 2, 1)
-        y, h = chunk_ssd(x * dt_BxHxL[..., None], log_a_BxHxL, b, c, chunk_size=self.chunk_size)
+        if self.attention_impl == "pallas" and not with_state:
+            # Queries C, keys B, values dt x, one log decay per head and position.
+            y, h = decayed_linear_attention(c, b, x * dt_BxHxL[..., None],
+                                            log_a_BxHxL[..., None]), None
+        else:
+            y, h = chunk_ssd(x * dt_BxHxL[..., None], log_a_BxHxL, b, c,
+                             chunk_size=self.chunk_size)
         return y + direction.d[...][:, None, None] * x, h
 
     def finish(self, y_BxHxLxP: jax.Array, z_BxLxI: jax.Array) -> jax.Array:
@@ -213,22 +236,23 @@ class Mamba2(nnx.Module):
         y = y * jax.lax.rsqrt(jnp.mean(y * y, axis=-1, keepdims=True) + self.norm_eps)
         return self.out((y * self.norm_scale[...]).astype(z_BxLxI.dtype))
 
-    def forward(self, u_BxLxD, padding_mask):
-        """Outputs BxLxD, the forward scan's h_L and the (masked) convolution inputs."""
+    def forward(self, u_BxLxD, padding_mask, with_state: bool = True):
+        """Outputs BxLxD, the forward scan's h_L (None without `with_state` under
+        attention_impl="pallas") and the (masked) convolution inputs."""
         real_BxL = layers.valid_mask(padding_mask, *u_BxLxD.shape[:2])
         z, xbc, dt_raw = self.conv_inputs(u_BxLxD)
         xbc = jnp.where(real_BxL[..., None], xbc, 0.0)  # no window reads a padded input
-        y, h = self.scan(self.forward_scan, xbc, dt_raw, real_BxL)
+        y, h = self.scan(self.forward_scan, xbc, dt_raw, real_BxL, with_state)
         if self.backward_scan is not None:
             y_back, _ = self.scan(self.backward_scan, jnp.flip(xbc, 1), jnp.flip(dt_raw, 1),
-                                  jnp.flip(real_BxL, 1))
+                                  jnp.flip(real_BxL, 1), with_state=False)
             y = y + jnp.flip(y_back, axis=2)
         return self.finish(y, z), h, xbc
 
     def __call__(self, u_BxLxD: jax.Array, padding_mask: jax.Array | None = None,
                  deterministic: bool = True) -> jax.Array:
         del deterministic  # no dropout
-        return self.forward(u_BxLxD, padding_mask)[0]
+        return self.forward(u_BxLxD, padding_mask, with_state=False)[0]
 
     # ------------------------------------------------------------------ decoding
     # "recurrent_state": h (BxHxPxN) and the convolution's last conv_size - 1 inputs.
@@ -277,17 +301,20 @@ class Mamba2(nnx.Module):
 
 @registry.register("mamba2", capabilities=registry.Capabilities(
     description="Mamba-2 SSD: scalar data-dependent decay per head, short conv, gated norm, "
-                "chunked form (Dao and Gu 2024); causal=False sums a forward and a backward scan",
+                "chunked form (Dao and Gu 2024; XLA or attention_impl=pallas); causal=False "
+                "sums a forward and a backward scan",
     causal=True, decode="recurrent_state", padding=True, variable_length=True,
     test_hparams={"chunk_size": 5, "state_size": 16},
     rotary_refusal="its C.B products are read through a recurrent state whose order gives "
     "positions (the paper adds no position embedding)"))
 def build_mamba2(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
                  expand: int = 2, state_size: int = STATE_SIZE, conv_size: int = CONV_SIZE,
-                 chunk_size: int = DEFAULT_CHUNK, norm_eps: float = NORM_EPS) -> Mamba2:
+                 chunk_size: int = DEFAULT_CHUNK, norm_eps: float = NORM_EPS,
+                 attention_impl: str = "dense") -> Mamba2:
     """mamba_ssm's Mamba2 defaults (expand 2, d_state 128, d_conv 4, chunk 256); the heads
-    are the config's (head size expand * dim / num_heads)."""
+    are the config's (head size expand * dim / num_heads). attention_impl: "dense"
+    (chunk_ssd under XLA) or "pallas" (the decayed-attention kernels)."""
     del max_len  # any length
     return Mamba2(dim=dim, num_heads=num_heads, causal=causal, expand=expand,
                   state_size=state_size, conv_size=conv_size, chunk_size=chunk_size,
-                  norm_eps=norm_eps, rngs=rngs)
+                  norm_eps=norm_eps, rngs=rngs, attention_impl=attention_impl)

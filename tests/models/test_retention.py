@@ -274,3 +274,65 @@ def test_long_sequence_finite_and_exact(kind):
     grads = jax.jit(jax.grad(lambda *a: jnp.sum(chunked(*a, causal=False, chunk_size=chunk)),
                              argnums=(0, 1, 2, 3)))(q, k, v, log_a)
     assert all(np.isfinite(np.asarray(g)).all() for g in grads)
+
+
+# ----------------------------------------------------------------------------- pallas
+
+
+def pallas_against_dense(name: str, causal: bool, length: int = 24) -> None:
+    """The ListOps mini Classifier of `configs/listops.py:model=<name>,mini[,causal]` (one
+    layer, `length` tokens: the kernels run interpreted on CPU), built as lra.train builds
+    it under attention_impl="pallas" and "dense" with the same (random) weights: equal
+    logits and parameter gradients of a random scalar loss, one row padded."""
+    from configs import listops
+    from lra import tasks, train
+
+    task = tasks.get("listops")
+    models = {}
+    for impl in ("dense", "pallas"):
+        config = listops.get_config(f"model={name},mini" + (",causal" if causal else ""))
+        config.max_length, config.num_layers, config.attention_impl = length, 1, impl
+        models[impl] = train.build_model(config, task)
+        assert models[impl].encoder.stack.blocks[0].mixer.attention_impl == impl
+    randomize_params(models["dense"], seed=5, scale=0.3)
+    nnx.update(models["pallas"], nnx.state(models["dense"], nnx.Param))
+    rng = np.random.default_rng(6)
+    tokens = jnp.asarray(rng.integers(1, task.vocab_size, (2, length)))
+    mask = jnp.arange(length)[None] < jnp.array([[length], [length - 9]])
+    w = jnp.asarray(rng.standard_normal((2, task.num_classes)), jnp.float32)
+
+    def logits_and_grads(model):
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+        def loss(params):
+            logits = nnx.merge(graphdef, params, rest)(tokens, mask, deterministic=True)
+            return jnp.sum(logits * w), logits
+
+        # The interpreted kernels compile about twice as fast without backend optimisation.
+        run = jax.jit(jax.value_and_grad(loss, has_aux=True))
+        (_, logits), grads = run.lower(params).compile(
+            {"xla_backend_optimization_level": 0})(params)
+        return logits, grads
+
+    (logits_d, grads_d), (logits_p, grads_p) = map(logits_and_grads, models.values())
+    close(logits_p, logits_d, rtol=1e-4, atol=1e-5)
+    leaves_d, leaves_p = jax.tree.leaves(grads_d), jax.tree.leaves(grads_p)
+    assert len(leaves_d) == len(leaves_p)
+    for got, want in zip(leaves_p, leaves_d):
+        scale = float(jnp.max(jnp.abs(want)))
+        close(got, want, rtol=1e-4, atol=1e-4 * scale + 1e-7)
+
+
+@pytest.mark.parametrize("name,causal", [("retnet", False), ("gla", True),
+                                         pytest.param("retnet", True, marks=pytest.mark.slow),
+                                         pytest.param("gla", False, marks=pytest.mark.slow)],
+                         ids=["retnet-bidirectional", "gla-causal", "retnet-causal",
+                              "gla-bidirectional"])
+def test_pallas_kernel_matches_dense_through_the_config(name, causal):
+    pallas_against_dense(name, causal)
+
+
+def test_pallas_refuses_other_impls():
+    with pytest.raises(registry.RegistryError, match="attention_impl"):
+        build("retnet", causal=True, attention_impl="blocksparse")
+    assert build("gla", causal=False, attention_impl="pallas").attention_impl == "pallas"

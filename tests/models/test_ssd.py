@@ -18,6 +18,7 @@ from models import decoding, registry
 from models.attention import ssd
 
 from tests.models.helpers import normal, randomize_params
+from tests.models.test_retention import pallas_against_dense
 
 TOL = dict(rtol=1e-4, atol=1e-5)
 
@@ -239,3 +240,28 @@ def test_initialisation_is_mamba2s():
     assert (np.asarray(direction.d[...]) == 1).all()
     for param in (direction.a_log, direction.dt_bias, direction.d):
         assert param.get_metadata()["no_weight_decay"] is True
+
+
+# ----------------------------------------------------------------------------- pallas
+
+
+@pytest.mark.parametrize("causal", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["bidirectional", "causal"])
+def test_pallas_kernel_matches_dense_through_the_config(causal):
+    """attention_impl="pallas" (C, B, dt x and the scalar decay through the decayed
+    linear-attention kernels) against chunk_ssd, through configs/listops.py's mini."""
+    pallas_against_dense("mamba2", causal)
+
+
+def test_pallas_prefill_keeps_the_chunked_state():
+    """prefill needs h_L: it runs chunk_ssd under attention_impl="pallas" too, and its
+    outputs are the kernel's forward."""
+    mixer = build(causal=True, attention_impl="pallas")
+    x = normal(12, (2, 9, 16))
+    mask = jnp.arange(9)[None] < jnp.array([[9], [5]])
+    y_prefill, cache = run(mixer, "prefill", mixer.init_cache(2, 9), x, mask)
+    real = np.asarray(mask)
+    assert_close(np.asarray(y_prefill)[real], np.asarray(run(mixer, "__call__", x, mask))[real])
+    mixer.attention_impl = "dense"
+    _, cache_dense = run(mixer, "prefill", mixer.init_cache(2, 9), x, mask)
+    assert_close(cache["h"], cache_dense["h"], rtol=0, atol=0)
