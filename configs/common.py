@@ -63,7 +63,7 @@ def base_config(*, task: str, model: str) -> ml_collections.ConfigDict:
     # `--config.model_hparams.<name>=...` works for exactly the fields the variant takes.
     # Stated here at the task's reference length; `finalize` rescales them (and the
     # block's token counts) to the max_length the task config ends with.
-    c.model_hparams = ml_collections.ConfigDict(presets.model_hparams(model, task))
+    c.model_hparams = ml_collections.ConfigDict(presets.model_hparams(model, preset_task(task)))
     c.attention_impl = "dense"
     # Residual form and stack (models/blocks.py BLOCK_DEFAULTS, with what the variant
     # implies filled in), e.g. --config.block.kind=reversible --config.block.ffn_chunks=4.
@@ -83,7 +83,7 @@ def base_config(*, task: str, model: str) -> ml_collections.ConfigDict:
     # SSMs' A, B, log step: "ssm") train with the group's lr_scale (times the schedule)
     # and weight_decay, e.g. --config.param_groups.ssm.lr_scale=0.5; the papers' values
     # are presets (configs/presets.py PARAM_GROUPS).
-    c.param_groups = ml_collections.ConfigDict(presets.param_groups(model, task))
+    c.param_groups = ml_collections.ConfigDict(presets.param_groups(model, preset_task(task)))
     c.factors = "constant * linear_warmup * rsqrt_decay"
     c.warmup = 1000
     c.steps_per_cycle = 0  # cosine_decay period; 0 = num_train_steps - warmup
@@ -133,6 +133,12 @@ def base_config(*, task: str, model: str) -> ml_collections.ConfigDict:
     # Per-token loss when pretraining: xent (over the vocabulary) or, for pixel tasks, l1
     # on the intensity scaled to [0, 1]; each task's default is the paper's (PRETRAIN_LM_LOSS).
     c.lm_loss = PRETRAIN_LM_LOSS.get(task, "xent")
+    # causal_lm only: also predict the first token. The model reads the tokens shifted
+    # right by one behind a start token (id vocab_size, one more embedding row), so the
+    # output at t predicts token t and every token is a target (bits per token over all
+    # of them); the xent softmax stays over the task's vocab_size values. The `generation`
+    # config argument sets it (pixel generation: bits per sub-pixel over the whole image).
+    c.start_token = False
     # Workdir of an earlier run (e.g. a pretraining run) whose embeddings and encoder this
     # run starts from (its best checkpoint, else its last); the head starts fresh.
     c.init_from = ""
@@ -146,12 +152,21 @@ def base_config(*, task: str, model: str) -> ml_collections.ConfigDict:
 PRETRAIN_MASK_RATIO = {"listops": 0.10, "text": 0.15, "retrieval": 0.15, "image": 0.5,
                        "pathfinder": 0.5, "pathx": 0.5}
 # Tasks whose tokens are pixel intensities 0..255 (where lm_loss='l1' makes sense).
-PIXEL_TASKS = ("image", "pathfinder", "pathx")
+PIXEL_TASKS = ("image", "pathfinder", "pathx", "mnist")
 # The paper's per-token loss where it is not cross-entropy: L1 on the pixel value for Image
 # and Pathfinder. Its code (IdoAmos/not-from-scratch, configs/experiment/lra/*pathx*-mlm*)
 # pretrains Path-X with cross-entropy over the 256 intensities ("should not use l1 for
 # pathx"), so Path-X keeps xent.
 PRETRAIN_LM_LOSS = {"image": "l1", "pathfinder": "l1"}
+# Tasks outside LRA whose variant presets (configs/presets.py, stated at each LRA task's
+# full length) are another task's: MNIST's 28x28 raster takes Image's 32x32 ones, scaled
+# to its max_length by the same rules (a window of 128 of 1024 pixels is 98 of 784).
+PRESET_TASK = {"mnist": "image"}
+
+
+def preset_task(task: str) -> str:
+    """The task whose presets `task` uses (itself for LRA's tasks)."""
+    return PRESET_TASK.get(task, task)
 
 
 # The locality baseline (config argument `locality`, every task config): the task's model
@@ -209,11 +224,30 @@ def apply_locality(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict)
     c.model = model
     c.model_hparams = ml_collections.ConfigDict(LOCALITY_HPARAMS[model])
     c.block = ml_collections.ConfigDict(_resolve_block(model))
-    c.param_groups = ml_collections.ConfigDict(presets.param_groups(model, c.task))
+    c.param_groups = ml_collections.ConfigDict(presets.param_groups(model, preset_task(c.task)))
     c.pos_emb = "rotary"
     c.pooling = "MEAN"
     c.num_layers = LOCALITY_LAYERS
     c.locality_baseline = locality_receptive_field(c.task)
+
+
+def apply_generation(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> None:
+    """The `generation` config argument of the pixel tasks (image, mnist): autoregressive
+    generation of the image's pixels (sub-pixels) in raster order, Katharopoulos et al.'s
+    (2020) setting: causal_lm with a causal encoder, a start token so that every pixel is
+    predicted (config.start_token), a 256-way softmax per pixel (lm_loss xent), MEAN
+    pooling (what causal needs; the LM head is per position). Validation and test report
+    bits per token = bits/dim over all of the image's dims. `pretrain` (it is one) and
+    `paper` (classification recipes) do not combine with it."""
+    clash = [name for name in ("pretrain", "paper", "locality") if arg.get(name)]
+    if clash:
+        raise ConfigError(f"config argument 'generation' (next-pixel prediction of the whole "
+                          f"image) does not combine with {', '.join(repr(n) for n in clash)}")
+    c.objective = "causal_lm"
+    c.causal = True
+    c.start_token = True
+    c.lm_loss = "xent"
+    c.pooling = "MEAN"
 
 
 def apply_objective_args(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> None:
@@ -271,7 +305,7 @@ def finalize(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     on the command line comes after get_config and does not rescale them (see
     configs/presets.py)."""
     c.model_hparams = ml_collections.ConfigDict(
-        presets.model_hparams(c.model, c.task, max_length=c.max_length))
+        presets.model_hparams(c.model, preset_task(c.task), max_length=c.max_length))
     if c.get("locality_baseline"):
         # The baseline's window, not the presets scaled to the length: it stays short.
         c.model_hparams.update(LOCALITY_HPARAMS[c.model])
@@ -285,7 +319,7 @@ def finalize(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
             if key in c.model_hparams:
                 c.model_hparams[key] = 0.0
     stated = _resolve_block(c.model)
-    scaled = presets.block_settings(stated, c.task, max_length=c.max_length)
+    scaled = presets.block_settings(stated, preset_task(c.task), max_length=c.max_length)
     for key in presets.BLOCK_LENGTH_KEYS:
         if key in c.block and c.block[key] == stated[key]:
             c.block[key] = scaled[key]
@@ -413,6 +447,11 @@ def _validate_objective(config: ml_collections.ConfigDict) -> None:
     # (1.5) is a typo whatever the objective.
     _check_range(config, "mask_ratio", 0.0, 1.0, low_open=True, high_open=False,
                  hint=" (the fraction of tokens masked when pretraining)")
+    if config.get("start_token", False) and objective != "causal_lm":
+        raise ConfigError(f"config.start_token=True makes causal_lm predict the first token "
+                          f"too; config.objective={objective!r} predicts no next token: set "
+                          "start_token=False, or use the config argument 'generation' (pixel "
+                          "tasks) or 'pretrain,causal'")
     if objective == "classify":
         return
     if objective == "mlm" and config.causal:

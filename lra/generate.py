@@ -11,6 +11,9 @@ the model its results.json config builds (`lra.train.build_model`). The prompts 
 first tokens of the first `num_samples` examples of the task's test split (retrieval:
 the first document), `--prompt_len` of each (default: half of each example, at least
 one token: a model has no start token, its first prediction is of the second token).
+A run with config.start_token (the pixel tasks' `generation` argument) reads every prompt
+behind its start token (id vocab_size), so its first prediction is of the first token:
+`--prompt_len=0` samples whole images; the start id itself is never sampled.
 Each row is prefilled once (models/decoding.py: right-padded prompts, each row at its own
 position), then one jitted `jax.lax.scan` appends the new tokens of every row; a row stops
 at max_length (pixel tasks: at the end of its image), and a request for more says so.
@@ -24,9 +27,9 @@ Output (`--output`, default <workdir>/samples/):
   samples.txt  ListOps, Text, Retrieval: per sample the prompt and the model's continuation
                decoded with the task's vocabulary, `prompt ⟨|⟩ continuation`, and the test
                example's true continuation beneath it (also printed).
-  samples.png  Image, Pathfinder, Path-X: one row per sample: the test image, its prompt
-               with the rest gray, the completed image (as Katharopoulos et al.'s
-               "Transformers are RNNs", Figure 3).
+  samples.png  Image, Pathfinder, Path-X, MNIST: one row per sample: the test image, its
+               prompt with the rest gray, the completed image (as Katharopoulos et al.'s
+               "Transformers are RNNs", Figure 3); in colour for task_options.pixels=rgb.
 The last line printed is the scan's throughput, measured after compilation.
 
 A user's mistake (no such workdir, a run that is not causal_lm, a bad flag value) is one
@@ -210,7 +213,8 @@ def make_sampler(*, lm_loss: str, vocab_size: int, temperature: float, top_k: in
     def sample(out, key):
         if lm_loss == "l1":  # one predicted intensity in [0, 1] per row
             return jnp.round(jnp.clip(out, 0.0, 1.0) * (vocab_size - 1)).astype(jnp.int32)
-        logits_BxV = out.astype(jnp.float32)
+        # A start-token model's head has one more logit, the start id's: never sampled.
+        logits_BxV = out.astype(jnp.float32)[:, :vocab_size]
         if pad_id is not None:
             logits_BxV = logits_BxV.at[:, pad_id].set(-jnp.inf)
         if temperature == 0:
@@ -232,7 +236,8 @@ def decode(model: Any, prompts_BxP: np.ndarray, prompt_lens_B: np.ndarray,
     One prefill; then one jitted scan of N - 1 steps: step i feeds every row its new token
     i and samples new token i + 1 from the step's output. A row that has all its tokens
     keeps its cache (a select per leaf: every cache leaf is batch-leading), so no row is
-    ever fed a position past prompt_len + new_tokens - 2 <= max_length - 2."""
+    ever fed a position past prompt_len + new_tokens - 2 (<= max_length - 2; with a start
+    token, whose prompts are one longer, <= max_length - 1)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -327,44 +332,48 @@ def text_report(task_name: str, samples: list[dict]) -> str:
 
 def png_grid(rows: list[list[np.ndarray]], *, gap: int = PNG_GAP,
              min_cell: int = PNG_MIN_CELL) -> np.ndarray:
-    """uint8 HxW grayscale grid of equal-sized square images (rows of columns), each
-    scaled up by an integer factor to at least min_cell pixels, GAP white pixels apart."""
+    """uint8 HxW grayscale (HxWx3 colour) grid of equal-sized square images (rows of
+    columns, each SxS or SxSx3), each scaled up by an integer factor to at least min_cell
+    pixels, GAP white pixels apart."""
     side = rows[0][0].shape[0]
     scale = max(1, math.ceil(min_cell / side))
     cell = side * scale
     height = len(rows) * cell + (len(rows) + 1) * gap
     width = len(rows[0]) * cell + (len(rows[0]) + 1) * gap
-    grid_HxW = np.full((height, width), 255, np.uint8)
+    grid_HxW = np.full((height, width, *rows[0][0].shape[2:]), 255, np.uint8)
     for r, row in enumerate(rows):
         for c, image_SxS in enumerate(row):
             y, x = gap + r * (cell + gap), gap + c * (cell + gap)
-            grid_HxW[y:y + cell, x:x + cell] = np.kron(
-                np.asarray(image_SxS, np.uint8), np.ones((scale, scale), np.uint8))
+            grid_HxW[y:y + cell, x:x + cell] = np.asarray(image_SxS, np.uint8).repeat(
+                scale, axis=0).repeat(scale, axis=1)
     return grid_HxW
 
 
 def write_png(path: str, image_HxW: np.ndarray) -> None:
     from PIL import Image  # a runtime requirement (Pathfinder's PNGs)
 
-    Image.fromarray(np.asarray(image_HxW, np.uint8), mode="L").save(path)
+    image = np.asarray(image_HxW, np.uint8)
+    Image.fromarray(image, mode="L" if image.ndim == 2 else "RGB").save(path)
 
 
-def pixel_rows(samples: list[dict]) -> list[list[np.ndarray]]:
+def pixel_rows(samples: list[dict], colour: bool = False) -> list[list[np.ndarray]]:
     """Per sample: the test image, its prompt (the rest BLANK), the completed image;
     pixels in raster order, side = sqrt(pixels) (the readers write a whole square image:
-    32x32 for Image, resolution x resolution for Pathfinder and Path-X)."""
+    32x32 for Image, 28x28 for MNIST, resolution x resolution for Pathfinder and Path-X);
+    with `colour`, R, G, B sub-pixels per pixel (Image with task_options.pixels=rgb):
+    SxSx3 images, side = sqrt(sub-pixels / 3)."""
     rows = []
     for s in samples:
         length = s["length"]
-        side = math.isqrt(length)
+        side = math.isqrt(length // 3 if colour else length)
+        shape = (side, side, 3) if colour else (side, side)
         original = np.concatenate([s["prompt"], s["original"]])[:length]
         prompt = np.full(length, BLANK, np.int64)
         prompt[:len(s["prompt"])] = s["prompt"]
         completed = prompt.copy()
         done = np.concatenate([s["prompt"], s["generated"]])[:length]
         completed[:len(done)] = done
-        rows.append([np.clip(a, 0, 255).reshape(side, side)
-                     for a in (original, prompt, completed)])
+        rows.append([np.clip(a, 0, 255).reshape(shape) for a in (original, prompt, completed)])
     return rows
 
 
@@ -385,15 +394,18 @@ def generate(workdir: str, *, num_samples: int = 4, max_new_tokens: int | None =
         raise FlagError(f"--temperature={temperature}: give 0 (greedy, argmax) or more")
     if top_k < 0:
         raise FlagError(f"--top_k={top_k}: give 0 (all tokens) or a positive count")
-    if prompt_len is not None and prompt_len < 1:
-        raise FlagError(f"--prompt_len={prompt_len}: a prompt needs at least 1 token (the "
-                        "model has no start token: its first prediction is of the second "
-                        "token)")
+    if prompt_len is not None and prompt_len < 0:
+        raise FlagError(f"--prompt_len={prompt_len}: a prompt needs at least 1 token (0 "
+                        "with a run that has a start token: config.start_token)")
     if max_new_tokens is not None and max_new_tokens < 1:
         raise FlagError(f"--max_new_tokens={max_new_tokens}: give at least 1 (default: up "
                         "to max_length)")
     config, config_from = load_config(workdir)
     check_run(config, workdir)
+    start = bool(config.get("start_token", False))
+    if prompt_len == 0 and not start:
+        raise FlagError("--prompt_len=0: a prompt needs at least 1 token (the model has no "
+                        "start token: its first prediction is of the second token)")
     max_length = int(config.max_length)
     if prompt_len is not None and prompt_len >= max_length:
         raise FlagError(f"--prompt_len={prompt_len} leaves no room to generate: the run's "
@@ -438,6 +450,11 @@ def generate(workdir: str, *, num_samples: int = 4, max_new_tokens: int | None =
              f"there (new tokens: {', '.join(str(int(n)) for n in new_N)})")
     prompts_NxP = tokens_NxL[:, :int(given_N.max())] * (
         np.arange(int(given_N.max()))[None] < given_N[:, None])
+    fed_N = given_N
+    if start:  # the start token first: the output after prompt token p predicts token p + 1
+        prompts_NxP = np.concatenate(
+            [np.full((len(given_N), 1), task.vocab_size, prompts_NxP.dtype), prompts_NxP], 1)
+        fed_N = given_N + 1
 
     lm_loss = config.get("lm_loss", "xent")
     sample = make_sampler(lm_loss=lm_loss, vocab_size=task.vocab_size, temperature=temperature,
@@ -450,7 +467,7 @@ def generate(workdir: str, *, num_samples: int = 4, max_new_tokens: int | None =
     log(f"{config.model} on {config.task} (causal_lm, {lm_loss}), {kind} checkpoint step {step} "
         f"of {workdir}; {len(new_N)} test examples of {data_dir}"
         f"{' (first document)' if task.dual_input else ''}; {what}")
-    tokens_NxT, timing = decode(model, prompts_NxP, given_N, new_N, sample, seed)
+    tokens_NxT, timing = decode(model, prompts_NxP, fed_N, new_N, sample, seed)
 
     samples = []
     for n in range(len(new_N)):
@@ -465,10 +482,12 @@ def generate(workdir: str, *, num_samples: int = 4, max_new_tokens: int | None =
         os.makedirs(output, exist_ok=True)
         if pixels:
             path = os.path.join(output, "samples.png")
-            write_png(path, png_grid(pixel_rows(samples)))
-            side = math.isqrt(samples[0]["length"])
+            colour = config.get("task_options", {}).get("pixels", "gray") == "rgb"
+            rows = pixel_rows(samples, colour)
+            write_png(path, png_grid(rows))
+            side = rows[0][0].shape[0]
             log(f"wrote {path}: {len(samples)} rows (original | prompt | completed), "
-                f"{side}x{side} pixels each")
+                f"{side}x{side} pixels each{' (colour)' if colour else ''}")
         else:
             path = os.path.join(output, "samples.txt")
             report = text_report(config.task, samples)
@@ -505,7 +524,8 @@ def define_flags(fv: flags.FlagValues) -> flags.FlagValues:
     flags.DEFINE_integer("max_new_tokens", None, "New tokens per sample (default: up to "
                          "max_length; pixel tasks: to the end of the image).", flag_values=fv)
     flags.DEFINE_integer("prompt_len", None, "Tokens of each test example given as the prompt "
-                         "(default: half of each example, at least 1).", flag_values=fv)
+                         "(default: half of each example, at least 1; 0 with a start-token "
+                         "run: whole samples).", flag_values=fv)
     flags.DEFINE_float("temperature", 1.0, "Sampling temperature; 0 = greedy (argmax).",
                        flag_values=fv)
     flags.DEFINE_integer("top_k", 0, "Sample among the k most likely tokens (0 = all).",

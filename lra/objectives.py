@@ -5,7 +5,13 @@
              embeddings replaced by a learned [MASK] vector, models/pretrain.py) and
              predicted; fresh masks every training step, one fixed mask per evaluation
              split.
-  causal_lm  self-pretraining: next-token prediction with a causal encoder.
+  causal_lm  next-token prediction with a causal encoder: the output at t predicts token
+             t + 1, so the first token is no target. With config.start_token (the pixel
+             tasks' `generation` argument) the model reads the tokens shifted right by one
+             behind a start token, id vocab_size (one more embedding row): the output at t
+             predicts token t, every real token is a target, and the xent softmax is over
+             the task's vocab_size values only (the head's logit of the start id is
+             dropped). Bits per token are then bits per dim over the whole sequence.
 Pretraining losses are per token (cross-entropy over the vocabulary, or L1 on pixel
 intensities scaled to [0, 1] with config.lm_loss='l1'), averaged over the predicted tokens;
 retrieval's two documents are both predicted. `lra.train.train_and_evaluate` runs every
@@ -53,16 +59,31 @@ def _apply(model: Classifier, batch: dict, deterministic: bool) -> jax.Array:
 MASK_SEED_OFFSET = 7919
 
 
+def shift_right(tokens_BxL, mask_BxL, start_id: int):
+    """(inputs, mask) of a start-token model: the start token, then tokens[:, :-1]."""
+    start_Bx1 = jnp.full_like(tokens_BxL[:, :1], start_id)
+    return (jnp.concatenate([start_Bx1, tokens_BxL[:, :-1]], axis=1),
+            jnp.concatenate([jnp.ones_like(mask_BxL[:, :1]), mask_BxL[:, :-1]], axis=1))
+
+
 def _token_losses(model: TokenPredictor, tokens_BxL, mask_BxL, masked_BxL, *,
-                  objective: str, lm_loss: str, vocab_size: int, deterministic: bool):
+                  objective: str, lm_loss: str, vocab_size: int, deterministic: bool,
+                  start_token: bool = False):
     """Per-position (loss, correct, weight) of a pretraining objective on one document.
     Weight 1 where a prediction counts: masked real tokens (mlm), real next tokens
-    (causal_lm: the output at t predicts token t+1)."""
-    out = model(tokens_BxL, mask_BxL, masked_BxL if objective == "mlm" else None,
-                deterministic=deterministic)
-    if objective == "mlm":
+    (causal_lm: the output at t predicts token t+1; with start_token, every real token:
+    the output at t, after the start token and tokens < t, predicts token t)."""
+    if start_token:
+        inputs, mask = shift_right(tokens_BxL, mask_BxL, vocab_size)
+        out = model(inputs, mask, deterministic=deterministic)
+        targets, weight = tokens_BxL, mask_BxL
+        if lm_loss == "xent":
+            out = out[..., :vocab_size]  # a softmax over the task's values, not the start id
+    elif objective == "mlm":
+        out = model(tokens_BxL, mask_BxL, masked_BxL, deterministic=deterministic)
         targets, weight = tokens_BxL, masked_BxL & mask_BxL
     else:
+        out = model(tokens_BxL, mask_BxL, deterministic=deterministic)
         out, targets, weight = out[:, :-1], tokens_BxL[:, 1:], mask_BxL[:, 1:]
     if lm_loss == "l1":
         # The pixel intensity scaled to [0, 1]; "correct" = rounds to the right intensity.
@@ -102,7 +123,8 @@ def make_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
                                else "float32")
     if objective == "classify":
         return _classify_steps(graphdef, tx, schedule, num_classes, dtype)
-    lm = dict(objective=objective, lm_loss=config.lm_loss, vocab_size=vocab_size)
+    lm = dict(objective=objective, lm_loss=config.lm_loss, vocab_size=vocab_size,
+              start_token=bool(config.get("start_token", False)))
     mask_key = jax.random.key(config.random_seed + MASK_SEED_OFFSET)
     mask_ratio = config.mask_ratio
 

@@ -68,15 +68,18 @@ class TrainingDiverged(UserError):
 def build_model(config: ml_collections.ConfigDict, task: lra.tasks.Task) -> Classifier:
     """The classifier, or for a pretraining objective (mlm, causal_lm) the same encoder
     with a per-position head (models/pretrain.py); retrieval's two documents go through
-    that one encoder in turn."""
+    that one encoder in turn. config.start_token adds one id, vocab_size, to the
+    embedding table (and the head, whose logit for it the losses drop: lra/objectives.py)."""
+    vocab_size = task.vocab_size
     if config.objective != "classify":
         model_class, head = TokenPredictor, {"objective": config.objective,
                                               "lm_loss": config.lm_loss}
+        vocab_size += int(bool(config.get("start_token", False)))
     else:
         model_class = DualClassifier if task.dual_input else Classifier
         head = {"num_classes": task.num_classes}
     return model_class(
-        vocab_size=task.vocab_size, **head, max_len=config.max_length,
+        vocab_size=vocab_size, **head, max_len=config.max_length,
         model=config.model, model_hparams=config.model_hparams.to_dict(),
         emb_dim=config.emb_dim, num_heads=config.num_heads, num_layers=config.num_layers,
         qkv_dim=config.qkv_dim, mlp_dim=config.mlp_dim, dropout_rate=config.dropout_rate,

@@ -24,7 +24,7 @@ from PIL import Image
 import lra.tasks
 from lra import download
 from lra.errors import DataError, UserError
-from lra.tasks import image, text
+from lra.tasks import image, mnist, text
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HARD = "curv_contour_length_14"
@@ -203,12 +203,26 @@ def release_archive(listops_dir: str) -> tuple[bytes, dict]:
     return targz(entries), images
 
 
+def mnist_files(tmp_path) -> dict[str, bytes]:
+    """MNIST's four .gz files (as on the CVDF mirror), of 6 training and 3 test images."""
+    rng = np.random.default_rng(2)
+    out = {}
+    for split, n in (("train", 6), ("test", 3)):
+        images, labels = mnist.FILES[split]
+        for name, array in ((images, rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)),
+                            (labels, rng.integers(0, 10, n).astype(np.uint8))):
+            mnist.write_idx(str(tmp_path / f"{name}.gz"), array)
+            out[f"{name}.gz"] = (tmp_path / f"{name}.gz").read_bytes()
+    return out
+
+
 @pytest.fixture(scope="module")
-def archives(listops_dir):
+def archives(listops_dir, tmp_path_factory):
     cifar, batches = cifar_archive()
     release, pathfinder_images = release_archive(listops_dir)
     return {"aclImdb_v1.tar.gz": imdb_archive(), "cifar-10-python.tar.gz": cifar,
-            "lra_release.gz": release, "batches": batches, "pathfinder": pathfinder_images}
+            "lra_release.gz": release, "batches": batches, "pathfinder": pathfinder_images,
+            **mnist_files(tmp_path_factory.mktemp("mnist"))}
 
 
 def table(files: dict[str, bytes], *, checksums: bool = True) -> dict[str, download.Archive]:
@@ -310,6 +324,36 @@ def test_listops_and_pathfinder_from_the_release_in_one_pass(server, archives, l
 
 
 # --- resumption -----------------------------------------------------------------------------
+
+
+def test_mnist_files_are_placed_gzipped_where_the_reader_reads_them(server, archives,
+                                                                   tmp_path):
+    data = tmp_path / "data"
+    lines = []
+    ready = run(server, data, ["mnist"], lines, keep_archives=False)
+    assert ready == {"mnist": str(data / "mnist")}  # configs/mnist.py's default data_dir
+    names = sorted(f"{n}.gz" for pair in mnist.FILES.values() for n in pair)
+    assert sorted(r["file"] for r in server.requests) == names
+    assert sorted(os.listdir(data / "mnist")) == names
+    assert os.listdir(data / "downloads") == [".lock"]  # --nokeep_archives moved them
+    assert sum("sha256 verified" in line for line in lines) == 4
+    for name in names:
+        assert (data / "mnist" / name).read_bytes() == archives[name]
+    test = lra.tasks.get("mnist").load(ready["mnist"], "test", 784)
+    np.testing.assert_array_equal(test["inputs"], mnist.read_idx(
+        str(data / "mnist" / "t10k-images-idx3-ubyte.gz"), mnist.IMAGES_MAGIC).reshape(3, 784))
+    lines = []
+    run(server, data, ["mnist"], lines)
+    assert any("mnist: " in line and "already there; skipped" in line for line in lines)
+    # The official sizes and checksums (tensorflow-datasets' url_checksums/mnist.txt).
+    official = download.ARCHIVES["mnist_test_labels"]
+    assert (official.size, official.sha256[:8], official.url) == (
+        4542, "f7ae60f9", "https://storage.googleapis.com/cvdf-datasets/mnist/"
+                          "t10k-labels-idx1-ubyte.gz")
+    with pytest.raises(download.DownloadError, match=r"offers \d+ bytes, the official file "
+                                                     r"has 9912422"):
+        run(server, tmp_path / "other", ["mnist"], archives=download.ARCHIVES)
+    assert "mnist" not in download.resolve(["all"])  # all: LRA's tasks
 
 
 def test_an_interrupted_download_continues_where_it_stopped(server, archives, tmp_path):

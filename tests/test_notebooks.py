@@ -1,6 +1,7 @@
 """Executes the notebooks on their tiny inputs and checks that every cell ran."""
 from __future__ import annotations
 
+import os
 import pathlib
 
 import pytest
@@ -24,11 +25,33 @@ def _tiny_sweep(sweep_dir: str, data_dir: str) -> None:
     assert not outcome["failed"], outcome
 
 
+def _tiny_generation_run(sweep_dir: str) -> None:
+    """An MNIST generation run (linear, runlocal sizes) of 2 steps on 12 random images,
+    where a sweep would put it."""
+    from configs import mnist
+    from lra import train
+    from tests.tasks.test_mnist import write_mnist
+
+    data_dir = os.path.join(sweep_dir, "data")
+    write_mnist(data_dir, num_train=12, num_test=4)
+    config = mnist.get_config("model=linear,generation,runlocal")
+    config.data_dir = data_dir
+    config.task_options.num_validation = 4
+    for key, value in {"num_train_steps": 2, "eval_frequency": 2, "checkpoint_freq": 2,
+                       "num_eval_steps": 1, "log_every_steps": 1}.items():
+        config[key] = value
+    train.train_and_evaluate(config, os.path.join(sweep_dir, "mnist", "linear", "seed0"))
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs(path, listops_dir, tmp_path, monkeypatch):
     if path.name == "compare_variants.ipynb":
         _tiny_sweep(str(tmp_path), listops_dir)
         monkeypatch.setenv("LRA_SWEEP_DIR", str(tmp_path))  # the kernel inherits it
+    if path.name == "pixel_generation.ipynb":
+        _tiny_generation_run(str(tmp_path))
+        monkeypatch.setenv("LRA_PIXEL_SWEEP_DIR", str(tmp_path))
+        monkeypatch.setenv("LRA_PIXEL_NUM_SAMPLES", "2")
     nb = nbformat.read(path, as_version=4)
     # The "python3" kernel is this interpreter (ipykernel installed in the same venv).
     client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",

@@ -1,5 +1,5 @@
-"""Image (LRA): CIFAR-10 as a sequence of 1024 grayscale pixels, from the python batches or
-a TFDS folder.
+"""Image (LRA): CIFAR-10 as a sequence of 1024 grayscale pixels (or, for pixel generation,
+3072 colour sub-pixels), from the python batches or a TFDS folder.
 
 Either download `cifar-10-python.tar.gz` (https://www.cs.toronto.edu/~kriz/cifar.html),
 unpack it and point `--config.data_dir` at the folder holding `cifar-10-batches-py/` (or at
@@ -14,6 +14,15 @@ Pixels become grayscale as LRA's `tf.image.rgb_to_grayscale` does: to float32 in
 0.2989 R + 0.5870 G + 0.1140 B, back to uint8 by `x * 255.5` truncated (TF's
 `convert_image_dtype`). Tokens are the gray values 0..255 in row-major order; the padding
 mask is all True (a black pixel is token 0 and is NOT padding).
+
+`--config.task_options.pixels=rgb` (the `generation` config argument sets it: pixel
+generation, as Katharopoulos et al. 2020) keeps the colour instead: 3072 tokens per image,
+the sub-pixels in raster order with R, G, B per pixel (pixel (0, 0)'s R, G, B, then pixel
+(0, 1)'s, ...; the archive's rows hold the R plane, then G, then B, so they are
+transposed), values 0..255, mask all True; max_length at least 3072. `gray` (the default)
+is LRA's. `--config.task_options.test_images=N` keeps the first N test images (0, the
+default: all 10,000), for the test split and for validation=test: the generation `mini`
+uses 1,000, since a CPU evaluates 3072-token images slowly.
 
 Splits: LRA used TFDS `train[:90%]` / `train[90%:]` / `test`. Here train = the first
 45,000 training images (data_batch_1..5 in order), val = the last 5,000 (the tail of
@@ -37,6 +46,7 @@ from lra.tasks import registry, tfds_folders
 NUM_CLASSES = 10
 VOCAB_SIZE = 256
 MAX_LENGTH = 1024
+PIXELS = {"gray": MAX_LENGTH, "rgb": 3 * MAX_LENGTH}  # task_options.pixels -> tokens per image
 NUM_VALIDATION = 5000
 TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_FILE = "test_batch"
@@ -56,6 +66,11 @@ def rgb_to_gray(data_Nx3072: np.ndarray) -> np.ndarray:
     rgb_Nx3xP = data_Nx3072.reshape(-1, 3, 1024).astype(np.float32) * np.float32(1 / 255)
     gray_NxP = np.einsum("ncp,c->np", rgb_Nx3xP, GRAY_WEIGHTS)
     return np.clip(gray_NxP * np.float32(255.5), 0, 255).astype(np.uint8)
+
+
+def rgb_sub_pixels(data_Nx3072: np.ndarray) -> np.ndarray:
+    """CIFAR rows (R, G, B planes) -> uint8 [N, 3072]: per pixel in raster order its R, G, B."""
+    return data_Nx3072.reshape(-1, 3, 1024).transpose(0, 2, 1).reshape(-1, 3072)
 
 
 def _find_root(data_dir: str) -> str | None:
@@ -129,20 +144,29 @@ def _read_tfds(version_dir: str, tfds_split: str,
     return data_Nx3072, labels, len(examples)
 
 
-def read_split(data_dir: str, split: str, max_length: int, *,
-               validation: str = "holdout") -> dict[str, np.ndarray]:
-    """Reads one split of CIFAR-10 into inputs (gray 0..255), mask (all True), targets."""
+def read_split(data_dir: str, split: str, max_length: int, *, validation: str = "holdout",
+               pixels: str = "gray", test_images: int = 0) -> dict[str, np.ndarray]:
+    """Reads one split of CIFAR-10 into inputs (gray 0..255, or R, G, B sub-pixels 0..255
+    with pixels='rgb'), mask (all True), targets."""
     if split not in registry.SPLITS:
         raise ValueError(f"split must be one of {registry.SPLITS}, got {split!r}")
     if validation not in ("holdout", "test"):
         raise ConfigError(f"config.task_options.validation={validation!r}; choose 'holdout' "
                           "(the last 5000 training images) or 'test'")
-    if max_length < MAX_LENGTH:
+    if pixels not in PIXELS:
+        raise ConfigError(f"config.task_options.pixels={pixels!r}; choose 'gray' (LRA's 1024 "
+                          "grayscale pixels) or 'rgb' (3072 sub-pixels, R, G, B per pixel)")
+    if isinstance(test_images, bool) or not isinstance(test_images, int) or test_images < 0:
+        raise ConfigError(f"config.task_options.test_images={test_images!r}; give how many of "
+                          "the first test images to use, or 0 for all of them")
+    length = PIXELS[pixels]
+    if max_length < length:
+        what = "pixels" if pixels == "gray" else "sub-pixels with task_options.pixels=rgb"
         raise ConfigError(f"config.max_length={max_length} is shorter than a CIFAR-10 image "
-                          f"({MAX_LENGTH} pixels)")
+                          f"({length} {what})")
     use_test = split == "test" or (split == "val" and validation == "test")
     tfds_split = "test" if use_test else "train"
-    keep = slice(None)
+    keep = slice(None, test_images or None) if use_test else slice(None)
     if not use_test and validation == "holdout":
         keep = slice(None, -NUM_VALIDATION) if split == "train" else slice(-NUM_VALIDATION, None)
     root = _find_root(data_dir)
@@ -161,15 +185,16 @@ def read_split(data_dir: str, split: str, max_length: int, *,
         raise DataError(f"{where}: {total} training images, not more than the "
                         f"{NUM_VALIDATION} held out for validation")
     inputs = np.zeros((len(data), max_length), dtype=np.int32)
-    inputs[:, :MAX_LENGTH] = rgb_to_gray(data)
+    inputs[:, :length] = rgb_to_gray(data) if pixels == "gray" else rgb_sub_pixels(data)
     mask = np.zeros((len(data), max_length), dtype=bool)
-    mask[:, :MAX_LENGTH] = True
+    mask[:, :length] = True
     return {"inputs": inputs, "mask": mask, "targets": labels}
 
 
-def _read(data_dir: str, split: str, max_length: int, *,
-          validation: str = "holdout") -> dict[str, np.ndarray]:
-    return read_split(data_dir, split, max_length, validation=validation)
+def _read(data_dir: str, split: str, max_length: int, *, validation: str = "holdout",
+          pixels: str = "gray", test_images: int = 0) -> dict[str, np.ndarray]:
+    return read_split(data_dir, split, max_length, validation=validation, pixels=pixels,
+                      test_images=test_images)
 
 
 registry.register(registry.Task(

@@ -55,7 +55,7 @@ class Task:
 _TASKS: dict[str, Task] = {}
 # Modules that register tasks; imported on first use of the registry.
 TASK_MODULES = ("lra.tasks.listops", "lra.tasks.text", "lra.tasks.retrieval", "lra.tasks.image",
-                "lra.tasks.pathfinder")
+                "lra.tasks.pathfinder", "lra.tasks.mnist")
 
 
 def _load_all() -> None:

@@ -72,6 +72,36 @@ def test_black_pixel_is_token_zero_not_padding(tmp_path):
     assert (data["inputs"][0] == 0).all() and data["mask"][0].all()
 
 
+def test_rgb_gives_every_sub_pixel_in_raster_order(tmp_path):
+    data_dir, batches = write_cifar(tmp_path)
+    raw = batches["test_batch"][b"data"]
+    data = lra.tasks.get("image").load(data_dir, "test", 3080, pixels="rgb")
+    assert data["inputs"].shape == (6, 3080) and data["inputs"].dtype == np.int32
+    assert data["mask"][:, :3072].all() and not data["mask"][:, 3072:].any()
+    for n in range(len(raw)):
+        r, g, b = raw[n].reshape(3, 32, 32)  # the archive's row: R plane, G plane, B plane
+        tokens = data["inputs"][n]
+        # pixel (0, 0)'s R, G, B, then pixel (0, 1)'s ...; pixel (y, x) at 3 * (32 y + x)
+        assert list(tokens[:6]) == [r[0, 0], g[0, 0], b[0, 0], r[0, 1], g[0, 1], b[0, 1]]
+        np.testing.assert_array_equal(tokens[:3072].reshape(32, 32, 3),
+                                      np.stack([r, g, b], axis=-1))
+    np.testing.assert_array_equal(image.rgb_sub_pixels(raw), data["inputs"][:, :3072])
+    with pytest.raises(ConfigError, match=r"max_length=3071 is shorter than a CIFAR-10 image "
+                                          r"\(3072 sub-pixels with task_options.pixels=rgb\)"):
+        lra.tasks.get("image").load(data_dir, "test", 3071, pixels="rgb")
+    with pytest.raises(ConfigError, match="task_options.pixels='RGB'; choose 'gray'"):
+        lra.tasks.get("image").load(data_dir, "test", 3072, pixels="RGB")
+    # test_images: the first N test images (the generation mini's), nothing else.
+    task = lra.tasks.get("image")
+    first = task.load(data_dir, "test", 3072, pixels="rgb", test_images=4)
+    np.testing.assert_array_equal(first["inputs"], data["inputs"][:4, :3072])
+    assert len(task.load(data_dir, "val", 1024, validation="test", test_images=2)["targets"]) == 2
+    assert len(task.load(data_dir, "train", 1024, validation="test", test_images=2)[
+        "targets"]) == 5 * PER_BATCH
+    with pytest.raises(ConfigError, match="test_images=-1"):
+        task.load(data_dir, "test", 1024, test_images=-1)
+
+
 def test_splits(tmp_path):
     data_dir, batches = write_cifar(tmp_path)
     task = lra.tasks.get("image")
@@ -122,6 +152,8 @@ def test_tfds_folder_gives_the_archive_arrays_in_its_order(archive_and_tfds):
         for key, value in from_archive.items():
             np.testing.assert_array_equal(from_tfds[key], value)
             assert from_tfds[key].dtype == value.dtype
+    np.testing.assert_array_equal(task.load(tfds_dir, "test", 3072, pixels="rgb")["inputs"],
+                                  task.load(archive, "test", 3072, pixels="rgb")["inputs"])
     # TFDS stores the images shuffled: the order above is recovered from their ids.
     examples, _ = tfds_folders.read_split(version, "train", tfds_folders.CIFAR10, "",
                                           undecoded=("image",))

@@ -1,12 +1,14 @@
 """TFDS builders with the catalogue's names, configs, features and versions of imdb_reviews
-(plain_text, 1.0.0) and cifar10 (3.0.2), for tests: they prepare real TFDS folders from an
-archive layout in `manual_dir` (aclImdb/, cifar-10-batches-py/), as the catalogue's
-builders do from the downloaded archives.
+(plain_text, 1.0.0), cifar10 (3.0.2) and mnist (3.0.1), for tests: they prepare real TFDS
+folders from an archive layout in `manual_dir` (aclImdb/, cifar-10-batches-py/, MNIST's
+four IDX files), as the catalogue's builders do from the downloaded archives.
 
 Catalogue facts kept: imdb_reviews' key is the archive path and its text the file's bytes
-stripped; cifar10's `id` numbers images `train_00000`... in batch order. One difference:
-the catalogue encodes cifar10's numpy images to PNG with TensorFlow, these builders hand
-TFDS a PIL image to encode (lossless PNG either way), so that no TensorFlow is needed.
+stripped; cifar10's `id` numbers images `train_00000`... in batch order; mnist's key is
+the image's index in the IDX file and it has no `id` (TFDS stores it shuffled by key).
+One difference: the catalogue encodes the numpy images to PNG with TensorFlow, these
+builders hand TFDS a PIL image to encode (lossless PNG either way), so that no TensorFlow
+is needed.
 """
 from __future__ import annotations
 
@@ -87,6 +89,38 @@ class Cifar10(tfds.core.GeneratorBasedBuilder, skip_registration=True):
                 image = PIL.Image.fromarray(np.asarray(row).reshape(3, 32, 32).transpose(1, 2, 0))
                 yield index, {"id": f"{prefix}{index:05d}", "image": image, "label": int(label)}
                 index += 1
+
+
+class Mnist(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    name = "mnist"
+    code_path = epath.Path(__file__)  # as ImdbReviews
+    MANUAL_DOWNLOAD_INSTRUCTIONS = "the four IDX files (.gz) in manual_dir"
+    VERSION = tfds.core.Version("3.0.1")
+
+    def _info(self):
+        return tfds.core.DatasetInfo(
+            builder=self,
+            features=tfds.features.FeaturesDict({
+                "image": tfds.features.Image(shape=(28, 28, 1)),
+                "label": tfds.features.ClassLabel(num_classes=10),
+            }),
+            supervised_keys=("image", "label"),
+        )
+
+    def _split_generators(self, dl_manager):
+        from lra.tasks import mnist
+
+        return {split: self._generate_examples(*(dl_manager.manual_dir / f"{name}.gz"
+                                                 for name in mnist.FILES[split]))
+                for split in ("train", "test")}
+
+    def _generate_examples(self, images_path, labels_path):
+        from lra.tasks import mnist
+
+        images = mnist.read_idx(str(images_path), mnist.IMAGES_MAGIC)
+        labels = mnist.read_idx(str(labels_path), mnist.LABELS_MAGIC)
+        for index, (image, label) in enumerate(zip(images, labels)):
+            yield index, {"image": PIL.Image.fromarray(image, mode="L"), "label": int(label)}
 
 
 def prepare(builder_cls, data_dir, manual_dir, file_format="array_record") -> str:
