@@ -105,7 +105,7 @@ _MEMORY_ONLY_OPTIONS = {"xla_backend_optimization_level": 0}
 def measure(model: str, length: int, *, batch_size: int, dim: int, num_heads: int,
             repeats: int, task: str = "listops") -> dict:
     """Forward+backward time (s) and compiled temporary memory (bytes) of one mixer."""
-    hparams = presets.model_hparams(model, task)
+    hparams = presets.model_hparams(model, common.preset_task(task))
     mixer = registry.build(model, dim=dim, num_heads=num_heads, max_len=length,
                            rngs=nnx.Rngs(0), **hparams)
     graphdef, params, rest = nnx.split(mixer, nnx.Param, ...)

@@ -9,7 +9,7 @@ r"""Run many variants (and seeds) of one task, several tasks, or all of LRA into
 a comma list names some of them. Before anything runs, each task's data folder (the
 config's data_dir after --config_arg and --override) is looked for; a task whose data is
 missing is skipped with one line naming the command that gets it (lra.download for text,
-retrieval and image; the generators lra.tasks.listops / lra.tasks.pathfinder for the
+retrieval, image and mnist; the generators lra.tasks.listops / lra.tasks.pathfinder for the
 others, with the mini's own generator arguments for a mini's folder), and the other tasks
 run. The sweep exits 1 when a run failed or was refused, or when no task had its data.
 
@@ -124,7 +124,7 @@ def parse_tasks(value: str) -> list[str]:
 # What fills each task's data folder (README, "Data"): LRA's archives for the tasks that
 # have no generator, the generators for the others. A mini's folder gets the mini's own
 # generator arguments (configs/<task>.py docstrings).
-DOWNLOADED = ("text", "retrieval", "image")
+DOWNLOADED = ("text", "retrieval", "image", "mnist")
 LISTOPS_MINI_ARGS = ("--num_train_samples=20000 --num_valid_samples=1000 "
                      "--num_test_samples=1000 --min_length=10 --max_length=60 --max_depth=4")
 

@@ -178,6 +178,8 @@ def test_sweep_plans_every_task_and_skips_those_without_data(tmp_path, listops_d
         "python -m lra.tasks.listops --output_dir=data/listops_mini --num_train_samples=20000")
     assert sweep.data_command("retrieval", "data/retrieval") == \
         "python -m lra.download retrieval --data_dir=data"
+    assert sweep.data_command("mnist", "data/mnist") == \
+        "python -m lra.download mnist --data_dir=data"
     options = {"resolution": 128, "difficulty": "hard"}
     assert sweep.data_command("pathx", "data/pathx", options) \
         == ("python -m lra.tasks.pathfinder --output_dir=data/pathx --resolution=128 "
