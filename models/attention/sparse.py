@@ -104,6 +104,14 @@ class GlobalTokenAttention(PatternAttention):
         return super().__call__(x_BxLxD, padding_mask, deterministic)[:, g:]
 
 
+
+def _fresh_copy(module: nnx.Module) -> nnx.Module:
+    """A copy of `module` whose arrays are new buffers. nnx.clone shares the (immutable)
+    arrays, and a state holding one buffer twice cannot be donated to a jitted step
+    ("Attempt to donate the same buffer twice")."""
+    graphdef, state = nnx.split(nnx.clone(module))
+    return nnx.merge(graphdef, jax.tree.map(jnp.copy, state))
+
 class LongformerAttention(PatternAttention):
     """Longformer (Beltagy et al. 2020, section 3.1): two sets of projections.
 
@@ -122,9 +130,9 @@ class LongformerAttention(PatternAttention):
         self.num_global_rows = num_global_rows
         self.global_projections = global_projections
         if global_projections:
-            self.query_global = nnx.clone(self.query)
-            self.key_global = nnx.clone(self.key)
-            self.value_global = nnx.clone(self.value)
+            self.query_global = _fresh_copy(self.query)
+            self.key_global = _fresh_copy(self.key)
+            self.value_global = _fresh_copy(self.value)
 
     def __call__(self, x_BxLxD, padding_mask=None, deterministic=True):
         q, k, v = self.project_qkv(x_BxLxD)

@@ -534,3 +534,18 @@ def test_star_matches_reference():
     for b, n in enumerate(np.asarray(mask).sum(1)):
         np.testing.assert_allclose(y[b, :n], star_reference(model, np.asarray(x[b]), n),
                                    rtol=1e-4, atol=1e-4)
+
+
+def test_global_projections_start_equal_in_buffers_of_their_own():
+    """Longformer's global q/k/v start as copies of the local ones (equal values) but in
+    new buffers: nnx.clone shared them, and a train step donating a state that holds one
+    buffer twice fails ("Attempt to donate the same buffer twice": lra.benchmark's cells)."""
+    mixer = registry.build("longformer", dim=16, num_heads=2, max_len=32, causal=False,
+                           rngs=nnx.Rngs(0))
+    for local, glob in ((mixer.query, mixer.query_global), (mixer.key, mixer.key_global),
+                        (mixer.value, mixer.value_global)):
+        np.testing.assert_array_equal(local.kernel.value, glob.kernel.value)
+    leaves = jax.tree_util.tree_leaves(nnx.state(mixer))
+    assert len({id(x) for x in leaves}) == len(leaves)
+    state = nnx.state(mixer, nnx.Param)
+    jax.jit(lambda s: jax.tree.map(lambda x: x + 1, s), donate_argnums=0)(state)
