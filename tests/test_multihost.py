@@ -165,6 +165,9 @@ def _read_until(proc, needle, deadline):
     return seen
 
 
+# ~45 s; the fault-injection trials (slow) send SIGTERM to one or both processes at random
+# moments and compare with an uninterrupted run; tests/test_train.py covers one process.
+@pytest.mark.slow
 def test_sigterm_to_processes_at_different_moments_saves_one_step_and_resumes(
         listops_dir, tmp_path):
     """Process 1 is preempted first, process 0 a moment later: both agree on one step
@@ -325,8 +328,11 @@ def test_processes_given_different_settings_or_data_all_stop_in_one_line(
         assert "test split (hash)" in line and "train split" not in line
 
 
-# ~20 s a case; the fault-injection trials (slow) cover the same at random moments.
-@pytest.mark.parametrize("delay", [2.0, pytest.param(4.0, marks=pytest.mark.slow)])
+# ~25 s a case, slow: test_a_taken_process_id_stops_the_run_in_one_line_per_process and
+# test_dead_process_stops_the_others_and_run_resumes check the survivor's exit 3 by default,
+# and the fault-injection trials (slow) kill peers at random moments, restores included.
+@pytest.mark.slow
+@pytest.mark.parametrize("delay", [2.0, 4.0])
 def test_a_peer_dying_during_a_resume_is_not_called_a_bad_checkpoint(listops_dir, tmp_path,
                                                                     delay):
     """Issue 35: a peer killed 2-6 s after connecting, while the survivor restored, was
