@@ -22,7 +22,7 @@ from configs import listops
 from lra import train
 from models import decoding, registry
 
-from tests.models.helpers import randomize_params
+from tests.models.helpers import apply, randomize_params
 
 CAUSAL = [n for n in registry.available() if registry.capabilities(n).causal]
 MAX_LEN = 32
@@ -93,7 +93,7 @@ def decode(model, tokens_BxT: jax.Array, prompt_lens) -> tuple[np.ndarray, np.nd
 
 def check_equal(model, vocab: int) -> float:
     toks = tokens(len(PROMPT_LENS), MAX_LEN, vocab)
-    parallel = np.asarray(model(toks, None, deterministic=True))
+    parallel = np.asarray(apply(model, toks, None))
     stepped, reached = decode(model, toks, PROMPT_LENS)
     assert reached.sum() > len(PROMPT_LENS) * (MAX_LEN // 2)
     np.testing.assert_allclose(stepped[reached], parallel[reached], rtol=RTOL, atol=ATOL)

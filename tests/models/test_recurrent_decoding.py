@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 from models import decoding, registry
-from tests.models.helpers import normal
+from tests.models.helpers import apply, normal
 
 DIM, HEADS, LENGTH, PROMPT = 16, 2, 12, 7
 HEAD = DIM // HEADS
@@ -107,7 +107,7 @@ def test_prefill_then_steps_equal_parallel_causal_form(case):
     assert registry.capabilities(name).decode == FORM
     mixer = build(name, hparams, rotary=rotary)
     x = normal(0, (3, LENGTH, DIM)) * (scale[0] if scale else 1.0)
-    want_BxLxD = np.asarray(mixer(x, padding_mask=None, deterministic=True))
+    want_BxLxD = np.asarray(apply(mixer, x, padding_mask=None))
     decoders = {flag: decoder(mixer, prefill=flag) for flag in (True, False)}
     for lengths in PROMPT_LENGTHS:
         prefill = lengths is not None
@@ -129,7 +129,11 @@ def test_prefill_then_steps_equal_parallel_causal_form(case):
         np.testing.assert_array_equal(pos_TxB[0], lengths)
         np.testing.assert_array_equal(final_pos, np.array(lengths) + LENGTH)
         error = np.abs(got - want).max()
-        np.testing.assert_allclose(got, want, **TOL,
+        # Scaled inputs: logits near -100 carry |logit| x float32's rounding (1e-5
+        # relative) through exp in either form; an unstabilised state is off by far more
+        # (underflow to 0/0).
+        tol = dict(TOL, rtol=TOL["rtol"] * scale[0]) if scale else TOL
+        np.testing.assert_allclose(got, want, **tol,
                                    err_msg=f"prompt lengths {lengths}: max |error| {error:.2e}")
 
 

@@ -13,7 +13,7 @@ from flax import nnx
 from configs import listops
 from models import layers, registry
 from models.encoder import Classifier, pool
-from tests.models.helpers import f64, normal, project_heads, randomize_params
+from tests.models.helpers import apply, f64, normal, project_heads, randomize_params
 
 VARIANTS = registry.available()
 ROTARY = [n for n in VARIANTS if registry.capabilities(n).rotary]
@@ -296,11 +296,11 @@ def rotary_switched_off(model: nnx.Module) -> nnx.Module:
 def test_flagged_variant_rotates_through_the_task_config(name):
     model, (inputs, mask) = config_classifier(name)
     assert model.encoder.embeddings.position is None  # no absolute positions
-    encoded, real = model.encoder(inputs, mask, deterministic=True)
+    encoded, real = apply(model.encoder, inputs, mask)
     logits = model.head(pool(encoded, real, model.pooling))  # the Classifier's own steps
     assert logits.shape == (2, 10) and np.isfinite(np.asarray(logits)).all()
     # Rotary is not silently ignored: the same weights without the rotations differ.
-    plain, _ = rotary_switched_off(model).encoder(inputs, mask, deterministic=True)
+    plain, _ = apply(rotary_switched_off(model).encoder, inputs, mask)
     real = np.asarray(real)  # with the CLS slot, when pooling is CLS
     assert not np.allclose(np.asarray(encoded)[real], np.asarray(plain)[real],
                            rtol=1e-4, atol=1e-4)
