@@ -118,6 +118,23 @@ def _dense(causal: bool):
     return [(impl, functools.partial(attn, implementation=impl)) for impl in impls]
 
 
+def _time_dense(causal: bool, q, k, v, g):
+    """((fwd s, fwd+bwd s) of the first dense implementation that runs, its name, every
+    implementation's "name fwd / fwd+bwd ms"): on a GPU both cuDNN and XLA are timed."""
+    best, best_impl, every = (None, None), "none", []
+    for impl, attn in (_dense(causal) if FLAGS.dense else []):
+        fwd, fwd_bwd = _fwd_and_fwd_bwd(attn)
+        fb = _time(fwd_bwd, q, k, v, g, repeats=FLAGS.repeats)
+        if fb is None:
+            every.append(f"{impl} n/a")
+            continue
+        f = _time(fwd, q, k, v, repeats=FLAGS.repeats)
+        every.append(f"{impl} {_fmt(None if f is None else f * 1e3, '.2f')} / {fb * 1e3:.2f}")
+        if best_impl == "none":
+            best, best_impl = (f, fb), impl
+    return best, best_impl, "; ".join(every) or "n/a"
+
+
 def linear_flops(batch: int, heads: int, length: int, dim: int, chunk: int,
                  causal: bool) -> float:
     per_position = 2 * chunk * 2 * dim + 4 * dim * dim if causal else 4 * dim * dim
@@ -151,8 +168,8 @@ def _linear_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> None:
     print("### Linear attention\n")
     print("| L | mode | Pallas fwd ms | Pallas fwd+bwd ms | TFLOP/s fwd | TFLOP/s fwd+bwd "
           "| XLA fwd ms | XLA fwd+bwd ms | vs XLA fwd | vs XLA fwd+bwd | dense fwd+bwd ms "
-          "| vs dense fwd | vs dense fwd+bwd |")
-    print("|" + "---|" * 13)
+          "| vs dense fwd | vs dense fwd+bwd | every dense impl: fwd / fwd+bwd ms |")
+    print("|" + "---|" * 14)
     rng = np.random.default_rng(0)
     for length in map(int, FLAGS.lengths):
         shape = (b, h, length, d)
@@ -172,14 +189,7 @@ def _linear_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> None:
                 fwd, fwd_bwd = _fwd_and_fwd_bwd(attn)
                 times[name] = (_time(fwd, q, k, v, repeats=FLAGS.repeats),
                                _time(fwd_bwd, q, k, v, g, repeats=FLAGS.repeats))
-            times["dense"], dense_impl = (None, None), "none"
-            for impl, attn in (_dense(causal) if FLAGS.dense else []):
-                fwd, fwd_bwd = _fwd_and_fwd_bwd(attn)
-                fb = _time(fwd_bwd, q, k, v, g, repeats=FLAGS.repeats)
-                if fb is not None:
-                    times["dense"] = (_time(fwd, q, k, v, repeats=FLAGS.repeats), fb)
-                    dense_impl = impl
-                    break
+            times["dense"], dense_impl, every_dense = _time_dense(causal, q, k, v, g)
             chunk = make_config(q, causal=causal, chunk_size=FLAGS.chunk_size).chunk
             flops = linear_flops(b, h, length, d, chunk, causal)
             pf, pfb = times["pallas"]
@@ -190,7 +200,7 @@ def _linear_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> None:
                   f"{_fmt(tf_fb, '.1f')} | {ms(times['xla'][0])} | {ms(times['xla'][1])} | "
                   f"{_ratio(times['xla'][0], pf)} | {_ratio(times['xla'][1], pfb)} | "
                   f"{ms(times['dense'][1])} ({dense_impl}) | {_ratio(times['dense'][0], pf)} | "
-                  f"{_ratio(times['dense'][1], pfb)} |", flush=True)
+                  f"{_ratio(times['dense'][1], pfb)} | {every_dense} |", flush=True)
 
     print()
 
@@ -265,8 +275,8 @@ def _block_sparse_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> No
           f"attention dropout {FLAGS.dropout_rate} (Pallas, XLA)\n")
     print("| L | density | Pallas fwd ms | Pallas fwd+bwd ms | TFLOP/s fwd | TFLOP/s fwd+bwd "
           "| XLA fwd ms | XLA fwd+bwd ms | vs XLA fwd | vs XLA fwd+bwd | dense fwd+bwd ms "
-          "| vs dense fwd | vs dense fwd+bwd |")
-    print("|" + "---|" * 13)
+          "| vs dense fwd | vs dense fwd+bwd | every dense impl: fwd / fwd+bwd ms |")
+    print("|" + "---|" * 14)
     rng = np.random.default_rng(0)
     for length in map(int, FLAGS.lengths):
         shape = (b, h, length, d)
@@ -275,14 +285,7 @@ def _block_sparse_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> No
         cfg = block_sparse_config(q, k, masks.all_(), block_q=FLAGS.block_size,
                               block_k=FLAGS.block_size)
         tile = cfg.block_q
-        times_dense, dense_impl = (None, None), "none"
-        for impl, attn in (_dense(False) if FLAGS.dense else []):
-            fwd, fwd_bwd = _fwd_and_fwd_bwd(attn)
-            fb = _time(fwd_bwd, q, k, v, g, repeats=FLAGS.repeats)
-            if fb is not None:
-                times_dense = (_time(fwd, q, k, v, repeats=FLAGS.repeats), fb)
-                dense_impl = impl
-                break
+        times_dense, dense_impl, every_dense = _time_dense(False, q, k, v, g)
         for density in map(float, FLAGS.densities):
             pattern = (masks.all_() if density >= 1.0
                        else masks.random(density, seed=0, block=tile))
@@ -309,7 +312,7 @@ def _block_sparse_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> No
                   f"{_fmt(tf_fb, '.1f')} | {ms(times['xla'][0])} | {ms(times['xla'][1])} | "
                   f"{_ratio(times['xla'][0], pf)} | {_ratio(times['xla'][1], pfb)} | "
                   f"{ms(times_dense[1])} ({dense_impl}) | {_ratio(times_dense[0], pf)} | "
-                  f"{_ratio(times_dense[1], pfb)} |", flush=True)
+                  f"{_ratio(times_dense[1], pfb)} | {every_dense} |", flush=True)
     print()
 
 
