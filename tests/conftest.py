@@ -9,9 +9,10 @@ os.environ.setdefault("JAX_THREEFRY_PARTITIONABLE", "false")
 # The suite compiles thousands of small programs and runs each a few times: XLA:CPU's
 # backend optimisation (LLVM at -O2, its expensive passes) is most of each compile and buys
 # nothing at test sizes. Measured on 2 cores: tests/models/test_conformance.py took 439 s
-# of worker time with it, 274 s without. Numerics stay float32's (no fast-math); programs
-# compared bitwise are compiled with the same flags. Subprocesses inherit it; runs outside
-# the tests are not affected.
+# of worker time with it, 274 s without. Results differ from -O2's only in rounding (one
+# tolerance had to follow its inputs' scale: tests/models/test_recurrent_decoding.py);
+# programs compared bitwise are compiled with the same flags. Subprocesses inherit it; runs
+# outside the tests are not affected.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (f"{os.environ.get('XLA_FLAGS', '')} "
                                "--xla_backend_optimization_level=0 "
@@ -87,22 +88,4 @@ def pytest_collection_modifyitems(items):
     for k in range(max(len(multi), (len(long) + 1) // 2)):
         mixed += multi[k:k + 1] + long[2 * k:2 * k + 2]  # one multi-process, two others
     assert len(mixed) == len(multi) + len(long)
-    items[:] = mixed + _by_variant(rest)
-
-
-def _by_variant(items):
-    """The tests parametrized by a variant `name` (conformance, precision, rotary, decoding,
-    ...) grouped by variant, after the others. pytest-xdist's `load` scheduling hands out
-    consecutive runs of tests, so a variant's tests mostly meet in one worker, which then
-    compiles that variant's operations once (its eager passes and parameter
-    initialisation) instead of once in each worker."""
-    def variant(item):
-        spec = getattr(item, "callspec", None)
-        name = spec.params.get("name") if spec is not None else None
-        return name if isinstance(name, str) else None
-
-    order = {}
-    for item in items:
-        if (name := variant(item)) is not None:
-            order.setdefault(name, len(order))
-    return sorted(items, key=lambda i: -1 if variant(i) is None else order[variant(i)])
+    items[:] = mixed + rest
