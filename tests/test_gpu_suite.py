@@ -59,6 +59,8 @@ def test_dry_run_writes_every_stage_and_a_rerun_skips_them(tmp_path, monkeypatch
     kernels = (out / "kernels.md").read_text()
     assert "### Linear attention" in kernels and "### Block-sparse" in kernels
     assert "| 64 | causal |" in kernels
+    # Every dense implementation is timed in its own column (on CPU, XLA only).
+    assert re.search(r"\| xla [\d.]+ / [\d.]+ \|\n", kernels), kernels
     efficiency = (out / "efficiency.md").read_text()
     assert "## float32" in efficiency and "## bfloat16" in efficiency
     assert "measured at 128 too): linear (L^" in efficiency
