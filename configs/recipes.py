@@ -21,8 +21,9 @@ as epochs x ceil(training examples / batch) with LRA's training-split sizes
 Every recipe's `deviations` says what of the original it does not reproduce. Common to all:
 - BatchNorm (S4's and S5's LRA configs, Mega's image tasks) and ScaleNorm (Mega's Text and
   Retrieval): the blocks here normalise with LayerNorm, which needs no running statistics
-  across devices or an eval mode; the residual form (pre- or post-norm) and the presence of
-  a feed-forward branch are reproduced (block.kind, block.ffn).
+  across devices or an eval mode; the residual form (pre- or post-norm; Mega's prenorm
+  layer x + u o (h - x) is block kind mega_pre_ln) and the presence of a feed-forward
+  branch are reproduced (block.kind, block.ffn).
 - The encoder ends with a LayerNorm and the head is LRA's, Dense(mlp_dim), ReLU, Dense
   (retrieval: on [x1, x2, x1 * x2, x1 - x2]); the recipes set mlp_dim to the originals'
   head width where they have one and to the model width where their head is one Dense.
@@ -246,8 +247,10 @@ def _mega(task: str) -> dict[str, Any]:
             dropout_rate=r["dropout"], attention_dropout_rate=0.0, pooling="MEAN",
             **({"max_length": _MEGA_MAX_LENGTH[task]} if task in _MEGA_MAX_LENGTH else {})),
         # normalize_before False (the text tasks) is post-norm; the image tasks pass
-        # --encoder-normalize-before. Mega's layer is followed by its normalised FFN.
-        block={"kind": "pre_ln" if r["prenorm"] else "post_ln", "ffn": True},
+        # --encoder-normalize-before: Mega's prenorm layer x + u o (h - x), the norm on
+        # the mixer's input only (block kind mega_pre_ln; pre_ln would interpolate from
+        # LN(x)). Mega's layer is followed by its normalised FFN (pre- or post-norm too).
+        block={"kind": "mega_pre_ln" if r["prenorm"] else "post_ln", "ffn": True},
         model_hparams=dict(ndim=16, z_dim=r["z_dim"], hidden_dim=2 * width, chunk_size=-1,
                            truncation=r["truncation"], attention_activation=r["attn_fn"],
                            dropout=r["dropout"], hidden_dropout=0.0),

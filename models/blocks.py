@@ -120,7 +120,9 @@ class EncoderBlock(nnx.Module):
                                     causal=causal, prefix_len=prefix_len, rotary=rotary,
                                     rngs=rngs, **dict(model_hparams or {}))
         self.dropout = nnx.Dropout(dropout_rate, rngs=rngs)
-        self.mlp_norm = layers.layer_norm(dim, rngs=rngs)
+        # Without a feed-forward branch there is no norm for it either (an unused one
+        # would still be weight-decayed and counted).
+        self.mlp_norm = layers.layer_norm(dim, rngs=rngs) if block["ffn"] else None
         self.mlp = (MlpBlock(dim=dim, mlp_dim=mlp_dim, dropout_rate=dropout_rate,
                              chunks=int(block["ffn_chunks"]), rngs=rngs)
                     if block["ffn"] else None)
@@ -275,6 +277,55 @@ class PostLNBlock(EncoderBlock):
                                                         deterministic=deterministic))
 
 
+class MegaPreLNBlock(EncoderBlock):
+    """Mega's pre-norm layer (facebookresearch/mega `MovingAverageGatedAttention` with
+    prenorm: `residual = x; x = self.norm(x); ...; torch.addcmul(residual, u, h -
+    residual)`), then its normalised FFN with prenorm, x + MLP(LN(x)):
+
+        x = x + Dropout(u o (h - x)),  u, h = the mixer's gate and output on LN(x).
+
+    The norm is on the mixer's input only; the update gate interpolates from the raw
+    stream x, which the mixer receives as `residual=x` (Capabilities.takes_residual: the
+    `mega` mixer). The pre_ln block gives the same mixer x + u o (h - LN(x)) instead.
+    Dropout on the branch as in every block here (Mega's LRA image recipes set it to 0)."""
+
+    def __init__(self, *, model: str = "transformer", **block_args: Any):
+        if not registry.capabilities(model).takes_residual:
+            raise ValueError(mega_pre_ln_refusal(model))
+        super().__init__(model=model, **block_args)
+
+    def mix(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None = None, *,
+            deterministic: bool, memory: jax.Array | None = None,
+            memory_mask: jax.Array | None = None) -> jax.Array:
+        if memory is not None:
+            raise ValueError("the mega_pre_ln block takes no segment memory")
+        y_BxLxD = self.mixer(self.branch_input(x_BxLxD), padding_mask=padding_mask,
+                             deterministic=deterministic, residual=x_BxLxD)
+        return self.dropout(y_BxLxD, deterministic=deterministic)
+
+    def prefill(self, cache: decoding.Cache, x_BxLxD: jax.Array,
+                padding_mask: jax.Array | None) -> tuple[jax.Array, decoding.Cache]:
+        self._check_decodes()
+        y_BxLxD, cache = self.mixer.prefill(cache, self.branch_input(x_BxLxD), padding_mask,
+                                            residual=x_BxLxD)
+        return self.combine(x_BxLxD, y_BxLxD, deterministic=True), cache
+
+    def step(self, cache: decoding.Cache, x_BxD: jax.Array) -> tuple[jax.Array,
+                                                                       decoding.Cache]:
+        self._check_decodes()
+        y_BxD, cache = self.mixer.step(cache, self.branch_input(x_BxD), residual=x_BxD)
+        return self.combine(x_BxD[:, None], y_BxD[:, None], deterministic=True)[:, 0], cache
+
+
+def mega_pre_ln_refusal(model: str) -> str:
+    takers = sorted(name for name in registry.available()
+                    if registry.capabilities(name).takes_residual)
+    return (f"block kind 'mega_pre_ln' needs a mixer that gates towards its residual "
+            f"(Capabilities.takes_residual: {', '.join(takers)}); {model!r} is not one: "
+            f"use 'pre_ln' or 'post_ln'")
+
+
 # kind name -> block class (constructor and call as in the module docstring).
 BLOCK_KINDS: dict[str, type[nnx.Module]] = {"pre_ln": EncoderBlock, "gated": GatedBlock,
-                                            "post_ln": PostLNBlock}
+                                            "post_ln": PostLNBlock,
+                                            "mega_pre_ln": MegaPreLNBlock}

@@ -101,6 +101,11 @@ class Capabilities:
     # extra keys/values placed before x (Transformer-XL's previous segment, passed by
     # the segment_recurrent stack). Without memory it is an ordinary mixer.
     takes_memory: bool = False
+    # The mixer returns a gated update towards its residual, u o (h - r), and also accepts
+    # `residual=r_BxLxD` (its prefill and step `residual=` too): r is its input unless
+    # given. The `mega_pre_ln` block passes the raw stream while the mixer sees LN(x), so
+    # the layer is x + u o (h - x) (Mega's prenorm layer); other blocks never pass it.
+    takes_residual: bool = False
     # Which positions reach which outputs in one layer (tests/models/test_fidelity.py
     # checks it inside the Classifier): "global" (every real position reaches every
     # output; the CLS summary sees everything), "pattern" (exactly the mixer's `pattern`

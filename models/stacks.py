@@ -27,7 +27,7 @@ import numpy as np
 from flax import nnx
 
 from models import decoding, layers, registry
-from models.blocks import BLOCK_DEFAULTS, BLOCK_KINDS, EncoderBlock
+from models.blocks import BLOCK_DEFAULTS, BLOCK_KINDS, EncoderBlock, mega_pre_ln_refusal
 
 
 def layer_args(block_args: Mapping[str, Any], layer: int) -> dict[str, Any]:
@@ -520,6 +520,9 @@ def resolve_block(model: str, overrides: Mapping[str, Any] | None = None) -> dic
     if resolved["stack"] not in STACKS:
         raise ValueError(f"unknown block stack {resolved['stack']!r}; "
                          f"valid: {', '.join(sorted(STACKS))}")
+    if (resolved["kind"] == "mega_pre_ln"
+            and not registry.capabilities(model).takes_residual):
+        raise ValueError(mega_pre_ln_refusal(model))
     if not isinstance(resolved["ffn"], bool):
         raise ValueError(f"block ffn must be true or false, got {resolved['ffn']!r}")
     if int(resolved["ffn_chunks"]) < 1:

@@ -133,7 +133,8 @@ def test_mega_recipes_are_readme_lra_commands():
     # mega_lra_pf128 (Path-X): 4 layers of 64, z 32, truncation 4096, prenorm, laplace;
     # batch 2 x update-freq 8 x 8 GPUs.
     c = _config("pathx", "model=mega,paper")
-    assert (c.block.kind, c.num_layers, c.emb_dim, c.batch_size) == ("pre_ln", 4, 64, 128)
+    assert (c.block.kind, c.num_layers, c.emb_dim, c.batch_size) == ("mega_pre_ln", 4, 64,
+                                                                     128)
     assert (c.model_hparams.z_dim, c.model_hparams.truncation) == (32, 4096)
     assert c.model_hparams.attention_activation == "laplace"
     assert "warmup-power 2" in recipes.RECIPES[("mega", "pathx")]["deviations"]

@@ -23,18 +23,22 @@ their padded FFT; unlike S4's off-by-one). Causal: the forward kernel only and a
 mask inside each chunk, as their decoder (mega_lm.py).
 
 The residual. Mega's layer returns x + u o (h - x) with x its own input (before its norm
-under prenorm). Our pre-LN block adds the mixer's output to the stream x, and the mixer
-sees only x_hat = LN(x); so the mixer returns u o (h - x_hat), the layer's output minus
-its input: mixer(x_hat) + x_hat is exactly Mega's layer (norm aside) applied to x_hat
-(results/cpu/mega_vs_original.md compares that sum with theirs), and the block computes
-x + u o (h - x_hat). It differs from Mega's prenorm layer, x + u o (h - x), by u o (x -
-x_hat): the update gate interpolates towards h from the normalised input, not from the raw
-stream, which the pre-LN block keeps out of the mixer's reach. The post-LN block
-(`--config.block.kind=post_ln`, Mega's normalize_before=False: its LRA setting for ListOps,
-Text and Retrieval) gives the mixer the stream itself, and its layer LN(x + mixer(x)) is
-exactly Mega's post-norm layer LN(x + u o (h - x)) (LayerNorm where Text and Retrieval use
-ScaleNorm; the image tasks' pre-norm BatchNorm is a LayerNorm here). Mega's normalised FFN
-after the layer is the block's channel MLP (GELU here, SiLU theirs).
+under prenorm). The mixer returns that output less the residual, u o (h - r): r is its
+input unless the block passes `residual=` (the raw stream). Three blocks place it:
+- `mega_pre_ln` (`--config.block.kind=mega_pre_ln`; Mega's --encoder-normalize-before, its
+  LRA setting for Image, Pathfinder and Path-X, and the `paper` recipes of those): the
+  mixer sees LN(x), gets residual=x, and the layer is x + u o (h - x), exactly Mega's
+  prenorm layer (results/cpu/mega_prenorm_vs_original.md measures it against theirs).
+- `post_ln` (Mega's normalize_before=False: ListOps, Text and Retrieval): the mixer sees
+  the stream itself and LN(x + mixer(x)) is exactly Mega's post-norm layer
+  LN(x + u o (h - x)) (LayerNorm where Text and Retrieval use ScaleNorm).
+- `pre_ln` (the default block of every variant): the mixer sees only x_hat = LN(x) and
+  returns u o (h - x_hat), so the layer is x + u o (h - x_hat): the update gate
+  interpolates from the normalised input, not from the stream. That is not Mega's layer
+  (it differs by u o (x - x_hat)); it is kept as the lab's common pre-LN form so that
+  `mega` beside the other variants under LRA's budget has their block.
+results/cpu/mega_vs_original.md compares mixer(x) + x with their layer without a norm.
+Mega's normalised FFN after the layer is the block's channel MLP (GELU here, SiLU theirs).
 
 Positions come from the relative bias and the EMA (Capabilities.pos_emb "none"; rotary is
 refused: Mega's products already carry their own relative bias). The bias table has 2M - 1
@@ -233,13 +237,22 @@ class Mega(nnx.Module):
         v_xKxH = self.hidden_dropout(v_xKxH, deterministic=deterministic)
         return jnp.einsum("...qk,...kh->...qh", weights, v_xKxH)
 
-    def _output(self, x_xD, attn_xH, u_xD, r_xH, hx_xD, deterministic: bool) -> jax.Array:
-        """u o (h - x): Mega's x + u o (h - x) less the residual the block adds."""
+    def _output(self, r_xD, attn_xH, u_xD, r_xH, hx_xD, deterministic: bool) -> jax.Array:
+        """u o (h - r): Mega's r + u o (h - r) less the residual r the block adds (the
+        mixer's input, or the stream given as `residual`)."""
         h_xD = jax.nn.silu(hx_xD + self.h_proj(attn_xH * r_xH))
-        return u_xD * (self.dropout(h_xD, deterministic=deterministic) - x_xD)
+        return u_xD * (self.dropout(h_xD, deterministic=deterministic) - r_xD)
+
+    @staticmethod
+    def _residual(x_xD: jax.Array, residual: jax.Array | None) -> jax.Array:
+        """float32 r of `_output`: `residual` where the block passes one, else x."""
+        if residual is not None and residual.shape != x_xD.shape:
+            raise ValueError(f"mega: residual shape {residual.shape} != input shape "
+                             f"{x_xD.shape}")
+        return (x_xD if residual is None else residual).astype(jnp.float32)
 
     def _forward(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None,
-                 deterministic: bool):
+                 deterministic: bool, residual_BxLxD: jax.Array | None = None):
         """(output, k, v): the parallel form, and its keys and values for a prefill."""
         batch, length, _ = x_BxLxD.shape
         if self.chunk_size <= 0 and length > self.max_len:
@@ -265,12 +278,14 @@ class Mega(nnx.Module):
         attn_BxNxCxH = self._attend(chunks(q_BxLxZ), chunks(k_BxLxZ), chunks(v_BxLxH),
                                     allowed_BxNxCxC, self._bias(offset_CxC), deterministic)
         attn_BxLxH = attn_BxNxCxH.reshape(batch, n * chunk, -1)[:, :length]
-        y_BxLxD = self._output(x_BxLxD_, attn_BxLxH, u, r, hx, deterministic)
+        y_BxLxD = self._output(self._residual(x_BxLxD_, residual_BxLxD), attn_BxLxH, u, r,
+                               hx, deterministic)
         return y_BxLxD.astype(x_BxLxD.dtype), k_BxLxZ, v_BxLxH
 
     def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None = None,
-                 deterministic: bool = True) -> jax.Array:
-        return self._forward(x_BxLxD, padding_mask, deterministic)[0]
+                 deterministic: bool = True, residual: jax.Array | None = None) -> jax.Array:
+        """u o (h - r), r = `residual` (the mega_pre_ln block's raw stream) or x."""
+        return self._forward(x_BxLxD, padding_mask, deterministic, residual)[0]
 
     # ------------------------------------------------------------------ decoding
 
@@ -289,7 +304,7 @@ class Mega(nnx.Module):
             cache["ema_x"] = jnp.zeros((batch, self.ema.truncation, self.dim), jnp.float32)
         return cache
 
-    def prefill(self, cache, x_BxLxD, padding_mask):
+    def prefill(self, cache, x_BxLxD, padding_mask, residual=None):
         """The parallel causal outputs; the EMA state after row b's real tokens, sum over
         l < reach of q^l p beta x_{len_b - 1 - l} (each row read backwards from its last
         real token, so the powers are one D x N x L table for all rows), and the rings of
@@ -297,7 +312,7 @@ class Mega(nnx.Module):
         _check_causal_form(self)
         batch, length, _ = x_BxLxD.shape
         pos_B = decoding.lengths_of(padding_mask, batch, length)
-        y_BxLxD, k_BxLxZ, v_BxLxH = self._forward(x_BxLxD, padding_mask, True)
+        y_BxLxD, k_BxLxZ, v_BxLxH = self._forward(x_BxLxD, padding_mask, True, residual)
         x_BxLxD_ = x_BxLxD.astype(jnp.float32)
         back_BxL = pos_B[:, None] - 1 - jnp.arange(length)[None]
         lags = self.ema.reach(length)
@@ -321,7 +336,7 @@ class Mega(nnx.Module):
             new["ema_x"] = ring(x_BxLxD_, cache["ema_x"].shape[1])
         return y_BxLxD, new
 
-    def step(self, cache, x_BxD):
+    def step(self, cache, x_BxD, residual=None):
         _check_causal_form(self)
         pos_B = cache["pos"]
         x_BxD_ = x_BxD.astype(jnp.float32)
@@ -348,7 +363,7 @@ class Mega(nnx.Module):
         bias_Bx1xS = self._bias(held_BxS - pos_B[:, None])[:, None]
         attn_BxH = self._attend(q_BxZ[:, None], k_BxSxZ, v_BxSxH, allowed_Bx1xS, bias_Bx1xS,
                                 True)[:, 0]
-        y_BxD = self._output(x_BxD_, attn_BxH, u, r, hx, True)
+        y_BxD = self._output(self._residual(x_BxD_, residual), attn_BxH, u, r, hx, True)
         new.update(ema=ema_BxDxN, k=k_BxSxZ, v=v_BxSxH)
         return y_BxD.astype(x_BxD.dtype), new
 
@@ -359,7 +374,7 @@ class Mega(nnx.Module):
     "gates, relative bias; softmax, laplace or relu2), chunked (linear time) for "
     "chunk_size > 0",
     causal=True, decode="kv_cache", padding=True, variable_length=True,
-    receptive_field="global", pos_emb="none",
+    receptive_field="global", pos_emb="none", takes_residual=True,
     test_hparams={"ndim": 2, "z_dim": 8, "hidden_dim": 16, "chunk_size": 4},
     rotary_refusal="its query-key products carry Mega's own relative bias (and the EMA "
     "orders the sequence)"))

@@ -214,7 +214,8 @@ def test_a_block_without_feed_forward_is_its_mixer_branch(kind):
     x + mixer(LN(x)) (the gated one: its first gate only)."""
     block = _block(kind, ffn=False)
     names = {"/".join(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(block, nnx.Param))}
-    assert not any(n.startswith(("mlp/", "mlp_gate/")) for n in names), names
+    # No feed-forward parameters, its norm included (an unused norm would be decayed).
+    assert not any(n.startswith(("mlp/", "mlp_gate/", "mlp_norm/")) for n in names), names
     x = normal(4, (BATCH, LEN, DIM))
     branch = block.mixer(block.mixer_norm(x), padding_mask=None)
     expected = x + branch if kind == "pre_ln" else block.mixer_gate(x, jax.nn.relu(branch))
@@ -246,3 +247,95 @@ def test_the_reversible_stack_refuses_post_ln():
         stacks.ReversibleStack(num_layers=1, block=resolve_block("local", {
             "kind": "post_ln", "stack": "reversible"}), rngs=nnx.Rngs(0), dim=DIM,
             num_heads=HEADS, mlp_dim=MLP, max_len=LEN, model="local")
+
+
+# ------------------------------------------------------------ Mega's pre-norm layer
+
+
+def _mega_update_gate(mixer, xh_BxLxD):
+    """u of Mega's layer on input xh (the mixer's own gate, from its EMA output)."""
+    return mixer._gates(mixer.ema(xh_BxLxD, None), True)[0]
+
+
+def _mega_prenorm_expected(block, x_BxLxD):
+    """Mega's prenorm layer from the mixer's default form (compared with Mega's own
+    layer in results/cpu/mega_vs_original.md): that form returns y0 = u (h - xh) on
+    xh = LN(x), so h = y0 / u + xh and Mega's x + u (h - x) = x + y0 + u (xh - x); then
+    the normalised FFN, z + MLP(LN(z))."""
+    xh = block.mixer_norm(x_BxLxD)
+    y0 = np.asarray(block.mixer(xh, padding_mask=None), np.float64)
+    u = np.asarray(_mega_update_gate(block.mixer, xh), np.float64)
+    x, xh = np.asarray(x_BxLxD, np.float64), np.asarray(xh, np.float64)
+    z = x + y0 + u * (xh - x)
+    if block.mlp is not None:
+        z32 = jnp.asarray(z, jnp.float32)
+        z = z + np.asarray(block.mlp(block.mlp_norm(z32), deterministic=True), np.float64)
+    return z
+
+
+@pytest.mark.parametrize("ffn", [True, False])
+def test_mega_pre_ln_is_megas_prenorm_layer(ffn):
+    """mega_pre_ln: x + u (h - x) with u, h from LN(x) (Mega's addcmul(residual, u,
+    h - residual)), not pre_ln's x + u (h - LN(x))."""
+    block = _block("mega_pre_ln", ffn, model="mega")
+    from tests.models.helpers import randomize_params
+    randomize_params(block, seed=7, scale=0.3)
+    x = 3.0 * normal(5, (BATCH, LEN, DIM)) + 1.0  # far from its normalisation
+    expected = _mega_prenorm_expected(block, x)
+    got = np.asarray(block(x, None, deterministic=True), np.float64)
+    np.testing.assert_allclose(got, expected, rtol=2e-5, atol=2e-5)
+    # The residual the mixer is given is the raw stream: the pre_ln block (same weights)
+    # differs from it by u (LN(x) - x), which is not small here.
+    pre_ln = _block("pre_ln", ffn, model="mega")
+    nnx.update(pre_ln, nnx.state(block, nnx.Param))
+    assert np.abs(np.asarray(pre_ln(x, None, deterministic=True)) - got).max() > 0.1
+
+
+def test_mega_pre_ln_is_what_megas_image_recipes_build():
+    """Through configs/image.py, pathfinder.py, pathx.py with model=mega,paper (Mega's
+    --encoder-normalize-before): every layer is the mega_pre_ln block, and the first one
+    of the image model computes Mega's prenorm layer; the text tasks' post_ln is kept."""
+    import importlib
+
+    import lra.tasks
+    from lra import train
+    from tests.models.helpers import randomize_params
+
+    from models.blocks import MegaPreLNBlock, PostLNBlock
+    for task, kind in (("image", MegaPreLNBlock), ("pathfinder", MegaPreLNBlock),
+                       ("pathx", MegaPreLNBlock), ("listops", PostLNBlock)):
+        config = importlib.import_module(f"configs.{task}").get_config("model=mega,paper")
+        model = nnx.eval_shape(lambda: train.build_model(config, lra.tasks.get(task)))
+        assert all(type(b) is kind for b in model.encoder.stack.blocks), task
+    config = importlib.import_module("configs.image").get_config("model=mega,paper")
+    model = train.build_model(config, lra.tasks.get("image"))
+    block = randomize_params(model.encoder.stack.blocks[0], seed=3, scale=0.3)
+    x = 2.0 * normal(6, (BATCH, 24, config.emb_dim)) + 0.5
+    expected = _mega_prenorm_expected(block, x)
+    np.testing.assert_allclose(np.asarray(block(x, None, deterministic=True), np.float64),
+                               expected, rtol=5e-5, atol=5e-5)
+
+
+def test_mega_pre_ln_refuses_other_mixers_in_one_line():
+    with pytest.raises(ValueError, match="mega_pre_ln.*takes_residual: mega.*'local'"):
+        resolve_block("local", {"kind": "mega_pre_ln"})
+    from models.blocks import MegaPreLNBlock
+    with pytest.raises(ValueError, match="'transformer' is not one"):
+        MegaPreLNBlock(dim=DIM, num_heads=HEADS, mlp_dim=MLP, max_len=LEN,
+                       model="transformer", block=resolve_block("transformer"),
+                       rngs=nnx.Rngs(0))
+
+
+def test_mega_pre_ln_decodes_through_the_config():
+    """prefill + steps (the residual passed to the mixer's step and prefill) equal the
+    parallel causal forward, through configs/listops.py."""
+    import lra.tasks
+    from lra import train
+    from tests.models.helpers import randomize_params
+    from tests.models.test_decoding import check_equal, config_for
+
+    config = config_for("mega")
+    config.block.kind = "mega_pre_ln"
+    model = randomize_params(train.build_model(config, lra.tasks.get("listops")), seed=5,
+                             scale=0.3)
+    check_equal(model, lra.tasks.get("listops").vocab_size)

@@ -247,3 +247,25 @@ def test_dropout(name):
     if not with_dropout and np.allclose(np.asarray(y1), np.asarray(y2)):
         pytest.skip("no dropout")
     assert not np.allclose(np.asarray(y1), np.asarray(y2)), "rng state did not advance"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", [n for n in VARIANTS
+                                  if registry.capabilities(n).takes_residual])
+def test_residual_is_a_gated_update(name, causal):
+    """Capabilities.takes_residual: mixer(x, residual=r) = u o (h - r), with u, h from x
+    alone: residual=x is the default, and r enters linearly with a gate u in (0, 1)."""
+    skip_unless(not causal or registry.capabilities(name).causal, "no causal form")
+    model, x, r = build(name, causal=causal), random_x(0), random_x(1)
+    mask = padding_mask()
+
+    def at(residual):
+        return np.asarray(jax.jit(lambda m, a, res: m(a, padding_mask=mask,
+                                                      deterministic=True, residual=res))(
+            model, x, residual), np.float64)
+
+    assert_close(at(x), apply(model, x, padding_mask=mask))
+    u = (at(jnp.zeros_like(r)) - at(r)) / np.asarray(r, np.float64)
+    assert ((u > -1e-4) & (u < 1 + 1e-4)).all()
+    np.testing.assert_allclose(at(2 * r), at(jnp.zeros_like(r)) - 2 * u * np.asarray(r),
+                               rtol=1e-4, atol=1e-4)
