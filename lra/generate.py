@@ -18,7 +18,8 @@ Each row is prefilled once (models/decoding.py: right-padded prompts, each row a
 position), then one jitted `jax.lax.scan` appends the new tokens of every row; a row stops
 at max_length (pixel tasks: at the end of its image), and a request for more says so.
 
-Sampling: logits / temperature (0: argmax), keeping the `top_k` largest (0: all). Id 0
+Sampling: logits / temperature (0, or below 1e-6: argmax; inf: uniform; nan is refused),
+keeping the `top_k` largest (0: all). Id 0
 is padding in ListOps, Text and Retrieval, never a token, so it is never sampled there.
 With `lm_loss='l1'` (Image and Pathfinder) the head predicts one intensity per pixel and
 the next pixel is round(clip(out, 0, 1) * (vocab_size - 1)): nothing is sampled.
@@ -204,11 +205,24 @@ def load_test_examples(config: Any, task: Any, data_dir: str,
 # ----------------------------------------------------------------------------- decoding
 
 
+# Below this temperature sampling is greedy: the scaled logits' gaps would exceed what
+# float32 separates from the Gumbel noise's (and 1e-45 overflowed logits / T to inf).
+GREEDY_BELOW = 1e-6
+
+
 def make_sampler(*, lm_loss: str, vocab_size: int, temperature: float, top_k: int,
                  pad_id: int | None):
-    """sample(out_Bx(V), key) -> next token ids_B, from the head's outputs at one position."""
+    """sample(out_Bx(V), key) -> next token ids_B, from the head's outputs at one position.
+
+    Temperature T: 0 (or below GREEDY_BELOW) is argmax; inf samples uniformly among the
+    tokens that may be sampled (the top_k, never padding); otherwise the Gumbel-max draw
+    argmax(logits / T + g), computed as argmax(logits + T g) for T < 1 (the same draw,
+    without dividing by a small T)."""
     import jax
     import jax.numpy as jnp
+
+    check_temperature(temperature)
+    greedy = temperature < GREEDY_BELOW
 
     def sample(out, key):
         if lm_loss == "l1":  # one predicted intensity in [0, 1] per row
@@ -217,14 +231,30 @@ def make_sampler(*, lm_loss: str, vocab_size: int, temperature: float, top_k: in
         logits_BxV = out.astype(jnp.float32)[:, :vocab_size]
         if pad_id is not None:
             logits_BxV = logits_BxV.at[:, pad_id].set(-jnp.inf)
-        if temperature == 0:
+        if greedy:
             return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
         if top_k:
             kth_Bx1 = jax.lax.top_k(logits_BxV, min(top_k, vocab_size))[0][:, -1:]
             logits_BxV = jnp.where(logits_BxV < kth_Bx1, -jnp.inf, logits_BxV)
-        return jax.random.categorical(key, logits_BxV / temperature).astype(jnp.int32)
+        gumbel_BxV = jax.random.gumbel(key, logits_BxV.shape, jnp.float32)
+        allowed_BxV = logits_BxV > -jnp.inf
+        if temperature == float("inf"):
+            scores_BxV = gumbel_BxV
+        elif temperature >= 1:  # neither form overflows on its side of 1
+            scores_BxV = logits_BxV / jnp.float32(temperature) + gumbel_BxV
+        else:
+            scores_BxV = logits_BxV + jnp.float32(temperature) * gumbel_BxV
+        return jnp.argmax(jnp.where(allowed_BxV, scores_BxV, -jnp.inf),
+                          axis=-1).astype(jnp.int32)
 
     return sample
+
+
+def check_temperature(temperature: float) -> None:
+    """FlagError unless 0 <= temperature <= inf (nan is refused)."""
+    if not temperature >= 0:  # nan compares false
+        raise FlagError(f"--temperature={temperature}: give 0 (greedy, argmax), a positive "
+                        "number, or inf (uniform over the tokens that may be sampled)")
 
 
 def decode(model: Any, prompts_BxP: np.ndarray, prompt_lens_B: np.ndarray,
@@ -390,8 +420,7 @@ def generate(workdir: str, *, num_samples: int = 4, max_new_tokens: int | None =
     Raises a UserError (one line) for anything the user can fix."""
     if num_samples < 1:
         raise FlagError(f"--num_samples={num_samples}: give at least 1")
-    if temperature < 0:
-        raise FlagError(f"--temperature={temperature}: give 0 (greedy, argmax) or more")
+    check_temperature(temperature)
     if top_k < 0:
         raise FlagError(f"--top_k={top_k}: give 0 (all tokens) or a positive count")
     if prompt_len is not None and prompt_len < 0:
@@ -461,7 +490,7 @@ def generate(workdir: str, *, num_samples: int = 4, max_new_tokens: int | None =
                           top_k=top_k, pad_id=0 if config.task in TEXT_TASKS else None)
     what = ("each pixel is the predicted intensity, rounded (lm_loss l1: nothing is sampled)"
             if lm_loss == "l1" else
-            "greedy (argmax)" if temperature == 0 else
+            "greedy (argmax)" if temperature < GREEDY_BELOW else
             f"temperature {temperature:g}" + (f", top_k {top_k}" if top_k else "")
             + f", seed {seed}")
     log(f"{config.model} on {config.task} (causal_lm, {lm_loss}), {kind} checkpoint step {step} "

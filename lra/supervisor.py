@@ -122,6 +122,7 @@ def run_child(argv: list[str], who: str, workdir: str | None) -> int:
         sys.stderr.flush()
     if code < 0:  # die of the child's signal, so that callers see what they saw before
         sys.stdout.flush()
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # no handler to reset (OSError)
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     return 128 - code if code < 0 else code

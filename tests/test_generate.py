@@ -13,6 +13,7 @@ import os
 import shutil
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -150,6 +151,33 @@ def test_greedy_is_repeatable_and_is_the_parallel_forwards_argmax(run, tmp_path)
         assert list(s["generated"][:clear]) == expected[:clear]
 
 
+def test_sampler_temperatures_tiny_huge_and_infinite():
+    """Issue 46, item 4: 1e-45 is greedy (it overflowed logits / T: garbage), inf draws
+    uniformly among the allowed tokens (it gave the padding id every time), padding is
+    never drawn at any temperature, and T = 1 draws from softmax(logits)."""
+    vocab = 6
+    logits_1xV = jnp.array([[0.0, 3.0, 1.0, -2.0, 0.5, 2.5]])  # 0 is padding
+    keys = jax.random.split(jax.random.key(0), 4000)
+
+    def draws(temperature, top_k=0):
+        sample = generate.make_sampler(lm_loss="xent", vocab_size=vocab,
+                                       temperature=temperature, top_k=top_k, pad_id=0)
+        return np.asarray(jax.vmap(lambda k: sample(logits_1xV, k)[0])(keys))
+
+    for tiny in (1e-45, 1e-7, 1e-20):
+        assert set(draws(tiny)) == {1}, tiny
+    uniform = np.bincount(draws(float("inf")), minlength=vocab) / len(keys)
+    assert uniform[0] == 0 and np.all(np.abs(uniform[1:] - 0.2) < 0.03), uniform
+    assert set(draws(float("inf"), top_k=2)) == {1, 5}
+    assert 0 not in draws(1e30)  # dividing, not multiplying: no overflow to inf
+    freq = np.bincount(draws(1.0), minlength=vocab) / len(keys)
+    p = np.exp(np.asarray(logits_1xV[0, 1:]))
+    np.testing.assert_allclose(freq[1:], p / p.sum(), atol=0.03)
+    half = np.bincount(draws(0.5), minlength=vocab) / len(keys)  # logits + T g branch
+    p = np.exp(2 * np.asarray(logits_1xV[0, 1:]))
+    np.testing.assert_allclose(half[1:], p / p.sum(), atol=0.03)
+
+
 def test_top_k_1_is_greedy_and_seeds_differ(run, tmp_path):
     greedy = generate.generate(run, num_samples=2, temperature=0, output=str(tmp_path / "g"))
     top1 = generate.generate(run, num_samples=2, temperature=2.0, top_k=1, seed=3,
@@ -237,7 +265,8 @@ def _one_line_error(argv, capsys) -> str:
 
 @pytest.mark.parametrize("flag,message", [
     ("--num_samples=0", "--num_samples=0: give at least 1"),
-    ("--temperature=-0.5", "--temperature=-0.5: give 0 (greedy, argmax) or more"),
+    ("--temperature=-0.5", "--temperature=-0.5: give 0 (greedy, argmax), a positive"),
+    ("--temperature=nan", "--temperature=nan: give 0 (greedy, argmax), a positive"),
     ("--top_k=-1", "--top_k=-1: give 0"),
     ("--prompt_len=0", "--prompt_len=0: a prompt needs at least 1 token (the model has no "
                        "start token"),

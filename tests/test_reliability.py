@@ -566,3 +566,19 @@ def test_storage_errors_of_any_type_are_one_line_and_others_propagate(tmp_path, 
     with pytest.raises(ValueError, match="Gloo"):
         ckpts.save_best(1, {"x": np.zeros(2)}, {})
     assert "orbax thread noise" in capsys.readouterr().err
+
+
+def test_the_supervisor_dies_of_its_childs_sigkill_without_a_traceback():
+    """Issue 46, item 5: the OOM killer SIGKILLs the supervised child of a multi-process
+    run; the supervisor used to call signal.signal(SIGKILL, ...) (OSError: a traceback and
+    exit 1). Now it dies of SIGKILL too, as an unsupervised run would (exit 137 in a
+    shell)."""
+    import signal
+
+    child = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    proc = subprocess.run(
+        [sys.executable, "-c", "from lra import supervisor; supervisor.run_child("
+         f"['-c', {child!r}], 'process 0', None)"],
+        capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == -signal.SIGKILL, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
