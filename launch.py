@@ -39,11 +39,13 @@ _DISTRIBUTED_FLAGS = ("multihost", "coordinator_address", "num_processes", "proc
 # Exit codes (README, "Resuming, preemption, divergence"): 0 done; 1 a bug (traceback);
 # 2 a user error (one line: config, data, workdir, checkpoints, divergence); 3 another
 # process of a multi-process run died; 75 the workdir is in use by another run
-# (EX_TEMPFAIL); 143 preempted by SIGTERM after saving (128 + 15).
+# (EX_TEMPFAIL); 143 preempted by SIGTERM after saving (128 + 15); 130 the same after
+# Ctrl-C (SIGINT, 128 + 2).
 EXIT_USER_ERROR = 2
 EXIT_LOST_PEER = 3
 EXIT_WORKDIR_BUSY = 75
 EXIT_PREEMPTED = 143
+EXIT_INTERRUPTED = 130
 
 
 def _distributed_args(argv: list[str]) -> argparse.Namespace | None:
@@ -209,6 +211,7 @@ def main(argv):
     from lra.errors import UserError, WorkdirBusy
     from models.registry import RegistryError
 
+    train.interrupt_as_preemption()  # Ctrl-C saves and stops as SIGTERM does
     try:
         train.train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir)
     except WorkdirBusy as e:
@@ -218,7 +221,8 @@ def main(argv):
         print(f"error: {e}", file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
     except train.Preempted:
-        sys.exit(EXIT_PREEMPTED)  # 128 + SIGTERM, so schedulers see a preempted job
+        # 128 + SIGTERM, so schedulers see a preempted job; 128 + SIGINT after Ctrl-C.
+        sys.exit(EXIT_INTERRUPTED if train.interrupted() else EXIT_PREEMPTED)
     except Exception as e:  # noqa: BLE001
         import jax
 

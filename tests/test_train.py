@@ -156,7 +156,11 @@ def test_resume_after_sigkill_matches_uninterrupted(listops_dir, tmp_path):
     assert _metrics(resumed) == _metrics(straight)
 
 
-def test_sigterm_saves_and_resumes(listops_dir, tmp_path):
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_sigterm_saves_and_resumes(listops_dir, tmp_path, sig):
+    """SIGTERM (preemption) and SIGINT (Ctrl-C, issue 46 item 3: it used to exit 130 with
+    no checkpoint and a temporary orbax folder left behind) both save and stop in one
+    line."""
     flags = ["--config=configs/listops.py:runlocal", f"--config.data_dir={listops_dir}",
              "--config.max_length=48", "--config.num_train_steps=100000",
              "--config.checkpoint_freq=100000", "--config.eval_frequency=100000",
@@ -166,12 +170,16 @@ def test_sigterm_saves_and_resumes(listops_dir, tmp_path):
     for line in proc.stdout:
         if line.startswith("step"):
             break
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(getattr(signal, sig))
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143, err
-    assert "SIGTERM: saved step" in out
-    saved = [int(d) for d in os.listdir(tmp_path / "checkpoints" / "last") if d.isdigit()]
+    assert proc.returncode == {"SIGTERM": 143, "SIGINT": 130}[sig], err
+    assert {"SIGTERM": "SIGTERM: saved step",
+            "SIGINT": "SIGINT (Ctrl-C): saved step"}[sig] in out
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    last = tmp_path / "checkpoints" / "last"
+    saved = [int(d) for d in os.listdir(last) if d.isdigit()]
     assert len(saved) == 1 and 5 <= saved[0] < 100000
+    assert not [d for d in os.listdir(last) if "tmp" in d]
     assert not (tmp_path / "results.json").exists()
 
 
