@@ -63,6 +63,7 @@ import hashlib
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -404,6 +405,43 @@ def _last_line(path: str, offset: int) -> str:
     return lines[-1] if lines else ""
 
 
+class SweepStopped(Exception):
+    """The sweep got SIGTERM or SIGINT: its running launch.py got it too, saved and
+    stopped; the sweep stops with 128 + the signal's number."""
+
+
+def _run_forwarding_signals(cmd: list[str], out, err, timeout: int
+                            ) -> tuple[int | None, str]:
+    """Runs `cmd` in REPO; (exit code, or None after --timeout; the name of the SIGTERM or
+    SIGINT this process received meanwhile, or ""). Either signal is forwarded to the
+    child, a launch.py that saves and stops (a preempted run), and waited for: exiting at
+    once would leave it training on as an orphan that writes results.json later."""
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=err)
+    received: list[str] = []
+
+    def forward(signum, _frame):
+        received.append(signal.Signals(signum).name)
+        proc.send_signal(signum)
+
+    previous = {}
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, forward)
+    except ValueError:  # not the main thread: nothing to forward from
+        pass
+    try:
+        try:
+            code = proc.wait(timeout=timeout or None)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            code = None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return code, (received[0] if received else "")
+
+
 def _run_one(*, tag: str, workdir: str, task: str, model: str, seed: int, config_arg: str,
              overrides: list[str], record: dict, timeout: int, log) -> str:
     """Runs (or skips, or refuses) one launch.py run in `workdir`; 'done', 'skipped',
@@ -432,13 +470,14 @@ def _run_one(*, tag: str, workdir: str, task: str, model: str, seed: int, config
         err.write(f"==== {stamp}: {shlex.join(cmd)}\n".encode())
         err.flush()
         offset = err.tell()
-        try:  # stderr straight to the file: all of it is kept, also on a timeout
-            proc = subprocess.run(cmd, cwd=REPO, stdout=out, stderr=err,
-                                  timeout=timeout or None)
-            error = (_last_line(stderr_path, offset) or f"exit code {proc.returncode}"
-                     if proc.returncode else None)
-        except subprocess.TimeoutExpired:
-            error = f"stopped after {timeout} s (--timeout)"
+        # stderr straight to the file: all of it is kept, also on a timeout
+        code, stopped_by = _run_forwarding_signals(cmd, out, err, timeout)
+        error = (None if code == 0 else f"stopped after {timeout} s (--timeout)"
+                 if code is None else _last_line(stderr_path, offset) or f"exit code {code}")
+    if stopped_by:  # the run saved and stopped (or had nothing to save): not a failure
+        log(f"{tag}: stopped by {stopped_by} after {time.time() - start:.0f} s; the sweep "
+            "stops too; run the same command to resume")
+        raise SweepStopped(stopped_by)
     error_file = os.path.join(workdir, "error.txt")
     if error is not None:
         with open(error_file, "w") as f:
@@ -625,6 +664,8 @@ def main(argv):
         except OSError as e:  # a read-only or full disk under --sweep_dir
             _fail(f"cannot write {e.filename or FLAGS.sweep_dir}: {e.strerror or e}; give a "
                   "--sweep_dir you can write to")
+        except SweepStopped as e:
+            sys.exit(128 + signal.Signals[str(e)].value)  # as the run: 143, or 130 (Ctrl-C)
         for state, runs in done.items():  # with several tasks, each run names its task
             outcome[state] += [(task, *run) for run in runs] if several else runs
     print(f"{len(outcome['done'])} run, {len(outcome['skipped'])} skipped, "

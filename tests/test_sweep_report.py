@@ -572,3 +572,47 @@ def test_a_run_recorded_before_a_field_existed_shares_the_row_of_its_config(tmp_
                                         "transformer [dtype=bfloat16]"] or \
         [r[0] for r in rows][:2] == ["transformer [dtype=bfloat16]",
                                      "transformer [dtype=float32]"]
+
+
+def test_sigterm_to_a_sweep_stops_its_run_and_leaves_no_orphan(listops_dir, tmp_path):
+    """Issue 46, item 2: SIGTERM to lra.sweep used to exit 143 at once and leave its
+    launch.py child training to the end (a re-run then called it FAILED "in use"). Now the
+    signal reaches the child, which saves and stops; the sweep waits, says so in one line
+    and exits 143; no error.txt, and the same command resumes the run."""
+    import signal
+    import time
+
+    args = ["--task=listops", "--models=transformer", "--config_arg=runlocal", "--seeds=0",
+            f"--sweep_dir={tmp_path}", f"--override=data_dir={listops_dir}",
+            "--override=max_length=48", "--override=num_train_steps=100000",
+            "--override=checkpoint_freq=100000", "--override=eval_frequency=100000",
+            "--override=log_every_steps=5"]
+    proc = subprocess.Popen([sys.executable, "-m", "lra.sweep", *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": REPO})
+    logs = []
+    deadline = time.time() + 240
+    while time.time() < deadline and not any(
+            line.startswith("step") for log in logs for line in open(log)):
+        time.sleep(0.2)
+        logs = [os.path.join(d, "log.txt") for d, _, files in os.walk(tmp_path)
+                if "log.txt" in files]
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, (out, err)
+    assert "stopped by SIGTERM" in out and "Traceback" not in err, (out, err)
+    (workdir,) = {os.path.dirname(log) for log in logs}
+    assert "SIGTERM: saved step" in open(os.path.join(workdir, "log.txt")).read()
+    assert not os.path.exists(os.path.join(workdir, "error.txt"))
+    assert not os.path.exists(os.path.join(workdir, "results.json"))
+    assert os.listdir(os.path.join(workdir, "checkpoints", "last"))
+    # The child is gone (the sweep waited for it): no process runs in that workdir.
+    running = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
+        except OSError:
+            continue
+        if f"--workdir={workdir}" in cmdline:
+            running.append(pid)
+    assert not running, running
