@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from lra.errors import ConfigError
+from lra.errors import ConfigError, DataError
 
 SPLITS = ("train", "val", "test")
 
@@ -49,7 +49,11 @@ class Task:
                     f"config.task_options.{name} is not an option of task {self.name!r}; "
                     f"its options: {', '.join(accepted) or 'none'}"
                 )
-        return self.reader(data_dir, split, max_length, **options)
+        data = self.reader(data_dir, split, max_length, **options)
+        if len(data["inputs"]) == 0:  # a run would train, then fail at its evaluation
+            raise DataError(f"task {self.name}: the {split} split read from {data_dir} has "
+                            f"no examples; {self.how_to_get_data or 'regenerate the data'}")
+        return data
 
 
 _TASKS: dict[str, Task] = {}

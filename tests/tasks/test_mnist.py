@@ -153,3 +153,15 @@ def test_files_are_read_when_both_are_there(files_and_tfds, tmp_path):
     os.symlink(os.path.join(tfds_dir, "mnist"), both / "mnist")  # a TFDS folder beside them
     data = lra.tasks.get("mnist").load(str(both), "val", 784, num_validation=4)
     np.testing.assert_array_equal(data["inputs"], splits["train"][0][-4:].reshape(4, 784))
+
+
+def test_an_empty_split_is_refused_before_training(tmp_path):
+    """Issue 46, item 7: a valid 0-image t10k file passed every check, the run trained to
+    the end and failed at test with a TypeError. Every split's size is checked on load
+    (lra/tasks/registry.py Task.load), for every task; training reads all three first."""
+    write_mnist(str(tmp_path), num_train=12, num_test=0)
+    task = lra.tasks.get("mnist")
+    assert len(task.load(str(tmp_path), "train", 784, num_validation=4)["inputs"]) == 8
+    with pytest.raises(DataError, match="task mnist: the test split read from .* has no "
+                                        "examples; run `python -m lra.download mnist"):
+        task.load(str(tmp_path), "test", 784, num_validation=4)
