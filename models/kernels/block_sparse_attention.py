@@ -44,9 +44,9 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
-from jax.experimental.pallas import triton as plgpu
 
 from models import layers, masks
+from models.kernels import reference, targets
 
 BACKENDS = ("xla", "pallas")
 DropoutFn = Callable[[jax.Array], jax.Array]
@@ -71,8 +71,9 @@ def block_sparse_attention(q_BxHxQxK: jax.Array, k_BxHxKvxK: jax.Array,
 
     `block_q`, `block_k`: tile sizes; default 64 (xla, Triton) or 128 (Mosaic).
     backend="pallas" only: `platform` "gpu" (Triton) or "tpu" (Mosaic) picks the kernel
-    flavour (default: the default backend's; Triton on CPU) and `interpret` runs it in the
-    Pallas interpreter (default: on CPU). Its tiles are rounded up to what the target
+    flavour (default: the one for the platform the program is lowered for; Triton,
+    interpreted, on CPU; `models/kernels/targets.py`) and `interpret` runs it in the
+    Pallas interpreter (default: on CPU only). Its tiles are rounded up to what the target
     takes (Triton: powers of two >= 16; Mosaic: multiples of 8, and of 128 for key tiles
     when compiled), which changes only the tiling, never the result.
     """
@@ -93,11 +94,26 @@ def block_sparse_attention(q_BxHxQxK: jax.Array, k_BxHxKvxK: jax.Array,
             raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}")
         if dropout_rate > 0 and dropout_seed is None:
             raise ValueError("dropout_rate > 0 needs a dropout_seed")
-        cfg = make_config(q_BxHxQxK, k_BxHxKvxK, pattern, block_q=block_q, block_k=block_k,
-                          platform=platform, interpret=interpret, dropout_rate=dropout_rate)
-        valid = _key_validity(padding_mask, b, kv_len, cfg)
         seed = jnp.asarray(0 if dropout_seed is None else dropout_seed, jnp.int32)
-        return _sharded_pallas_attention(q_BxHxQxK, k_BxHxKvxK, v_BxHxKvxD, valid, seed, cfg)
+
+        def build(target: targets.Target):
+            if target.backend == "xla":
+                return functools.partial(_without_kernel, pattern=pattern, block_q=block_q,
+                                         block_k=block_k, dropout_rate=dropout_rate)
+            cfg = make_config(q_BxHxQxK, k_BxHxKvxK, pattern, block_q=block_q,
+                              block_k=block_k, platform=target.platform,
+                              interpret=target.interpret, dropout_rate=dropout_rate)
+
+            def run(q, k, v, padding_mask, seed):
+                valid = _key_validity(padding_mask, b, kv_len, cfg)
+                return _sharded_pallas_attention(q, k, v, valid, seed, cfg)
+
+            return run
+
+        # The kernel form follows the platform the program is lowered for (models/kernels/
+        # targets.py), not the host that traces it.
+        return targets.dispatch(build, (q_BxHxQxK, k_BxHxKvxK, v_BxHxKvxD, padding_mask, seed),
+                                platform=platform, interpret=interpret)
     if dropout_rate:
         raise ValueError("backend='xla' takes dropout_fn, not dropout_rate")
     bq, bk = min(block_q or 64, q_len), min(block_k or 64, kv_len)
@@ -142,6 +158,28 @@ def block_sparse_attention(q_BxHxQxK: jax.Array, k_BxHxKvxK: jax.Array,
               for run in _runs(perm, group_of, where)]
     out = pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=2)
     return out.reshape(b, h, nq * bq, -1)[:, :, :q_len]
+
+
+def _without_kernel(q_BxHxQxK, k_BxHxKvxK, v_BxHxKvxD, padding_mask, seed, *,
+                    pattern: masks.Pattern, block_q, block_k, dropout_rate: float):
+    """backend="pallas" where this JAX has no kernel backend for the platform (a GPU
+    without Triton: models/kernels/targets.py): the same function without a kernel. No
+    dropout: the XLA block-sparse path. Dropout: the kernels' hashed keep mask on the
+    whole index grid and a dense masked softmax (O(L^2) memory, the same numbers)."""
+    if not dropout_rate:
+        return block_sparse_attention(q_BxHxQxK, k_BxHxKvxK, v_BxHxKvxD, pattern,
+                                      padding_mask=padding_mask, backend="xla",
+                                      block_q=block_q, block_k=block_k)
+    b, h, q_len, _ = q_BxHxQxK.shape
+    kv_len = k_BxHxKvxK.shape[2]
+    allowed = jnp.broadcast_to(pattern.dense(q_len, kv_len), (h, q_len, kv_len))[None]
+    if padding_mask is not None:
+        allowed = allowed & padding_mask.astype(jnp.bool_)[:, None, None, :]
+    bh = (jnp.arange(b)[:, None] * h + jnp.arange(h)[None, :])[:, :, None, None]
+    multiplier = dropout_multiplier(seed, bh, jnp.arange(q_len)[None, None, :, None],
+                                    jnp.arange(kv_len)[None, None, None, :], dropout_rate)
+    return reference.masked_softmax_attention(
+        q_BxHxQxK, k_BxHxKvxK, v_BxHxKvxD, allowed, multiplier).astype(q_BxHxQxK.dtype)
 
 
 def _runs(perm, group_of, where):
@@ -464,7 +502,7 @@ def _call(kernel, cfg: _Config, name: str, grid, inputs, in_specs, out_shapes, o
     if cfg.platform == "gpu":
         params = dict(grid=grid, in_specs=list(in_specs) + [_ANY_SPEC] * len(extra),
                       out_specs=out_specs,
-                      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2))
+                      compiler_params=targets.triton_params(num_warps=4, num_stages=2))
     else:
         params = dict(
             grid_spec=pltpu.PrefetchScalarGridSpec(

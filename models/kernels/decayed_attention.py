@@ -47,10 +47,10 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
-from jax.experimental.pallas import triton as plgpu
 from jax.sharding import PartitionSpec as P
 
 from models import layers
+from models.kernels import targets
 from models.kernels.linear_attention import (_ANY_SPEC, _F32, _mm, _mm_nt, _mm_tn,
                                              _poison_args)
 
@@ -246,7 +246,7 @@ def _run_gpu(pass_: _Pass, inputs, outs, cfg: _Config, poison=None):
         in_specs=[row_spec(x) for x in inputs] + [_ANY_SPEC] * len(extra),
         out_specs=[row_spec(o) for o in out_shapes],
         input_output_aliases=aliases,
-        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+        compiler_params=targets.triton_params(num_warps=4, num_stages=1),
         interpret=cfg.interpret,
         name=_name(pass_),
     )(*inputs, *extra)
@@ -416,27 +416,38 @@ def decayed_linear_attention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array,
       backend: "pallas" (kernels) or "xla" (the same chunked algorithm under lax.scan).
       chunk_size: positions per chunk; defaults to 64 (Triton), 128 (Mosaic, XLA) for
         scalar decays and 16 for gates, at most the length rounded up to a power of two.
-      platform: "gpu" (Triton) or "tpu" (Mosaic) kernel; defaults to the default backend
-        (on CPU the Triton flavour, interpreted).
-      interpret: run the kernels in the Pallas interpreter; defaults to True on CPU.
+      platform: "gpu" (Triton) or "tpu" (Mosaic) kernel; by default the one for the
+        platform the program is lowered for (CPU: the Triton flavour, interpreted; a GPU
+        without Triton in this JAX: the XLA path; `models/kernels/targets.py`).
+      interpret: run the kernels in the Pallas interpreter; by default on CPU only.
 
     Returns:
       `[B, H, L, V]` in the dtype of the values (float32 math inside). Differentiable in
       all four arguments.
     """
-    cfg = make_config(q_BxHxLxK, k_BxHxLxK, v_BxHxLxV, log_a_BxHxLxG, strict=strict,
-                      backend=backend, chunk_size=chunk_size, platform=platform,
-                      interpret=interpret)
     args = (q_BxHxLxK, k_BxHxLxK, v_BxHxLxV, log_a_BxHxLxG)
+    if backend not in ("pallas", "xla"):
+        raise ValueError(f"backend must be 'pallas' or 'xla', got {backend!r}")
 
-    def run(q, k, v, log_a):
-        return _decayed_attention(q, k, v, log_a, cfg)
+    def build(target: targets.Target):
+        cfg = make_config(*args, strict=strict, backend=target.backend,
+                          chunk_size=chunk_size, platform=target.platform,
+                          interpret=target.interpret)
 
-    # XLA cannot partition a Pallas call: under a mesh whose rules shard batch or heads,
-    # each device runs the kernels on its own shard.
-    axes = (layers.mesh_axes(("batch", "act_heads"), q_BxHxLxK.shape[:2])
-            if backend == "pallas" else None)
-    if axes is None:
-        return run(*args)
-    spec = P(*axes, None, None)
-    return layers.manual_shards(run, args, (spec,) * 4, spec, v_BxHxLxV)
+        def run(q, k, v, log_a):
+            return _decayed_attention(q, k, v, log_a, cfg)
+
+        # XLA cannot partition a Pallas call: under a mesh whose rules shard batch or
+        # heads, each device runs the kernels on its own shard.
+        axes = (layers.mesh_axes(("batch", "act_heads"), q_BxHxLxK.shape[:2])
+                if cfg.backend == "pallas" else None)
+        if axes is None:
+            return run
+        spec = P(*axes, None, None)
+        return lambda *xs: layers.manual_shards(run, xs, (spec,) * 4, spec, xs[2])
+
+    if backend == "xla":
+        return build(targets.Target("xla", None, False))(*args)
+    # The kernel form follows the platform the program is lowered for (models/kernels/
+    # targets.py), not the host that traces it.
+    return targets.dispatch(build, args, platform=platform, interpret=interpret)

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from models import masks
-from models.kernels import reference
+from models.kernels import reference, targets
+from tests.kernels import lowering
 
 # The package re-exports the function under the module's name; fetch the module itself.
 bsa = importlib.import_module("models.kernels.block_sparse_attention")
@@ -331,10 +332,10 @@ def test_classifier_patterns_lower_for_cuda(name):
 
 
 def _lower_for_cuda(name, dtype, dropout_rate):
-    lowered = jax.jit(_forward_and_backward(_pattern(name), "gpu", dropout_rate)).trace(
-        *_lowering_args(dtype)).lower(lowering_platforms=("cuda",))
+    text = lowering.for_cuda(_forward_and_backward(_pattern(name), "gpu", dropout_rate),
+                             *_lowering_args(dtype))
     # forward, backward dQ, backward dK/dV: three Triton calls.
-    assert lowered.as_text().count("__gpu$xla.gpu.triton") == 3
+    assert text.count(lowering.TRITON) == 3
 
 
 # Predicates with integer floor division (random, fixed, bigbird, local_2d) lower too, but
@@ -353,10 +354,60 @@ def test_prefixed_pattern_exports_for_tpu():
 
 
 def _export_for_tpu(name, dtype, dropout_rate):
-    exported = jax.export.export(
-        jax.jit(_forward_and_backward(_pattern(name), "tpu", dropout_rate)),
-        platforms=["tpu"])(*_lowering_args(dtype))
-    assert exported.mlir_module().count("tpu_custom_call") == 3
+    text = lowering.for_tpu(_forward_and_backward(_pattern(name), "tpu", dropout_rate),
+                            *_lowering_args(dtype))
+    assert text.count(lowering.MOSAIC_TPU) == 3
+
+
+def _default_forward_and_backward(dropout_rate):
+    """The defaults, as the pattern variants call it: the form follows the platform."""
+    def fn(q, k, v, g, padding):
+        out, vjp = jax.vjp(functools.partial(
+            bsa.block_sparse_attention, pattern=_pattern("local"), padding_mask=padding,
+            backend="pallas", block_q=128, block_k=128, dropout_rate=dropout_rate,
+            dropout_seed=jnp.int32(5) if dropout_rate else None), q, k, v)
+        return out, vjp(g)
+    return fn
+
+
+def test_default_form_follows_the_lowering_platform():
+    """Traced on this CPU: Triton when lowered for CUDA, Mosaic when exported for TPU,
+    the interpreter for the CPU."""
+    fn, args = _default_forward_and_backward(0.1), _lowering_args(jnp.float32)
+    cuda = lowering.custom_calls(lowering.for_cuda(fn, *args))
+    assert cuda.count(lowering.TRITON) == 3 and lowering.MOSAIC_TPU not in cuda, cuda
+    tpu = lowering.custom_calls(lowering.for_tpu(fn, *args))
+    assert tpu.count(lowering.MOSAIC_TPU) == 3 and lowering.TRITON not in tpu, tpu
+    cpu = jax.jit(fn).trace(*args).lower().as_text()
+    assert lowering.TRITON not in cpu and lowering.MOSAIC_TPU not in cpu
+
+
+@pytest.mark.parametrize("dropout_rate", [0.0, 0.3], ids=["no-dropout", "dropout"])
+def test_gpu_without_triton_falls_back_without_a_kernel(dropout_rate, monkeypatch, capsys):
+    """A JAX without Pallas's Triton backend: on a GPU the same function without a kernel
+    (the XLA block-sparse path; with dropout the same hashed mask, densely), said in one
+    line. Checked here by running the fallback on the CPU against the interpreted kernel."""
+    pattern = masks.local(4) | masks.global_tokens([0])
+    q, _, _, do, _ = _inputs(3, 2, 2, 20, 20, 8, jnp.float32)
+    _, k, v, _, padding = _inputs(4, 2, 2, 20, 33, 8, jnp.float32)
+
+    def loss(q, k, v, **kw):
+        return jnp.sum(bsa.block_sparse_attention(
+            q, k, v, pattern, padding_mask=padding, backend="pallas", block_q=16, block_k=16,
+            dropout_rate=dropout_rate, dropout_seed=jnp.int32(7) if dropout_rate else None,
+            **kw) * do)
+
+    kernel = _run_fast(jax.value_and_grad(loss, (0, 1, 2)), q, k, v)
+    monkeypatch.setattr(targets, "gpu_backend", lambda: None)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(targets, "_SAID", set())
+    fallback = _run_fast(jax.value_and_grad(functools.partial(loss, interpret=False),
+                                            (0, 1, 2)), q, k, v)
+    np.testing.assert_allclose(fallback[0], kernel[0], rtol=1e-5)
+    for what, grad, ref_grad in zip("qkv", fallback[1], kernel[1]):
+        _assert_close(grad, ref_grad, jnp.float32, f"d{what}")
+    line = capsys.readouterr().err.strip()
+    assert line.count("\n") == 0 and "no Triton backend" in line and "XLA path" in line
 
 
 def test_bad_arguments_raise():

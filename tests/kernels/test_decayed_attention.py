@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 
 from models.attention.retention import chunked_retention
+from models.kernels import targets
+from tests.kernels import lowering
 
 # The package re-exports the function under the module's name; fetch the module itself.
 da = importlib.import_module("models.kernels.decayed_attention")
@@ -202,18 +204,45 @@ LOWERING = pytest.mark.parametrize("dtype,gates,strict", [
 
 @LOWERING
 def test_triton_kernels_lower_for_cuda(dtype, gates, strict):
-    lowered = jax.jit(_forward_and_backward(strict, "gpu")).trace(
-        *_lowering_args(dtype, gates)).lower(lowering_platforms=("cuda",))
-    text = lowered.as_text()
+    text = lowering.for_cuda(_forward_and_backward(strict, "gpu"),
+                             *_lowering_args(dtype, gates))
     # forward, backward-dq, backward-dkv: three Triton calls.
-    assert text.count("__gpu$xla.gpu.triton") == 3, text[:2000]
+    assert text.count(lowering.TRITON) == 3, text[:2000]
 
 
 @LOWERING
 def test_mosaic_kernels_export_for_tpu(dtype, gates, strict):
-    exported = jax.export.export(jax.jit(_forward_and_backward(strict, "tpu")),
-                                 platforms=["tpu"])(*_lowering_args(dtype, gates))
-    assert exported.mlir_module().count("tpu_custom_call") == 3
+    text = lowering.for_tpu(_forward_and_backward(strict, "tpu"), *_lowering_args(dtype, gates))
+    assert text.count(lowering.MOSAIC_TPU) == 3
+
+
+def _default_forward_and_backward(q, k, v, log_a, g):
+    """The defaults, as retnet, gla and mamba2 call it."""
+    out, vjp = jax.vjp(da.decayed_linear_attention, q, k, v, log_a)
+    return out, vjp(g)
+
+
+def test_default_form_follows_the_lowering_platform():
+    """Traced on this CPU (which used to pick the interpreter for every target): Triton
+    when lowered for CUDA, Mosaic when exported for TPU, the interpreter for the CPU."""
+    args = _lowering_args(jnp.float32, 1)
+    cuda = lowering.custom_calls(lowering.for_cuda(_default_forward_and_backward, *args))
+    assert cuda.count(lowering.TRITON) == 3 and lowering.MOSAIC_TPU not in cuda, cuda
+    tpu = lowering.custom_calls(lowering.for_tpu(_default_forward_and_backward, *args))
+    assert tpu.count(lowering.MOSAIC_TPU) == 3 and lowering.TRITON not in tpu, tpu
+    cpu = jax.jit(_default_forward_and_backward).trace(*args).lower().as_text()
+    assert lowering.TRITON not in cpu and lowering.MOSAIC_TPU not in cpu
+
+
+def test_gpu_without_triton_falls_back_to_the_xla_path(monkeypatch, capsys):
+    """A JAX without Pallas's Triton backend: on a GPU the XLA path, said in one line."""
+    monkeypatch.setattr(targets, "gpu_backend", lambda: None)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(targets, "_SAID", set())
+    fresh = lambda *args: _default_forward_and_backward(*args)  # noqa: E731 (no trace cache)
+    assert lowering.custom_calls(lowering.for_cuda(fresh, *_lowering_args(jnp.float32, 1))) == []
+    line = capsys.readouterr().err.strip()
+    assert line.count("\n") == 0 and "no Triton backend" in line and "XLA path" in line
 
 
 def test_bad_arguments_raise():

@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models.kernels import reference
+from models.kernels import reference, targets
+from tests.kernels import lowering
 
 # The package re-exports the function under the module's name; fetch the module itself.
 la = importlib.import_module("models.kernels.linear_attention")
@@ -171,19 +172,46 @@ def _lowering_args(dtype):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_triton_kernels_lower_for_cuda(causal, dtype):
-    lowered = jax.jit(_forward_and_backward(causal, "gpu")).trace(
-        *_lowering_args(dtype)).lower(lowering_platforms=("cuda",))
-    text = lowered.as_text()
+    text = lowering.for_cuda(_forward_and_backward(causal, "gpu"), *_lowering_args(dtype))
     # forward, backward-dq, backward-dkv: three Triton calls.
-    assert text.count("__gpu$xla.gpu.triton") == 3, text[:2000]
+    assert text.count(lowering.TRITON) == 3, text[:2000]
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_mosaic_kernels_export_for_tpu(causal, dtype):
-    exported = jax.export.export(jax.jit(_forward_and_backward(causal, "tpu")),
-                                 platforms=["tpu"])(*_lowering_args(dtype))
-    assert exported.mlir_module().count("tpu_custom_call") == 3
+    text = lowering.for_tpu(_forward_and_backward(causal, "tpu"), *_lowering_args(dtype))
+    assert text.count(lowering.MOSAIC_TPU) == 3
+
+
+def _default_forward_and_backward(q, k, v, g):
+    """The defaults, as the models call it: the form follows the lowering platform."""
+    out, vjp = jax.vjp(functools.partial(la.linear_attention, causal=True), q, k, v)
+    return out, vjp(g)
+
+
+def test_default_form_follows_the_lowering_platform():
+    """Traced on this CPU: Triton when lowered for CUDA, Mosaic when exported for TPU,
+    nothing but the interpreter's plain HLO when lowered for the CPU."""
+    args = _lowering_args(jnp.float32)
+    cuda = lowering.custom_calls(lowering.for_cuda(_default_forward_and_backward, *args))
+    assert cuda.count(lowering.TRITON) == 3 and lowering.MOSAIC_TPU not in cuda, cuda
+    tpu = lowering.custom_calls(lowering.for_tpu(_default_forward_and_backward, *args))
+    assert tpu.count(lowering.MOSAIC_TPU) == 3 and lowering.TRITON not in tpu, tpu
+    cpu = jax.jit(_default_forward_and_backward).trace(*args).lower().as_text()
+    assert lowering.TRITON not in cpu and lowering.MOSAIC_TPU not in cpu
+
+
+def test_gpu_without_triton_falls_back_to_the_xla_path(monkeypatch, capsys):
+    """A JAX without Pallas's Triton backend (deprecated since 0.11): on a GPU the XLA
+    path, said in one line; the CPU keeps the interpreted kernel."""
+    monkeypatch.setattr(targets, "gpu_backend", lambda: None)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(targets, "_SAID", set())
+    fresh = lambda *args: _default_forward_and_backward(*args)  # noqa: E731 (no trace cache)
+    assert lowering.custom_calls(lowering.for_cuda(fresh, *_lowering_args(jnp.float32))) == []
+    line = capsys.readouterr().err.strip()
+    assert line.count("\n") == 0 and "no Triton backend" in line and "XLA path" in line
 
 
 def test_bad_arguments_raise():
