@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import statistics
 import sys
@@ -185,15 +186,40 @@ def _differing(configs: list[dict | None]) -> list[str]:
             if len({json.dumps(cfg.get(k, ABSENT), default=str) for cfg in recorded}) > 1]
 
 
+def _stdev(values: list[float]) -> float:
+    """The sample standard deviation; nan when a value is not finite (a diverged run's
+    nan accuracy: the row shows nan, as its mean, rather than the report failing)."""
+    if not all(math.isfinite(v) for v in values):
+        return float("nan")
+    return statistics.stdev(values)
+
+
 def _row_labels(results: list[dict]) -> list[tuple[str, str]]:
     """(base, suffix) per run; the row label is base + suffix (see labels). The base is
     shared by a model's from-scratch and self-pretrained rows of one config."""
     annotate(results)
-    canon = [json.dumps(_grouping_config(r), sort_keys=True, default=str) for r in results]
+    # The sweep's rule (lra.sweep.config_differences): a field only some runs of a model
+    # recorded (added to the code since the older ones ran, and not in
+    # IMPLIED_WHEN_ABSENT) is not compared, so those runs share a row and their seeds.
+    def group_of(r):
+        return (r["task"], row_model(r), kind(r) == PRETRAINING)
+
+    recorded = defaultdict(list)
+    for r in results:
+        cfg = _grouping_config(r)
+        if cfg is not None:
+            recorded[group_of(r)].append(set(cfg))
+    common = {g: set.intersection(*keys) for g, keys in recorded.items()}
+
+    def compared(r):
+        cfg = _grouping_config(r)
+        return None if cfg is None else {k: v for k, v in cfg.items()
+                                         if k in common[group_of(r)]}
+
+    canon = [json.dumps(compared(r), sort_keys=True, default=str) for r in results]
     by_model = defaultdict(dict)  # (task, model, pretraining?) -> {canonical: config}
     for r, c in zip(results, canon):
-        group = (r["task"], row_model(r), kind(r) == PRETRAINING)
-        by_model[group].setdefault(c, _grouping_config(r))
+        by_model[group_of(r)].setdefault(c, compared(r))
     describe = {}
     for key, configs in by_model.items():
         if len(configs) == 1:
@@ -293,7 +319,7 @@ def summarize(results: list[dict]) -> dict[tuple[str, str], dict]:
             "kind": kind(rs[0]),
             "base": pairs[0][1],
             "accuracy": _mean(rs, "test_accuracy"),
-            "std": statistics.stdev([r["test_accuracy"] for r in rs]) if len(rs) > 1 else None,
+            "std": _stdev([r["test_accuracy"] for r in rs]) if len(rs) > 1 else None,
             "seeds": len(rs),
             "steps_per_sec": _mean(rs, "train_steps_per_sec"),
             "memory_bytes": _mean(rs, "train_step_temp_bytes"),

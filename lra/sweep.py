@@ -352,10 +352,15 @@ def expected_config(task: str, model: str, seed: int, config_arg: str,
 def config_differences(recorded: dict, expected: dict) -> list[str]:
     """'field: recorded -> expected' for each field (dotted, nested) whose values differ,
     fields that do not change results (results.NON_RESULT_FIELDS) aside. A field only one
-    side has is not compared (a field added to the code since the run)."""
-    from lra.results import NON_RESULT_FIELDS, flatten, same_run_folder
+    side has is not compared (a field added to the code since the run), unless its
+    absence means a value (results.IMPLIED_WHEN_ABSENT). lra.report groups runs into rows
+    by the same rule."""
+    from lra.results import IMPLIED_WHEN_ABSENT, NON_RESULT_FIELDS, flatten, same_run_folder
 
-    old, new = flatten(recorded), flatten(expected)
+    # As lra.report groups runs: a field added since the run with the old behaviour as
+    # its default (IMPLIED_WHEN_ABSENT) is that default when unrecorded.
+    old = {**IMPLIED_WHEN_ABSENT, **flatten(recorded)}
+    new = {**IMPLIED_WHEN_ABSENT, **flatten(expected)}
 
     def differ(k):
         if k == "init_from":  # a moved sweep directory moves its pretraining runs too

@@ -616,3 +616,40 @@ def test_sigterm_to_a_sweep_stops_its_run_and_leaves_no_orphan(listops_dir, tmp_
         if f"--workdir={workdir}" in cmdline:
             running.append(pid)
     assert not running, running
+
+
+def test_older_runs_without_newer_fields_share_the_row_and_the_sweep(tmp_path):
+    """Issue 46, item 8: a results.json recorded before `attention_impl`, `pos_emb` or
+    `block.*` existed was a finished run of this config for lra.sweep but a separate
+    row "(absent)" in lra.report. One rule for both: a field only some runs recorded is
+    not compared, unless its absence means a value (results.IMPLIED_WHEN_ABSENT)."""
+    root = str(tmp_path)
+    _write_config(root, "local", 0, 0.20, "old")  # recorded before the newer fields
+    _write_config(root, "local", 1, 0.30, "new", attention_impl="xla", pos_emb="learned",
+                  block={"kind": "pre_ln", "ffn": True})
+    _write_config(root, "local", 2, 0.10, "bf16", dtype="bfloat16")  # not implied: apart
+    summary = report.summarize(collect(root))
+    assert summary[("listops", "local [dtype=float32]")]["seeds"] == 2
+    assert summary[("listops", "local [dtype=float32]")]["accuracy"] == pytest.approx(0.25)
+    assert summary[("listops", "local [dtype=bfloat16]")]["seeds"] == 1
+    assert not any("(absent)" in label for _, label in summary)
+    # The sweep's rule, the same way: the old run is this config's finished run, the
+    # bfloat16 one is not a float32 sweep's.
+    old = json.load(open(os.path.join(root, "listops", "local", "old", "results.json")))
+    new = json.load(open(os.path.join(root, "listops", "local", "new", "results.json")))
+    assert sweep.config_differences(old["config"], {**new["config"], "random_seed": 0}) == []
+    assert sweep.config_differences({**old["config"], "dtype": "bfloat16"},
+                                    old["config"]) == ['dtype: "bfloat16" -> "float32"']
+
+
+def test_a_nan_test_accuracy_is_shown_not_a_crash(tmp_path):
+    """Issue 46, item 8: a NaN test_accuracy (a diverged run's) among a row's seeds
+    crashed lra.report (statistics.stdev); the row shows nan instead."""
+    root = str(tmp_path)
+    _write(root, "listops", "transformer", 0, float("nan"))
+    _write(root, "listops", "transformer", 1, 0.30)
+    _write(root, "listops", "linear", 0, 0.25)
+    proc = _cli("lra.report", root, cwd=REPO)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    text = open(os.path.join(root, "results.md"), encoding="utf-8").read()
+    assert "| transformer | nan ± nan | nan |" in text and "| linear | 25.00 |" in text
