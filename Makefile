@@ -1,5 +1,6 @@
 # make demo: install, generate a small ListOps set, train `transformer`, print the results.
 # make test: install, run the default test suite (what CI runs).
+# make venv-latest / test-latest / test-jax-gpu: the same suite on today's JAX (below).
 PY ?= python3
 VENV := .venv
 PYTHON := $(VENV)/bin/python
@@ -7,7 +8,8 @@ STAMP := $(VENV)/.installed
 DEMO_DATA := data/listops_mini
 DEMO_WORKDIR := workdirs/demo/listops_mini_transformer
 
-.PHONY: demo test venv clean-demo bench-kernels bench gpu-wheels gpu-results
+.PHONY: demo test venv clean-demo bench-kernels bench gpu-wheels gpu-results \
+    venv-latest test-latest test-jax-gpu ci-latest
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
@@ -38,6 +40,29 @@ bench: $(STAMP)
 # make bench-kernels: Pallas linear attention vs its XLA path and dense attention (a table).
 bench-kernels: $(STAMP)
 	$(PYTHON) -m lra.bench_kernels
+
+# make venv-latest (root, package registries only): a Debian 13 root made by debootstrap
+# in .jax-envs/ (git-ignored, reused when present) with Python 3.13 and two venvs of
+# requirements-dev.txt: the newest JAX on the package index and JAX $(JAX_GPU_VERSION), the
+# GPU machine's (scripts/jax_env.sh; JAX_ENV_REFRESH=1 remakes them). make test-latest,
+# make test-jax-gpu: the default suite there. make ci-latest: CI's short stage under the
+# newest JAX (scripts/ci_latest.sh).
+JAX_ENV := scripts/jax_env.sh
+JAX_GPU_VERSION ?= 0.11.2
+
+venv-latest:
+	$(JAX_ENV) build latest $(JAX_GPU_VERSION)
+
+test-latest:
+	$(JAX_ENV) build latest
+	$(JAX_ENV) run latest python -m pytest -n 2 -q -p no:cacheprovider
+
+test-jax-gpu:
+	$(JAX_ENV) build $(JAX_GPU_VERSION)
+	$(JAX_ENV) run $(JAX_GPU_VERSION) python -m pytest -n 2 -q -p no:cacheprovider
+
+ci-latest:
+	scripts/ci_latest.sh
 
 # make gpu-wheels (here, where the package registry is reachable): Python 3.12 wheels of
 # the dependencies a GPU image lacks, into .gpu-wheels/ (git-ignored), to copy or carry to

@@ -1,0 +1,81 @@
+"""Whole-model lowering from this CPU host (issue 42): a classifier built from the ListOps
+config with attention_impl=pallas, its training step (forward, backward, optimizer)
+lowered for CUDA under an abstract H100 and exported for TPU, embeds the GPU or TPU
+kernels, not the interpreter: the kernels pick their form for the platform the program is
+lowered for (models/kernels/targets.py), not for the host that traces it. Lowered only:
+nothing here runs on a GPU or a TPU."""
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+import lra.tasks
+from configs import listops
+from lra import objectives, optim, train
+from tests.kernels import lowering
+
+LENGTH = 64
+BATCH = 2
+
+# model -> the kernel it runs under attention_impl=pallas. Every kernel call is a forward
+# and two backward passes in a training step: a multiple of 3 custom calls.
+KERNELS = {"retnet": "decayed", "gla": "decayed", "mamba2": "decayed",
+           "linear": "linear", "local": "block-sparse", "bigbird": "block-sparse"}
+# By default each kernel once and each platform at least once; the rest under slow.
+CUDA_DEFAULT, TPU_DEFAULT = {"retnet", "local"}, {"linear"}
+# BigBird's random blocks: Mosaic's integer `sign` rule asks the attached TPU for its
+# generation, so its predicate cannot be exported from a host without one.
+NO_TPU_EXPORT = {"bigbird"}
+
+
+def _cases(default):
+    return [pytest.param(m, id=f"{m}-{k}", marks=[] if m in default else [pytest.mark.slow])
+            for m, k in KERNELS.items()]
+
+
+def _train_step(model: str):
+    """The training step and abstract (state, batch) of `model` at LENGTH, as lra.train
+    builds them (the parameters never materialise)."""
+    config = listops.get_config(f"model={model},runlocal")
+    config.max_length = LENGTH
+    config.batch_size = BATCH
+    config.attention_impl = "pallas"
+    task = lra.tasks.get("listops")
+    schedule = optim.learning_rate_schedule(config)
+    tx = optim.make_optimizer(config, schedule)
+
+    def init_state():
+        _, params, rest = nnx.split(train.build_model(config, task), nnx.Param, ...)
+        return {"step": jnp.int32(0), "params": params, "rest": rest,
+                "opt_state": tx.init(params)}
+
+    graphdef = nnx.split(nnx.eval_shape(lambda: train.build_model(config, task)), nnx.Param,
+                         ...)[0]
+    state = jax.eval_shape(init_state)
+    batch = {"inputs": jax.ShapeDtypeStruct((BATCH, LENGTH), jnp.int32),
+             "mask": jax.ShapeDtypeStruct((BATCH, LENGTH), jnp.bool_),
+             "targets": jax.ShapeDtypeStruct((BATCH,), jnp.int32)}
+    train_step, _ = objectives.make_steps(graphdef, tx, schedule, task.num_classes, config,
+                                          task.vocab_size)
+    return train_step, state, batch, config.num_layers
+
+
+def _check(calls: list[str], kernel_call: str, other: str, num_layers: int):
+    n = calls.count(kernel_call)
+    assert n >= 3 * num_layers and n % 3 == 0, calls
+    assert other not in calls, calls
+
+
+@pytest.mark.parametrize("model", _cases(CUDA_DEFAULT))
+def test_train_step_lowered_for_cuda_embeds_triton(model):
+    train_step, state, batch, num_layers = _train_step(model)
+    text = lowering.for_cuda(train_step, state, batch)
+    _check(lowering.custom_calls(text), lowering.TRITON, lowering.MOSAIC_TPU, num_layers)
+
+
+@pytest.mark.parametrize("model", [c for c in _cases(TPU_DEFAULT)
+                                   if c.values[0] not in NO_TPU_EXPORT])
+def test_train_step_exported_for_tpu_embeds_mosaic(model):
+    train_step, state, batch, num_layers = _train_step(model)
+    text = lowering.for_tpu(train_step, state, batch)
+    _check(lowering.custom_calls(text), lowering.MOSAIC_TPU, lowering.TRITON, num_layers)
