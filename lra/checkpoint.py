@@ -44,6 +44,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from lra import console
 from lra.errors import CheckpointError, ConfigError, WorkdirBusy
 
 LAST_TO_KEEP = 2
@@ -63,8 +64,13 @@ def abstract(tree: Any) -> Any:
 
 
 def _first_line(error: BaseException, limit: int = 200) -> str:
+    """'Type: the first line of the message', cut at a word boundary after at most
+    `limit` characters, with '...' where cut (a warning must not end mid-word)."""
     text = (str(error).strip().splitlines() or [""])[0]
-    return f"{type(error).__name__}: {text[:limit]}"
+    if len(text) > limit:
+        cut = text[:limit].rsplit(" ", 1)[0] if " " in text[:limit] else text[:limit]
+        text = cut.rstrip(" ,;:(") + " ..."
+    return f"{type(error).__name__}: {text}"
 
 
 # What orbax/tensorstore say (as ValueError, RuntimeError) when the file system refuses a
@@ -247,8 +253,12 @@ class Checkpoints:
         except FileNotFoundError:
             return
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise CorruptCheckpoint(f"the checksum record of {kind} step {step} cannot be "
-                                    f"read ({_first_line(e, 80)})") from None
+            # A bad record says nothing about the files it describes: deleting a good
+            # checkpoint for it lost work. The files are then checked by reading them
+            # (the restore fails on a truncated or unparseable one, and callers fall back).
+            console.warn(f"the checksum record of {kind} step {step} cannot be read "
+                         f"({_first_line(e, 80)}); checking that checkpoint by reading it")
+            return
         folder = self._step_dir(kind, step)
         for name, digest in recorded.items():
             path = os.path.join(folder, name)

@@ -674,7 +674,8 @@ def main(argv):
         for state, runs in done.items():  # with several tasks, each run names its task
             outcome[state] += [(task, *run) for run in runs] if several else runs
     print(f"{len(outcome['done'])} run, {len(outcome['skipped'])} skipped, "
-          f"{len(outcome['failed'])} failed: {outcome['failed'] or ''}"
+          f"{len(outcome['failed'])} failed"
+          + (f": {outcome['failed']}" if outcome["failed"] else "")
           + (f", {len(outcome['refused'])} refused (another config finished there): "
              f"{outcome['refused']}" if outcome["refused"] else "")
           + (f", {len(outcome['blocked'])} not started (pretraining run failed or refused): "

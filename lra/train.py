@@ -632,7 +632,10 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         "num_params": int(num_params),
         "steps": int(config.num_train_steps),
         "best_eval_accuracy": loop["best_eval_accuracy"],
-        "best_step": best_info["step"],
+        # The best step on validation (its accuracy beside it), and the step whose weights
+        # were tested: the last one when the best checkpoint could not be read.
+        "best_step": best_step if best_step is not None else best_info["step"],
+        "test_step": best_info["step"],
         "test_weights": test_weights,
         "test_accuracy": test["accuracy"],
         "test_loss": test["loss"],

@@ -582,3 +582,46 @@ def test_the_supervisor_dies_of_its_childs_sigkill_without_a_traceback():
         capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == -signal.SIGKILL, (proc.returncode, proc.stderr)
     assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_an_unreadable_best_checkpoint_keeps_the_best_step_in_results(
+        tiny_listops_config, listops_dir, tmp_path, capsys):
+    """Issue 46, item 9: results.json gave best_step = the last step (the tested one)
+    beside the real best's accuracy. best_step stays the best on validation, test_step
+    says which weights were tested."""
+    config = tiny_listops_config(listops_dir, num_train_steps=6, eval_frequency=1,
+                                 learning_rate=0.5)
+    first = train.train_and_evaluate(config, str(tmp_path))
+    best = first["best_step"]
+    assert best < 6 and first["test_step"] == best, first  # this config peaks early
+    _flip(tmp_path / "checkpoints" / "best" / str(best), item="weights")
+    os.remove(tmp_path / "results.json")
+    again = train.train_and_evaluate(config, str(tmp_path))
+    assert (again["best_step"], again["test_step"]) == (best, 6)
+    assert again["best_eval_accuracy"] == first["best_eval_accuracy"]
+    assert again["test_weights"].startswith("last (step 6)")
+
+
+def test_a_corrupt_checksum_record_keeps_the_good_checkpoint(
+        tiny_listops_config, listops_dir, tmp_path, capsys):
+    """Issue 46, item 9: an unreadable checksum record made its (good) checkpoint count as
+    corrupt, and it was deleted. Now the checkpoint is checked by reading it: a resume
+    from it continues as an uninterrupted run, with one warning."""
+    config = tiny_listops_config(listops_dir, num_train_steps=4, checkpoint_freq=2,
+                                 eval_frequency=4)
+    straight = train.train_and_evaluate(config, str(tmp_path / "straight"))
+    run = tmp_path / "run"
+    train.train_and_evaluate(config, str(run))
+    os.remove(run / "results.json")
+    records = [os.path.join(r, f) for r, _, fs in os.walk(run / "checkpoints" / "checksums")
+               for f in fs if "last" in os.path.join(r, f) and "4" in f]
+    assert records, os.listdir(run / "checkpoints" / "checksums")
+    for path in records:
+        with open(path, "w") as f:
+            f.write("{not json")
+    capsys.readouterr()
+    resumed = train.train_and_evaluate(config, str(run))
+    err = capsys.readouterr().err
+    assert "cannot be read" in err and "checking that checkpoint by reading it" in err
+    assert 4 in [int(d) for d in os.listdir(run / "checkpoints" / "last") if d.isdigit()]
+    assert _metrics(resumed) == _metrics(straight)
