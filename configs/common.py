@@ -84,6 +84,9 @@ def base_config(*, task: str, model: str) -> ml_collections.ConfigDict:
     # and weight_decay, e.g. --config.param_groups.ssm.lr_scale=0.5; the papers' values
     # are presets (configs/presets.py PARAM_GROUPS).
     c.param_groups = ml_collections.ConfigDict(presets.param_groups(model, preset_task(task)))
+    # Parameters not weight-decayed by name (lra/optim.py): fnmatch patterns over their
+    # paths, e.g. ("encoder/stack/*bias",); the `paper` recipes set S4's.
+    c.weight_decay_exempt = ()
     c.factors = "constant * linear_warmup * rsqrt_decay"
     c.warmup = 1000
     c.steps_per_cycle = 0  # cosine_decay period; 0 = num_train_steps - warmup
@@ -408,9 +411,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
     for name in ("dtype", "param_dtype"):
         if config.get(name, "float32") not in ("float32", "bfloat16"):
             raise ConfigError(f"config.{name}={config[name]!r}; choose float32 or bfloat16")
-    from lra.optim import group_settings  # imports optax; only when a config is checked
+    from lra.optim import exempt_patterns, group_settings  # imports optax; only here
 
     group_settings(config)
+    exempt_patterns(config)
     parse_profile_steps(config.get("profile_steps", ""))
     if config.emb_dim % config.num_heads or config.qkv_dim % config.num_heads:
         raise ConfigError(

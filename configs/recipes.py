@@ -62,26 +62,79 @@ def steps(task: str, epochs: float, batch_size: int) -> int:
 # constant * linear_warmup * cosine_decay); configs/model/s4.yaml + base: layers of the
 # S4 layer alone (no feed-forward), `decoder.mode: pool` (mean pooling), a Dense head
 # (mlp_dim = d_model here); configs/dataset/imdb.yaml l_max 4096 (Text; LRA's config 1000).
+#
+# Updates: PyTorch Lightning stops at trainer.max_epochs, each epoch
+# floor(training examples / batch) updates (configs/loader/default.yaml drop_last: True),
+# while the cosine spans scheduler.num_training_steps: IMDB 32 x 1,562 = 49,984 and AAN
+# 20 x 2,298 = 45,960 updates of a cosine over 50,000 (steps_per_cycle), the other tasks
+# exactly num_training_steps.
+#
+# Optimiser, per parameter (train.py configure_optimizers; a parameter's `_optim` dict
+# overrides the optimizer's lr and weight_decay in a group of its own):
+# - kernel.py Kernel.__init__/register(): `layer.lr` a dict gives the listed SSM
+#   parameters that lr and the others None (the optimizer's); a number gives it to all of
+#   dt, A, B and C (SSMKernelDiag.register_params: inv_dt <- lr['dt'], A_real/A_imag (and
+#   DPLR's P) <- lr['A'], B <- lr['B'], C <- lr['C']). Weight decay: layer.wd 0.0
+#   (configs/model/layer/s4.yaml) for dt, A, B; C is registered with wd None, i.e. the
+#   optimizer's 0.05. Our groups: dt "ssm_step", A "ssm", B "ssm_b", C "ssm_c"
+#   (models/mixers/ssm.py).
+# - configs/config.yaml train.optimizer_param_grouping {bias_weight_decay: False,
+#   normalization_weight_decay: False} -> src/utils/optim_groups.py add_optimizer_hooks,
+#   applied to the backbone only (`add_optimizer_hooks(self.model, ...)`): every
+#   parameter named *bias and every norm module's parameters (BatchNorm; and nn.Embedding,
+#   of which the backbone has none) get weight decay 0. The encoder (nn.Embedding for
+#   text, nn.Linear for pixels) and the decoder are not in self.model: decayed, biases
+#   too. Here: the stack's biases and norms and the encoder's final norm are exempt
+#   (weight_decay_exempt); the embedding table and the head are decayed.
+# - Everything else (D, the output Linear's weight, encoder, decoder): the optimizer's
+#   lr and weight decay 0.05.
 _S4_COMMON = dict(factors="constant * linear_warmup * cosine_decay", adam_b1=0.9,
                   adam_b2=0.999, adam_eps=1e-8, grad_clip_norm=0.0, pooling="MEAN",
-                  weight_decay=0.05)
-_S4_DEVIATIONS = ("norm: batch is LayerNorm; init: legs (S4's DPLR HiPPO-LegS kernel) is "
-                  "s4d's diagonal S4D-Lin")
+                  weight_decay=0.05,
+                  weight_decay_exempt=("encoder/stack/*bias", "encoder/stack/*norm/scale",
+                                       "encoder/norm/*"))
+# S4's kernel parameters -> the s4d mixer's groups (kernel.py's lr-dict keys).
+S4_GROUPS = {"dt": "ssm_step", "A": "ssm", "B": "ssm_b", "C": "ssm_c"}
+_S4_DEVIATIONS = ("norm: batch is LayerNorm; mode nplr, init legs (S4's DPLR kernel: "
+                  "HiPPO-LegS A with a low-rank term P trained as A, bilinear "
+                  "discretisation) is s4d's diagonal S4D-Lin (ZOH, B = 1 at init)")
 
 
-def _s4(task, *, layers, width, prenorm, batch, lr, train_steps, warmup, dropout, d_state,
-        ssm_lr=0.001, dt_min=1e-3, max_length=None, deviations=""):
+def s4_param_groups(layer_lr: float | dict[str, float | None],
+                    lr: float) -> dict[str, dict[str, float]]:
+    """config.param_groups of the s4d mixer for S4's `model.layer.lr` (`layer_lr`: one
+    number, or a dict over dt, A, B, C) under optimizer lr `lr`, as kernel.py's
+    register() assigns them: lr None is the optimizer's (lr_scale 1), weight decay 0 for
+    dt, A, B (layer.wd 0.0) and the optimizer's for C (no weight_decay entry)."""
+    groups = {}
+    for key, group in S4_GROUPS.items():
+        rate = layer_lr.get(key) if isinstance(layer_lr, dict) else layer_lr
+        settings = {"lr_scale": 1.0 if rate is None else round(rate / lr, 12)}
+        if key != "C":
+            settings["weight_decay"] = 0.0
+        groups[group] = settings
+    return groups
+
+
+def _s4(task, s4_task, *, layers, width, prenorm, batch, lr, layer_lr, n_ssm, train_steps,
+        warmup, epochs, dropout, d_state, dt_min=1e-3, max_length=None, deviations=""):
     length = {} if max_length is None else {"max_length": max_length}
+    updates = min(train_steps, epochs * (TRAIN_EXAMPLES[task] // batch))
+    hparams = dict(d_state=d_state, dt_min=dt_min, dt_max=0.1, dt_transform="softplus",
+                   conv_dropout=dropout)
+    if n_ssm is not None:  # n_ssm: null is one (A, B) per channel, the mixer's default
+        hparams["n_ssm"] = n_ssm
     return dict(
-        source=f"state-spaces/s4@e757cef configs/experiment/lra/s4-{task}.yaml",
+        source=f"state-spaces/s4@e757cef configs/experiment/lra/s4-{s4_task}.yaml",
         fields=dict(_S4_COMMON, num_layers=layers, emb_dim=width, qkv_dim=width,
                     mlp_dim=width, batch_size=batch, learning_rate=lr,
-                    num_train_steps=train_steps, warmup=warmup, dropout_rate=dropout,
-                    attention_dropout_rate=dropout, **length),
+                    num_train_steps=updates, steps_per_cycle=train_steps - warmup,
+                    warmup=warmup, dropout_rate=dropout, attention_dropout_rate=dropout,
+                    **length),
         block={"kind": "pre_ln" if prenorm else "post_ln", "ffn": False},
-        model_hparams=dict(d_state=d_state, dt_min=dt_min, dt_max=0.1),
-        param_groups={"ssm": {"lr_scale": ssm_lr / lr, "weight_decay": 0.0}},
-        deviations="; ".join(filter(None, (_S4_DEVIATIONS, _HEAD[task == "aan"] % "S4",
+        model_hparams=hparams,
+        param_groups=s4_param_groups(layer_lr, lr),
+        deviations="; ".join(filter(None, (_S4_DEVIATIONS, _HEAD[s4_task == "aan"] % "S4",
                                            deviations))))
 
 
@@ -89,6 +142,7 @@ def _s4(task, *, layers, width, prenorm, batch, lr, train_steps, warmup, dropout
 _HEAD = ("LRA's two-layer head (ReLU) for %s's one Dense",
          "LRA's head (ReLU) for %s's Dense(d_model), GELU, Dense on the same four features")
 _S4_PIXELS = "pixel tokens through an embedding table (S4: encoder: linear on the intensity)"
+_S4_LR_DICT = {"dt": None, "A": 0.001, "B": 0.001}
 
 # ------------------------------------------------------------------------------ S5
 # lindermanlab/S5 at 3c18fdb6b06414da35e77b94b9cd855f6a95ef17, bin/run_experiments/
@@ -131,6 +185,15 @@ _S5_DEVIATIONS = (
     "warmup it is already at phase warmup / (T - warmup), and the last warmup steps run "
     "at 0), ours starts at the end of the warmup")
 
+# The token tasks (s5/train.py: `padded` for imdb, listops, aan; s5/train_helpers.py
+# prep_batch; s5/seq_model.py StackedEncoderModel and ClassificationModel).
+_S5_TEXT_DEVIATIONS = (
+    "tokens through LRA's embedding table (std 1, no bias; S5: one-hot tokens through its "
+    "encoder nn.Dense, flax's lecun_normal kernel, std 1/sqrt(vocab), and a bias)",
+    "padded positions are zeroed before the scans (S5 scans the padding, <pad> = 0 "
+    "embedded as a token, and masks only the mean pool: its reverse scan carries the "
+    "padding into the real positions)")
+
 
 def _s5(task: str) -> dict[str, Any]:
     """S5's recipe for `task` from its script's flags (_S5_SCRIPTS).
@@ -161,6 +224,8 @@ def _s5(task: str) -> dict[str, Any]:
     if task in PIXEL_TASKS:
         deviations.append("pixel tokens through an embedding table (S5: the normalised "
                           "intensity through its Dense encoder)")
+    else:
+        deviations.extend(_S5_TEXT_DEVIATIONS)
     return dict(
         source=f"lindermanlab/S5@3c18fdb bin/run_experiments/run_lra_{script}.sh",
         fields=dict(
@@ -261,24 +326,34 @@ def _mega(task: str) -> dict[str, Any]:
 # (model, task) -> {"source", "fields", "block", "model_hparams", "param_groups",
 # "deviations"}.
 RECIPES: dict[tuple[str, str], dict[str, Any]] = {
-    ("s4d", "listops"): _s4("listops", layers=6, width=256, prenorm=False, batch=32, lr=0.01,
-                            train_steps=120_000, warmup=12_000, dropout=0.0, d_state=4),
-    ("s4d", "text"): _s4("imdb", layers=6, width=256, prenorm=True, batch=16, lr=0.01,
-                         train_steps=50_000, warmup=5_000, dropout=0.0, d_state=4,
-                         max_length=4096),
-    ("s4d", "retrieval"): _s4("aan", layers=6, width=256, prenorm=True, batch=64, lr=0.01,
-                              train_steps=50_000, warmup=5_000, dropout=0.0, d_state=4),
-    ("s4d", "image"): _s4("cifar", layers=6, width=512, prenorm=False, batch=50, lr=0.01,
-                          train_steps=180_000, warmup=18_000, dropout=0.1, d_state=64,
+    # layer.lr {dt: null, A: 0.001, B: 0.001}, n_ssm 1: ListOps, IMDB, AAN.
+    ("s4d", "listops"): _s4("listops", "listops", layers=6, width=256, prenorm=False,
+                            batch=32, lr=0.01, layer_lr=_S4_LR_DICT, n_ssm=1,
+                            train_steps=120_000, warmup=12_000, epochs=40, dropout=0.0,
+                            d_state=4),
+    ("s4d", "text"): _s4("text", "imdb", layers=6, width=256, prenorm=True, batch=16,
+                         lr=0.01, layer_lr=_S4_LR_DICT, n_ssm=1, train_steps=50_000,
+                         warmup=5_000, epochs=32, dropout=0.0, d_state=4, max_length=4096),
+    ("s4d", "retrieval"): _s4("retrieval", "aan", layers=6, width=256, prenorm=True,
+                              batch=64, lr=0.01, layer_lr=_S4_LR_DICT, n_ssm=1,
+                              train_steps=50_000, warmup=5_000, epochs=20, dropout=0.0,
+                              d_state=4),
+    # layer.lr 0.001 (dt, A, B and C); n_ssm 1 on CIFAR, null on Pathfinder and Path-X.
+    ("s4d", "image"): _s4("image", "cifar", layers=6, width=512, prenorm=False, batch=50,
+                          lr=0.01, layer_lr=0.001, n_ssm=1, train_steps=180_000,
+                          warmup=18_000, epochs=200, dropout=0.1, d_state=64,
                           deviations=_S4_PIXELS + "; dropout_rate also drops the "
-                          "embeddings (S4: dropinp 0), one mask per position (S4: "
-                          "tie_dropout, one per channel across the sequence)"),
-    ("s4d", "pathfinder"): _s4("pathfinder", layers=6, width=256, prenorm=True, batch=64,
-                               lr=0.004, train_steps=500_000, warmup=50_000, dropout=0.0,
+                          "embeddings (S4: dropinp 0), and the layer's output before the "
+                          "residual sum with one mask per element (S4: tie_dropout, one "
+                          "mask per channel across the sequence)"),
+    ("s4d", "pathfinder"): _s4("pathfinder", "pathfinder", layers=6, width=256,
+                               prenorm=True, batch=64, lr=0.004, layer_lr=0.001, n_ssm=None,
+                               train_steps=500_000, warmup=50_000, epochs=200, dropout=0.0,
                                d_state=64, deviations=_S4_PIXELS),
-    ("s4d", "pathx"): _s4("pathx", layers=6, width=256, prenorm=True, batch=16, lr=0.001,
-                          train_steps=500_000, warmup=50_000, dropout=0.0, d_state=64,
-                          dt_min=1e-4, deviations=_S4_PIXELS),
+    ("s4d", "pathx"): _s4("pathx", "pathx", layers=6, width=256, prenorm=True, batch=16,
+                          lr=0.001, layer_lr=0.001, n_ssm=None, train_steps=500_000,
+                          warmup=50_000, epochs=50, dropout=0.0, d_state=64, dt_min=1e-4,
+                          deviations=_S4_PIXELS),
     **{("s5", task): _s5(task) for task in _S5_SCRIPTS},
     **{("mega", task): _mega(task) for task in _MEGA_ROWS},
 }

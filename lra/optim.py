@@ -15,9 +15,18 @@ decays it by its own rate, which is AdamW with that group's learning rate and we
 decay (optax.adamw decays by lr * wd * p, so the lr scale applies to the decay too, as in
 a separate AdamW). The per-variant groups are presets (configs/presets.py PARAM_GROUPS).
 A parameter with no group, or a group the config does not name, trains with
-config.learning_rate and config.weight_decay; `no_weight_decay` wins over any rate."""
+config.learning_rate and config.weight_decay; `no_weight_decay` wins over any rate.
+
+Weight-decay exemptions by name (`config.weight_decay_exempt`): a tuple of fnmatch
+patterns over the parameters' paths, the keys from the model's root joined by "/" ("*"
+also matches "/"), e.g. S4's `bias_weight_decay: False, normalization_weight_decay:
+False` over its backbone:
+    config.weight_decay_exempt = ("encoder/stack/*bias", "encoder/stack/*norm/scale")
+A matching parameter is not decayed, as if marked `no_weight_decay` (whatever its group);
+its learning rate is its group's. A pattern that matches no parameter is a ConfigError."""
 from __future__ import annotations
 
+import fnmatch
 import math
 from typing import Any
 
@@ -84,10 +93,45 @@ def _is_variable(x: Any) -> bool:
     return isinstance(x, nnx.Variable)
 
 
-def weight_decay_mask(params: Any) -> Any:
-    """True for the parameters AdamW decays: all but those marked `no_weight_decay`."""
-    return jax.tree.map(lambda v: not _metadata(v).get(NO_WEIGHT_DECAY, False), params,
-                        is_leaf=_is_variable)
+def param_path(path: tuple) -> str:
+    """A parameter's tree path as the keys joined by "/", e.g.
+    'encoder/stack/blocks/0/mixer_norm/scale' (what weight_decay_exempt patterns match)."""
+    def name(k):
+        for attr in ("key", "idx", "name"):
+            if hasattr(k, attr):
+                return str(getattr(k, attr))
+        return str(k)
+
+    return "/".join(name(k) for k in path)
+
+
+def param_paths(params: Any) -> list[str]:
+    return [param_path(path) for path, _ in
+            jax.tree_util.tree_leaves_with_path(params, is_leaf=_is_variable)]
+
+
+def exempt_patterns(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """config.weight_decay_exempt as a tuple of patterns (empty without the field);
+    ConfigError unless it is a tuple or list of non-empty strings."""
+    patterns = config.get("weight_decay_exempt") or ()
+    if (not isinstance(patterns, (tuple, list))
+            or not all(isinstance(p, str) and p for p in patterns)):
+        raise ConfigError(f"config.weight_decay_exempt={patterns!r} must be a tuple of "
+                          "path patterns, e.g. ('encoder/stack/*bias',)")
+    return tuple(patterns)
+
+
+def _exempt(path: str, meta: dict, patterns: tuple[str, ...]) -> bool:
+    return bool(meta.get(NO_WEIGHT_DECAY, False)
+                or any(fnmatch.fnmatchcase(path, p) for p in patterns))
+
+
+def weight_decay_mask(params: Any, patterns: tuple[str, ...] = ()) -> Any:
+    """True for the parameters AdamW decays: all but those marked `no_weight_decay` and
+    those whose path matches one of `patterns` (config.weight_decay_exempt)."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, v: not _exempt(param_path(path), _metadata(v), patterns), params,
+        is_leaf=_is_variable)
 
 
 def clamp_to_bounds() -> optax.GradientTransformation:
@@ -158,14 +202,15 @@ def _per_parameter(params: Any, value_of) -> Any:
 
 
 def _map_updates(fn, params: Any, updates: Any) -> Any:
-    """fn(param metadata, param value, update value) -> new update value, leaf by leaf,
-    for updates given as nnx Variables or plain arrays."""
-    def one(p, u):
+    """fn(param path, param metadata, param value, update value) -> new update value,
+    leaf by leaf, for updates given as nnx Variables or plain arrays."""
+    def one(path, p, u):
         u_val = u[...] if isinstance(u, nnx.Variable) else u
-        new = fn(_metadata(p), p[...] if isinstance(p, nnx.Variable) else p, u_val)
+        new = fn(param_path(path), _metadata(p), p[...] if isinstance(p, nnx.Variable) else p,
+                 u_val)
         return u.replace(new) if isinstance(u, nnx.Variable) else new
 
-    return jax.tree.map(one, params, updates, is_leaf=_is_variable)
+    return jax.tree_util.tree_map_with_path(one, params, updates, is_leaf=_is_variable)
 
 
 def _stateless(update) -> optax.GradientTransformation:
@@ -177,27 +222,38 @@ def _stateless(update) -> optax.GradientTransformation:
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
 
 
-def decay_by_group(groups: dict[str, dict[str, float]],
-                   default: float) -> optax.GradientTransformation:
-    """optax.add_decayed_weights with each parameter's rate: its group's weight_decay,
-    else `default`; 0 for parameters marked no_weight_decay."""
-    def rate(meta: dict) -> float:
-        if meta.get(NO_WEIGHT_DECAY, False):
-            return 0.0
-        return groups.get(meta.get(PARAM_GROUP), {}).get("weight_decay", default)
+def decay_rate(path: str, meta: dict, groups: dict[str, dict[str, float]],
+               default: float, patterns: tuple[str, ...] = ()) -> float:
+    """A parameter's weight decay: 0 if marked no_weight_decay or exempt by path, else its
+    group's weight_decay, else `default`."""
+    if _exempt(path, meta, patterns):
+        return 0.0
+    return groups.get(meta.get(PARAM_GROUP), {}).get("weight_decay", default)
 
-    return _stateless(lambda updates, params: _map_updates(
-        lambda meta, p, u: u + rate(meta) * p if rate(meta) else u, params, updates))
+
+def lr_scale(meta: dict, groups: dict[str, dict[str, float]]) -> float:
+    """A parameter's learning-rate scale: its group's lr_scale, else 1."""
+    return groups.get(meta.get(PARAM_GROUP), {}).get("lr_scale", 1.0)
+
+
+def decay_by_group(groups: dict[str, dict[str, float]], default: float,
+                   patterns: tuple[str, ...] = ()) -> optax.GradientTransformation:
+    """optax.add_decayed_weights with each parameter's rate (`decay_rate`)."""
+    def decay(path, meta, p, u):
+        rate = decay_rate(path, meta, groups, default, patterns)
+        return u + rate * p if rate else u
+
+    return _stateless(lambda updates, params: _map_updates(decay, params, updates))
 
 
 def scale_by_group(groups: dict[str, dict[str, float]]) -> optax.GradientTransformation:
     """Multiplies a parameter's update by its group's lr_scale (after the learning rate:
     the group trains with lr_scale times the schedule)."""
-    def scale(meta: dict) -> float:
-        return groups.get(meta.get(PARAM_GROUP), {}).get("lr_scale", 1.0)
+    def scale(path, meta, p, u):
+        s = lr_scale(meta, groups)
+        return u * s if s != 1.0 else u
 
-    return _stateless(lambda updates, params: _map_updates(
-        lambda meta, p, u: u * scale(meta) if scale(meta) != 1.0 else u, params, updates))
+    return _stateless(lambda updates, params: _map_updates(scale, params, updates))
 
 
 def _has_marks(params: Any) -> bool:
@@ -219,8 +275,10 @@ def make_optimizer(config: ml_collections.ConfigDict,
     whose groups the config does not name get the chain of before the groups existed; the
     choice is made from the parameters' metadata, which init and update both see. A group
     the config names that no parameter carries is a ConfigError (a misspelt name would
-    otherwise change nothing)."""
+    otherwise change nothing), and so is a config.weight_decay_exempt pattern that matches
+    no parameter's path."""
     groups = group_settings(config)
+    patterns = exempt_patterns(config)
     def chain(adamw: optax.GradientTransformation, *after: optax.GradientTransformation):
         clip = ([optax.clip_by_global_norm(config.grad_clip_norm)]
                 if config.grad_clip_norm > 0 else [])
@@ -230,12 +288,13 @@ def make_optimizer(config: ml_collections.ConfigDict,
     adam = dict(b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps,
                 weight_decay=config.weight_decay)
     plain = chain(optax.adamw(schedule, **adam))
-    marked = chain(optax.adamw(schedule, mask=weight_decay_mask, **adam), clamp_to_bounds())
+    marked = chain(optax.adamw(schedule, mask=lambda p: weight_decay_mask(p, patterns),
+                               **adam), clamp_to_bounds())
     # optax.adamw's own chain (scale_by_adam, decay, learning rate) with per-parameter
     # decay and lr scale: equal to `marked` when every group has lr_scale 1 and the
     # config's weight decay (tests/test_train.py checks it).
     grouped = chain(optax.scale_by_adam(config.adam_b1, config.adam_b2, config.adam_eps),
-                    decay_by_group(groups, config.weight_decay),
+                    decay_by_group(groups, config.weight_decay, patterns),
                     optax.scale_by_learning_rate(schedule), scale_by_group(groups),
                     clamp_to_bounds())
 
@@ -247,9 +306,18 @@ def make_optimizer(config: ml_collections.ConfigDict,
                 f"config.param_groups names {missing}, which no parameter of model "
                 f"{config.get('model', '?')!r} carries (its groups: "
                 f"{', '.join(sorted(carried)) or 'none'}); remove it or fix the name")
+        if patterns:
+            paths = param_paths(params)
+            unmatched = [p for p in patterns
+                         if not any(fnmatch.fnmatchcase(path, p) for path in paths)]
+            if unmatched:
+                raise ConfigError(
+                    f"config.weight_decay_exempt: {', '.join(map(repr, unmatched))} matches "
+                    f"no parameter of model {config.get('model', '?')!r} (paths such as "
+                    f"{paths[0]!r}); remove it or fix the pattern")
         if groups:
             return grouped
-        return marked if _has_marks(params) else plain
+        return marked if patterns or _has_marks(params) else plain
 
     def init(params):
         return pick(params).init(params)

@@ -49,20 +49,23 @@ def _values(params):
         params, is_leaf=lambda x: isinstance(x, nnx.Variable))]
 
 
+SSM = ("ssm", "ssm_b", "ssm_step")  # s4d's A, B and log_dt (C, "ssm_c", with the rest)
+
+
 def test_groups_train_as_the_originals_multi_transform():
     """S4 / minimal-LRU: optax.multi_transform({"ssm": adam(lr * scale), "regular":
     adamw(lr, wd)}) by parameter label; ours gives the same parameters step by step."""
     params = _params()
     labels = jax.tree.map(
-        lambda v: "ssm" if v.get_metadata().get("param_group") == "ssm" else "regular",
+        lambda v: "ssm" if v.get_metadata().get("param_group") in SSM else "regular",
         params, is_leaf=lambda x: isinstance(x, nnx.Variable))
     assert {"ssm", "regular"} <= set(jax.tree.leaves(labels))
     original = optax.multi_transform(
         {"ssm": optax.adam(LR * 0.1, b1=0.9, b2=0.98, eps=1e-9),
          "regular": optax.adamw(LR, b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.05)},
         jax.tree.map(lambda v: v, labels))
-    ours = optim.make_optimizer(_config(ssm={"lr_scale": 0.1, "weight_decay": 0.0}),
-                                lambda step: LR)
+    ours = optim.make_optimizer(
+        _config(**{g: {"lr_scale": 0.1, "weight_decay": 0.0} for g in SSM}), lambda step: LR)
     for a, b in zip(_run(ours, params), _run(original, params)):
         for x, y in zip(_values(a), _values(b)):
             np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
@@ -82,7 +85,8 @@ def test_groups_that_change_nothing_are_adamw():
 def test_a_group_no_parameter_carries_is_refused():
     tx = optim.make_optimizer(_config(ssn={"lr_scale": 0.1}), lambda step: LR)
     with pytest.raises(ConfigError, match=r"names ssn, which no parameter of model 's4d' "
-                                          r"carries \(its groups: ssm\)"):
+                                          r"carries \(its groups: ssm, ssm_b, ssm_c, "
+                                          r"ssm_step\)"):
         tx.init(_params())
     tx = optim.make_optimizer(_config(ssm={"lr_scale": 0.1}), lambda step: LR)
     with pytest.raises(ConfigError, match="its groups: none"):
@@ -106,8 +110,9 @@ def test_task_configs_give_the_papers_groups():
     from configs import listops, pathfinder
 
     assert listops.get_config("model=s4d,mini").param_groups.to_dict() == {
-        "ssm": {"lr_scale": 0.1, "weight_decay": 0.0}}
-    assert pathfinder.get_config("model=s4d").param_groups.ssm.lr_scale == 0.25
+        g: {"lr_scale": 0.1, "weight_decay": 0.0} for g in SSM}
+    assert {g: s["lr_scale"] for g, s in pathfinder.get_config(
+        "model=s4d").param_groups.to_dict().items()} == {g: 0.25 for g in SSM}
     assert listops.get_config("model=lru").param_groups.ssm.lr_scale == 0.5
     assert listops.get_config("model=transformer").param_groups.to_dict() == {}
     for model, groups in presets.PARAM_GROUPS.items():
@@ -149,3 +154,58 @@ def test_a_linear_decay_run_cannot_change_its_length():
         resume.check_compatible(saved, config, "w", step=10, diverged=False)
     config.factors = saved["factors"] = "constant * linear_warmup * rsqrt_decay"
     resume.check_compatible(saved, config, "w", step=10, diverged=False)
+
+
+def _decay_per_parameter(tx, params, lr):
+    """{path: the weight decay one update applies}, from the actual update with zero
+    gradients (Adam's step is then 0 and p moves by -lr * lr_scale * wd * p)."""
+    zeros = jax.tree.map(lambda v: v.replace(np.zeros(v[...].shape, np.float32)), params,
+                         is_leaf=lambda x: isinstance(x, nnx.Variable))
+    updates, _ = tx.update(zeros, tx.init(params), params)
+    out = {}
+    for (path, p), u in zip(
+            jax.tree_util.tree_leaves_with_path(params,
+                                                is_leaf=lambda x: isinstance(x, nnx.Variable)),
+            jax.tree.leaves(updates, is_leaf=lambda x: isinstance(x, nnx.Variable))):
+        p, u = np.asarray(p[...], np.float64), np.asarray(u[...], np.float64)
+        big = np.abs(p) > 1e-3
+        out[optim.param_path(path)] = float(np.median(-u[big] / (lr * p[big]))) if big.any() else 0.0
+    return out
+
+
+@pytest.mark.parametrize("groups", [{}, {g: {"lr_scale": 0.5} for g in SSM}])
+def test_weight_decay_exempt_patterns_leave_matching_parameters_undecayed(groups):
+    """config.weight_decay_exempt (S4's bias_weight_decay / normalization_weight_decay
+    False): parameters whose path matches a pattern are not decayed, in the chain without
+    groups and in the grouped one; the rest keep their decay (no_weight_decay marks too)."""
+    params = jax.tree.map(lambda v: v.replace(v[...] + 1.0), _params(),  # no zero biases
+                          is_leaf=lambda x: isinstance(x, nnx.Variable))
+    paths = optim.param_paths(params)
+    assert "head/glu/bias" in paths and "log_dt" in paths
+    config = _config(**groups)
+    config.weight_decay_exempt = ("*bias", "d")
+    decay = _decay_per_parameter(optim.make_optimizer(config, lambda step: LR), params, LR)
+    for path, wd in decay.items():
+        scale = 0.5 if groups and path in ("log_a_real", "a_imag", "b", "log_dt") else 1.0
+        marked = path in ("log_dt", "log_a_real", "a_imag", "b")  # no_weight_decay
+        want = 0.0 if marked or path in ("head/glu/bias", "d") else 0.05
+        assert wd == pytest.approx(want * scale, rel=1e-4, abs=1e-9), path
+    # without the patterns the bias and d are decayed: the patterns are what exempts them
+    plain = _decay_per_parameter(optim.make_optimizer(_config(**groups), lambda step: LR),
+                                 params, LR)
+    assert plain["head/glu/bias"] == pytest.approx(0.05, rel=1e-4)
+    assert plain["d"] == pytest.approx(0.05, rel=1e-4)
+
+
+def test_weight_decay_exempt_refuses_patterns_that_match_nothing_and_bad_values():
+    config = _config()
+    config.weight_decay_exempt = ("*bias", "encoder/stack/*bias")
+    tx = optim.make_optimizer(config, lambda step: LR)
+    with pytest.raises(ConfigError, match=r"'encoder/stack/\*bias' matches no parameter of "
+                                          r"model 's4d'"):
+        tx.init(_params())
+    for bad in (("*bias", ""), (3,)):  # ml_collections refuses a str for the tuple
+        config = common.base_config(task="listops", model="s4d")
+        config.weight_decay_exempt = bad
+        with pytest.raises(ConfigError, match="weight_decay_exempt=.*must be a tuple"):
+            common.validate(config)

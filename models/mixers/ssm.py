@@ -18,6 +18,12 @@ channel h of H = dim, N / 2 conjugate pairs of a continuous diagonal SSM:
     y = K * u (FFT convolution of size 2L, O(L log L)) + D u
 and then GELU, the layer's dropout and the output projection Linear(H, 2H) + GLU (s4d.py's
 `output_linear`). The kernel is computed for the input's length: any L.
+Options of S4's kernel (`SSMKernel`; the defaults are the minimal s4d.py's):
+`n_ssm` trainable copies of (A, B), channel h using copy h mod n_ssm (S4's `repeat`; 1
+ties them across channels, None gives each channel its own; dt and C stay per channel);
+`dt_transform` "softplus" (S4's layer default; dt = softplus(log_dt), log_dt then holding
+softplus^-1 of the log-uniform draw) instead of "exp"; `conv_dropout`, an untied dropout
+on K * u + D u before the GELU (S4's `FFTConv` dropout, beside the tied one after it).
 Non-causal (causal=False), S4's bidirectional option (`FFTConv`): the kernel has two
 channels of C (A, B and dt shared), K0 convolved forward and K1 over the future, as one
 kernel of length 2L, [K0, flip(K1)]: y_t = sum_j K0[j] u_{t-j} + sum_j K1[j] u_{t+1+j}.
@@ -51,11 +57,14 @@ Padding: padded inputs are zeroed before the convolution or the scan, so they re
 real position in either direction (right-padded or not). Decoding (the causal form,
 "recurrent_state"): the cache holds the state, H x N/2 (s4d) or N (lru) complex numbers
 per row as float32 (re, im) pairs, at every position; a step is the recurrence above.
-The SSM parameters the papers train apart carry `no_weight_decay=True` and
-`param_group="ssm"` (lra.optim; the group's learning-rate scale is a preset,
-configs/presets.py PARAM_GROUPS): s4d's log_dt, log_a_real, a_imag and B (S4's
-`register(..., lr=0.001, wd=0.0)`), the LRU's nu_log, theta_log, gamma_log and B
-(minimal-LRU's "ssm" optimiser group, lr_factor 0.5).
+The SSM parameters the papers train apart carry `no_weight_decay=True` and a
+`param_group` (lra.optim; the groups' learning-rate scales are presets,
+configs/presets.py PARAM_GROUPS, and the `paper` recipes'): s4d's log_a_real and a_imag
+("ssm"), B ("ssm_b") and log_dt ("ssm_step"), which S4 registers with weight decay 0 and a
+learning rate of their own (`register(name, p, lr_dict[...], wd_dict[...])` with `lr` a
+dict per parameter or one number for all), and C ("ssm_c", decayed: S4 registers it with
+wd None, the optimiser's); the LRU's nu_log, theta_log, gamma_log and B (minimal-LRU's
+"ssm" optimiser group, lr_factor 0.5).
 Numerics: float32 parameters and inputs, complex64 inside; every power of a decay is
 exp(l dt A) or a product of |lambda| < 1, so no exponent is positive (L = 16384 is finite).
 """
@@ -71,6 +80,7 @@ from flax import nnx
 from models import decoding, layers, registry
 
 S4D_INITS = ("lin", "inv")
+S4D_DT_TRANSFORMS = ("exp", "softplus")
 _NO_PRODUCTS = "it mixes by a linear recurrence and forms no query-key products to rotate"
 
 
@@ -149,7 +159,8 @@ class S4D(nnx.Module):
     """The S4D layer (module docstring); `__call__` is the convolution form."""
 
     def __init__(self, *, dim: int, causal: bool, d_state: int, init: str, dt_min: float,
-                 dt_max: float, dropout: float, rngs: nnx.Rngs):
+                 dt_max: float, dropout: float, rngs: nnx.Rngs, n_ssm: int | None = None,
+                 dt_transform: str = "exp", conv_dropout: float = 0.0):
         if d_state <= 0 or d_state % 2:
             raise ValueError(f"s4d: d_state must be a positive even number (N / 2 conjugate "
                              f"pairs), got {d_state}")
@@ -157,38 +168,73 @@ class S4D(nnx.Module):
             raise ValueError(f"s4d: init must be one of {S4D_INITS}, got {init!r}")
         if not 0 < dt_min <= dt_max:
             raise ValueError(f"s4d: need 0 < dt_min <= dt_max, got {dt_min}, {dt_max}")
+        n_ssm = dim if n_ssm is None else n_ssm
+        if isinstance(n_ssm, bool) or not isinstance(n_ssm, int) or n_ssm <= 0 or dim % n_ssm:
+            raise ValueError(f"s4d: n_ssm must be a positive divisor of the width {dim} (or "
+                             f"None: one (A, B) per channel), got {n_ssm!r}")
+        if dt_transform not in S4D_DT_TRANSFORMS:
+            raise ValueError(f"s4d: dt_transform must be one of {S4D_DT_TRANSFORMS}, got "
+                             f"{dt_transform!r}")
+        if not 0.0 <= conv_dropout < 1.0:
+            raise ValueError(f"s4d: conv_dropout must be in [0, 1), got {conv_dropout}")
         half = d_state // 2
         self.causal = causal
         self.dim = dim
+        self.n_ssm = n_ssm
+        self.dt_transform = dt_transform
         log_lo, log_hi = math.log(dt_min), math.log(dt_max)
 
         def log_dt_init(key, shape, dtype=jnp.float32):
-            return jax.random.uniform(key, shape, dtype, log_lo, log_hi)
+            log_dt = jax.random.uniform(key, shape, dtype, log_lo, log_hi)
+            if dt_transform == "exp":
+                return log_dt
+            # S4's inv_transform(exp(log dt), "softplus"): log(exp(dt) - 1), dt >= 1e-4.
+            dt = jnp.maximum(jnp.exp(log_dt), 1e-4)
+            return dt + jnp.log(-jnp.expm1(-dt))
 
         imag = jnp.asarray(s4d_imag(init, d_state), jnp.float32)
-        # S4's register(..., lr=0.001, wd=0.0): group "ssm" (configs/presets.py PARAM_GROUPS)
-        ssm = dict(rngs=rngs, no_weight_decay=True, param_group="ssm", keep_float32=True)
-        self.log_dt = layers.param(log_dt_init, ("embed",), (dim,), **ssm)
+        # S4's register(name, p, lr, wd=0.0): no decay, a learning rate per group
+        # (configs/presets.py PARAM_GROUPS, configs/recipes.py).
+        def ssm(group):
+            return dict(rngs=rngs, no_weight_decay=True, param_group=group,
+                        keep_float32=True)
+
+        # (A, B) per copy: the copies' axis is the width's only when every channel has one.
+        copies = "embed" if n_ssm == dim else None
+        self.log_dt = layers.param(log_dt_init, ("embed",), (dim,), **ssm("ssm_step"))
         self.log_a_real = layers.param(jax.nn.initializers.constant(math.log(0.5)),
-                                       ("embed", None), (dim, half), **ssm)
+                                       (copies, None), (n_ssm, half), **ssm("ssm"))
         self.a_imag = layers.param(lambda key, shape, dtype: jnp.broadcast_to(imag, shape),
-                                   ("embed", None), (dim, half), **ssm)
+                                   (copies, None), (n_ssm, half), **ssm("ssm"))
         self.b = layers.param(lambda key, shape, dtype: jnp.zeros(shape).at[..., 0].set(1.0),
-                              ("embed", None, None), (dim, half, 2), **ssm)
+                              (copies, None, None), (n_ssm, half, 2), **ssm("ssm_b"))
         # C ~ CN(0, 1) (torch.randn(cfloat)): re and im of variance 1/2. One channel of C
-        # per direction (S4's bidirectional kernel has channels * 2).
+        # per direction (S4's bidirectional kernel has channels * 2). S4 registers C with
+        # wd None: the optimiser's weight decay.
         directions = 1 if causal else 2
         self.c = layers.param(_normal(math.sqrt(0.5)), (None, "embed", None, None),
-                              (directions, dim, half, 2), rngs=rngs, keep_float32=True)
+                              (directions, dim, half, 2), rngs=rngs, keep_float32=True,
+                              param_group="ssm_c")
         self.d = layers.param(_normal(1.0), ("embed",), (dim,), rngs=rngs)
+        # Only when asked for: a Dropout holds an RNG stream (the state's layout).
+        self.conv_dropout = (nnx.Dropout(conv_dropout, rngs=rngs) if conv_dropout > 0
+                             else None)
         self.head = _Head(dim, exact_gelu=True, dropout=dropout, rngs=rngs)
 
+    def dt(self) -> jax.Array:
+        """The step size per channel (H,): exp or softplus of log_dt."""
+        log_dt = _f32(self.log_dt)
+        return jnp.exp(log_dt) if self.dt_transform == "exp" else jax.nn.softplus(log_dt)
+
     def discretised(self) -> tuple[jax.Array, jax.Array]:
-        """(dt A, dB), H x N/2 complex64: ZOH, dB = (exp(dt A) - 1) / A * B."""
-        dt_H = jnp.exp(_f32(self.log_dt))
-        a_HxN = jax.lax.complex(-jnp.exp(_f32(self.log_a_real)), _f32(self.a_imag))
-        dta_HxN = dt_H[:, None] * a_HxN
-        return dta_HxN, (jnp.exp(dta_HxN) - 1.0) / a_HxN * _complex(_f32(self.b))
+        """(dt A, dB), H x N/2 complex64: ZOH, dB = (exp(dt A) - 1) / A * B; the n_ssm
+        copies of (A, B) tiled over the H channels (channel h: copy h mod n_ssm)."""
+        repeat = (self.dim // self.n_ssm, 1)
+        a_HxN = jnp.tile(jax.lax.complex(-jnp.exp(_f32(self.log_a_real)), _f32(self.a_imag)),
+                         repeat)
+        b_HxN = jnp.tile(_complex(_f32(self.b)), repeat)
+        dta_HxN = self.dt()[:, None] * a_HxN
+        return dta_HxN, (jnp.exp(dta_HxN) - 1.0) / a_HxN * b_HxN
 
     def kernel(self, length: int) -> jax.Array:
         """K (directions x H x L float32): K[c, h, l] = 2 Re(sum_n C dB dA^l)."""
@@ -211,6 +257,8 @@ class S4D(nnx.Module):
                                 * jnp.fft.rfft(k_HxT, n=size, axis=-1).T[None],
                                 n=size, axis=1)[:, :length]
         y_BxLxH = y_BxLxH + _f32(self.d) * u_BxLxH
+        if self.conv_dropout is not None:
+            y_BxLxH = self.conv_dropout(y_BxLxH, deterministic=deterministic)
         return self.head(y_BxLxH, deterministic).astype(x_BxLxD.dtype)
 
     # Decoding, form recurrent_state (models.decoding): per channel the N/2 complex state
@@ -260,14 +308,18 @@ class S4D(nnx.Module):
     rotary_refusal=_NO_PRODUCTS))
 def build_s4d(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
               d_state: int = 64, init: str = "lin", dt_min: float = 1e-3,
-              dt_max: float = 1e-1, attention_dropout: float = 0.0) -> S4D:
+              dt_max: float = 1e-1, n_ssm: int | None = None, dt_transform: str = "exp",
+              conv_dropout: float = 0.0, attention_dropout: float = 0.0) -> S4D:
     """d_state N (64, S4D's LRA setting; N / 2 conjugate pairs per channel), init "lin"
-    (S4D-Lin) or "inv" (S4D-Inv), the log-uniform dt range at init, and the layer's
-    dropout after GELU (the config's attention_dropout_rate: the dropout inside the
-    mixer; S4D's `dropout`)."""
+    (S4D-Lin) or "inv" (S4D-Inv), the log-uniform dt range at init, n_ssm copies of (A, B)
+    (None: one per channel; 1: tied, S4's LRA configs), dt_transform "exp" or "softplus",
+    conv_dropout (untied, before the GELU: S4's FFTConv dropout), and the layer's dropout
+    after GELU (the config's attention_dropout_rate: the dropout inside the mixer; S4D's
+    `dropout`)."""
     del num_heads, max_len  # one SSM per channel; the kernel is computed for each L
     return S4D(dim=dim, causal=causal, d_state=d_state, init=init, dt_min=dt_min,
-               dt_max=dt_max, dropout=attention_dropout, rngs=rngs)
+               dt_max=dt_max, dropout=attention_dropout, rngs=rngs, n_ssm=n_ssm,
+               dt_transform=dt_transform, conv_dropout=conv_dropout)
 
 
 # ----------------------------------------------------------------------------- lru

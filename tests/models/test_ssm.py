@@ -44,10 +44,14 @@ def head(mixer, y_LxH: np.ndarray, exact: bool) -> np.ndarray:
 
 def s4d_reference(mixer, u_LxH: np.ndarray) -> np.ndarray:
     """The S4D recurrence x_t = dA x_{t-1} + dB u_t, y = 2 Re(C x) + D u (ZOH), and for the
-    bidirectional form the same with the second C over u_{t+1}, u_{t+2}, ... ."""
-    dt = np.exp(f64(mixer.log_dt))[:, None]
-    a = -np.exp(f64(mixer.log_a_real)) + 1j * f64(mixer.a_imag)
-    b = f64(mixer.b)[..., 0] + 1j * f64(mixer.b)[..., 1]
+    bidirectional form the same with the second C over u_{t+1}, u_{t+2}, ... . dt is
+    exp(log_dt) or softplus(log_dt) = log(1 + exp(log_dt)); channel h uses copy
+    h mod n_ssm of (A, B) (S4's repeat 't n -> (v t) n')."""
+    log_dt = f64(mixer.log_dt)
+    dt = (np.exp(log_dt) if mixer.dt_transform == "exp" else np.log1p(np.exp(log_dt)))[:, None]
+    copy = np.arange(len(log_dt)) % mixer.n_ssm
+    a = (-np.exp(f64(mixer.log_a_real)) + 1j * f64(mixer.a_imag))[copy]
+    b = (f64(mixer.b)[..., 0] + 1j * f64(mixer.b)[..., 1])[copy]
     c = f64(mixer.c)[..., 0] + 1j * f64(mixer.c)[..., 1]
     da, db = np.exp(dt * a), (np.exp(dt * a) - 1) / a * b
     length = len(u_LxH)
@@ -186,6 +190,89 @@ def test_s4d_initialisation():
     assert abs(c.var() - 0.5) < 0.05  # C ~ CN(0, 1): re and im of variance 1/2
 
 
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("n_ssm,dt_transform", [(1, "exp"), (3, "softplus"),
+                                                (None, "softplus"), (1, "softplus")])
+def test_s4d_tied_ssms_and_softplus_step_equal_the_recurrence(n_ssm, dt_transform, causal):
+    """S4's kernel options (SSMKernel): n_ssm copies of (A, B) shared by the channels h with
+    h mod n_ssm equal (1: tied across all, S4's LRA setting), dt = softplus(log_dt) (S4's
+    layer default): the convolution and decoding equal the recurrence with them."""
+    mixer = build("s4d", causal, n_ssm=n_ssm, dt_transform=dt_transform)
+    copies = DIM if n_ssm is None else n_ssm
+    assert mixer.log_a_real.shape[0] == mixer.a_imag.shape[0] == mixer.b.shape[0] == copies
+    assert mixer.log_dt.shape == (DIM,) and mixer.c.shape[1] == DIM  # dt, C per channel
+    x = normal(8, (2, LEN, DIM))
+    y = mixer(x)
+    for row in range(2):
+        assert_close(y[row], s4d_reference(mixer, f64(x[row])))
+    if causal:
+        cache = mixer.init_cache(2, 64)
+        _, cache = mixer.prefill(cache, x[:, :5], jnp.ones((2, 5), bool))
+        y_step, _ = mixer.step(cache, x[:, 5])
+        assert_close(y_step, y[:, 5])
+    # Tied: one gradient for all channels' A (the sum of what per-channel copies would get).
+    if copies == 1:
+        graphdef, params, rest = nnx.split(mixer, nnx.Param, ...)
+        grads = jax.grad(lambda p: jnp.sum(nnx.merge(graphdef, p, rest)(x) ** 2))(params)
+        assert grads["log_a_real"][...].shape == (1, mixer.a_imag.shape[1])
+
+
+def test_s4d_options_default_to_the_minimal_s4d_and_are_checked():
+    """Without them: one (A, B) per channel and dt = exp(log_dt), as before the options
+    (the parameters' shapes and outputs unchanged); bad values are refused."""
+    plain = build("s4d", False)
+    assert plain.log_a_real.shape == (DIM, 4) and plain.b.shape == (DIM, 4, 2)
+    assert plain.conv_dropout is None
+    np.testing.assert_allclose(plain.dt(), np.exp(plain.log_dt[...]), rtol=1e-6)
+    assert_close(plain(normal(9, (1, LEN, DIM)))[0],
+                 s4d_reference(plain, f64(normal(9, (1, LEN, DIM))[0])))
+    for bad, match in [(dict(n_ssm=4), "divisor"), (dict(n_ssm=0), "divisor"),
+                       (dict(dt_transform="relu"), "dt_transform"),
+                       (dict(conv_dropout=1.0), "conv_dropout")]:
+        with pytest.raises(ValueError, match=match):
+            build("s4d", False, **bad)
+
+
+def test_s4d_softplus_step_starts_log_uniform():
+    """dt_transform softplus: log_dt holds softplus^-1(dt) (S4's inv_transform), so dt =
+    softplus(log_dt) is log-uniform in [dt_min, dt_max] at init, as with exp."""
+    wide = ssm.S4D(dim=4096, causal=True, d_state=2, init="lin", dt_min=1e-3, dt_max=1e-1,
+                   dropout=0.0, rngs=nnx.Rngs(params=0, dropout=0), dt_transform="softplus")
+    log_dt = np.log(np.asarray(wide.dt(), np.float64))
+    lo, hi = math.log(1e-3), math.log(1e-1)
+    assert lo - 1e-5 <= log_dt.min() and log_dt.max() <= hi + 1e-5
+    assert abs(log_dt.mean() - (lo + hi) / 2) < 0.1
+    assert abs(log_dt.std() - (hi - lo) / math.sqrt(12)) < 0.05
+    # not exp: the stored value differs from log dt (by log(dt / (exp(dt) - 1)) ~ -dt/2).
+    assert np.abs(np.asarray(wide.log_dt[...], np.float64) - log_dt).max() > 1e-3
+
+
+def test_s4d_conv_dropout_is_untied_and_before_the_gelu():
+    """conv_dropout (S4's FFTConv dropout): in training, K * u + D u is dropped element by
+    element (another mask at every position and channel), before the GELU; the head's
+    own dropout stays one mask per channel over the sequence; off in evaluation."""
+    mixer = build("s4d", False, conv_dropout=0.5)
+    x = normal(10, (1, 64, DIM))
+    assert_close(mixer(x, deterministic=True), build("s4d", False)(x))
+    captured = {}
+    head = mixer.head
+
+    class Spy(nnx.Module):
+        def __call__(self, y, deterministic=True):
+            captured["y"] = y
+            return head(y, deterministic)
+
+    mixer.head = Spy()
+    mixer(x, deterministic=False)
+    dropped = np.asarray(captured["y"][0]) == 0.0  # L x H: where the mask zeroed
+    mixer.head = head
+    assert 0.3 < dropped.mean() < 0.7
+    # untied: every channel's mask varies along the sequence, and positions' masks
+    # differ between channels
+    assert dropped.any(axis=0).all() and not dropped.all(axis=0).any()
+    assert (dropped != dropped[:, :1]).any(axis=0)[1:].all()
+
+
 @pytest.mark.parametrize("r_min,r_max,max_phase", [(0.9, 0.999, 2 * np.pi),
                                                    (0.0, 0.5, np.pi / 10)])
 def test_lru_initialisation(r_min, r_max, max_phase):
@@ -231,6 +318,13 @@ def test_ssm_parameters_are_not_weight_decayed():
         undecayed = {path[-1].key for path, decays in jax.tree_util.tree_leaves_with_path(
             mask) if not decays}
         assert undecayed == names, name
+    # s4d's groups: S4's lr-dict keys dt, A, B, C (configs/recipes.py S4_GROUPS).
+    params = nnx.state(build("s4d", False, randomize=False), nnx.Param)
+    groups = {path[-1].key: v.get_metadata().get("param_group")
+              for path, v in jax.tree_util.tree_leaves_with_path(
+                  params, is_leaf=lambda x: isinstance(x, nnx.Variable))}
+    assert groups == {"log_dt": "ssm_step", "log_a_real": "ssm", "a_imag": "ssm",
+                      "b": "ssm_b", "c": "ssm_c", "d": None, "kernel": None, "bias": None}
 
 
 def test_config_defaults_and_refusals():
