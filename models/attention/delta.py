@@ -437,16 +437,22 @@ class DeltaNet(nnx.Module, recurrent.RecurrentDecoding):
 _BIDIRECTIONAL = "causal=False sums a forward and a backward scan"
 _NO_ROTARY = ("its queries and keys meet through a recurrent state whose order gives "
               "positions (the papers add no position embedding)")
-# pos_emb stays the configs' default (learned), although the papers' language models add
-# none: the CLS slot's embedding starts at zero, so without a position added its input to
-# the layer is zero, and the output gate SiLU(W_g 0) = 0 would zero the CLS summary.
+# pos_emb 'none' (Capabilities.pos_emb, the task configs' default): fla's DeltaNet and
+# GatedDeltaNet (fla/layers/delta_net.py, gated_deltanet.py at bc3b101) have no rotary,
+# and fla's models add no position table to the token embeddings (the papers' language
+# models add none); the short convolutions (use_short_conv=True, conv_size 4, no bias) and
+# the scan's order give positions. With CLS pooling the CLS slot's input starts at zero
+# (no position is added to it), so gated_deltanet's output gate SiLU(W_g 0) = 0 gives it
+# no update at initialisation; the gradient still reaches the CLS vector (through SiLU'(0)
+# = 1/2 and the norms; tests/models/test_positions.py), so it leaves zero at the first step.
 
 
 @registry.register("deltanet", capabilities=registry.Capabilities(
     description="DeltaNet: delta rule, L2-normalised q/k, short convs, chunked WY form (Yang "
                 f"et al. 2024); {_BIDIRECTIONAL}",
     causal=True, decode="recurrent_state", padding=True, variable_length=True,
-    test_hparams={"chunk_size": 5}, rotary_refusal=_NO_ROTARY))
+    test_hparams={"chunk_size": 5}, rotary_refusal=_NO_ROTARY,
+    pos_emb="none"))
 def build_deltanet(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
                    qkv_dim: int | None = None, chunk_size: int = DEFAULT_CHUNK,
                    conv_size: int = CONV_SIZE, use_gate: bool = False,
@@ -462,7 +468,8 @@ def build_deltanet(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs
     description="Gated DeltaNet: delta rule with Mamba-2's decay gate, chunked WY form (Yang "
                 f"et al. 2025); {_BIDIRECTIONAL}",
     causal=True, decode="recurrent_state", padding=True, variable_length=True,
-    test_hparams={"chunk_size": 5}, rotary_refusal=_NO_ROTARY))
+    test_hparams={"chunk_size": 5}, rotary_refusal=_NO_ROTARY,
+    pos_emb="none"))
 def build_gated_deltanet(*, dim: int, num_heads: int, max_len: int, causal: bool,
                          rngs: nnx.Rngs, qkv_dim: int | None = None, expand_v: float = 2.0,
                          chunk_size: int = DEFAULT_CHUNK, conv_size: int = CONV_SIZE,

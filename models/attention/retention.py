@@ -21,9 +21,18 @@ hidden_size): retnet 1.0 and 2.0 (value heads twice the key heads, the paper's),
 and 1.0; gla's gate: low-rank dim 16, logit normaliser 16, no clamp; its two gate
 projections start as fla's `_init_weights` gives them (normal, std 0.02, bias 0), so at
 init log a ~ logsigmoid(0) / 16 = -ln(2)/16 (a ~ 0.958). The other projections use the
-repository's xavier init (fla: normal 0.02). fla's retnet rotates q and k (RoPE) always;
-here that is pos_emb='rotary' (Capabilities.rotary), not the default. gla refuses rotary:
-its diagonal gate sits between q and k and does not commute with the rotation.
+repository's xavier init (fla: normal 0.02).
+
+Positions, as fla and the papers run them (fla at bc3b101; fla's models add no position
+table to the token embeddings): fla's MultiScaleRetention always rotates q and k
+(`self.rotary = RotaryEmbedding(dim=head_k_dim)`: RoPE, base 10000, no xPos scale), the
+paper's Theta, so retnet's Capabilities.pos_emb is 'rotary' and the task configs build it
+with rotated q and k and no learned table (`--config.pos_emb=learned` gives the old
+default). Our rotation pairs features (2i, 2i+1) where fla's (interleaved=False) pairs i
+and i + d/2: a fixed permutation of the key features, which the learned projections
+absorb. gla adds no positions (fla's GatedLinearAttention has no rotary and no short
+convolution): its pos_emb is 'none'; it refuses rotary: its diagonal gate sits between q
+and k and does not commute with the rotation.
 
 Three forms, equal up to float rounding (tests/models/test_retention.py):
 1. `naive_retention` (explicit O(L^2) decay matrix, scalar decay) and `naive_gla`
@@ -358,7 +367,7 @@ class MultiScaleRetention(_DecayedAttention):
                 "gate; chunked (XLA or attention_impl=pallas); bidirectional = forward + "
                 "strict backward scan summed",
     causal=True, decode="recurrent_state", padding=True, variable_length=True,
-    test_hparams={"chunk_size": 5}, rotary=True))
+    test_hparams={"chunk_size": 5}, rotary=True, pos_emb="rotary"))
 def build_retnet(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
                  rotary: bool = False, qkv_dim: int | None = None, expand_k: float = 1.0,
                  expand_v: float = 2.0, chunk_size: int = 64, use_bias: bool = False,
@@ -402,7 +411,7 @@ class GatedLinearAttention(_DecayedAttention):
                 "(fla defaults), chunked (XLA or attention_impl=pallas); bidirectional = "
                 "forward + strict backward scan summed",
     causal=True, decode="recurrent_state", padding=True, variable_length=True,
-    test_hparams={"chunk_size": 5},
+    test_hparams={"chunk_size": 5}, pos_emb="none",
     rotary_refusal="its diagonal gate sits between q and k and does not commute with a "
                    "rotation"))
 def build_gla(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,

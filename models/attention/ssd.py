@@ -306,7 +306,10 @@ class Mamba2(nnx.Module):
     causal=True, decode="recurrent_state", padding=True, variable_length=True,
     test_hparams={"chunk_size": 5, "state_size": 16},
     rotary_refusal="its C.B products are read through a recurrent state whose order gives "
-    "positions (the paper adds no position embedding)"))
+    "positions (the paper adds no position embedding)",
+    # mamba_ssm's and fla's Mamba-2 models add no position table to the token embeddings
+    # (the depthwise convolution, conv_kernel 4 with bias, and the scan give positions).
+    pos_emb="none"))
 def build_mamba2(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
                  expand: int = 2, state_size: int = STATE_SIZE, conv_size: int = CONV_SIZE,
                  chunk_size: int = DEFAULT_CHUNK, norm_eps: float = NORM_EPS,
