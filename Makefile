@@ -64,34 +64,43 @@ test-jax-gpu:
 ci-latest:
 	scripts/ci_latest.sh
 
-# make gpu-wheels (here, where the package registry is reachable): Python 3.12 wheels of
-# the dependencies a GPU image lacks, into .gpu-wheels/ (git-ignored), to copy or carry to
-# the GPU machine with the tree. The image is expected to have jax, flax, optax, orbax,
-# numpy, scipy, matplotlib, pillow, absl-py, pytest and hypothesis; the suite needs
-# ml_collections, grain and tensorboardX besides (tensorflow-datasets only reads Text and
-# Image folders, which the suite does not), with whatever they need (pip resolves it).
+# make gpu-wheels (here, where the package registry is reachable): the Python 3.12 wheels
+# of what the lent GPU machines' image lacks, into .gpu-wheels/ (git-ignored, 4.4 MiB), to
+# carry with the tree. The image (the device tool's package list) has jax, flax, optax,
+# orbax-checkpoint, numpy, scipy, matplotlib, pillow, absl-py, pyyaml, protobuf, etils,
+# cloudpickle, psutil, packaging, pytest, pytest-xdist and hypothesis; the suite needs
+# ml_collections, grain and tensorboardX besides, and grain needs array_record and
+# portpicker (resolved with pip download for Python 3.12: their other requirements are in
+# the image; tensorflow-datasets only reads Text and Image folders, which the suite does
+# not). These five, at the versions the suite runs with here, without dependencies; then
+# lra.gpu_common.check_wheels names any requirement neither carried nor in the image.
 GPU_WHEELS := .gpu-wheels
-GPU_WHEEL_PACKAGES := ml_collections|grain|tensorboardX
+GPU_WHEEL_PACKAGES := ml_collections==1.1.0 grain==0.2.18 tensorboardX==2.6.5 \
+    array_record==0.8.6 portpicker==1.6.0
 GPU_PY ?= python3
 GPU_OUT ?= results/gpu
-GPU_BUDGET ?= 25
+GPU_BUDGET ?= 7.5
+GPU_SITE ?= /tmp/lra-gpu-site
+GPU_PACK ?=
 
 gpu-wheels: $(STAMP)
-	mkdir -p $(GPU_WHEELS)
-	grep -iE '^($(GPU_WHEEL_PACKAGES))[<>=~! ]' requirements.txt | sed 's/ *#.*//' \
-	    > $(GPU_WHEELS)/requirements.txt
-	$(PYTHON) -m pip download -q -d $(GPU_WHEELS) -r $(GPU_WHEELS)/requirements.txt \
+	rm -rf $(GPU_WHEELS)
+	$(PYTHON) -m pip download -q --no-deps -d $(GPU_WHEELS) $(GPU_WHEEL_PACKAGES) \
 	    --only-binary=:all: --python-version 3.12 --implementation cp \
 	    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
 	    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 	    --platform manylinux1_x86_64
-	du -sh $(GPU_WHEELS)
+	$(PYTHON) -c 'import sys; from lra.gpu_common import check_wheels; \
+	    sys.exit(check_wheels("$(GPU_WHEELS)"))'
 
-# make gpu-results (on the GPU machine): installs the carried wheels if present (what the
-# image already has is kept), then runs every measurement in $(GPU_BUDGET) minutes into
-# $(GPU_OUT) (README, "On a GPU: one command"). Run it again to continue what ran out of time.
+# make gpu-results (on the GPU machine): installs the carried wheels, if any, into
+# $(GPU_SITE) (the image's packages untouched), then runs one call of the suite:
+# $(GPU_BUDGET) minutes of stages into $(GPU_OUT) (README, "On a GPU: one command"); the
+# first call is the kernel tests, the 4K kernel table and one time-boxed ListOps run. Run
+# it again to continue. GPU_PACK=<path.tgz> packs $(GPU_OUT) without checkpoints there.
 gpu-results:
-	if [ -f $(GPU_WHEELS)/requirements.txt ]; then \
-	    PIP_BREAK_SYSTEM_PACKAGES=1 $(GPU_PY) -m pip install -q --no-index \
-	        --find-links $(GPU_WHEELS) -r $(GPU_WHEELS)/requirements.txt; fi
-	$(GPU_PY) -m lra.gpu_suite --out=$(GPU_OUT) --budget_minutes=$(GPU_BUDGET)
+	if ls $(GPU_WHEELS)/*.whl >/dev/null 2>&1; then \
+	    $(GPU_PY) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+	        --upgrade --target $(GPU_SITE) $(GPU_WHEELS)/*.whl; fi
+	PYTHONPATH=$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m lra.gpu_suite \
+	    --out=$(GPU_OUT) --budget_minutes=$(GPU_BUDGET)$(if $(GPU_PACK), --pack=$(GPU_PACK))

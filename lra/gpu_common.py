@@ -25,9 +25,18 @@ LRA_VARIANTS = ["transformer", "local", "strided", "longformer", "linformer", "r
 RUN_ORDER = ["transformer", "performer", "local", "linear", "linformer", "reformer",
              "sinkhorn", "synthesizer", "bigbird", "strided", "longformer"]
 
-# Share of the time left that each stage gets when it starts (renormalised over the stages
-# still to run, so an early finish passes its time on).
-SHARES = {"kernel_tests": 0.12, "kernels": 0.15, "efficiency": 0.45, "runs": 0.28}
+# A lent GPU gives 15 minutes of device time per session, its 1-2 minute start included,
+# and at most 10 minutes per command: one call of the suite (`--budget_minutes`, default
+# CALL_MINUTES) plans the stages that fit in its budget (`plan_call`), in STAGES' order,
+# each with the seconds its Plan gives it (Plan.stage_seconds); a stage that does not fit
+# waits for the next call. The first call on a fresh --out is the kernel tests, the 4K
+# kernel table and one time-boxed full-size ListOps run of transformer (450 s); the second
+# continues with the efficiency table and more runs (README, "On a GPU: one command").
+CALL_MINUTES = 7.5
+DRY_CALL_MINUTES = 13.5  # the dry run's stages, all in one call (DRY.stage_seconds)
+# Seconds of a call that are not the suite's: installing the carried wheels, jax's first
+# start in the probe, packing the results. A call's command ends within budget + this.
+CALL_OVERHEAD_S = 30
 # The efficiency stage's passes, likewise within the stage's time.
 PASS_SHARES = {"float32": 0.65, "long": 0.15, "bfloat16": 0.20}
 
@@ -47,10 +56,10 @@ BF16_PEAK_TFLOPS = (("H100 NVL", 835.0), ("H100 PCIe", 756.0), ("H100", 989.4),
 # (a one-GPU machine has one).
 KERNEL_TESTS_NATIVE = "not mosaic and not sharded"
 
-# Seconds a stopped command gets between SIGTERM and SIGKILL; the runs stage's launch.py
-# saves a checkpoint then, so it gets more.
+# Seconds a stopped command gets between SIGTERM and SIGKILL; a run's launch.py saves a
+# checkpoint then (the state of LRA's ListOps model: about 100 MB), so it gets more.
 GRACE_S = 10
-RUN_GRACE_S = 60
+RUN_GRACE_S = 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,16 +67,29 @@ class Plan:
     """The sizes of one mode: `FULL` on the accelerator, `DRY` on CPU."""
     name: str
     kernel_tests_k: str
-    bench_kernels_args: tuple[str, ...]
+    bench_kernels_args: tuple[str, ...]  # lra.bench_kernels' flags besides --lengths
+    kernels_lengths: tuple[int, ...]  # the kernels stage (the first call's table)
+    kernels_long_lengths: tuple[int, ...]  # the kernels_long stage
     bench_lengths: tuple[int, ...]
     long_lengths: tuple[int, ...]
     bf16_lengths: tuple[int, ...]
     bench_args: tuple[str, ...]  # sizes for lra.benchmark (none: the text config's own)
-    run_models: tuple[str, ...]
+    run_models: tuple[str, ...]  # the runs stage's models (transformer has its own stage)
     run_config_arg: str
     run_overrides: tuple[str, ...]
     listops_args: tuple[str, ...]  # lra.tasks.listops flags besides --output_dir
     min_pass_s: float  # a benchmark pass or a run is not started with less time than this
+    # Seconds each stage is planned with in a call (plan_call); a stage in `open_stages`
+    # stretches: the call's spare seconds are shared among them in proportion to these.
+    stage_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    open_stages: frozenset[str] = frozenset({"transformer", "efficiency", "runs"})
+    kernel_tests_workers: int = 0  # pytest-xdist workers for the kernel tests (0: none)
+    run_seconds: float = 0  # at most this per run in the runs stage (0: no cap)
+    # Kept from a time-boxed run's limit for its test (a second launch.py: data, restore,
+    # the cached compilations, the test split) after its training is stopped.
+    test_reserve_s: float = 0
+    max_train_s: float = 0  # a time-boxed run's training stops after this (0: its limit)
+    transformer_overrides: tuple[str, ...] = ()  # after run_overrides, transformer stage
     bench_models: tuple[str, ...] | None = None  # None: every registered variant
     xla_flags: str = ""  # added to XLA_FLAGS for every command
 
@@ -75,25 +97,37 @@ class Plan:
 FULL = Plan(
     name="full",
     kernel_tests_k=KERNEL_TESTS_NATIVE,
-    bench_kernels_args=("--lengths=4096,8192,16384", "--dtype=bfloat16"),
+    kernel_tests_workers=4,  # compiling is most of a test: 16 cores, one GPU shared
+    bench_kernels_args=("--dtype=bfloat16",),
+    kernels_lengths=(4096,),
+    kernels_long_lengths=(8192, 16384),
     bench_lengths=(1024, 2048, 3072, 4096),  # LRA's Table 2 columns
     long_lengths=(8192, 16384),
     bf16_lengths=(1024, 2048, 3072, 4096),
     bench_args=(),
-    run_models=tuple(RUN_ORDER),
+    run_models=tuple(m for m in RUN_ORDER if m != "transformer"),
     run_config_arg="",
     run_overrides=(),
     listops_args=(),  # LRA's 96k/2k/2k expressions of 500-2000 tokens
     min_pass_s=60,
+    # The first call: 100 + 80 + 270 = 450 s (CALL_MINUTES). The second: efficiency and
+    # one time-boxed run (150 + 240 s, the spare 60 s shared); kernels_long (8K, 16K) with
+    # a bigger budget, or once the others are complete.
+    stage_seconds={"kernel_tests": 100, "kernels": 80, "transformer": 270,
+                   "efficiency": 150, "runs": 240, "kernels_long": 150},
+    run_seconds=300,
+    test_reserve_s=75,
 )
 
 DRY = Plan(
     name="dry run",
     # The Triton flavour in both dtypes (interpreted on CPU).
     kernel_tests_k="linear_attention and (triton-float32-causal or triton-bfloat16-causal)",
-    bench_kernels_args=("--lengths=64", "--batch_size=1", "--num_heads=1", "--head_dim=16",
+    bench_kernels_args=("--batch_size=1", "--num_heads=1", "--head_dim=16",
                         "--repeats=1", "--modes=causal", "--densities=1.0,0.5",
                         "--block_size=16", "--dtype=float32", "--interpret"),
+    kernels_lengths=(64,),
+    kernels_long_lengths=(32,),
     bench_lengths=(32, 64),
     long_lengths=(128,),
     bf16_lengths=(64,),
@@ -101,7 +135,7 @@ DRY = Plan(
     # (tests/test_benchmark.py), and compiling is most of a tiny cell's cost on CPU.
     bench_args=("--batch_size=2", "--dim=16", "--num_heads=2", "--num_layers=1",
                 "--repeats=0"),
-    run_models=("transformer",),
+    run_models=("linear",),
     run_config_arg="runlocal",
     run_overrides=("num_train_steps=2", "eval_frequency=2", "num_eval_steps=1",
                    "checkpoint_freq=2", "max_length=48"),
@@ -110,11 +144,57 @@ DRY = Plan(
                   "--num_test_samples=64", "--min_length=5", "--max_length=40",
                   "--max_depth=3", "--max_args=4"),
     min_pass_s=0,
+    # Limits only (every stage in one call): on 2 busy cores the dry run takes 1-4 minutes;
+    # the transformer stage's run is time-boxed by max_train_s, not by its limit.
+    stage_seconds={"kernel_tests": 120, "kernels": 120, "transformer": 150,
+                   "efficiency": 180, "runs": 120, "kernels_long": 120},
+    test_reserve_s=20,
+    # The transformer stage's run is time-boxed as on a GPU: more steps than its training
+    # time allows, stopped (SIGTERM, a checkpoint), then tested at the step it reached.
+    max_train_s=12,
+    transformer_overrides=("num_train_steps=100000", "eval_frequency=20",
+                           "checkpoint_freq=100000", "log_every_steps=20"),
     bench_models=("transformer", "linear"),
     # The dry run checks the plumbing, not speed: XLA's backend optimisation is most of a
     # tiny program's compile time on CPU (a runlocal run: 12 s with it, 7 s without).
     xla_flags="--xla_backend_optimization_level=0",
 )
+
+
+def plan_call(names: list[str], budget_s: float, plan: Plan) -> list[tuple[str, float]]:
+    """The stages of `names` (in that order: the stages not complete yet) that one call of
+    `budget_s` seconds runs, each with its planned seconds: in order, every stage whose
+    seconds fit in what the stages before it left (one that does not fit waits for the
+    next call, a later one that fits still runs). The spare seconds are shared among the
+    planned open stages (Plan.open_stages) in proportion to their seconds; without one, the
+    last planned stage gets them. The planned seconds add up to `budget_s` when any stage
+    fits."""
+    planned, left = [], budget_s
+    for name in names:
+        seconds = plan.stage_seconds[name]
+        if seconds <= left:
+            planned.append([name, float(seconds)])
+            left -= seconds
+    if not planned:
+        return []
+    stretch = [p for p in planned if p[0] in plan.open_stages] or [planned[-1]]
+    weight = sum(p[1] for p in stretch)
+    for p in stretch:
+        p[1] += left * p[1] / weight
+    return [(name, seconds) for name, seconds in planned]
+
+
+def stage_limit(planned: list[tuple[str, float]], i: int, left: float, plan: Plan) -> float:
+    """Seconds for planned stage i when `left` seconds of the call remain: its planned
+    seconds, plus (or minus) what the stages before it left over (or overran), shared
+    like plan_call's spare among it and the open stages after it."""
+    later = planned[i:]
+    spare = left - sum(s for _, s in later)
+    stretch = [(n, s) for n, s in later if n in plan.open_stages] or [later[-1]]
+    name, seconds = planned[i]
+    if name not in [n for n, _ in stretch]:
+        return max(seconds + min(spare, 0), 0)
+    return max(seconds + spare * seconds / sum(s for _, s in stretch), 0)
 
 
 def _log(message: str) -> None:
@@ -199,14 +279,15 @@ def _stop_group(proc: subprocess.Popen, grace: float) -> None:
 
 
 def run_command(cmd: list[str], *, timeout: float, log_path: str, grace: float = GRACE_S,
-                xla_flags: str = "") -> Outcome:
+                xla_flags: str = "", env: dict[str, str] | None = None) -> Outcome:
     """Runs `cmd` in the repository, in a process group of its own, for at most `timeout`
-    seconds. stderr is appended to `log_path`, stdout too and also returned (a stopped
-    command's output so far included)."""
+    seconds (then SIGTERM, and SIGKILL `grace` seconds later). stderr is appended to
+    `log_path`, stdout too and also returned (a stopped command's output so far
+    included). `env`: variables added to this process's."""
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     out_path = log_path + ".stdout"
     # Unbuffered: a command stopped at its limit has written what it printed.
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, **(env or {}), PYTHONUNBUFFERED="1")
     if xla_flags:
         env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {xla_flags}".strip()
     start = time.monotonic()
@@ -238,11 +319,93 @@ def run_command(cmd: list[str], *, timeout: float, log_path: str, grace: float =
                    errors[-1][:300] if errors else "")
 
 
+# --- the wheels a GPU image lacks ---------------------------------------------------------
+
+# The Python packages of the lent GPU machines' image (Python 3.12) that the suite's
+# commands, or the wheels carried for it, need; from the device tool's package list of
+# that image (2026-11-17), which lists 190 packages. `make gpu-wheels` carries the rest.
+GPU_IMAGE_PACKAGES = (
+    "absl-py", "chex", "cloudpickle", "etils", "flax", "fsspec", "hypothesis", "jax",
+    "jax-cuda13-pjrt", "jax-cuda13-plugin", "jaxlib", "matplotlib", "ml-dtypes", "msgpack",
+    "numpy", "opt-einsum", "optax", "orbax-checkpoint", "packaging", "pillow", "protobuf",
+    "psutil", "pytest", "pytest-xdist", "pyyaml", "scipy", "tensorstore", "triton",
+    "typing-extensions", "zipp")
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def wheel_requirements(folder: str) -> tuple[dict[str, list[str]], list[str]]:
+    """({carried package: its versions}, the names its wheels require) for the wheels in
+    `folder` (Requires-Dist without extras, environment markers evaluated for Linux and
+    CPython 3.12)."""
+    import glob
+    import zipfile
+
+    try:
+        from packaging.markers import Marker
+    except ImportError:  # pip vendors it; without it, every marker counts as true
+        Marker = None  # noqa: N806
+    env = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
+           "platform_system": "Linux", "os_name": "posix", "platform_machine": "x86_64",
+           "implementation_name": "cpython", "platform_python_implementation": "CPython",
+           "extra": ""}
+    carried, needs = {}, set()
+    for path in sorted(glob.glob(os.path.join(folder, "*.whl"))):
+        with zipfile.ZipFile(path) as z:
+            meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+            text = z.read(meta).decode("utf-8", "replace")
+        fields = dict(re.findall(r"^(Name|Version): (.+)$", text, re.M))
+        carried.setdefault(_normal(fields["Name"]), []).append(fields["Version"].strip())
+        for req in re.findall(r"^Requires-Dist: (.+)$", text, re.M):
+            spec, _, marker = req.partition(";")
+            if "extra" in marker:
+                continue
+            if marker.strip() and Marker is not None and not Marker(marker).evaluate(env):
+                continue
+            needs.add(_normal(re.match(r"[A-Za-z0-9_.-]+", spec.strip()).group(0)))
+    return carried, sorted(needs)
+
+
+def check_wheels(folder: str) -> int:
+    """Prints what `folder` carries and where each of its requirements comes from; 1 when
+    a requirement is neither carried nor in GPU_IMAGE_PACKAGES, or a package is carried
+    in two versions (pip would refuse the install), else 0."""
+    carried, needs = wheel_requirements(folder)
+    image = {_normal(p) for p in GPU_IMAGE_PACKAGES}
+    size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)
+               if f.endswith(".whl"))
+    print(f"{folder}: " + ", ".join(f"{n} {'/'.join(v)}" for n, v in sorted(carried.items()))
+          + f" ({size / 2**20:.1f} MiB)")
+    from_image = [n for n in needs if n not in carried and n in image]
+    missing = [n for n in needs if n not in carried and n not in image]
+    twice = [n for n, v in carried.items() if len(v) > 1]
+    print("their requirements that the GPU image has: " + (", ".join(from_image) or "none"))
+    if missing:
+        print("error: required but neither carried nor in the GPU image: " + ", ".join(missing))
+    if twice:
+        print("error: carried in more than one version: " + ", ".join(twice))
+    return 1 if missing or twice or not carried else 0
+
+
 # --- the device and the files' headers --------------------------------------------------
 
-_PROBE = ("import json, jax, jaxlib; d = jax.devices()\n"
+# What the suite's commands import besides jax that a GPU image may lack (the wheels
+# `make gpu-wheels` carries): the probe names those that do not import.
+NEEDED_MODULES = ("ml_collections", "grain", "tensorboardX", "flax", "optax", "orbax.checkpoint",
+                  "absl", "pytest")
+
+_PROBE = ("import importlib, json, jax, jaxlib; d = jax.devices()\n"
+          "missing = []\n"
+          f"for name in {NEEDED_MODULES!r}:\n"
+          "    try:\n"
+          "        importlib.import_module(name)\n"
+          "    except Exception as e:\n"
+          "        missing.append(f'{name} ({type(e).__name__}: {str(e)[:80]})')\n"
           "print(json.dumps({'kind': d[0].device_kind, 'platform': d[0].platform, "
-          "'count': len(d), 'jax': jax.__version__, 'jaxlib': jaxlib.__version__}))")
+          "'count': len(d), 'jax': jax.__version__, 'jaxlib': jaxlib.__version__, "
+          "'missing': missing}))")
 
 
 def probe_device() -> dict:

@@ -6,6 +6,8 @@ variants, and the ListOps data and runs via lra.sweep. Each stage is a function
 from __future__ import annotations
 
 import csv
+import dataclasses
+import datetime
 import json
 import os
 import re
@@ -14,9 +16,10 @@ import subprocess
 import sys
 import time
 
-from lra.gpu_common import (DRY, FULL, LRA_VARIANTS, PASS_SHARES, REPO, RUN_GRACE_S,
-                            SUBQUADRATIC_MAX_EXPONENT, Plan, StageResult, Suite, _log, _size,
-                            bf16_peak_tflops, display, rel, run_command)
+from lra.gpu_common import (DRY, FULL, GRACE_S, LRA_VARIANTS, PASS_SHARES, REPO,
+                            RUN_GRACE_S, SUBQUADRATIC_MAX_EXPONENT, Plan, StageResult, Suite,
+                            _log, _size, _stop_group, bf16_peak_tflops, display, rel,
+                            run_command, write_atomic)
 
 
 # --- kernel_tests: pytest tests/kernels ------------------------------------------------
@@ -24,13 +27,20 @@ from lra.gpu_common import (DRY, FULL, LRA_VARIANTS, PASS_SHARES, REPO, RUN_GRAC
 
 def stage_kernel_tests(suite: Suite, limit: float) -> StageResult:
     """pytest tests/kernels (-v: each outcome is a line, kept when the run is stopped)."""
+    workers = suite.plan.kernel_tests_workers
     cmd = [sys.executable, "-m", "pytest", "tests/kernels", "-v", "-rfE", "--durations=15",
-           "-p", "no:cacheprovider", "-m", "", "-k", suite.plan.kernel_tests_k]
-    outcome = run_command(cmd, timeout=limit, xla_flags=suite.plan.xla_flags,
-                          log_path=os.path.join(suite.logs, "kernel_tests.log"))
+           "-p", "no:cacheprovider", "-m", "", "-k", suite.plan.kernel_tests_k,
+           *(["-n", str(workers)] if workers else [])]
+    # Several pytest workers share the one GPU: each takes memory as it needs it, not
+    # jax's default 75% of the device at its start.
+    env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"} if workers else {}
+    outcome = run_command(cmd, timeout=limit - GRACE_S - 5, xla_flags=suite.plan.xla_flags,
+                          log_path=os.path.join(suite.logs, "kernel_tests.log"), env=env)
     tests = parse_pytest(outcome.stdout)
     body = [f"Selection: `-m \"\" -k \"{suite.plan.kernel_tests_k}\"` (slow cases included; "
-            "on an accelerator the Triton flavour runs compiled, on CPU interpreted). "
+            "on an accelerator the Triton flavour runs compiled, on CPU interpreted)"
+            + (f", in {workers} pytest-xdist workers sharing the device (memory taken as "
+               "needed: XLA_PYTHON_CLIENT_PREALLOCATE=false)" if workers else "") + ". "
             "Left out on an accelerator: the Mosaic flavour (interpreted off-TPU) and "
             "test_sharded_kernels (4 devices of the default backend: CPU only).", ""]
     body += kernel_tests_summary(tests, outcome.stdout)
@@ -46,16 +56,23 @@ def stage_kernel_tests(suite: Suite, limit: float) -> StageResult:
     return StageResult("failed", outcome.describe(), "\n".join(body), [display(cmd)])
 
 
-_PYTEST_LINE = re.compile(r"^(tests/\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+_OUTCOMES = "PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS"
+_PYTEST_LINE = re.compile(rf"^(tests/\S+::\S+) ({_OUTCOMES})\b")
+# pytest-xdist's -v: `[gw1] [ 12%] PASSED tests/kernels/test_x.py::test_y[a-b] `
+_XDIST_LINE = re.compile(rf"^\[gw\d+\] \[\s*\d+%\] ({_OUTCOMES}) (tests/\S+::\S+)")
 
 
 def parse_pytest(stdout: str) -> dict[str, str]:
-    """{test id: outcome} from `pytest -v` output."""
+    """{test id: outcome} from `pytest -v` output, with or without pytest-xdist."""
     tests = {}
     for line in stdout.splitlines():
         m = _PYTEST_LINE.match(line)
         if m:
             tests[m.group(1)] = m.group(2)
+            continue
+        m = _XDIST_LINE.match(line)
+        if m:
+            tests[m.group(2)] = m.group(1)
     return tests
 
 
@@ -105,20 +122,94 @@ def kernel_tests_summary(tests: dict[str, str], stdout: str) -> list[str]:
 
 
 def stage_kernels(suite: Suite, limit: float) -> StageResult:
-    """lra.bench_kernels' tables, with the fraction of the device's bf16 peak."""
-    cmd = [sys.executable, "-m", "lra.bench_kernels", *suite.plan.bench_kernels_args]
-    outcome = run_command(cmd, timeout=limit, xla_flags=suite.plan.xla_flags,
-                          log_path=os.path.join(suite.logs, "kernels.log"))
+    """lra.bench_kernels at the first call's length (LRA's 4K), with the fraction of the
+    device's bf16 peak."""
+    return _bench_kernels(suite, limit, suite.plan.kernels_lengths, "kernels")
+
+
+def stage_kernels_long(suite: Suite, limit: float) -> StageResult:
+    """lra.bench_kernels at the longer lengths (8K, 16K)."""
+    return _bench_kernels(suite, limit, suite.plan.kernels_long_lengths, "kernels_long")
+
+
+# A length is not started with less time than this (one length's three sections: about
+# 45 compilations, seconds each).
+KERNELS_MIN_S = 20
+
+
+def _bench_kernels(suite: Suite, limit: float, lengths: tuple[int, ...],
+                   name: str) -> StageResult:
+    """One lra.bench_kernels per length, shortest first, each length's whole output kept in
+    <out>/logs/<name>_L<length>.md once it completes (a rerun runs only the lengths that
+    lack one); the tables of every length merged, with the % of the bf16 peak."""
+    start, outputs, commands, states = time.monotonic(), [], [], []
+    for length in lengths:
+        cmd = [sys.executable, "-m", "lra.bench_kernels", f"--lengths={length}",
+               *suite.plan.bench_kernels_args]
+        done = os.path.join(suite.logs, f"{name}_L{length}.md")
+        stamp = f"command: {display(cmd)}\n"
+        if os.path.exists(done):
+            with open(done, encoding="utf-8") as f:
+                text = f.read()
+            if text.startswith(stamp):  # the same command: measured already
+                outputs.append(text[len(stamp):])
+                states.append(f"L={length} complete earlier")
+                continue
+        left = limit - (time.monotonic() - start) - GRACE_S - 5  # SIGTERM, then SIGKILL
+        if left < min(KERNELS_MIN_S, limit / 2):
+            states.append(f"L={length} not started: no time left")
+            continue
+        commands.append(display(cmd))
+        _log(f"{name}: L={length} (limit {left:.0f} s): {display(cmd)}")
+        outcome = run_command(cmd, timeout=left, xla_flags=suite.plan.xla_flags,
+                              log_path=os.path.join(suite.logs, f"{name}.log"))
+        outputs.append(outcome.stdout)
+        if outcome.returncode == 0:
+            write_atomic(done, stamp + outcome.stdout)
+            states.append(f"L={length} {outcome.describe()}")
+        else:
+            states.append(f"L={length} {'partial' if outcome.timed_out else 'failed'}: "
+                          f"{outcome.describe()}")
     bf16 = "--dtype=bfloat16" in suite.plan.bench_kernels_args
     peak = bf16_peak_tflops(suite.device["kind"]) if bf16 else None
     note = (f"% peak: TFLOP/s over {peak:g} TFLOP/s, the device's dense bf16 peak "
             "(NVIDIA's datasheet)." if peak else
             f"No % of peak: no bf16 peak known for {suite.device['kind']}"
             + ("" if bf16 else " (and the inputs are not bfloat16)") + ".")
-    body = f"{note}\n\n{with_peak_fraction(outcome.stdout, peak)}"
-    status = ("complete" if outcome.returncode == 0
-              else "partial" if outcome.timed_out else "failed")
-    return StageResult(status, outcome.describe(), body, [display(cmd)])
+    body = (f"Lengths {', '.join(map(str, lengths))}: " + "; ".join(states) + ".\n\n"
+            f"{note}\n\n{with_peak_fraction(merge_bench_outputs(outputs), peak)}")
+    status = ("failed" if any(": exit" in s for s in states)
+              else "complete" if all("complete" in s or "done in" in s for s in states)
+              else "partial")
+    return StageResult(status, "; ".join(states), body, commands)
+
+
+def merge_bench_outputs(outputs: list[str]) -> str:
+    """lra.bench_kernels' outputs (one per length) as one: the first `device:` line, then
+    each section once (its text from the first output that has it, its table's rows from
+    every output, in order)."""
+    head, sections = "", {}
+    for text in outputs:
+        section, table_lines = None, 0
+        for line in text.splitlines():
+            if line.startswith("### "):
+                section = sections.setdefault(line, {"text": [], "table": [], "owner": text})
+                table_lines = 0
+            elif section is None:
+                head = head or line.strip()
+            elif line.startswith("|"):
+                table_lines += 1
+                if table_lines > 2 or section["owner"] is text:
+                    section["table"].append(line)
+            elif section["owner"] is text and line.strip():
+                section["text"].append(line)
+    parts = [head] if head else []
+    for title, section in sections.items():
+        lines = [title, ""]
+        for t in section["text"]:
+            lines += [t, ""]
+        parts.append("\n".join(lines + section["table"]))
+    return "\n\n".join(parts) + "\n"
 
 
 def with_peak_fraction(markdown: str, peak: float | None) -> str:
@@ -322,7 +413,18 @@ def _exponent_note(model: str, exponent: float | None) -> str:
     return f"{model} ({'too few cells' if exponent is None else f'L^{exponent:.2f}'})"
 
 
-# --- runs: ListOps via lra.sweep -------------------------------------------------------
+# --- transformer, runs: full-size ListOps runs, time-boxed ------------------------------
+#
+# A lent GPU gives minutes, LRA's ListOps run is 5000 steps: each run here trains for the
+# time its stage gives it and is then tested where it stopped. The run is launch.py in
+# <out>/runs/listops/<model>/seed0 (lra.sweep's folder for it, so `lra.report` reads it);
+# at its training deadline it gets SIGTERM, on which launch.py saves a checkpoint at the
+# next step; a second launch.py in the same folder with --config.num_train_steps=<that
+# step> resumes there, trains no step, and tests the best-on-validation weights: its
+# results.json says `steps` (done) and the tables set them beside the config's (LRA's
+# 5000). The learning-rate schedule (LRA's rsqrt decay) does not depend on
+# num_train_steps, so these are the first steps of the 5000-step run, and running the
+# stage again where the checkpoints are (--force) trains on from them.
 
 
 def listops_dir(suite: Suite) -> str:
@@ -332,8 +434,8 @@ def listops_dir(suite: Suite) -> str:
         return os.path.join(suite.out, "data", "listops")
     from lra import sweep
 
-    config = sweep.expected_config("listops", suite.plan.run_models[0], 0,
-                                   suite.plan.run_config_arg, list(suite.plan.run_overrides))
+    config = sweep.expected_config("listops", "transformer", 0, suite.plan.run_config_arg,
+                                   list(suite.plan.run_overrides))
     path = str(config["data_dir"])
     return path if os.path.isabs(path) else os.path.join(REPO, path)
 
@@ -341,6 +443,10 @@ def listops_dir(suite: Suite) -> str:
 def run_overrides(suite: Suite) -> list[str]:
     extra = [f"data_dir={suite.data_dir}"] if suite.plan is DRY else []
     return [*suite.plan.run_overrides, *extra]
+
+
+def transformer_overrides(suite: Suite) -> list[str]:
+    return [*run_overrides(suite), *suite.plan.transformer_overrides]
 
 
 def start_listops_generator(suite: Suite) -> None:
@@ -364,7 +470,8 @@ def start_listops_generator(suite: Suite) -> None:
                                            start_new_session=True)
 
 
-def wait_for_listops(suite: Suite, limit: float) -> str | None:
+def wait_for_listops(suite: Suite, limit: float, model: str,
+                     overrides: list[str]) -> str | None:
     """None once the ListOps set is in place; else why the runs cannot start."""
     if suite.generator is not None:
         try:
@@ -377,61 +484,234 @@ def wait_for_listops(suite: Suite, limit: float) -> str | None:
             return (f"generating the ListOps set failed (exit {code}, see "
                     f"{os.path.join(suite.logs, 'listops_data.log')})")
         os.replace(suite.data_dir + ".partial", suite.data_dir)
+        _log(f"ListOps data generated -> {suite.data_dir}")
     from lra import sweep
 
-    config = sweep.expected_config("listops", suite.plan.run_models[0], 0,
-                                   suite.plan.run_config_arg, run_overrides(suite))
+    config = sweep.expected_config("listops", model, 0, suite.plan.run_config_arg, overrides)
     return sweep.missing_data("listops", config)
 
 
-def stage_runs(suite: Suite, limit: float) -> StageResult:
-    """One lra.sweep per model, in RUN_ORDER, while time is left; stopped at the stage's
-    limit with SIGTERM (launch.py saves a checkpoint: the next suite run resumes it)."""
+@dataclasses.dataclass
+class RunReport:
+    """What one time-boxed run did: `state` (one line for the tables), its commands, and
+    whether it ended with a tested result (`tested`) or failed (`failed`)."""
+    state: str
+    commands: list[str]
+    tested: bool = False
+    failed: bool = False
+
+
+def last_checkpoint(workdir: str) -> int | None:
+    """The newest step in <workdir>/checkpoints/last (orbax's folders named by step;
+    one being written has another name), or None."""
+    last = os.path.join(workdir, "checkpoints", "last")
+    steps = [int(n) for n in os.listdir(last) if n.isdigit()] if os.path.isdir(last) else []
+    return max(steps, default=None)
+
+
+def _training_started(log_path: str, offset: int) -> bool:
+    with open(log_path, "rb") as f:
+        f.seek(offset)
+        return re.search(rb"^Training ", f.read(), re.M) is not None
+
+
+def launch(cmd: list[str], workdir: str, *, deadline: float, max_train_s: float = 0,
+           grace: float = RUN_GRACE_S, xla_flags: str = "") -> tuple[int | None, float | None]:
+    """Runs one launch.py (stdout appended to <workdir>/log.txt, stderr to stderr.txt, as
+    lra.sweep does) until it ends, or until `deadline` (time.monotonic()) or `max_train_s`
+    seconds after its training began (its `Training ...` line), whichever is first: then
+    SIGTERM to its process group (launch.py saves a checkpoint) and SIGKILL `grace`
+    seconds later. Returns (exit code, None when stopped; seconds from the `Training` line to the
+    end, None when it never printed it)."""
+    os.makedirs(workdir, exist_ok=True)
+    log_path = os.path.join(workdir, "log.txt")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if xla_flags:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {xla_flags}".strip()
+    with open(log_path, "ab") as out, open(os.path.join(workdir, "stderr.txt"), "ab") as err:
+        stamp = datetime.datetime.now().isoformat(timespec="seconds")
+        err.write(f"==== {stamp}: {display(cmd)}\n".encode())
+        err.flush()
+        offset = out.tell()
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=err, env=env,
+                                start_new_session=True)
+        trained_from, returncode = None, None
+        try:
+            while True:
+                returncode = proc.poll()
+                now = time.monotonic()
+                if returncode is not None:
+                    break
+                if trained_from is None and _training_started(log_path, offset):
+                    trained_from = now
+                stop_at = deadline
+                if max_train_s and trained_from is not None:
+                    stop_at = min(stop_at, trained_from + max_train_s)
+                if now >= stop_at:
+                    _stop_group(proc, grace)
+                    returncode = None
+                    break
+                time.sleep(0.25)
+        except BaseException:  # Ctrl-C or SIGTERM to the suite: leave nothing running
+            _stop_group(proc, grace)
+            raise
+    if trained_from is None and _training_started(log_path, offset):
+        trained_from = now
+    return returncode, (None if trained_from is None else time.monotonic() - trained_from)
+
+
+def _error_line(workdir: str) -> str:
+    path = os.path.join(workdir, "stderr.txt")
+    with open(path, encoding="utf-8", errors="replace") as f:
+        text = f.read().rsplit("==== ", 1)[-1]
+    lines = [l.strip() for l in text.splitlines()[1:] if l.strip()]
+    return lines[-1][:300] if lines else "no error output"
+
+
+def planned_steps(suite: Suite, model: str, overrides: list[str]) -> int:
+    from lra import sweep
+
+    return int(sweep.expected_config("listops", model, 0, suite.plan.run_config_arg,
+                                     overrides)["num_train_steps"])
+
+
+def timed_run(suite: Suite, model: str, limit: float, overrides: list[str],
+              max_train_s: float = 0) -> RunReport:
+    """One ListOps run of `model` within `limit` seconds: training until the run's own end
+    or its deadline (limit less the test's reserve), then, if stopped, its test at the
+    step its checkpoint holds (see the section's comment)."""
     from lra import sweep
 
     plan, start = suite.plan, time.monotonic()
-    sweep_dir = os.path.join(suite.out, "runs")
-    overrides = run_overrides(suite)
-    missing = wait_for_listops(suite, limit - RUN_GRACE_S)
+    workdir = sweep.run_dir(os.path.join(suite.out, "runs"), "listops", model, 0, overrides)
+    results = os.path.join(workdir, "results.json")
+    before = os.path.getmtime(results) if os.path.exists(results) else None
+
+    def tested() -> bool:
+        return os.path.exists(results) and os.path.getmtime(results) != before
+
+    cmd = sweep.command("listops", model, 0, plan.run_config_arg, workdir, overrides)
+    # The test gets its reserve, and stopping the training (a checkpoint: seconds) 15 s.
+    train_deadline = start + limit - plan.test_reserve_s - 15
+    _log(f"{model}: training until {train_deadline - start:.0f} s from now"
+         + (f" or {max_train_s:g} s of training" if max_train_s else "")
+         + f": {display(cmd)}")
+    code, trained = launch(cmd, workdir, deadline=train_deadline, max_train_s=max_train_s,
+                           xla_flags=plan.xla_flags)
+    commands = [display(cmd)]
+    if code == 0 and tested():
+        return RunReport(f"finished in {time.monotonic() - start:.0f} s", commands,
+                         tested=True)
+    if code is not None and code != 143:  # 143: it saved and stopped on a SIGTERM
+        return RunReport(f"FAILED: exit {code}: {_error_line(workdir)}", commands,
+                         failed=True)
+    step = last_checkpoint(workdir)
+    if step is None:
+        return RunReport(f"stopped after {time.monotonic() - start:.0f} s before its first "
+                         "checkpoint (reading the data and compiling took the time)", commands)
+    test = [*cmd, f"--config.num_train_steps={step}"]
+    commands.append(display(test))
+    _log(f"{model}: stopped; testing at step {step}: {display(test)}")
+    code, _ = launch(test, workdir, deadline=start + limit - GRACE_S - 5, grace=GRACE_S,
+                     xla_flags=plan.xla_flags)
+    what = (f"time-boxed: trained {trained:.0f} s" if trained is not None else "time-boxed")
+    if code == 0 and tested():
+        return RunReport(f"{what}, stopped at step {step} and tested there", commands,
+                         tested=True)
+    if code is None:
+        return RunReport(f"{what} to step {step}; its test ran out of time (run again)",
+                         commands)
+    return RunReport(f"{what} to step {step}; its test FAILED: exit {code}: "
+                     f"{_error_line(workdir)}", commands, failed=True)
+
+
+def _runs_table(suite: Suite, models: list[str], overrides_of, states: dict[str, str]) -> list[str]:
+    from lra import sweep
+
+    published = _published_listops()
+    rows = ["| model | state | steps done / planned | test acc | LRA (published, 5000 "
+            "steps) | best val acc (step) | steps/s | input wait | device peak | folder |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for model in models:
+        overrides = overrides_of(model)
+        workdir = sweep.run_dir(os.path.join(suite.out, "runs"), "listops", model, 0,
+                                overrides)
+        rows.append(_run_row(model, workdir, states.get(model, ""), published.get(model),
+                             planned_steps(suite, model, overrides)))
+    return rows
+
+
+def stage_transformer(suite: Suite, limit: float) -> StageResult:
+    """One full-size ListOps run of transformer, trained for the time the stage has and
+    tested where it stopped, beside LRA's 36.37."""
+    from lra import sweep
+
+    start, plan = time.monotonic(), suite.plan
+    overrides = transformer_overrides(suite)
+    missing = wait_for_listops(suite, limit - plan.test_reserve_s - 75,
+                               "transformer", overrides)
     if missing:
         return StageResult("partial", missing.split(";")[0], missing + "\n", [])
-    commands, states = [], {}
+    report = timed_run(suite, "transformer", limit - (time.monotonic() - start), overrides,
+                       plan.max_train_s)
+    total = planned_steps(suite, "transformer", overrides)
+    size = ("LRA's full size (length 2000, batch 32, 4 layers of width 512; LRA trains "
+            f"{total} steps)" if plan is FULL
+            else f"`{plan.run_config_arg}` with {', '.join(sweep.normalized_overrides(overrides))}")
+    body = [f"ListOps at {size}, seed 0, from `{rel(suite.data_dir)}`, trained for the "
+            "time this stage had and tested with its best-on-validation weights where it "
+            f"stopped: `steps done / planned` says how far it got of the {total}. LRA's "
+            "published accuracy is after all of them. Run the stage again where its "
+            "checkpoints are (`--stages=transformer --force`) to train on from there.", "",
+            *_runs_table(suite, ["transformer"], lambda m: overrides,
+                         {"transformer": report.state}), ""]
+    status = "failed" if report.failed else "complete" if report.tested else "partial"
+    return StageResult(status, report.state, "\n".join(body), report.commands)
+
+
+def stage_runs(suite: Suite, limit: float) -> StageResult:
+    """A time-boxed run per model (Plan.run_models, the issue's order after transformer,
+    at most Plan.run_seconds each) while time is left; a model with a results.json is
+    done (its test accuracy, at the steps it reached)."""
+    from lra import sweep
+
+    plan, start = suite.plan, time.monotonic()
+    overrides = run_overrides(suite)
+    missing = wait_for_listops(suite, limit - plan.test_reserve_s - 75,
+                               plan.run_models[0], overrides)
+    if missing:
+        return StageResult("partial", missing.split(";")[0], missing + "\n", [])
+    commands, states, failed = [], {}, False
     for model in plan.run_models:
-        left = limit - (time.monotonic() - start) - RUN_GRACE_S
-        if left < plan.min_pass_s or left <= 0:
-            states[model] = "not started: no time left"
+        workdir = sweep.run_dir(os.path.join(suite.out, "runs"), "listops", model, 0,
+                                overrides)
+        if os.path.exists(os.path.join(workdir, "results.json")):
             continue
-        cmd = [sys.executable, "-m", "lra.sweep", "--task=listops", f"--models={model}",
-               "--seeds=0", f"--sweep_dir={sweep_dir}", f"--config_arg={plan.run_config_arg}",
-               *[f"--override={o}" for o in overrides]]
-        _log(f"runs: {model} (limit {left:.0f} s): {display(cmd)}")
-        commands.append(display(cmd))
-        outcome = run_command(cmd, timeout=left, grace=RUN_GRACE_S, xla_flags=plan.xla_flags,
-                              log_path=os.path.join(suite.logs, "runs.log"))
-        said = [l for l in outcome.stdout.splitlines() if l.startswith("[")]
-        states[model] = (f"stopped at the suite's limit after {outcome.seconds:.0f} s "
-                         "(SIGTERM: launch.py saves a checkpoint; run the suite again to "
-                         "resume)"
-                         if outcome.timed_out else
-                         said[-1].split(": ", 1)[-1] if said else outcome.describe())
-    rows = []
-    published = _published_listops()
-    for model in plan.run_models:
-        workdir = sweep.run_dir(sweep_dir, "listops", model, 0, overrides)
-        rows.append(_run_row(model, workdir, states.get(model, ""), published.get(model)))
-    finished = sum(os.path.exists(os.path.join(sweep.run_dir(sweep_dir, "listops", m, 0,
-                                                             overrides), "results.json"))
-                   for m in plan.run_models)
-    size = ("its full size (LRA's: length 2000, 5000 steps)" if plan is FULL
+        left = limit - (time.monotonic() - start)
+        need = plan.test_reserve_s + 15 + plan.min_pass_s
+        if left < need or left <= 0:
+            states[model] = "not started: no time left (next call)"
+            continue
+        report = timed_run(suite, model, min(left, plan.run_seconds or left), overrides,
+                           plan.max_train_s)
+        states[model] = report.state
+        commands += report.commands
+        failed = failed or report.failed
+    finished = sum(os.path.exists(os.path.join(sweep.run_dir(
+        os.path.join(suite.out, "runs"), "listops", m, 0, overrides), "results.json"))
+        for m in plan.run_models)
+    size = ("LRA's full size (length 2000, 5000 steps planned)" if plan is FULL
             else f"`{plan.run_config_arg}` with {', '.join(plan.run_overrides)}")
-    body = [f"ListOps at {size}, seed 0, from `{rel(suite.data_dir)}`; each run's "
-            f"results.json in its folder under {rel(sweep_dir)}/. "
-            f"Table 1: `python -m lra.report {rel(sweep_dir)}`.", "",
-            "| model | state | steps | test acc | LRA (published) | best val acc | "
-            "steps/s | input wait | device peak | folder |",
-            "|---|---|---|---|---|---|---|---|---|---|", *rows]
-    status = "complete" if finished == len(plan.run_models) else "partial"
-    return StageResult(status, f"{finished} of {len(plan.run_models)} runs finished",
+    sweep_dir = os.path.join(suite.out, "runs")
+    each = (f"at most {plan.run_seconds:g} s" if plan.run_seconds else "the time left")
+    body = [f"ListOps at {size}, seed 0, from `{rel(suite.data_dir)}`; each run trained for "
+            f"{each} (training, then its test where it stopped: `steps done / planned`); "
+            f"each run's results.json in its folder under {rel(sweep_dir)}/. Table 1: "
+            f"`python -m lra.report {rel(sweep_dir)}`."]
+    body += ["", *_runs_table(suite, list(plan.run_models), lambda m: overrides, states)]
+    status = ("failed" if failed else "complete" if finished == len(plan.run_models)
+              else "partial")
+    return StageResult(status, f"{finished} of {len(plan.run_models)} runs tested",
                        "\n".join(body), commands)
 
 
@@ -443,21 +723,25 @@ def _published_listops() -> dict[str, float]:
             if r["source"] == "tay2021" and r["accuracy"].get("listops") is not None}
 
 
-def _run_row(model: str, workdir: str, state: str, published: float | None) -> str:
+def _run_row(model: str, workdir: str, state: str, published: float | None,
+             planned: int) -> str:
     path = os.path.join(workdir, "results.json")
     folder = rel(workdir)
     pub = f"{published:.2f}" if published is not None else "-"
     if not os.path.exists(path):
         progress = _last_step(os.path.join(workdir, "log.txt"))
         state = state or "not started"
-        return (f"| {model} | {state}{'; ' + progress if progress else ''} | - | - | {pub} | "
-                f"- | - | - | - | {folder} |")
+        return (f"| {model} | {state}{'; ' + progress if progress else ''} | - / {planned} | "
+                f"- | {pub} | - | - | - | - | {folder} |")
     with open(path) as f:
         r = json.load(f)
     peak = r.get("device_peak_bytes")
     wait = r.get("input_wait_fraction")
-    return (f"| {model} | finished | {r.get('steps')} | {100 * r['test_accuracy']:.2f} | "
-            f"{pub} | {100 * r['best_eval_accuracy']:.2f} | "
+    steps = r.get("steps")
+    state = state or ("tested earlier" if steps is not None and steps < planned
+                      else "finished earlier")
+    return (f"| {model} | {state} | {steps} / {planned} | {100 * r['test_accuracy']:.2f} | "
+            f"{pub} | {100 * r['best_eval_accuracy']:.2f} ({r.get('best_step', '-')}) | "
             f"{r.get('train_steps_per_sec') or 0:.2f} | "
             f"{'-' if wait is None else f'{100 * wait:.0f}%'} | "
             f"{_size(peak) if peak else '-'} | {folder} |")
@@ -470,4 +754,3 @@ def _last_step(log_path: str) -> str:
     with open(log_path, errors="replace") as f:
         steps = re.findall(r"^step\s+(\d+/\d+)", f.read(), re.M)
     return f"reached step {steps[-1]}" if steps else ""
-

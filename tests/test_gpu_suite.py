@@ -1,5 +1,7 @@
 """lra.gpu_suite: the dry run goes through every stage on CPU; complete stages are skipped
-on a rerun; a stage that fails or runs out of time is recorded and the suite goes on."""
+on a rerun; a stage that fails or runs out of time is recorded and the suite goes on; the
+first call on a lent GPU plans the kernel tests, the 4K kernel table and one time-boxed
+ListOps run within 8 minutes."""
 import dataclasses
 import os
 import re
@@ -8,9 +10,12 @@ import subprocess
 import sys
 import time
 
+import tarfile
+import zipfile
+
 import pytest
 
-from lra import gpu_stages, gpu_suite
+from lra import gpu_common, gpu_stages, gpu_suite
 
 H100 = {"kind": "NVIDIA H100 80GB HBM3", "platform": "gpu", "count": 1, "jax": "0.11.0",
         "jaxlib": "0.11.0"}
@@ -28,7 +33,8 @@ BENCH_KERNELS_OUT = """device: NVIDIA H100 80GB HBM3, jax 0.11.0, B=8 H=16 D=64 
 | 1.00x | 1.33x |
 """
 
-STAGE_FILES = ["kernels_tests.md", "kernels.md", "efficiency.md", "runs.md"]
+STAGE_FILES = ["kernels_tests.md", "kernels.md", "transformer.md", "efficiency.md", "runs.md",
+               "kernels_long.md"]
 
 
 def _status(path):
@@ -40,19 +46,22 @@ def _no_commands(*args, **kwargs):
 
 
 def test_dry_run_writes_every_stage_and_a_rerun_skips_them(tmp_path, monkeypatch):
-    """The whole dry run (every stage's command at tiny sizes, on CPU), then: a rerun runs
-    nothing; a stage marked partial is the only one run again."""
+    """The whole dry run (every stage's command at tiny sizes, on CPU; the transformer run
+    time-boxed, stopped and tested where it stopped), then: a rerun runs nothing; a stage
+    marked partial resumes (a kernel length measured earlier is not measured again)."""
     out = tmp_path / "gpu"
     start = time.monotonic()
-    assert gpu_suite.main(["--dry_run", f"--out={out}"]) == 0
+    assert gpu_suite.main(["--dry_run", f"--out={out}", f"--pack={tmp_path / 'back.tgz'}"]) == 0
     print(f"dry run: {time.monotonic() - start:.0f} s")
     for name in STAGE_FILES:
         text = (out / name).read_text()
         head = text.split("\n\n", 2)[1]  # the lines after the title
         assert head.startswith("device: cpu (cpu, 1 device) · jax "), head
         assert re.search(r"· \d{4}-\d\d-\d\d \d\d:\d\d UTC\n", head), head
-        assert f"suite: `python -m lra.gpu_suite --dry_run --out={out}`" in head
-        assert re.search(r"^command: `python -m (pytest|lra\.)", head, re.M), head
+        assert (f"suite: `python -m lra.gpu_suite --dry_run --out={out} "
+                f"--pack={tmp_path / 'back.tgz'}`") in head
+        assert re.search(r"^command: `python (-m (pytest|lra\.)|\S+/launch\.py )", head,
+                         re.M), head
         assert "mode: dry run\nstatus: complete in " in head, head
     kernel_tests = (out / "kernels_tests.md").read_text()
     assert "| test_linear_attention.py | 1/1 passed | 1/1 passed | - |" in kernel_tests
@@ -61,6 +70,13 @@ def test_dry_run_writes_every_stage_and_a_rerun_skips_them(tmp_path, monkeypatch
     assert "| 64 | causal |" in kernels
     # Every dense implementation is timed in its own column (on CPU, XLA only).
     assert re.search(r"\| xla [\d.]+ / [\d.]+ \|\n", kernels), kernels
+    assert "| 32 | causal |" in (out / "kernels_long.md").read_text()
+    # The time-boxed run: stopped after its training time, tested at the step it reached.
+    transformer = (out / "transformer.md").read_text()
+    m = re.search(r"\| transformer \| time-boxed: trained \d+ s, stopped at step (\d+) and "
+                  r"tested there \| (\d+) / 100000 \| [\d.]+ \| 36\.37 \|", transformer)
+    assert m and m.group(1) == m.group(2), transformer
+    assert "--config.num_train_steps=" + m.group(1) + "`" in transformer
     efficiency = (out / "efficiency.md").read_text()
     assert "## float32" in efficiency and "## bfloat16" in efficiency
     assert "measured at 128 too): linear (L^" in efficiency
@@ -68,29 +84,42 @@ def test_dry_run_writes_every_stage_and_a_rerun_skips_them(tmp_path, monkeypatch
     cells = (out / "efficiency.csv").read_text()
     assert ",128," in cells and ",bfloat16" in cells
     runs = (out / "runs.md").read_text()
-    assert "| transformer | finished | 2 |" in runs
-    assert list((out / "runs" / "listops" / "transformer").glob("*/results.json"))
+    assert re.search(r"\| linear \| finished in \d+ s \| 2 / 2 \|", runs), runs
+    assert list((out / "runs" / "listops" / "linear").glob("*/results.json"))
     summary = (out / "summary.md").read_text()
-    assert summary.count("| complete in ") == 4, summary
+    assert summary.count("| complete in ") == 6, summary
+    # What a call brings back: the results without checkpoints and generated data.
+    with tarfile.open(tmp_path / "back.tgz") as tar:
+        names = tar.getnames()
+    assert "gpu/transformer.md" in names and "gpu/efficiency.csv" in names
+    assert any(n.endswith("/results.json") for n in names)
+    assert not [n for n in names if "/checkpoints" in n or n.startswith("gpu/data")]
 
     # Everything complete: nothing runs, the device is not even probed.
     before = {name: (out / name).read_text() for name in STAGE_FILES}
     monkeypatch.setattr(gpu_stages, "run_command", _no_commands)
+    monkeypatch.setattr(gpu_stages, "launch", _no_commands)
     monkeypatch.setattr(gpu_suite, "probe_device", _no_commands)
     assert gpu_suite.main(["--dry_run", f"--out={out}"]) == 0
     assert {name: (out / name).read_text() for name in STAGE_FILES} == before
 
-    # kernels.md partial: only bench_kernels runs again (here a stand-in for it).
-    (out / "kernels.md").write_text(before["kernels.md"].replace("status: complete",
-                                                                 "status: partial"))
+    # kernels.md partial: the stage runs again, but its length is measured already.
+    monkeypatch.setattr(gpu_suite, "probe_device", lambda: dict(H100, platform="cpu",
+                                                                 kind="cpu"))
+    partial = before["kernels.md"].replace("status: complete", "status: partial")
+    (out / "kernels.md").write_text(partial)
+    assert gpu_suite.main(["--dry_run", f"--out={out}"]) == 0
+    assert "L=64 complete earlier" in (out / "kernels.md").read_text()
+    assert _status(out / "kernels.md") == "complete"
+    # Without that length's output kept, only bench_kernels runs (here a stand-in).
+    (out / "kernels.md").write_text(partial)
+    (out / "logs" / "kernels_L64.md").unlink()
     ran = []
 
     def fake(cmd, **kwargs):
         ran.append(cmd[2])
         return gpu_suite.Outcome(0, 1.0, BENCH_KERNELS_OUT, "")
     monkeypatch.setattr(gpu_stages, "run_command", fake)
-    monkeypatch.setattr(gpu_suite, "probe_device", lambda: dict(H100, platform="cpu",
-                                                                 kind="cpu"))
     assert gpu_suite.main(["--dry_run", f"--out={out}"]) == 0
     assert ran == ["lra.bench_kernels"]
     assert _status(out / "kernels.md") == "complete"
@@ -102,6 +131,77 @@ def test_dry_run_writes_every_stage_and_a_rerun_skips_them(tmp_path, monkeypatch
     gpu_suite.main([f"--out={out}", "--stages=kernel_tests,kernels"])
     assert ran == ["pytest", "lra.bench_kernels"]
     assert "mode: full" in (out / "kernels.md").read_text()
+
+
+def test_first_call_fits_a_lent_gpu(tmp_path, capsys):
+    """A lent GPU gives 15 minutes a session (start included), 10 a command: the default
+    call is the kernel tests, the 4K kernel table and one time-boxed full-size transformer
+    run, planned within 8 minutes with the wheels' install and the packing; the next call
+    is the efficiency table and more runs."""
+    first = gpu_common.plan_call(gpu_suite.STAGE_NAMES, 60 * gpu_common.CALL_MINUTES,
+                                 gpu_common.FULL)
+    assert first == [("kernel_tests", 100), ("kernels", 80), ("transformer", 270)]
+    assert sum(s for _, s in first) + gpu_common.CALL_OVERHEAD_S <= 8 * 60
+    # Each stage's limit as the call goes: early finishes go to the time-boxed run.
+    assert [gpu_common.stage_limit(first, i, left, gpu_common.FULL)
+            for i, left in ((0, 450), (1, 400), (2, 330))] == [100, 80, 330]
+    assert gpu_suite.main([f"--out={tmp_path}", "--plan"]) == 0
+    assert capsys.readouterr().out == (
+        f"full, --out={tmp_path}: this call (450 s): kernel_tests 100 s, kernels 80 s, "
+        "transformer 270 s; next call: efficiency, runs, kernels_long\n")
+    for stage in gpu_suite.STAGES[:3]:
+        (tmp_path / stage.filename).write_text("mode: full\nstatus: complete in 1 s\n")
+    assert gpu_suite.main([f"--out={tmp_path}", "--plan"]) == 0
+    assert capsys.readouterr().out == (
+        f"full, --out={tmp_path}: this call (450 s): efficiency 173 s, runs 277 s; next "
+        "call: kernels_long\n")
+    # A session's rest after the first call (4 minutes): the efficiency table alone.
+    assert gpu_common.plan_call(["efficiency", "runs", "kernels_long"], 240,
+                                gpu_common.FULL) == [("efficiency", 240)]
+    assert gpu_common.plan_call(["runs"], 100, gpu_common.FULL) == []
+
+
+def test_wheels_check(tmp_path, capsys):
+    """check_wheels names what the carried wheels need from the GPU image, and refuses a
+    requirement neither carried nor there, and a package carried twice."""
+    def wheel(name, version, *requires):
+        meta = f"Name: {name}\nVersion: {version}\n" + "".join(
+            f"Requires-Dist: {r}\n" for r in requires)
+        with zipfile.ZipFile(tmp_path / f"{name}-{version}-py3-none-any.whl", "w") as z:
+            z.writestr(f"{name}-{version}.dist-info/METADATA", meta)
+    wheel("grain", "0.2.18", "absl-py", "array-record>=0.8.1; sys_platform != \"win32\"",
+          "etils[epath,epy]", "portpicker", "windows-only; sys_platform == \"win32\"",
+          "pytype; extra == \"testing\"")
+    wheel("array_record", "0.8.6", "absl-py")
+    wheel("portpicker", "1.6.0", "psutil")
+    assert gpu_common.check_wheels(str(tmp_path)) == 0
+    out = capsys.readouterr().out
+    assert "array-record 0.8.6, grain 0.2.18, portpicker 1.6.0" in out
+    assert "their requirements that the GPU image has: absl-py, etils, psutil\n" in out
+    wheel("tensorboardX", "2.6.5", "numpy", "not-in-the-image")
+    wheel("portpicker", "1.5.0", "psutil")
+    assert gpu_common.check_wheels(str(tmp_path)) == 1
+    out = capsys.readouterr().out
+    assert "error: required but neither carried nor in the GPU image: not-in-the-image" in out
+    assert "error: carried in more than one version: portpicker" in out
+
+
+def test_launch_stops_a_run_after_its_training_time(tmp_path):
+    """A time-boxed run gets SIGTERM `max_train_s` seconds after its `Training` line (or
+    at its deadline, whichever is first), and its output is kept in the run's folder."""
+    script = ("import signal, sys, time\n"
+              "signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))\n"
+              "time.sleep(0.5); print('Training x: steps 0..5000', flush=True)\n"
+              "time.sleep(60)\n")
+    start = time.monotonic()
+    code, trained = gpu_stages.launch([sys.executable, "-c", script], str(tmp_path),
+                                      deadline=start + 30, max_train_s=1)
+    assert code is None and 0.9 < trained < 5 and time.monotonic() - start < 10
+    assert "Training x" in (tmp_path / "log.txt").read_text()
+    assert "==== " in (tmp_path / "stderr.txt").read_text()
+    code, trained = gpu_stages.launch([sys.executable, "-c", "print('no training')"],
+                                      str(tmp_path), deadline=time.monotonic() + 30)
+    assert (code, trained) == (0, None)
 
 
 def test_failing_stage_is_recorded_and_the_suite_goes_on(tmp_path, monkeypatch):
@@ -121,7 +221,7 @@ def test_failing_stage_is_recorded_and_the_suite_goes_on(tmp_path, monkeypatch):
     assert gpu_suite.main([f"--out={out}", "--stages=kernel_tests,kernels"]) == 1
     failed = (out / "kernels_tests.md").read_text()
     assert "device: NVIDIA H100 80GB HBM3 (gpu, 1 device) · jax 0.11.0" in failed
-    assert "status: failed in 0 s (RuntimeError: boom in the kernel tests)" in failed
+    assert "status: failed in 0 s of 100 s (RuntimeError: boom in the kernel tests)" in failed
     assert "Traceback (most recent call last)" in failed
     kernels = (out / "kernels.md").read_text()
     assert "status: partial in " in kernels
@@ -130,9 +230,9 @@ def test_failing_stage_is_recorded_and_the_suite_goes_on(tmp_path, monkeypatch):
     assert "| % peak fwd | % peak fwd+bwd |" in kernels
     assert "| 1.00x | 1.33x | 50.0% | n/a |" in kernels
     summary = (out / "summary.md").read_text()
-    assert "| kernel_tests | kernels_tests.md | failed" in summary
-    assert "| kernels | kernels.md | partial" in summary
-    assert "| efficiency | efficiency.md | - |" in summary
+    assert "| kernel_tests | kernels_tests.md | planned 100 s | failed" in summary
+    assert "| kernels | kernels.md | planned 350 s | partial" in summary  # the spare
+    assert "| efficiency | efficiency.md | - | - |" in summary
 
     monkeypatch.setattr(gpu_suite, "STAGES", [
         dataclasses.replace(s, run=lambda suite, limit: gpu_suite.StageResult(
@@ -210,7 +310,8 @@ def test_ratio_table_and_subquadratic_choice():
 
 def test_cli_dry_run_help_and_wheels_target():
     """`python -m lra.gpu_suite --help` works without touching jax; the Makefile's
-    gpu-wheels asks pip for Python 3.12 binary wheels of what the GPU image lacks."""
+    gpu-wheels asks pip for Python 3.12 binary wheels of what the GPU image lacks (the
+    five, without their dependencies, then checks them)."""
     proc = subprocess.run([sys.executable, "-m", "lra.gpu_suite", "--help"],
                           capture_output=True, text=True, timeout=120, cwd=gpu_suite.REPO)
     assert proc.returncode == 0 and "--dry_run" in proc.stdout and "--budget_minutes" in \
@@ -222,61 +323,80 @@ def test_cli_dry_run_help_and_wheels_target():
     assert dry.returncode == 0, dry.stderr
     assert "--python-version 3.12" in dry.stdout and "--only-binary=:all:" in dry.stdout
     assert "-d .gpu-wheels" in dry.stdout
-    assert "python3 -m lra.gpu_suite --out=results/gpu --budget_minutes=25" in dry.stdout
+    assert "python3 -m lra.gpu_suite \\\n    --out=results/gpu --budget_minutes=7.5" in dry.stdout
+    for wheel in ("ml_collections==", "grain==", "tensorboardX==", "array_record==",
+                  "portpicker=="):
+        assert wheel in dry.stdout
+    assert "--no-deps" in dry.stdout and "check_wheels" in dry.stdout
     with open(os.path.join(gpu_suite.REPO, ".gitignore")) as f:
         assert "/.gpu-wheels/" in f.read().split()
 
 
 def test_full_plan_with_stand_in_commands(tmp_path, monkeypatch, listops_dir):
     """The full-size plan's own path (every variant in LRA's order, the 8K/16K choice,
-    three benchmark passes, the runs in the issue's order), with stand-ins for the
-    commands: a float32 pass stopped at its limit keeps its cells and the stage goes on;
-    a run stopped at the limit, one finished and one failed are each reported."""
+    three benchmark passes, the transformer run and the runs in the issue's order), with
+    stand-ins for the commands: a float32 pass stopped at its limit keeps its cells and the
+    stage goes on; a run stopped at its deadline is tested at its checkpoint's step, one
+    stopped before its first checkpoint, one finished and one failed are each reported."""
     from lra import benchmark, sweep
 
-    calls = []
+    calls, launches = [], []
 
     def fake(cmd, **kwargs):
         args = dict(a[2:].split("=", 1) for a in cmd[3:] if a.startswith("--") and "=" in a)
         calls.append((cmd[2], args))
-        if cmd[2] == "lra.benchmark":
-            models = ["transformer", *[m for m in args["models"].split(",")
-                                       if m != "transformer"]]
-            stopped = args["dtype"] == "float32" and "transformer_max_length" not in args
-            for m in models[:3] if stopped else models:
-                for l in map(int, args["lengths"].split(",")):
-                    if m == "transformer" and l > int(args.get("transformer_max_length", l)):
-                        continue
-                    power = {"transformer": 2.0, "strided": 1.7}.get(m, 1.0)
-                    benchmark.append_csv(args["csv"], {
-                        "model": m, "length": l, "time_s": l ** power / 1e7,
-                        "temp_bytes": int(l ** power), "device_peak_bytes": int(2 * l ** power),
-                        "impl": "dense"}, {"mode": "train_step", "dtype": args["dtype"],
-                                           "platform": "gpu"})
-            return gpu_suite.Outcome(None if stopped else 0, 5.0, "", "")
-        model = args["models"]
-        workdir = sweep.run_dir(args["sweep_dir"], "listops", model, 0)
+        models = ["transformer", *[m for m in args["models"].split(",")
+                                   if m != "transformer"]]
+        stopped = args["dtype"] == "float32" and "transformer_max_length" not in args
+        for m in models[:3] if stopped else models:
+            for l in map(int, args["lengths"].split(",")):
+                if m == "transformer" and l > int(args.get("transformer_max_length", l)):
+                    continue
+                power = {"transformer": 2.0, "strided": 1.7}.get(m, 1.0)
+                benchmark.append_csv(args["csv"], {
+                    "model": m, "length": l, "time_s": l ** power / 1e7,
+                    "temp_bytes": int(l ** power), "device_peak_bytes": int(2 * l ** power),
+                    "impl": "dense"}, {"mode": "train_step", "dtype": args["dtype"],
+                                       "platform": "gpu"})
+        return gpu_suite.Outcome(None if stopped else 0, 5.0, "", "")
+
+    def fake_launch(cmd, workdir, *, deadline, max_train_s=0, grace=0, xla_flags=""):
+        model = re.search(r":model=(\w+)", " ".join(cmd)).group(1)
+        steps = [a.split("=")[1] for a in cmd if a.startswith("--config.num_train_steps=")]
+        launches.append((model, steps, deadline - time.monotonic()))
         os.makedirs(workdir, exist_ok=True)
-        if model == "transformer":
+
+        def results(n):
             with open(os.path.join(workdir, "results.json"), "w") as f:
-                f.write('{"steps": 5000, "test_accuracy": 0.3712, "best_eval_accuracy": 0.38,'
-                        ' "train_steps_per_sec": 21.5, "input_wait_fraction": 0.02,'
-                        ' "device_peak_bytes": 6442450944}')
-            return gpu_suite.Outcome(0, 300.0, "[1/1] listops transformer seed 0: done in "
-                                     "300 s\n", "")
-        if model == "performer":
-            with open(os.path.join(workdir, "log.txt"), "w") as f:
-                f.write("step   1200/5000 | loss 2.1\n")
-            return gpu_suite.Outcome(None, 200.0, "", "")
-        return gpu_suite.Outcome(1, 3.0, f"[1/1] listops {model} seed 0: FAILED after 3 s: "
-                                 "boom (whole stderr: x)\n", "")
+                f.write(f'{{"steps": {n}, "test_accuracy": 0.3712, "best_eval_accuracy": 0.38,'
+                        ' "best_step": 1200, "train_steps_per_sec": 11.5,'
+                        ' "input_wait_fraction": 0.02, "device_peak_bytes": 6442450944}')
+        if model == "transformer" and not steps:  # stopped at its deadline: a checkpoint
+            os.makedirs(os.path.join(workdir, "checkpoints", "last", "1234"))
+            os.makedirs(os.path.join(workdir, "checkpoints", "last", "1300.orbax-tmp"))
+            return None, 120.0
+        if model == "transformer":  # the test at step 1234
+            results(1234)
+            return 0, None
+        if model == "performer":  # stopped while compiling
+            with open(os.path.join(workdir, "stderr.txt"), "w") as f:
+                f.write("==== x\n")
+            return None, None
+        if model == "local":
+            with open(os.path.join(workdir, "stderr.txt"), "w") as f:
+                f.write("==== x\nerror: boom\n")
+            return 1, None
+        results(5000)
+        return 0, 300.0
 
     monkeypatch.setattr(gpu_suite, "probe_device", lambda: H100)
     monkeypatch.setattr(gpu_stages, "run_command", fake)
+    monkeypatch.setattr(gpu_stages, "launch", fake_launch)
     monkeypatch.setattr(gpu_stages, "listops_dir", lambda suite: listops_dir)
     monkeypatch.setattr(sweep, "missing_data", lambda task, config: None)
     out = tmp_path / "gpu"
-    assert gpu_suite.main([f"--out={out}", "--stages=efficiency,runs"]) == 0
+    assert gpu_suite.main([f"--out={out}", "--stages=transformer,efficiency,runs",
+                           "--budget_minutes=60"]) == 1  # local failed
 
     benches = [args for name, args in calls if name == "lra.benchmark"]
     assert [(a["dtype"], a["lengths"]) for a in benches] == [
@@ -297,13 +417,30 @@ def test_full_plan_with_stand_in_commands(tmp_path, monkeypatch, listops_dir):
     assert "| longformer |" not in f32  # not measured before the stop: no row
     assert "| longformer |" in efficiency.split("## bfloat16")[1]
 
-    assert [args["models"] for name, args in calls if name == "lra.sweep"] == \
-        gpu_suite.RUN_ORDER
+    # transformer: trained to its deadline, then tested at the checkpoint's step.
+    assert launches[:2] == [("transformer", [], launches[0][2]),
+                            ("transformer", ["1234"], launches[1][2])]
+    transformer = (out / "transformer.md").read_text()
+    assert "status: complete in " in transformer
+    assert ("| transformer | time-boxed: trained 120 s, stopped at step 1234 and tested there "
+            "| 1234 / 5000 | 37.12 | 36.37 | 38.00 (1200) | 11.50 | 2% | 6.00 GiB |") in \
+        transformer
+    assert "--config.num_train_steps=1234`" in transformer
+    assert "LRA's full size (length 2000, batch 32, 4 layers of width 512; LRA trains " \
+        "5000 steps)" in transformer
+
+    assert [m for m, steps, _ in launches[2:]] == gpu_suite.RUN_ORDER[1:]
+    # Each run's training deadline: its 300 s less the test's reserve and the stop's 15 s.
+    assert all(200 < left <= 300 - 75 - 15 for _, _, left in launches[2:])
     runs = (out / "runs.md").read_text()
-    assert "status: partial in " in runs and "(1 of 11 runs finished)" in runs
-    assert "| transformer | finished | 5000 | 37.12 | 36.37 | 38.00 | 21.50 | 2% | 6.00 GiB |" \
-        in runs
-    assert ("| performer | stopped at the suite's limit after 200 s (SIGTERM: launch.py saves "
-            "a checkpoint; run the suite again to resume); reached step 1200/5000 |") in runs
-    assert "| local | FAILED after 3 s: boom (whole stderr: x) |" in runs
+    assert "status: failed in " in runs and "(8 of 10 runs tested)" in runs
+    assert ("| performer | stopped after 0 s before its first checkpoint (reading the data and "
+            "compiling took the time) | - / 5000 |") in runs
+    assert "| local | FAILED: exit 1: error: boom | - / 5000 |" in runs
+    assert "| linear | finished in 0 s | 5000 / 5000 | 37.12 | 16.13 |" in runs
     assert "mode: full" in runs and f"Table 1: `python -m lra.report {out}/runs`" in runs
+
+    # The next call: runs already tested are done; the failed and stopped ones run again.
+    launches.clear()
+    assert gpu_suite.main([f"--out={out}", "--stages=runs", "--budget_minutes=60"]) == 1
+    assert [m for m, _, _ in launches] == ["performer", "local"]
