@@ -91,6 +91,12 @@ def init_distributed(argv: list[str]) -> None:
         print("error: --coordinator_address, --num_processes and --process_id go together "
               "(or use --multihost alone for automatic detection)", file=sys.stderr)
         sys.exit(2)
+    if args.coordinator_address is not None:
+        bad = _bad_address(args.coordinator_address)
+        if bad:
+            print(f"error: --coordinator_address={args.coordinator_address}: {bad}",
+                  file=sys.stderr)
+            sys.exit(2)
     import jax
 
     if "JAX_ENABLE_PREEMPTION_SERVICE" not in os.environ:
@@ -117,6 +123,16 @@ def init_distributed(argv: list[str]) -> None:
         sys.exit(EXIT_USER_ERROR)
     print(f"process {jax.process_index()} of {jax.process_count()}: all processes connected.",
           file=sys.stderr, flush=True)
+
+
+def _bad_address(address: str) -> str | None:
+    """Why `address` is not host:port (a traceback from jaxlib before), or None."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host:
+        return "give host:port, e.g. 10.0.0.1:1234 (process 0's host, any free port)"
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        return f"port {port!r} is not a port number (1 to 65535)"
+    return None
 
 
 def _flag(arg: str) -> tuple[str | None, str | None]:

@@ -165,6 +165,12 @@ PRETRAIN_LM_LOSS = {"image": "l1", "pathfinder": "l1"}
 # full length) are another task's: MNIST's 28x28 raster takes Image's 32x32 ones, scaled
 # to its max_length by the same rules (a window of 128 of 1024 pixels is 98 of 784).
 PRESET_TASK = {"mnist": "image"}
+# The synthetic token tasks (MQAR, MAD: configs/mqar.py, configs/mad.py) take ListOps'
+# presets, scaled from its 2000 tokens to their length.
+PRESET_TASK.update({t: "listops" for t in (
+    "mqar", "mad_in_context_recall", "mad_fuzzy_in_context_recall",
+    "mad_noisy_in_context_recall", "mad_selective_copying", "mad_compression",
+    "mad_memorization")})
 
 
 def preset_task(task: str) -> str:
@@ -395,9 +401,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
         _check_range(config, name, 0.0, 1.0)
     # Adam divides by sqrt(v) + eps: eps = 0 is a division by zero where a gradient is 0.
     _check_range(config, "adam_eps", 0.0, low_open=True)
-    for name in ("weight_decay", "grad_clip_norm", "warmup", "steps_per_cycle",
-                 "random_seed"):
+    for name in ("weight_decay", "grad_clip_norm", "warmup", "steps_per_cycle"):
         _check_range(config, name, 0.0)
+    # A seed becomes a 32-bit JAX key (and offsets are added to it): a larger one was a
+    # traceback from inside jax.random.
+    _check_range(config, "random_seed", 0, 2**31, hint=" (a 31-bit integer)")
     if config.num_eval_steps == 0 or config.num_eval_steps < -1:
         raise ConfigError(f"config.num_eval_steps={config.num_eval_steps} must be positive, or "
                           "-1 for the whole validation split")
@@ -439,7 +447,7 @@ def parse_profile_steps(value: str) -> tuple[int, int] | None:
     return steps[0], steps[1]
 
 
-OBJECTIVES = ("classify", "mlm", "causal_lm")
+OBJECTIVES = ("classify", "mlm", "causal_lm", "sequence_labels")
 LM_LOSSES = ("xent", "l1")
 
 
@@ -472,6 +480,9 @@ def _validate_objective(config: ml_collections.ConfigDict) -> None:
                           "'causal' config argument does)")
     if config.lm_loss not in LM_LOSSES:
         raise ConfigError(f"config.lm_loss={config.lm_loss!r}; choose one of {LM_LOSSES}")
+    if objective == "sequence_labels" and config.lm_loss != "xent":
+        raise ConfigError("config.objective='sequence_labels' predicts token labels with a "
+                          "softmax over the vocabulary: set config.lm_loss='xent'")
     if config.lm_loss == "l1" and config.task not in PIXEL_TASKS:
         raise ConfigError(f"config.lm_loss='l1' regresses pixel intensities; task "
                           f"{config.task!r} has symbolic tokens: use lm_loss='xent'")

@@ -41,8 +41,9 @@ def _define_flags() -> None:
                       "transformer row is always added.")
     flags.DEFINE_list("lengths", ["256", "1024", "3072", "8192"], "Positions L (max_length).")
     flags.DEFINE_integer("steps", 32, "Tokens decoded (timed) after a prompt of L - steps.")
-    flags.DEFINE_integer("batch_size", 1, "Sequences generated at once.")
-    flags.DEFINE_integer("repeats", 3, "Timed runs per cell (the median is reported).")
+    flags.DEFINE_integer("batch_size", 1, "Sequences generated at once.", lower_bound=1)
+    flags.DEFINE_integer("repeats", 3, "Timed runs per cell (the median is reported).",
+                         lower_bound=1)
     flags.DEFINE_integer("emb_dim", 0, "Width (0: the ListOps mini's, 64); qkv_dim follows.")
     flags.DEFINE_integer("num_layers", 0, "Layers (0: the mini's, 2).")
     flags.DEFINE_integer("num_heads", 0, "Heads (0: the mini's, 4).")
@@ -208,6 +209,17 @@ def run(models: list[str], lengths: list[int], *, steps: int, batch: int, repeat
     return rows
 
 
+def _positive_lengths(values: list[str]) -> list[int]:
+    """--lengths as sorted ints; one line (exit) for a value that is not a positive int."""
+    try:
+        lengths = sorted(int(n) for n in values)
+    except ValueError:
+        sys.exit(f"error: --lengths={','.join(values)}: give positive integers")
+    if not lengths or lengths[0] < 1:
+        sys.exit(f"error: --lengths={','.join(values)}: give positive integers")
+    return lengths
+
+
 def main(argv) -> None:
     del argv
     import jax
@@ -220,7 +232,10 @@ def main(argv) -> None:
     if unknown:
         sys.exit(f"error: --models: {', '.join(unknown)} not causal variants; causal: "
                  f"{', '.join(causal)}")
-    lengths = sorted(int(n) for n in FLAGS.lengths)
+    lengths = _positive_lengths(FLAGS.lengths)
+    from lra.console import unwritable
+    if FLAGS.plot and unwritable(FLAGS.plot, "--plot"):
+        sys.exit(f"error: {unwritable(FLAGS.plot, '--plot')}")
     sizes = {"emb_dim": FLAGS.emb_dim, "num_layers": FLAGS.num_layers,
              "num_heads": FLAGS.num_heads}
     try:

@@ -407,6 +407,18 @@ def check_flags() -> list[int]:
             raise ValueError(f"--{name}={getattr(FLAGS, name)} must be >= 0 (see --helpfull)")
     if not FLAGS.models:
         raise ValueError("--models is empty; give registry names or 'all'")
+    unknown = [m for m in FLAGS.models if m != "all" and m not in registry.available()]
+    if unknown:  # else only a table cell said so, and the run exited 0
+        raise ValueError(f"--models: unknown {', '.join(unknown)}; available: "
+                         f"{', '.join(registry.available())}")
+    configs_dir = os.path.dirname(os.path.abspath(common.__file__))
+    if not os.path.exists(os.path.join(configs_dir, f"{FLAGS.task}.py")):
+        from lra import tasks
+        raise ValueError(f"--task={FLAGS.task}: no task config configs/{FLAGS.task}.py; "
+                         f"tasks: {', '.join(tasks.available())}")
+    from lra.console import unwritable
+    if FLAGS.csv and unwritable(FLAGS.csv, "--csv"):
+        raise ValueError(unwritable(FLAGS.csv, "--csv"))
     return lengths
 
 

@@ -80,7 +80,12 @@ def main(argv):
     if unknown:
         raise UserError(f"--models: {', '.join(unknown)} not causal variants (or unknown); "
                         f"causal: {', '.join(causal)}")
-    lengths = sorted(int(n) for n in FLAGS.lengths)
+    try:
+        lengths = sorted(int(n) for n in FLAGS.lengths)
+    except ValueError:
+        lengths = []
+    if not lengths or lengths[0] < 2:  # a CLS slot and one token at least
+        raise UserError(f"--lengths={','.join(FLAGS.lengths)}: give integers of at least 2")
     print(f"decoding cache of one sequence, task {config.task}, emb {config.emb_dim}, "
           f"{config.num_layers} layers, {config.num_heads} heads, qkv {config.qkv_dim}",
           flush=True)

@@ -625,3 +625,45 @@ def test_a_corrupt_checksum_record_keeps_the_good_checkpoint(
     assert "cannot be read" in err and "checking that checkpoint by reading it" in err
     assert 4 in [int(d) for d in os.listdir(run / "checkpoints" / "last") if d.isdigit()]
     assert _metrics(resumed) == _metrics(straight)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["launch.py", "--coordinator_address=localhost", "--num_processes=2",
+      "--process_id=0"], "--coordinator_address=localhost: give host:port"),
+    (["launch.py", "--coordinator_address=localhost:99999999", "--num_processes=2",
+      "--process_id=0"], "port '99999999' is not a port number"),
+    (["-m", "lra.benchmark", "--models=nope", "--lengths=64"], "--models: unknown nope"),
+    (["-m", "lra.benchmark", "--task=nope", "--lengths=64"], "--task=nope: no task config"),
+    (["-m", "lra.benchmark", "--csv=/nonexistent/a.csv", "--lengths=64"],
+     "--csv=/nonexistent/a.csv: cannot write there"),
+    (["-m", "lra.bench_generate", "--plot=/nonexistent/p.png"],
+     "--plot=/nonexistent/p.png: cannot write there"),
+    (["-m", "lra.bench_generate", "--lengths=0"], "--lengths=0: give positive integers"),
+    (["-m", "lra.cache_memory", "--lengths=0"], "--lengths=0: give integers of at least 2"),
+])
+def test_command_line_mistakes_are_one_line(argv, message, tmp_path):
+    """Issue 46, item 9: these were tracebacks, accepted, or exit 0 with the error inside a
+    table cell."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    if argv[0] == "launch.py":
+        argv = [os.path.join(REPO, "launch.py"), "--config=configs/listops.py:runlocal",
+                f"--workdir={tmp_path}", *argv[1:]]
+    proc = subprocess.run([sys.executable, *argv], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    lines = _error_lines(proc.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+
+
+@pytest.mark.parametrize("flag", ["--repeats=0", "--batch_size=0"])
+def test_bench_generate_refuses_zero_counts(flag):
+    proc = subprocess.run([sys.executable, "-m", "lra.bench_generate", flag], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "is not a positive integer" in proc.stderr, proc.stderr
+
+
+def test_a_seed_beyond_31_bits_is_a_config_error():
+    config = listops.get_config("runlocal")
+    config.random_seed = 10**20
+    with pytest.raises(ConfigError, match="random_seed=.* must be >= 0 and < 2147483648"):
+        common.validate(config)
