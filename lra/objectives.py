@@ -12,6 +12,13 @@
              predicts token t, every real token is a target, and the xent softmax is over
              the task's vocab_size values only (the head's logit of the start id is
              dropped). Bits per token are then bits per dim over the whole sequence.
+  sequence_labels
+             a label per position from the task (targets_NxL: MQAR, MAD; -100 where
+             ignored, DESIGN.md 14): cross-entropy over the vocabulary at the labelled
+             positions only, averaged over them. Accuracy is per labelled position;
+             evaluation also reports per-example accuracy (every labelled position of
+             the example right). Labels are aligned with the inputs (the task shifted
+             them already: MQAR's value sits on its query key's position).
 Pretraining losses are per token (cross-entropy over the vocabulary, or L1 on pixel
 intensities scaled to [0, 1] with config.lm_loss='l1'), averaged over the predicted tokens;
 retrieval's two documents are both predicted. `lra.train.train_and_evaluate` runs every
@@ -123,6 +130,8 @@ def make_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
                                else "float32")
     if objective == "classify":
         return _classify_steps(graphdef, tx, schedule, num_classes, dtype)
+    if objective == "sequence_labels":
+        return _sequence_label_steps(graphdef, tx, schedule, dtype)
     lm = dict(objective=objective, lm_loss=config.lm_loss, vocab_size=vocab_size,
               start_token=bool(config.get("start_token", False)))
     mask_key = jax.random.key(config.random_seed + MASK_SEED_OFFSET)
@@ -225,6 +234,79 @@ def _classify_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
     return train_step, eval_step
 
 
+
+# The label of a position that is not predicted (Zoology's and torch's ignore_index).
+IGNORE_LABEL = -100
+
+
+def _label_losses(model: TokenPredictor, batch: dict, deterministic: bool):
+    """Per-position (loss, correct, weight) of a sequence_labels batch: weight 1 on real
+    positions whose label is not IGNORE_LABEL; loss and correct are 0 elsewhere."""
+    logits = model(batch["inputs"], batch["mask"], deterministic=deterministic)
+    labels = batch["targets"]
+    weight = (labels != IGNORE_LABEL) & batch["mask"].astype(jnp.bool_)
+    safe = jnp.where(weight, labels, 0).astype(jnp.int32)
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32))
+    loss = -jnp.take_along_axis(logp, safe[..., None], -1)[..., 0]
+    correct = (jnp.argmax(logits, -1) == safe) & weight
+    return jnp.where(weight, loss, 0.0), correct, weight
+
+
+def label_sums(correct_BxL, weight_BxL, rows_B=None) -> dict:
+    """Counts behind the two accuracies of sequence_labels: per position (correct /
+    count) and per example (example_correct / example_count: the examples with at least
+    one labelled position, right at all of them). `rows_B` weighs the examples (0 on an
+    evaluation batch's padding rows)."""
+    w = weight_BxL.astype(jnp.float32)
+    rows = jnp.ones(w.shape[:1], jnp.float32) if rows_B is None else rows_B
+    has_label = (jnp.sum(w, -1) > 0).astype(jnp.float32) * rows
+    all_right = jnp.all(correct_BxL | (w == 0), -1).astype(jnp.float32)
+    return {"correct": jnp.sum(correct_BxL * w * rows[:, None]),
+            "count": jnp.sum(w * rows[:, None]),
+            "example_correct": jnp.sum(all_right * has_label),
+            "example_count": jnp.sum(has_label)}
+
+
+def _sequence_label_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
+                          schedule: optax.Schedule, dtype=jnp.float32):
+    """sequence_labels: cross-entropy at the labelled positions (module docstring)."""
+
+    def train_step(state, batch):
+        model = nnx.merge(graphdef, state["params"], state["rest"])
+
+        def loss_fn(model):
+            view = precision.compute_view(model, dtype)
+            loss, correct, weight = _label_losses(view, batch, deterministic=False)
+            aux = aux_loss(view)
+            precision.sync_rngs(model, view)
+            count = jnp.maximum(jnp.sum(weight), 1.0)
+            ce = jnp.sum(loss) / count
+            return ce + aux, (ce, aux, label_sums(correct, weight))
+
+        grad_fn = nnx.grad(loss_fn, argnums=nnx.DiffState(0, nnx.Param), has_aux=True)
+        grads, (ce, aux, sums) = grad_fn(model)
+        new_rest = nnx.state(model, nnx.Not(nnx.Param))
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        metrics = {"loss": ce, "aux_loss": aux,
+                   "accuracy": sums["correct"] / jnp.maximum(sums["count"], 1.0),
+                   "example_accuracy": (sums["example_correct"]
+                                        / jnp.maximum(sums["example_count"], 1.0)),
+                   "grad_norm": optax.global_norm(grads),
+                   "learning_rate": schedule(state["step"])}
+        new_state = {"step": state["step"] + 1, "params": params, "rest": new_rest,
+                     "opt_state": opt_state}
+        return new_state, metrics
+
+    def eval_step(weights, batch):
+        model = precision.compute_view(
+            nnx.merge(graphdef, weights["params"], weights["rest"]), dtype)
+        loss, correct, weight = _label_losses(model, batch, deterministic=True)
+        rows = batch["weights"]
+        return {"loss_sum": jnp.sum(loss * rows[:, None]),
+                **label_sums(correct, weight, rows)}
+
+    return train_step, eval_step
 
 
 # Added to config.random_seed for the masks of the validation and test splits (drawn once:

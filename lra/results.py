@@ -30,7 +30,9 @@ _NUMERIC_KEYS = ("test_accuracy", "train_steps_per_sec", "train_step_temp_bytes"
 # existed are classifiers from scratch). Pretraining runs' test_accuracy is masked-token
 # (or next-token) accuracy: they have their own table and are never averaged with
 # classifiers.
-OBJECTIVES = ("classify", "mlm", "causal_lm")
+OBJECTIVES = ("classify", "mlm", "causal_lm", "sequence_labels")
+# sequence_labels (MQAR, MAD) is a task's own metric, a run from scratch like a classifier's.
+PRETRAINING_OBJECTIVES = ("mlm", "causal_lm")
 SCRATCH, SELF_PRETRAINED, PRETRAINING = "from scratch", "self-pretrained", "pretraining"
 
 
@@ -84,7 +86,7 @@ def init_source(r: dict) -> str | None:
 def kind(r: dict) -> str:
     """PRETRAINING (objective mlm or causal_lm), SELF_PRETRAINED (a classifier started from
     an earlier run) or SCRATCH."""
-    if objective(r) != "classify":
+    if objective(r) in PRETRAINING_OBJECTIVES:
         return PRETRAINING
     return SELF_PRETRAINED if init_source(r) else SCRATCH
 

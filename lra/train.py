@@ -238,6 +238,11 @@ def _lock_workdir(workdir: str) -> checkpoint.WorkdirLock:
     processes.agree_on_error(error)
     if jax.process_index() != 0:
         os.makedirs(workdir, exist_ok=True)
+    try:
+        processes.check_shared_workdir(workdir)
+    except UserError:
+        lock.release()
+        raise
     return lock
 
 
@@ -252,7 +257,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     # that every process of the run was given the same settings.
     processes.agree_on("the config", flatten(config.to_dict()))
     common.validate(config)
-    task = lra.tasks.get(config.task)
+    # Generated tasks take their vocabulary from their options (MQAR's vocab_size).
+    task = lra.tasks.get(config.task).with_options(**config.task_options.to_dict())
+    if task.sequence_labels and config.objective != "sequence_labels":
+        raise ConfigError(f"task {config.task!r} has a label per position; "
+                          f"config.objective={config.objective!r} does not read them: use "
+                          "objective sequence_labels (its config file sets it)")
+    if config.objective == "sequence_labels" and not task.sequence_labels:
+        raise ConfigError(f"config.objective='sequence_labels' needs a task with a label per "
+                          f"position (mqar, mad_*); {config.task!r} has one per example")
     caps = registry.capabilities(config.model)  # unknown model -> error listing them
     if config.causal and not caps.causal:
         causal = [m for m in registry.available() if registry.capabilities(m).causal]
@@ -289,7 +302,10 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         resume.check_same_data(resume_loop.get("data_fingerprint"), data, config, workdir)
     if config.objective == "mlm":
         add_eval_masks(data, config)
-    pretraining = config.objective != "classify"
+    # Per-position predictions (pretraining, or a task's labels per position); only
+    # pretraining keeps the lowest validation loss and counts tokens for its baseline.
+    token_level = config.objective != "classify"
+    pretraining = config.objective in ("mlm", "causal_lm")
     schedule = learning_rate_schedule(config)
     tx = make_optimizer(config, schedule)
 
@@ -428,6 +444,9 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
                "loss": float(sums["loss_sum"]) / count}
         if config.objective == "causal_lm" and config.lm_loss == "xent":
             out["bits_per_token"] = out["loss"] / math.log(2)
+        if "example_count" in sums:  # sequence_labels: all labelled positions right
+            out["example_accuracy"] = (float(sums["example_correct"])
+                                       / max(float(sums["example_count"]), 1.0))
         return out
 
     def weights_of(s):
@@ -462,11 +481,12 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
 
     pending: list[tuple[int, dict]] = []  # per-step metrics not yet fetched from the device
     clock, steps_since_clock, first_step_of_segment = time.perf_counter(), 0, True
-    what = "" if not pretraining else f" (pretraining: {config.objective}, {config.lm_loss})"
+    what = ("" if not token_level else f" (pretraining: {config.objective}, {config.lm_loss})"
+            if pretraining else f" ({config.objective})")
     _log(f"Training {config.model} on {config.task}{what}: {num_params:,} parameters, "
          f"steps {start_step}..{config.num_train_steps}, {jax.device_count()} device(s).")
     # A fresh model's loss: ln(classes), ln(vocabulary) for token prediction, under 1 for L1.
-    loss_scale = (task.num_classes if not pretraining
+    loss_scale = (task.num_classes if not token_level
                   else task.vocab_size if config.lm_loss == "xent" else 1)
     loss_limit = EXPLODED_LOSS_FACTOR * max(1.0, math.log(loss_scale))
 
@@ -561,6 +581,8 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
                 loop["eval_history"].append({"step": step, **result})
                 bits = (f" | val bits/token {result['bits_per_token']:.4f}"
                         if "bits_per_token" in result else "")
+                if "example_accuracy" in result:
+                    bits += f" | val example acc {result['example_accuracy']:.4f}"
                 _log(f"eval  {step:>6} | val loss {result['loss']:.4f} "
                      f"| val acc {result['accuracy']:.4f}{bits}")
                 if writer:
@@ -620,6 +642,14 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
 
         majority = int(np.bincount(tokens("train"), minlength=task.vocab_size).argmax())
         test_tokens = tokens("test")
+    elif token_level:
+        # sequence_labels: the most frequent training label, at the test's labelled positions
+        def labels(split):
+            y = data[split]["targets"]
+            return y[(y != -100) & data[split]["mask"].astype(bool)]
+
+        majority = int(np.bincount(labels("train"), minlength=task.vocab_size).argmax())
+        test_tokens = labels("test")
     else:
         majority = int(np.bincount(data["train"]["targets"],
                                    minlength=task.num_classes).argmax())
@@ -641,6 +671,9 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         "test_loss": test["loss"],
         "best_eval_loss": loop.get("best_eval_loss"),
         "test_bits_per_token": test.get("bits_per_token"),
+        # sequence_labels: test_accuracy is per labelled position; this, per example (every
+        # labelled position of the example right).
+        "test_example_accuracy": test.get("example_accuracy"),
         "majority_class": majority,
         "majority_baseline_accuracy": float(np.mean(test_tokens == majority)),
         "train_steps_per_sec": (loop["timed_steps"] / loop["train_seconds"]

@@ -12,6 +12,7 @@ Objectives (lra/train.py computes the losses):
              by the [MASK] vector; the head predicts the original tokens there.
   causal_lm  next-token prediction: the encoder is causal; the output at position t
              predicts token t+1.
+  sequence_labels  the task's label of each position (MQAR, MAD; lra/objectives.py).
 Heads (`lm_loss`):
   xent       logits over the vocabulary (cross-entropy)
   l1         one value per position, the pixel intensity scaled to [0, 1] (the paper's L1
@@ -29,8 +30,11 @@ from models import layers
 from models.decoding import Cache, DecodingError
 from models.encoder import Classifier
 
-OBJECTIVES = ("classify", "mlm", "causal_lm")
+OBJECTIVES = ("classify", "mlm", "causal_lm", "sequence_labels")
 PRETRAIN_OBJECTIVES = ("mlm", "causal_lm")
+# Objectives with a per-position head: pretraining, and a task's own labels per position
+# (sequence_labels: MQAR, MAD; causal or not as the config says).
+TOKEN_OBJECTIVES = PRETRAIN_OBJECTIVES + ("sequence_labels",)
 LM_LOSSES = ("xent", "l1")
 
 
@@ -43,9 +47,9 @@ class TokenPredictor(Classifier):
 
     def __init__(self, *, vocab_size: int, objective: str, lm_loss: str = "xent",
                  emb_dim: int = 512, causal: bool = False, rngs: nnx.Rngs, **kwargs: Any):
-        if objective not in PRETRAIN_OBJECTIVES:
-            raise ValueError(f"objective {objective!r} is not a pretraining objective; "
-                             f"valid: {', '.join(PRETRAIN_OBJECTIVES)}")
+        if objective not in TOKEN_OBJECTIVES:
+            raise ValueError(f"objective {objective!r} is not a per-position objective; "
+                             f"valid: {', '.join(TOKEN_OBJECTIVES)}")
         if lm_loss not in LM_LOSSES:
             raise ValueError(f"unknown lm_loss {lm_loss!r}; valid: {', '.join(LM_LOSSES)}")
         if objective == "causal_lm" and not causal:

@@ -4,7 +4,9 @@ Every reader returns, for one split, a dict of numpy arrays:
   inputs_NxL  int32  token ids, right-padded with 0 to `max_length`
   mask_NxL    bool   True on real tokens (kept separate from token values: for
                      images, token 0 is a black pixel, not padding)
-  targets_N   int32  class labels in [0, num_classes)
+  targets_N   int32  class labels in [0, num_classes), or for a task with
+                     `sequence_labels` targets_NxL: a label per position, -100 where
+                     ignored (MQAR, MAD; objective sequence_labels)
 Dual-input tasks (retrieval) add `inputs2` / `mask2`.
 Keys in the dict drop the shape suffixes: "inputs", "mask", "targets".
 """
@@ -36,6 +38,19 @@ class Task:
     dual_input: bool = False
     default_data_dir: str = ""
     how_to_get_data: str = ""  # one line, shown when data is missing
+    # Targets are a label per position (-100: ignored), for objective sequence_labels.
+    sequence_labels: bool = False
+    # A task whose vocabulary depends on its options (generated tasks: MQAR's
+    # task_options.vocab_size): options -> vocab_size (with_options applies it).
+    vocab_size_of: Callable[..., int] | None = None
+
+    def with_options(self, **options: Any) -> "Task":
+        """The task as the options configure it (its vocabulary, for generated tasks)."""
+        if self.vocab_size_of is None:
+            return self
+        vocab = int(self.vocab_size_of(**options))
+        return dataclasses.replace(self, vocab_size=vocab,
+                                   num_classes=vocab if self.sequence_labels else self.num_classes)
 
     def load(self, data_dir: str, split: str, max_length: int,
              **options: Any) -> dict[str, np.ndarray]:
@@ -59,7 +74,7 @@ class Task:
 _TASKS: dict[str, Task] = {}
 # Modules that register tasks; imported on first use of the registry.
 TASK_MODULES = ("lra.tasks.listops", "lra.tasks.text", "lra.tasks.retrieval", "lra.tasks.image",
-                "lra.tasks.pathfinder", "lra.tasks.mnist")
+                "lra.tasks.pathfinder", "lra.tasks.mnist", "lra.tasks.mqar")
 
 
 def _load_all() -> None:

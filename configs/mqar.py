@@ -1,0 +1,149 @@
+r"""MQAR, multi-query associative recall (Arora, Eyuboglu et al. 2023, "Zoology"), as a task
+of the loop: objective `sequence_labels` (loss and accuracy at the queried positions only),
+a causal model, the data generated on the fly by `lra.tasks.mqar.generate` (no files).
+
+  python launch.py --config=configs/mqar.py:model=transformer,seq_len=128,d_model=64 \
+      --workdir=workdirs/mqar/transformer-L128-d64
+  python launch.py --config=configs/mqar.py:model=gla,mini --workdir=workdirs/mqar_mini/gla
+  python -m lra.tasks.mqar --seq_len=64 --num_kv_pairs=4 --random_non_queries=false
+      # prints a few rows (labels: '.' = ignored) and their statistics
+
+results.json: `test_accuracy` is per queried position, `test_example_accuracy` per
+example (all its queries right), `majority_baseline_accuracy` the most frequent training
+label's share of the test labels.
+
+Arguments after the colon (comma separated):
+  model=<name>      any causal variant of models.registry.available() (default transformer)
+  seq_len=<L>       64 (default), 128, 256, 512: figure 2's lengths
+  num_kv_pairs=<n>  default: figure 2's for the length (64: 4, 128: 8, 256: 16, 512: 64;
+                    others L / 16)
+  d_model=<d>       the width (emb_dim = qkv_dim), default 128; figure 2 sweeps 64, 128,
+                    256, 512
+  mini              the smallest setting on this CPU: L 64, 4 pairs, V 8192, d_model 64,
+                    20,000 train / 500 validation / 1,000 test examples, batch 64,
+                    1,200 steps (about 4 epochs), lr 3e-3 (cosine), validation every 300
+                    steps (see the docstring's timing line)
+  runlocal          a smoke test in seconds: V 128, L 32, 2 pairs, d_model 32, 20 steps of
+                    batch 8, 256 / 32 / 32 examples
+
+Zoology's figure 2 (HazyResearch/zoology,
+zoology/experiments/paper_configs/iclr24_zoology_figure2/configs.py, last changed in
+dbcb60d2bd10a3cc7a89ee60c446c44900a4687f; TrainConfig/ModelConfig/DataConfig defaults
+from zoology/config.py and the loop from zoology/train.py at the same commit), and ours:
+  data     VOCAB_SIZE 8_192; (input_seq_len, num_kv_pairs) in (128, 8), (64, 4), (256, 16)
+           and, commented out there, (512, 64); 100_000 train / 3_000 test examples;
+           random_non_queries False (so the filler positions are 0); power_a 0.01.
+           Ours: the same, and a validation split of 3,000 more (Zoology has none; it
+           reports its test set as "valid/accuracy"). task_options.seed 123 (DataConfig's)
+           makes the train and test splits Zoology's own rows
+           (results/cpu/mqar_mad_generators.md).
+  model    d_model in 64, 128, 256, 512; n_layers 2; state_mixer torch.nn.Identity (no
+           MLP: block.ffn=false here); attention `MHA(num_heads=1, dropout=0.1)`
+           (num_heads 1, attention_dropout_rate 0.1); learned positions for attention
+           only (max_position_embeddings = input_seq_len if the mixer is attention, else
+           0: each variant's own default here, `learned` for transformer and the other
+           attention variants, none for the recurrent ones); embed_dropout 0.1 and
+           resid_dropout 0.0 (ours: dropout_rate 0.0, which is the embedding's and the
+           residual branches' together). Zoology's block adds LayerNorm(residual) back
+           into the stream through its Identity state mixer and ties the LM head to the
+           embedding; ours is the pre-LN block without the feed-forward branch and an
+           untied head.
+  training batch 512 (L 64, 128), 256 (L 256), 128 (L 512); max_epochs 64; lr in
+           np.logspace(-4, -2, 4) (1e-4, 4.6e-4, 2.2e-3, 1e-2), the figure plots the best
+           of the four; AdamW (torch defaults b1 0.9, b2 0.999, eps 1e-8) weight_decay
+           0.1; CosineAnnealingLR(T_max=max_epochs, eta_min=0) stepped per epoch, no
+           warmup; early stop once valid accuracy > 0.99; seed 123.
+           Ours: the same batch sizes and 64 epochs of floor(100,000 / batch) steps
+           (12,480 at batch 512), AdamW 0.9 / 0.999 / 1e-8, wd 0.1, `constant *
+           cosine_decay` from the first step to 0 at the last (per step, not per epoch),
+           no early stop (the best-on-validation checkpoint is tested), lr 2.2e-3 (one
+           of the grid; the sweep of issue 43 section 2 picks per cell), validation on
+           the whole split every epoch.
+"""
+from configs import common
+from lra.errors import ConfigError
+
+# Figure 2's (input_seq_len, num_kv_pairs) and batch size per length.
+FIGURE2_KV = {64: 4, 128: 8, 256: 16, 512: 64}
+FIGURE2_BATCH = {64: 512, 128: 512, 256: 256, 512: 128, 1024: 64}
+NUM_TRAIN, NUM_TEST, EPOCHS = 100_000, 3_000, 64
+LR_GRID = (1e-4, 4.641588833612782e-4, 2.1544346900318843e-3, 1e-2)  # np.logspace(-4, -2, 4)
+
+
+def apply_sequence_labels(c) -> None:
+    """What every synthetic token task shares: the task's own label per position
+    (objective sequence_labels, a softmax over the vocabulary), a causal model (MEAN
+    pooling: no CLS slot, which a causal model refuses)."""
+    c.objective = "sequence_labels"
+    c.lm_loss = "xent"
+    c.causal = True
+    c.pooling = "MEAN"
+    c.data_dir = ""  # generated on the fly from config.task_options
+
+
+def refuse_lra_args(arg, task: str) -> None:
+    """`paper`, `locality` (every task config's shared arguments) mean nothing here."""
+    given = [name for name in ("paper", "locality") if arg.get(name)]
+    if given:
+        raise ConfigError(f"config argument(s) {', '.join(map(repr, given))}: {task} has no "
+                          "published recipe or locality baseline in this lab")
+
+
+def get_config(arg: str | None = None):
+    arg = common.parse_arg(arg, model="transformer", seq_len=64, num_kv_pairs=0,
+                           d_model=128, runlocal=False, mini=False)
+    refuse_lra_args(arg, "MQAR")
+    c = common.base_config(task="mqar", model=arg.model)
+    apply_sequence_labels(c)
+    L = arg.seq_len
+    kv = arg.num_kv_pairs or FIGURE2_KV.get(L, max(1, L // 16))
+    o = c.task_options
+    o.vocab_size = 8192
+    o.num_kv_pairs = kv
+    o.power_a = 0.01
+    o.random_non_queries = False
+    o.num_train_examples, o.num_valid_examples, o.num_test_examples = (
+        NUM_TRAIN, NUM_TEST, NUM_TEST)
+    o.seed = 123
+
+    c.max_length = L
+    c.emb_dim = c.qkv_dim = arg.d_model
+    c.mlp_dim = 4 * arg.d_model  # unused: block.ffn is off
+    c.num_layers, c.num_heads = 2, 1
+    c.block.ffn = False
+    c.dropout_rate, c.attention_dropout_rate = 0.0, 0.1
+    c.batch_size = FIGURE2_BATCH.get(L, 128)
+    epoch = NUM_TRAIN // c.batch_size
+    c.num_train_steps = EPOCHS * epoch
+    c.eval_frequency = c.checkpoint_freq = epoch
+    c.log_every_steps = max(1, epoch // 4)
+    c.num_eval_steps = -1
+    c.learning_rate = LR_GRID[2]
+    c.factors = "constant * cosine_decay"
+    c.warmup = 0
+    c.weight_decay = 0.1
+    c.adam_b1, c.adam_b2, c.adam_eps = 0.9, 0.999, 1e-8
+    c.random_seed = 123
+
+    if arg.mini:
+        c.emb_dim = c.qkv_dim = 64
+        c.mlp_dim = 256
+        o.num_train_examples, o.num_valid_examples, o.num_test_examples = 20_000, 500, 1_000
+        c.batch_size = 64
+        c.num_train_steps = 1200
+        c.eval_frequency = c.checkpoint_freq = 300
+        c.log_every_steps = 100
+        c.learning_rate = 3e-3
+        c.dropout_rate = c.attention_dropout_rate = 0.0
+    if arg.runlocal:
+        o.vocab_size = 128
+        o.num_kv_pairs = 2
+        o.num_train_examples, o.num_valid_examples, o.num_test_examples = 256, 32, 32
+        c.max_length = 32
+        common.apply_runlocal(c)
+        c.emb_dim = c.qkv_dim = 32
+        c.mlp_dim = 64
+        c.learning_rate = 3e-3
+        c.warmup = 0
+        c.dropout_rate = c.attention_dropout_rate = 0.0
+    return common.finalize(c)
