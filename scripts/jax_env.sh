@@ -80,13 +80,15 @@ in_root() {
   local envs=() line
   while IFS= read -r line; do envs+=("$line"); done < <(env | grep -E "$PASS_ENV" || true)
   # Local package folders that the host's pip configuration names (find-links, file://
-  # indexes), mounted read-only at the same paths.
+  # indexes), mounted read-only at the same paths (else pip warns about each, per package).
   local dirs
   dirs=$( { cat /etc/pip.conf /etc/xdg/pip/*.conf /root/.config/pip/pip.conf \
               /root/.pip/pip.conf 2>/dev/null; env | grep -E '^PIP_' || true; } \
           | grep -oE '(file://)?/[^[:space:],;"]+' | sed 's|^file://||' | sort -u \
           | while read -r d; do
               d=${d%/}; [ -d "$d" ] || d=$(dirname "$d"); [ -d "$d" ] || continue
+              # A PEP 503 index (.../simple) links to files beside it: mount its parent.
+              [ "$(basename "$d")" = simple ] && d=$(dirname "$d")
               case "$d" in /|/etc|/etc/*|/dev*|/proc*|/sys*|/tmp) continue ;; esac
               echo "$d"; done | sort -u)
   # The inner script mounts, then replaces itself by chroot: nothing to unmount by hand.
