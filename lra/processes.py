@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import zlib
 from typing import Any, Mapping
 
@@ -88,6 +89,42 @@ def agree_on_error(error: UserError | None) -> None:
             raise kinds[int(got[0])](bytes(got[1:]).rstrip(b"\0").decode(errors="replace"))
     elif error is not None:
         raise error
+
+
+WORKDIR_PROBE = ".process0_probe"  # written by process 0, read by the others
+
+
+def check_shared_workdir(workdir: str) -> None:
+    """Raises the same ConfigError on every process unless all of them see one workdir:
+    process 0 writes a random token into it, every other process reads it back from its
+    own --workdir. Processes given different folders (a local disk per host instead of
+    shared storage) used to block in their first checkpoint save for orbax's 10 minutes,
+    ignoring SIGTERM, one of them writing checkpoints without the run's lock."""
+    if jax.process_count() == 1:
+        return
+    from jax.experimental import multihost_utils
+
+    path = os.path.join(workdir, WORKDIR_PROBE)
+    token = np.zeros(16, np.uint8)
+    if jax.process_index() == 0:
+        token = np.frombuffer(os.urandom(16), np.uint8)
+        with open(path, "wb") as f:
+            f.write(token.tobytes())
+    token = np.asarray(multihost_utils.broadcast_one_to_all(token))
+    try:
+        with open(path, "rb") as f:
+            sees = f.read() == token.tobytes()
+    except OSError:
+        sees = False
+    seen_P = _allgather(np.int32(sees)).reshape(-1)
+    blind = [i for i, v in enumerate(seen_P) if not v]
+    if blind:
+        raise ConfigError(
+            f"the workdir is not one folder that every process sees: process"
+            f"{'es' if len(blind) > 1 else ''} {', '.join(map(str, blind))} cannot read the "
+            f"file process 0 wrote in its --workdir ({os.path.abspath(workdir)} on process "
+            "0); give every process the same --workdir on storage they all mount (a shared "
+            "file system, or a gs:// bucket through orbax)")
 
 
 def any_process(flag: bool) -> bool:

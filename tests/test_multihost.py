@@ -328,6 +328,34 @@ def test_processes_given_different_settings_or_data_all_stop_in_one_line(
         assert "test split (hash)" in line and "train split" not in line
 
 
+def test_processes_given_different_workdirs_stop_in_one_line_before_training(
+        listops_dir, tmp_path):
+    """Issue 46, item 1: processes of one run given different --workdirs (a local disk per
+    host) both blocked in the first checkpoint save for orbax's 600 s, ignoring SIGTERM;
+    process 1 wrote checkpoints without the lock. Now every process exits 2 with one line
+    before any training step."""
+    port = _free_port()
+    procs = []
+    for pid in range(2):
+        cmd = [sys.executable, os.path.join(REPO, "launch.py"),
+               f"--workdir={tmp_path / f'host{pid}'}", *_flags(listops_dir, 4),
+               f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+               f"--process_id={pid}", "--heartbeat_timeout=10"]
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=_env(1), text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    start = time.time()
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert time.time() - start < 120
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 2, err[-3000:]
+        assert "Traceback" not in err and "step" not in out, (out, err)
+        (line,) = [l for l in err.splitlines() if l.startswith("error:")]
+        assert ("the workdir is not one folder that every process sees: process 1 cannot "
+                "read the file process 0 wrote") in line, line
+    assert not os.path.exists(tmp_path / "host1" / "checkpoints")
+    assert not os.path.exists(tmp_path / "host0" / "run.lock")
+
+
 # ~25 s a case, slow: test_a_taken_process_id_stops_the_run_in_one_line_per_process and
 # test_dead_process_stops_the_others_and_run_resumes check the survivor's exit 3 by default,
 # and the fault-injection trials (slow) kill peers at random moments, restores included.
