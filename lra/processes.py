@@ -123,8 +123,8 @@ def check_shared_workdir(workdir: str) -> None:
             f"the workdir is not one folder that every process sees: process"
             f"{'es' if len(blind) > 1 else ''} {', '.join(map(str, blind))} cannot read the "
             f"file process 0 wrote in its --workdir ({os.path.abspath(workdir)} on process "
-            "0); give every process the same --workdir on storage they all mount (a shared "
-            "file system, or a gs:// bucket through orbax)")
+            "0); give every process the same --workdir on a shared file system that every "
+            "host mounts (NFS, a bucket through gcsfuse)")
 
 
 def any_process(flag: bool) -> bool:
