@@ -162,14 +162,14 @@ def _decay_per_parameter(tx, params, lr):
     zeros = jax.tree.map(lambda v: v.replace(np.zeros(v[...].shape, np.float32)), params,
                          is_leaf=lambda x: isinstance(x, nnx.Variable))
     updates, _ = tx.update(zeros, tx.init(params), params)
+    is_var = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
     out = {}
-    for (path, p), u in zip(
-            jax.tree_util.tree_leaves_with_path(params,
-                                                is_leaf=lambda x: isinstance(x, nnx.Variable)),
-            jax.tree.leaves(updates, is_leaf=lambda x: isinstance(x, nnx.Variable))):
+    for (path, p), u in zip(jax.tree_util.tree_leaves_with_path(params, is_leaf=is_var),
+                            jax.tree.leaves(updates, is_leaf=is_var)):
         p, u = np.asarray(p[...], np.float64), np.asarray(u[...], np.float64)
         big = np.abs(p) > 1e-3
-        out[optim.param_path(path)] = float(np.median(-u[big] / (lr * p[big]))) if big.any() else 0.0
+        out[optim.param_path(path)] = (float(np.median(-u[big] / (lr * p[big])))
+                                       if big.any() else 0.0)
     return out
 
 

@@ -1,7 +1,8 @@
 """The `paper` config argument (configs/recipes.py): the variants' published LRA recipes.
 
-Config building and abstract model construction only; the spot-checked values are the
-original files' (named in each test), so a table entry that drifts from its source fails.
+Config building and abstract model construction, and for the s4d recipe the built model
+and one optimiser update; the spot-checked values are the original files' (named in each
+test), so a table entry that drifts from its source fails.
 """
 import importlib
 import math

@@ -40,7 +40,10 @@ channels, state of N complex numbers:
     y_t = Re(C x_t) + D o u_t
 computed by `jax.lax.associative_scan` over the sequence, then GELU (flax's default tanh
 form, as minimal-LRU), the layer's dropout and a GLU out(u) * sigmoid(gate(u)) (the LRU
-block's nonlinear projection; minimal-LRU's `SequenceLayer`). Non-causal: S5's
+block's nonlinear projection; minimal-LRU's `SequenceLayer`). minimal-LRU (bbd71b1,
+lru/model.py:119-128) drops a second time after the GLU, again one mask per channel over
+the sequence (`broadcast_dims=[0]` of a vmapped example); here the mixer's output is
+dropped by the block's dropout (config.dropout_rate), one mask per element. Non-causal: S5's
 bidirectional form (lindermanlab/S5 `apply_ssm`, which minimal-LRU derives from): a second
 scan of the same (lambda, B u) in reverse, its states read by a second C and summed,
 Re(C x_fwd + C2 x_bwd) (S5 concatenates the states and C; the same sum). The backward
