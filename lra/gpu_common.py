@@ -85,6 +85,8 @@ class Plan:
     open_stages: frozenset[str] = frozenset({"transformer", "efficiency", "runs"})
     kernel_tests_workers: int = 0  # pytest-xdist workers for the kernel tests (0: none)
     run_seconds: float = 0  # at most this per run in the runs stage (0: no cap)
+    min_run_s: float = 0  # a run is not started with less (its start, some training, test)
+    kernels_long_args: tuple[str, ...] = ()  # added to bench_kernels_args, kernels_long
     # Kept from a time-boxed run's limit for its test (a second launch.py: data, restore,
     # the cached compilations, the test split) after its training is stopped.
     test_reserve_s: float = 0
@@ -116,6 +118,8 @@ FULL = Plan(
     stage_seconds={"kernel_tests": 100, "kernels": 80, "transformer": 270,
                    "efficiency": 150, "runs": 240, "kernels_long": 150},
     run_seconds=300,
+    # About 60 s to read the data and compile, 60 s of training at least, the test.
+    min_run_s=210,
     test_reserve_s=75,
 )
 
@@ -128,6 +132,7 @@ DRY = Plan(
                         "--block_size=16", "--dtype=float32", "--interpret"),
     kernels_lengths=(64,),
     kernels_long_lengths=(32,),
+    kernels_long_args=("--sections=linear",),
     bench_lengths=(32, 64),
     long_lengths=(128,),
     bf16_lengths=(64,),

@@ -129,7 +129,8 @@ def stage_kernels(suite: Suite, limit: float) -> StageResult:
 
 def stage_kernels_long(suite: Suite, limit: float) -> StageResult:
     """lra.bench_kernels at the longer lengths (8K, 16K)."""
-    return _bench_kernels(suite, limit, suite.plan.kernels_long_lengths, "kernels_long")
+    return _bench_kernels(suite, limit, suite.plan.kernels_long_lengths, "kernels_long",
+                          suite.plan.kernels_long_args)
 
 
 # A length is not started with less time than this (one length's three sections: about
@@ -137,15 +138,15 @@ def stage_kernels_long(suite: Suite, limit: float) -> StageResult:
 KERNELS_MIN_S = 20
 
 
-def _bench_kernels(suite: Suite, limit: float, lengths: tuple[int, ...],
-                   name: str) -> StageResult:
+def _bench_kernels(suite: Suite, limit: float, lengths: tuple[int, ...], name: str,
+                   extra: tuple[str, ...] = ()) -> StageResult:
     """One lra.bench_kernels per length, shortest first, each length's whole output kept in
     <out>/logs/<name>_L<length>.md once it completes (a rerun runs only the lengths that
     lack one); the tables of every length merged, with the % of the bf16 peak."""
     start, outputs, commands, states = time.monotonic(), [], [], []
     for length in lengths:
         cmd = [sys.executable, "-m", "lra.bench_kernels", f"--lengths={length}",
-               *suite.plan.bench_kernels_args]
+               *suite.plan.bench_kernels_args, *extra]
         done = os.path.join(suite.logs, f"{name}_L{length}.md")
         stamp = f"command: {display(cmd)}\n"
         if os.path.exists(done):
@@ -351,7 +352,7 @@ def stage_efficiency(suite: Suite, limit: float) -> StageResult:
             return
         _log(f"efficiency: {name} pass (limit {share:.0f} s): {display(cmd)}")
         commands.append(display(cmd))
-        outcome = run_command(cmd, timeout=share, log_path=log_path,
+        outcome = run_command(cmd, timeout=share - GRACE_S - 5, log_path=log_path,
                               xla_flags=plan.xla_flags)
         status = ("complete" if outcome.returncode == 0
                   else "partial" if outcome.timed_out else "failed")
@@ -688,7 +689,7 @@ def stage_runs(suite: Suite, limit: float) -> StageResult:
         if os.path.exists(os.path.join(workdir, "results.json")):
             continue
         left = limit - (time.monotonic() - start)
-        need = plan.test_reserve_s + 15 + plan.min_pass_s
+        need = max(plan.min_run_s, plan.test_reserve_s + 15)
         if left < need or left <= 0:
             states[model] = "not started: no time left (next call)"
             continue

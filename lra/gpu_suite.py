@@ -262,7 +262,10 @@ def main(argv: list[str] | None = None) -> int:
         return _run_call(args, argv, plan, out, started, budget, todo, planned, line)
     finally:
         if args.pack:
-            pack(out, os.path.abspath(args.pack))
+            try:
+                pack(out, os.path.abspath(args.pack))
+            except OSError as e:  # what was measured stays in --out
+                _log(f"error: could not pack {out} into {args.pack}: {e}")
 
 
 def _run_call(args, argv, plan, out, started, budget, todo, planned, line) -> int:
