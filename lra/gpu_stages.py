@@ -565,7 +565,9 @@ def _error_line(workdir: str) -> str:
     path = os.path.join(workdir, "stderr.txt")
     with open(path, encoding="utf-8", errors="replace") as f:
         text = f.read().rsplit("==== ", 1)[-1]
-    lines = [l.strip() for l in text.splitlines()[1:] if l.strip()]
+    # JAX's note about the frames it filtered follows the exception: not the reason.
+    lines = [l.strip() for l in text.splitlines()[1:] if l.strip()
+             and not l.startswith("For simplicity, JAX has removed") and set(l.strip()) != {"-"}]
     return lines[-1][:300] if lines else "no error output"
 
 

@@ -286,6 +286,18 @@ def test_one_line_refusals(tmp_path, monkeypatch, capsys):
     assert not list(tmp_path.glob("*.md"))
 
 
+def test_kernel_test_outcomes_with_and_without_xdist():
+    """The kernel tests' outcomes are read from `pytest -v`, one process or several
+    (pytest-xdist's `[gw0] [ 50%] PASSED tests/...` lines, as on the GPU)."""
+    out = ("tests/kernels/test_a.py::test_x[triton-float32] PASSED     [ 50%]\n"
+           "[gw1] [ 50%] PASSED tests/kernels/test_b.py::test_y[triton-bfloat16-causal] \n"
+           "[gw0] [100%] FAILED tests/kernels/test_b.py::test_z[f32] \n")
+    assert gpu_stages.parse_pytest(out) == {
+        "tests/kernels/test_a.py::test_x[triton-float32]": "PASSED",
+        "tests/kernels/test_b.py::test_y[triton-bfloat16-causal]": "PASSED",
+        "tests/kernels/test_b.py::test_z[f32]": "FAILED"}
+
+
 def test_ratio_table_and_subquadratic_choice():
     """LRA's Table 2 form: steps/s and the device's peak, each with its ratio to
     transformer; without a device peak, XLA's temporary memory (marked temp)."""
