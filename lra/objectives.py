@@ -118,10 +118,12 @@ def _documents(batch: dict, masked: tuple | None = None):
 
 def make_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
                schedule: optax.Schedule, num_classes: int,
-               config: ml_collections.ConfigDict | None = None, vocab_size: int = 0):
+               config: ml_collections.ConfigDict | None = None, vocab_size: int = 0,
+               label_slots: int | None = None):
     """The pure train and eval step functions (jitted by the caller). The objective
     (config.objective) chooses the loss: classification cross-entropy, or per-token loss
-    averaged over the positions that are predicted (pretraining)."""
+    averaged over the positions that are predicted (pretraining, sequence_labels;
+    `label_slots`: see _label_losses)."""
     objective = config.objective if config is not None else "classify"
     # The compute dtype (config.dtype, models/precision.py): the forward pass runs on a
     # view of the model with its parameters cast; gradients reach the parameters in
@@ -131,7 +133,7 @@ def make_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
     if objective == "classify":
         return _classify_steps(graphdef, tx, schedule, num_classes, dtype)
     if objective == "sequence_labels":
-        return _sequence_label_steps(graphdef, tx, schedule, dtype)
+        return _sequence_label_steps(graphdef, tx, schedule, dtype, label_slots)
     lm = dict(objective=objective, lm_loss=config.lm_loss, vocab_size=vocab_size,
               start_token=bool(config.get("start_token", False)))
     mask_key = jax.random.key(config.random_seed + MASK_SEED_OFFSET)
@@ -239,12 +241,29 @@ def _classify_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
 IGNORE_LABEL = -100
 
 
-def _label_losses(model: TokenPredictor, batch: dict, deterministic: bool):
+def _label_losses(model: TokenPredictor, batch: dict, deterministic: bool,
+                  label_slots: int | None = None):
     """Per-position (loss, correct, weight) of a sequence_labels batch: weight 1 on real
-    positions whose label is not IGNORE_LABEL; loss and correct are 0 elsewhere."""
-    logits = model(batch["inputs"], batch["mask"], deterministic=deterministic)
+    positions whose label is not IGNORE_LABEL; loss and correct are 0 elsewhere.
+
+    With `label_slots` = K (at least the most labelled positions of any row), the head
+    runs on each row's labelled positions only, gathered into K slots (BxK instead of
+    BxL): MQAR labels 4 of 64 positions, and its head is 8,192 wide. Same numbers."""
     labels = batch["targets"]
     weight = (labels != IGNORE_LABEL) & batch["mask"].astype(jnp.bool_)
+    if label_slots is None:
+        logits = model(batch["inputs"], batch["mask"], deterministic=deterministic)
+    else:
+        encoded_BxLxD, _ = model.encoder(batch["inputs"], batch["mask"],
+                                         deterministic=deterministic)
+        if model.encoder.cls_token:
+            encoded_BxLxD = encoded_BxLxD[:, 1:]
+        # The labelled positions first, in order (a stable sort of "not labelled").
+        slots_BxK = jnp.argsort(~weight, axis=1, stable=True)[:, :label_slots]
+        encoded_BxKxD = jnp.take_along_axis(encoded_BxLxD, slots_BxK[..., None], axis=1)
+        logits = model._head(encoded_BxKxD)
+        labels = jnp.take_along_axis(labels, slots_BxK, axis=1)
+        weight = jnp.take_along_axis(weight, slots_BxK, axis=1)
     safe = jnp.where(weight, labels, 0).astype(jnp.int32)
     logp = jax.nn.log_softmax(logits.astype(jnp.float32))
     loss = -jnp.take_along_axis(logp, safe[..., None], -1)[..., 0]
@@ -268,7 +287,8 @@ def label_sums(correct_BxL, weight_BxL, rows_B=None) -> dict:
 
 
 def _sequence_label_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
-                          schedule: optax.Schedule, dtype=jnp.float32):
+                          schedule: optax.Schedule, dtype=jnp.float32,
+                          label_slots: int | None = None):
     """sequence_labels: cross-entropy at the labelled positions (module docstring)."""
 
     def train_step(state, batch):
@@ -276,7 +296,8 @@ def _sequence_label_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformati
 
         def loss_fn(model):
             view = precision.compute_view(model, dtype)
-            loss, correct, weight = _label_losses(view, batch, deterministic=False)
+            loss, correct, weight = _label_losses(view, batch, deterministic=False,
+                                                  label_slots=label_slots)
             aux = aux_loss(view)
             precision.sync_rngs(model, view)
             count = jnp.maximum(jnp.sum(weight), 1.0)
@@ -301,7 +322,8 @@ def _sequence_label_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformati
     def eval_step(weights, batch):
         model = precision.compute_view(
             nnx.merge(graphdef, weights["params"], weights["rest"]), dtype)
-        loss, correct, weight = _label_losses(model, batch, deterministic=True)
+        loss, correct, weight = _label_losses(model, batch, deterministic=True,
+                                              label_slots=label_slots)
         rows = batch["weights"]
         return {"loss_sum": jnp.sum(loss * rows[:, None]),
                 **label_sums(correct, weight, rows)}

@@ -160,6 +160,16 @@ def _not_utf8(error: UnicodeDecodeError, data_dir: str) -> str:
                 "regenerate the file")
 
 
+def _label_slots(data: dict, config) -> int | None:
+    """sequence_labels: the most labelled positions of any row of any split, when under
+    half the length (the head then runs on those only: lra/objectives.py); else None."""
+    if config.objective != "sequence_labels":
+        return None
+    most = max(int(((d["targets"] != -100) & d["mask"].astype(bool)).sum(1).max())
+               for d in data.values())
+    return max(most, 1) if 2 * most <= config.max_length else None
+
+
 def _to_global(batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
     return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
 
@@ -400,7 +410,7 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
     if restored_step is None and config.init_from:
         state["params"] = init_from.load_encoder(config, state["params"], source)
     train_step, eval_step = make_steps(graphdef, tx, schedule, task.num_classes, config,
-                                       task.vocab_size)
+                                       task.vocab_size, label_slots=_label_slots(data, config))
     activation_rules = sharding.activation_rules(config.sharding)
 
     def in_mesh(jitted):
