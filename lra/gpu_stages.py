@@ -1,8 +1,10 @@
-"""The GPU suite's four stages (lra.gpu_suite runs them in order): the native kernel tests
-and their summary, lra.bench_kernels with the fraction of the device's bf16 peak, the
-efficiency passes of lra.benchmark with their tables and the choice of the sub-quadratic
-variants, and the ListOps data and runs via lra.sweep. Each stage is a function
-(suite, limit in seconds) -> StageResult."""
+"""The GPU suite's six stages (lra.gpu_suite plans them a call at a time): the native
+kernel tests and their summary; lra.bench_kernels, a length per command, with the fraction
+of the device's bf16 peak (kernels at 4K, kernels_long at 8K/16K); the time-boxed
+full-size ListOps runs (transformer's, then the others', each trained until its deadline
+and tested where it stopped); the efficiency passes of lra.benchmark with their tables and
+the choice of the sub-quadratic variants. Each stage is a function
+(suite, limit in seconds) -> StageResult that ends within its limit."""
 from __future__ import annotations
 
 import csv
