@@ -5,14 +5,14 @@ The pieces are separate so that a dual encoder (retrieval) can reuse `Encoder`,
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from models import decoding, layers, registry, stacks
-from models.layers import sinusoidal_positions
+from models.layers import layer_norm, sinusoidal_positions
 from models.stacks import resolve_block
 
 POOLINGS = ("CLS", "MEAN", "MAX", "SUM")
@@ -89,6 +89,12 @@ class Encoder(nnx.Module):
     `block` overrides the block settings (`models.blocks.BLOCK_DEFAULTS`) the variant
     implies, e.g. {"kind": "reversible"}. Returns (encoded_BxLxD, mask_BxL); with cls_token both include the CLS
     position first, and the mask is True there.
+
+    `layers` (a hybrid stack, issue 45): one dict per layer, `{"model": name,
+    "model_hparams": {...}, "block": {per-layer overrides}}`, `model` being the stack's
+    base mixer (its `block` resolved as above; each layer's by
+    `models.stacks.resolve_layer_block`). None: `model` in every layer (the single-mixer
+    model, built as before).
     """
 
     def __init__(self, *, vocab_size: int, max_len: int, model: str = "transformer",
@@ -96,7 +102,8 @@ class Encoder(nnx.Module):
                  num_heads: int = 8, num_layers: int = 4, mlp_dim: int = 1024,
                  dropout_rate: float = 0.1, pos_emb: str = "learned",
                  cls_token: bool = False, causal: bool = False,
-                 block: Mapping[str, Any] | None = None, rngs: nnx.Rngs):
+                 block: Mapping[str, Any] | None = None,
+                 layers: Sequence[Mapping[str, Any]] | None = None, rngs: nnx.Rngs):
         self.max_len = max_len
         self.cls_token = cls_token
         self.causal = causal
@@ -117,12 +124,20 @@ class Encoder(nnx.Module):
                 f"pooling='CLS' with the segment_recurrent stack ({model!r}): the CLS token "
                 f"sits in the first segment and would see only its first {segment_len - 1} "
                 f"tokens; use pooling='MEAN' (the task configs do for this model)")
+        resolved = None
+        if layers is not None:
+            resolved = [{"model": spec["model"],
+                         "model_hparams": dict(spec.get("model_hparams") or {}),
+                         "block": stacks.resolve_layer_block(self.block, model, spec["model"],
+                                                             spec.get("block"))}
+                        for spec in layers]
         self.stack = stacks.STACKS[self.block["stack"]](
             num_layers=num_layers, dim=emb_dim, num_heads=num_heads, mlp_dim=mlp_dim,
             max_len=seq_len, model=model, model_hparams=model_hparams, causal=causal,
             dropout_rate=dropout_rate, prefix_len=int(cls_token),
-            rotary=pos_emb == "rotary", block=self.block, rngs=rngs)
-        self.norm = layers.layer_norm(emb_dim, rngs=rngs)
+            rotary=pos_emb == "rotary", block=self.block, rngs=rngs,
+            **({} if resolved is None else {"layers": resolved}))
+        self.norm = layer_norm(emb_dim, rngs=rngs)  # `layers` is the argument here
 
     def __call__(self, inputs_BxL: jax.Array, mask_BxL: jax.Array | None = None, *,
                  deterministic: bool, masked_BxL: jax.Array | None = None,
@@ -241,8 +256,34 @@ def mixer_hparams(model: str, model_hparams: Mapping[str, Any] | None,
     return merged
 
 
+def layer_hparams(layers: Sequence[Mapping[str, Any]], *, attention_impl: str,
+                  **shared: Any) -> list[dict[str, Any]]:
+    """A hybrid's layer list with the shared settings (qkv_dim, ...) merged into each
+    layer's hparams as `mixer_hparams` does. `attention_impl` goes to every layer whose
+    mixer has the choice, unless the layer's own hparams name one (a kernel per layer);
+    one other than dense that no layer takes is a ValueError."""
+    out = []
+    for i, spec in enumerate(layers):
+        own = dict(spec.get("model_hparams") or {})
+        accepted = registry.accepted_hparams(spec["model"])
+        impl = {} if "attention_impl" in own or "attention_impl" not in accepted else {
+            "attention_impl": attention_impl}
+        out.append({**spec, "model_hparams": mixer_hparams(spec["model"], own, **shared,
+                                                           **impl)})
+    if attention_impl != "dense" and not any(
+            "attention_impl" in registry.accepted_hparams(s["model"]) for s in layers):
+        names = ", ".join(sorted({s["model"] for s in layers}))
+        raise ValueError(f"no layer's mixer ({names}) has a choice of implementation; "
+                         f"attention_impl={attention_impl!r} applies to attention-pattern "
+                         "variants only")
+    return out
+
+
 class Classifier(nnx.Module):
-    """Sequence classifier: Encoder -> pool -> ClassifierHead. Returns float32 logits."""
+    """Sequence classifier: Encoder -> pool -> ClassifierHead. Returns float32 logits.
+
+    `layers`: a hybrid stack's layer list (see Encoder); each layer gets the shared
+    settings its mixer takes (`layer_hparams`)."""
 
     def __init__(self, *, vocab_size: int, num_classes: int, max_len: int,
                  model: str = "transformer", model_hparams: Mapping[str, Any] | None = None,
@@ -250,26 +291,33 @@ class Classifier(nnx.Module):
                  qkv_dim: int = 512, mlp_dim: int = 1024, dropout_rate: float = 0.1,
                  attention_dropout_rate: float = 0.1, attention_impl: str = "dense",
                  pooling: str = "CLS", pos_emb: str = "learned", causal: bool = False,
-                 block: Mapping[str, Any] | None = None, rngs: nnx.Rngs):
+                 block: Mapping[str, Any] | None = None,
+                 layers: Sequence[Mapping[str, Any]] | None = None, rngs: nnx.Rngs):
         if pooling not in POOLINGS:
             raise ValueError(f"unknown pooling {pooling!r}; valid: {', '.join(POOLINGS)}")
         if causal and pooling == "CLS":
             raise ValueError("pooling='CLS' with causal=True: the CLS token comes first and "
                              "would see only itself; use MEAN, MAX or SUM pooling")
         self.pooling = pooling
-        if (attention_impl != "dense"
+        if layers is not None:
+            layers = layer_hparams(layers, qkv_dim=qkv_dim,
+                                   attention_dropout=attention_dropout_rate,
+                                   attention_impl=attention_impl)
+        elif (attention_impl != "dense"
                 and "attention_impl" not in registry.accepted_hparams(model)):
             raise ValueError(f"model {model!r} has one implementation; attention_impl="
                              f"{attention_impl!r} applies to attention-pattern variants only")
-        hparams = mixer_hparams(model, model_hparams, qkv_dim=qkv_dim,
-                                attention_dropout=attention_dropout_rate,
-                                attention_impl=attention_impl)
+        # With a layer list the stack builds every layer from its own entry.
+        hparams = (dict(model_hparams or {}) if layers is not None else
+                   mixer_hparams(model, model_hparams, qkv_dim=qkv_dim,
+                                 attention_dropout=attention_dropout_rate,
+                                 attention_impl=attention_impl))
         self.encoder = Encoder(vocab_size=vocab_size, max_len=max_len, model=model,
                                model_hparams=hparams, emb_dim=emb_dim, num_heads=num_heads,
                                num_layers=num_layers, mlp_dim=mlp_dim,
                                dropout_rate=dropout_rate, pos_emb=pos_emb,
                                cls_token=pooling == "CLS", causal=causal, block=block,
-                               rngs=rngs)
+                               layers=layers, rngs=rngs)
         self.head = ClassifierHead(in_dim=emb_dim, mlp_dim=mlp_dim, num_classes=num_classes,
                                    rngs=rngs)
 

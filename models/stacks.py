@@ -9,6 +9,17 @@ Every stack is built as
 before the content (the CLS slot); the blocks pass it to the mixers, and `rotary`
 (pos_emb='rotary': queries and keys rotated by position) too.
 
+Hybrid stacks (issue 45): a stack is a list of layers, each a registered mixer with its
+own hparams and block. `layers=None` is `num_layers` copies of (model, model_hparams,
+block): the single-mixer model, built exactly as before (same parameter tree, same
+random draws). Otherwise `layers` is one dict per layer, `{"model": name,
+"model_hparams": {...}, "block": resolved_block_dict}` (`resolve_layer_block` gives the
+block: the model's with the layer's own per-layer keys, `BLOCK_LAYER_KEYS`, over it); the
+stack-level keys (`stack`, segment and ACT settings) are the model's. Layer i is built in
+place i with the same random stream, so caches, parameter groups, precision marks and
+kernels are per layer by construction. The sequential, reversible and segment_recurrent
+stacks take a layer list; the universal stack (one shared block) refuses one.
+
 and called as `stack(x_BxLxD, padding_mask_BxL, deterministic=...) -> x_BxLxD`.
 
 Decoding (DESIGN.md 10, models.decoding): a causal stack also has
@@ -19,7 +30,7 @@ to the parallel stack at every position; dropout is off.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -43,15 +54,36 @@ def layer_args(block_args: Mapping[str, Any], layer: int) -> dict[str, Any]:
     return {**block_args, "model_hparams": hparams}
 
 
+# Block settings a layer of a hybrid stack may set for itself; the others (the stack and
+# its segment / ACT settings) belong to the whole stack, i.e. to the model.
+BLOCK_LAYER_KEYS = ("kind", "ffn", "ffn_chunks", "gate_bias")
+
+
+def per_layer(num_layers: int, block: Mapping[str, Any], block_args: Mapping[str, Any],
+              layers: Sequence[Mapping[str, Any]] | None
+              ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(resolved block, block_args) of every layer (module docstring): `layers=None` is
+    the model's mixer, hparams and block in every layer, exactly as before hybrids."""
+    if layers is None:
+        return [(dict(block), layer_args(block_args, l)) for l in range(num_layers)]
+    if len(layers) != num_layers:
+        raise ValueError(f"the layer list has {len(layers)} layers, num_layers is "
+                         f"{num_layers}")
+    return [(dict(spec["block"]),
+             layer_args({**block_args, "model": spec["model"],
+                         "model_hparams": dict(spec.get("model_hparams") or {})}, l))
+            for l, spec in enumerate(layers)]
+
+
 class SequentialStack(nnx.Module):
-    """num_layers blocks of `block["kind"]`, applied in order, each with its own weights."""
+    """num_layers blocks of `block["kind"]` (or each layer's own, see `layers`), applied
+    in order, each with its own weights."""
 
     def __init__(self, *, num_layers: int, block: Mapping[str, Any], rngs: nnx.Rngs,
-                 **block_args: Any):
-        kind = BLOCK_KINDS[block["kind"]]
-        self.blocks = nnx.List([kind(block=dict(block), rngs=rngs,
-                                     **layer_args(block_args, l))
-                                for l in range(num_layers)])
+                 layers: Sequence[Mapping[str, Any]] | None = None, **block_args: Any):
+        self.blocks = nnx.List([BLOCK_KINDS[b["kind"]](block=b, rngs=rngs, **args)
+                                for b, args in per_layer(num_layers, block, block_args,
+                                                         layers)])
 
     def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array, *,
                  deterministic: bool) -> jax.Array:
@@ -116,17 +148,18 @@ class ReversibleStack(nnx.Module):
     """
 
     def __init__(self, *, num_layers: int, block: Mapping[str, Any], rngs: nnx.Rngs,
-                 **block_args: Any):
+                 layers: Sequence[Mapping[str, Any]] | None = None, **block_args: Any):
         self.model = block_args.get("model", "transformer")
-        if block["kind"] != "pre_ln":
-            raise ValueError(f"the reversible stack needs block kind 'pre_ln' (its residual "
-                             f"branches are F and G), got {block['kind']!r}")
-        if registry.capabilities(self.model).carries_state:
-            raise ValueError(f"model {self.model!r} carries state between layers, which the "
-                             "reversible stack does not support; use stack 'sequential'")
-        self.blocks = nnx.List([EncoderBlock(block=dict(block), rngs=rngs,
-                                             **layer_args(block_args, l))
-                                for l in range(num_layers)])
+        built = per_layer(num_layers, block, block_args, layers)
+        for b, args in built:
+            model = args.get("model", self.model)
+            if b["kind"] != "pre_ln":
+                raise ValueError(f"the reversible stack needs block kind 'pre_ln' (its "
+                                 f"residual branches are F and G), got {b['kind']!r}")
+            if registry.capabilities(model).carries_state:
+                raise ValueError(f"model {model!r} carries state between layers, which the "
+                                 "reversible stack does not support; use stack 'sequential'")
+        self.blocks = nnx.List([EncoderBlock(block=b, rngs=rngs, **args) for b, args in built])
 
     def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None, *,
                  deterministic: bool) -> jax.Array:
@@ -247,25 +280,26 @@ class SegmentRecurrentStack(nnx.Module):
     """
 
     def __init__(self, *, num_layers: int, block: Mapping[str, Any], rngs: nnx.Rngs,
-                 **block_args: Any):
-        model = block_args.get("model", "transformer")
-        caps = registry.capabilities(model)
-        if not caps.takes_memory or caps.carries_state:
-            raise ValueError(f"the segment_recurrent stack needs a mixer that takes memory "
-                             f"(Capabilities.takes_memory), e.g. 'transformer_xl'; "
-                             f"{model!r} does not")
-        kind = BLOCK_KINDS[block["kind"]]
-        if "memory" not in inspect.signature(kind.__call__).parameters:
-            raise ValueError(f"block kind {block['kind']!r} does not pass memory to its "
-                             "mixer; the segment_recurrent stack needs 'pre_ln' or 'gated'")
+                 layers: Sequence[Mapping[str, Any]] | None = None, **block_args: Any):
+        built = per_layer(num_layers, block, block_args, layers)
+        for b, args in built:
+            model = args.get("model", "transformer")
+            caps = registry.capabilities(model)
+            if not caps.takes_memory or caps.carries_state:
+                raise ValueError(f"the segment_recurrent stack needs a mixer that takes "
+                                 f"memory (Capabilities.takes_memory), e.g. 'transformer_xl', "
+                                 f"in every layer; {model!r} does not")
+            if "memory" not in inspect.signature(BLOCK_KINDS[b["kind"]].__call__).parameters:
+                raise ValueError(f"block kind {b['kind']!r} does not pass memory to its "
+                                 "mixer; the segment_recurrent stack needs 'pre_ln' or "
+                                 "'gated'")
         self.segment_len = int(block["segment_len"])
         self.mem_len = int(block["mem_len"])
         if self.segment_len < 0 or self.mem_len < 0:
             raise ValueError(f"block segment_len ({self.segment_len}) and mem_len "
                              f"({self.mem_len}) must be >= 0 (0 = default)")
-        self.blocks = nnx.List([kind(block=dict(block), rngs=rngs,
-                                     **layer_args(block_args, l))
-                                for l in range(num_layers)])
+        self.blocks = nnx.List([BLOCK_KINDS[b["kind"]](block=b, rngs=rngs, **args)
+                                for b, args in built])
 
     def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None, *,
                  deterministic: bool) -> jax.Array:
@@ -381,6 +415,9 @@ class UniversalStack(nnx.Module):
 
     def __init__(self, *, num_layers: int, dim: int, block: Mapping[str, Any],
                  rngs: nnx.Rngs, **block_args: Any):
+        if block_args.pop("layers", None) is not None:
+            raise ValueError("the universal stack applies one shared block at every step; "
+                             "a list of layers (a hybrid) needs stack 'sequential'")
         kind = BLOCK_KINDS[block["kind"]]
         self.layer = kind(dim=dim, block=dict(block), rngs=rngs, **block_args)
         self.rotary = bool(block_args.get("rotary", False))
@@ -523,6 +560,35 @@ def resolve_block(model: str, overrides: Mapping[str, Any] | None = None) -> dic
     if (resolved["kind"] == "mega_pre_ln"
             and not registry.capabilities(model).takes_residual):
         raise ValueError(mega_pre_ln_refusal(model))
+    if not isinstance(resolved["ffn"], bool):
+        raise ValueError(f"block ffn must be true or false, got {resolved['ffn']!r}")
+    if int(resolved["ffn_chunks"]) < 1:
+        raise ValueError(f"block ffn_chunks must be >= 1, got {resolved['ffn_chunks']}")
+    return resolved
+
+
+def resolve_layer_block(block: Mapping[str, Any], base: str, model: str,
+                        overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The block of one layer of a hybrid stack whose model (`base`) runs with `block`
+    (resolve_block's): `block`, then, for a layer of another mixer, the per-layer keys
+    that mixer implies (Capabilities.block, e.g. gtrxl's gated kind), then the layer's own
+    `overrides` (BLOCK_LAYER_KEYS only: the stack is the model's). ValueError in one line
+    on another key or a kind the mixer cannot take."""
+    overrides = dict(overrides or {})
+    unknown = sorted(set(overrides) - set(BLOCK_LAYER_KEYS))
+    if unknown:
+        raise ValueError(f"a layer's block sets {', '.join(map(repr, unknown))}; a layer may "
+                         f"set only {', '.join(BLOCK_LAYER_KEYS)} (the stack and its "
+                         "settings are the model's: config.block)")
+    implied = {} if model == base else {
+        k: v for k, v in (registry.capabilities(model).block or {}).items()
+        if k in BLOCK_LAYER_KEYS}
+    resolved = {**dict(block), **implied, **overrides}
+    if resolved["kind"] not in BLOCK_KINDS:
+        raise ValueError(f"unknown block kind {resolved['kind']!r}; "
+                         f"valid: {', '.join(sorted(BLOCK_KINDS))}")
+    if resolved["kind"] == "mega_pre_ln" and not registry.capabilities(model).takes_residual:
+        raise ValueError(mega_pre_ln_refusal(model) + " (a layer's own block kind)")
     if not isinstance(resolved["ffn"], bool):
         raise ValueError(f"block ffn must be true or false, got {resolved['ffn']!r}")
     if int(resolved["ffn_chunks"]) < 1:
