@@ -18,8 +18,9 @@ ATTENTION_IMPLS = ("dense", "blocksparse", "pallas")
 
 # Config arguments every task config takes besides its own (`defaults` of parse_arg),
 # applied by apply_objective_args: `locality`, the task's locality baseline (see
-# apply_locality); `paper`, the variant's own published recipe (configs/recipes.py).
-SHARED_ARGS = {"locality": False, "paper": False}
+# apply_locality); `paper`, the variant's own published recipe (configs/recipes.py);
+# `hybrid=<mixer>`, the other mixer of a hybrid stack with its presets (configs/hybrid.py).
+SHARED_ARGS = {"locality": False, "paper": False, "hybrid": ""}
 
 
 def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
@@ -68,6 +69,13 @@ def base_config(*, task: str, model: str) -> ml_collections.ConfigDict:
     # Residual form and stack (models/blocks.py BLOCK_DEFAULTS, with what the variant
     # implies filled in), e.g. --config.block.kind=reversible --config.block.ffn_chunks=4.
     c.block = ml_collections.ConfigDict(_resolve_block(model))
+    # Hybrid stacks (configs/hybrid.py): other mixers at some layers, e.g.
+    # --config.hybrid.mixer=transformer --config.hybrid.layers=1,3, or the full list
+    # --config.layers=gla,transformer,gla,transformer. Unset: config.model in every layer.
+    from configs import hybrid
+
+    c.hybrid = hybrid.defaults()
+    c.layers = ()
     c.data_dir = f"data/{task}"
     c.task_options = ml_collections.ConfigDict()  # reader options specific to one task
 
@@ -261,7 +269,7 @@ def apply_generation(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDic
 
 def apply_objective_args(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> None:
     """The config arguments shared by every task config: `paper`, `locality`, `causal`,
-    `pretrain`.
+    `pretrain`, `hybrid`.
 
     `paper`: the variant's own published recipe for the task (configs/recipes.py), a
     full-size one: refused with `mini`, `runlocal` or `locality`.
@@ -273,7 +281,10 @@ def apply_objective_args(c: ml_collections.ConfigDict, arg: ml_collections.Confi
     with `causal`; the best weights are those of the lowest validation loss. Steps,
     schedule and model stay the task config's, so that the fine-tuning run
     (`--config.init_from=<this workdir>`, same arguments without `pretrain`) matches in
-    size."""
+    size.
+    `hybrid=<mixer>`: the other mixer of a hybrid stack, its presets in
+    config.hybrid.model_hparams and groups in config.hybrid.param_groups (for overrides);
+    which layers it takes is --config.hybrid.layers / period / pattern (configs/hybrid.py)."""
     if arg.paper:
         small = [name for name in ("mini", "runlocal", "locality") if arg.get(name)]
         if small:
@@ -290,6 +301,13 @@ def apply_objective_args(c: ml_collections.ConfigDict, arg: ml_collections.Confi
             c.pooling = "MEAN"
     if arg.pretrain:
         c.objective = "causal_lm" if c.causal else "mlm"
+    if arg.get("hybrid"):
+        if arg.locality:
+            raise ConfigError("config argument 'locality' is a one-layer baseline of its own; "
+                              f"it does not combine with hybrid={arg.hybrid}")
+        from configs import hybrid
+
+        hybrid.apply_arg(c, arg.hybrid)
 
 
 def _default_pos_emb(model: str) -> str:
@@ -332,6 +350,9 @@ def finalize(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     for key in presets.BLOCK_LENGTH_KEYS:
         if key in c.block and c.block[key] == stated[key]:
             c.block[key] = scaled[key]
+    from configs import hybrid
+
+    hybrid.finalize(c)  # the hybrid mixer's presets at this length
     if c.block.stack == "segment_recurrent" and c.pooling == "CLS":
         # CLS is position 0, in the first segment, and memory flows forward only: it would
         # summarise the first segment alone (models/encoder.py refuses it).
@@ -423,6 +444,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
     group_settings(config)
     exempt_patterns(config)
+    from configs import hybrid
+
+    hybrid.check(config)  # the layer list of a hybrid stack, one line if it cannot run
     parse_profile_steps(config.get("profile_steps", ""))
     if config.emb_dim % config.num_heads or config.qkv_dim % config.num_heads:
         raise ConfigError(

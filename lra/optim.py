@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import re
 from typing import Any
 
 import jax
@@ -163,32 +164,63 @@ def group_settings(config: ml_collections.ConfigDict) -> dict[str, dict[str, flo
     """config.param_groups as {group: {"lr_scale": s, "weight_decay": wd}} with the
     defaults filled in; raises ConfigError for an unknown setting or a value out of
     range (lr_scale > 0, weight_decay >= 0, both finite)."""
-    groups = config.get("param_groups") or {}
+    return settings_of(config.get("param_groups"), config.weight_decay)
+
+
+def settings_of(groups: Any, weight_decay: float,
+                where: str = "config.param_groups") -> dict[str, dict[str, float]]:
+    """`group_settings` of one set of groups (config.param_groups, or one layer's in a
+    hybrid stack: `where` names it in the error)."""
+    groups = groups or {}
     groups = groups.to_dict() if isinstance(groups, ml_collections.ConfigDict) else groups
     if not isinstance(groups, dict):
-        raise ConfigError(f"config.param_groups={groups!r} must map group names to "
+        raise ConfigError(f"{where}={groups!r} must map group names to "
                           "settings, e.g. {'ssm': {'lr_scale': 0.1, 'weight_decay': 0.0}}")
     out = {}
     for name, settings in groups.items():
         if not isinstance(settings, dict):
-            raise ConfigError(f"config.param_groups.{name}={settings!r} must be settings, "
+            raise ConfigError(f"{where}.{name}={settings!r} must be settings, "
                               f"e.g. {{'lr_scale': 0.1, 'weight_decay': 0.0}}")
         unknown = sorted(set(settings) - set(GROUP_SETTINGS))
         if unknown:
-            raise ConfigError(f"config.param_groups.{name}: unknown setting(s) "
+            raise ConfigError(f"{where}.{name}: unknown setting(s) "
                               f"{', '.join(unknown)}; known: {', '.join(GROUP_SETTINGS)}")
         merged = {**GROUP_SETTINGS, **settings}
         if merged["weight_decay"] is None:
-            merged["weight_decay"] = float(config.weight_decay)
+            merged["weight_decay"] = float(weight_decay)
         for key, value in merged.items():
             ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
                   and math.isfinite(value) and (value > 0 if key == "lr_scale" else value >= 0))
             if not ok:
                 bound = "> 0" if key == "lr_scale" else ">= 0"
-                raise ConfigError(f"config.param_groups.{name}.{key}={value!r} must be "
+                raise ConfigError(f"{where}.{name}.{key}={value!r} must be "
                                   f"finite and {bound}")
         out[name] = {k: float(v) for k, v in merged.items()}
     return out
+
+
+# A parameter of layer i of the stack: its path holds `stack/blocks/<i>/`.
+_LAYER_PATH = re.compile(r"(?:^|/)stack/blocks/(\d+)/")
+
+
+def layer_of(path: str) -> int | None:
+    """The stack layer a parameter path belongs to (None outside the stack's layers)."""
+    match = _LAYER_PATH.search(path)
+    return int(match.group(1)) if match else None
+
+
+def layer_groups(config: ml_collections.ConfigDict) -> list[dict[str, dict[str, float]]] | None:
+    """Per layer of a hybrid stack (configs/hybrid.py), the group settings its parameters
+    train with: config.param_groups for config.model's layers, the layer's own for the
+    others; None for a single-mixer model (one set for every parameter, as before)."""
+    from configs import hybrid  # imports the registry; only here
+
+    layers = hybrid.layer_list(config)
+    if layers is None:
+        return None
+    return [settings_of(spec["param_groups"], config.weight_decay,
+                        where=f"the param_groups of layer {l} ({spec['model']})")
+            for l, spec in enumerate(layers)]
 
 
 def groups_of(params: Any) -> set[str]:
@@ -236,24 +268,67 @@ def lr_scale(meta: dict, groups: dict[str, dict[str, float]]) -> float:
     return groups.get(meta.get(PARAM_GROUP), {}).get("lr_scale", 1.0)
 
 
+def _groups_at(groups: dict[str, dict[str, float]],
+               per_layer: list[dict[str, dict[str, float]]] | None, path: str
+               ) -> dict[str, dict[str, float]]:
+    """The group settings of the parameter at `path`: its layer's in a hybrid stack
+    (`layer_groups`), else `groups`."""
+    layer = layer_of(path) if per_layer is not None else None
+    return groups if layer is None or layer >= len(per_layer) else per_layer[layer]
+
+
 def decay_by_group(groups: dict[str, dict[str, float]], default: float,
-                   patterns: tuple[str, ...] = ()) -> optax.GradientTransformation:
-    """optax.add_decayed_weights with each parameter's rate (`decay_rate`)."""
+                   patterns: tuple[str, ...] = (),
+                   per_layer: list[dict[str, dict[str, float]]] | None = None
+                   ) -> optax.GradientTransformation:
+    """optax.add_decayed_weights with each parameter's rate (`decay_rate`; in a hybrid
+    stack with its own layer's groups, `per_layer`)."""
     def decay(path, meta, p, u):
-        rate = decay_rate(path, meta, groups, default, patterns)
+        rate = decay_rate(path, meta, _groups_at(groups, per_layer, path), default, patterns)
         return u + rate * p if rate else u
 
     return _stateless(lambda updates, params: _map_updates(decay, params, updates))
 
 
-def scale_by_group(groups: dict[str, dict[str, float]]) -> optax.GradientTransformation:
+def scale_by_group(groups: dict[str, dict[str, float]],
+                   per_layer: list[dict[str, dict[str, float]]] | None = None
+                   ) -> optax.GradientTransformation:
     """Multiplies a parameter's update by its group's lr_scale (after the learning rate:
-    the group trains with lr_scale times the schedule)."""
+    the group trains with lr_scale times the schedule); in a hybrid stack its own
+    layer's group (`per_layer`)."""
     def scale(path, meta, p, u):
-        s = lr_scale(meta, groups)
+        s = lr_scale(meta, _groups_at(groups, per_layer, path))
         return u * s if s != 1.0 else u
 
     return _stateless(lambda updates, params: _map_updates(scale, params, updates))
+
+
+def _check_layer_groups(config, groups, per_layer, params) -> None:
+    """A hybrid's groups, each where it applies: a group that config.param_groups names
+    must be carried by a parameter of config.model's layers or outside the stack, and one
+    that a layer of another mixer names by a parameter of that layer (else ConfigError:
+    a misspelt name would change nothing)."""
+    carried: dict[Any, set[str]] = {}
+    for path, v in jax.tree_util.tree_leaves_with_path(params, is_leaf=_is_variable):
+        layer = layer_of(param_path(path))
+        scope = (layer if layer is not None and layer < len(per_layer)
+                 and per_layer[layer] != groups else "model")
+        group = _metadata(v).get(PARAM_GROUP)
+        carried.setdefault(scope, set()).update({group} if group is not None else set())
+    from configs import hybrid
+
+    names = hybrid.layer_names(config)
+    for scope, named in [("model", groups)] + [
+            (l, g) for l, g in enumerate(per_layer) if g != groups]:
+        have = carried.get(scope, set())
+        missing = sorted(set(named) - have)
+        if missing:
+            where = (f"config.param_groups names {', '.join(missing)}, which no parameter of "
+                     f"{config.get('model', '?')!r}'s layers carries" if scope == "model" else
+                     f"the param_groups of layer {scope} ({names[scope]}) name "
+                     f"{', '.join(missing)}, which no parameter of that layer carries")
+            raise ConfigError(f"{where} (their groups: {', '.join(sorted(have)) or 'none'}); "
+                              "remove it or fix the name")
 
 
 def _has_marks(params: Any) -> bool:
@@ -278,6 +353,7 @@ def make_optimizer(config: ml_collections.ConfigDict,
     otherwise change nothing), and so is a config.weight_decay_exempt pattern that matches
     no parameter's path."""
     groups = group_settings(config)
+    per_layer = layer_groups(config)  # None: a single-mixer model
     patterns = exempt_patterns(config)
     def chain(adamw: optax.GradientTransformation, *after: optax.GradientTransformation):
         clip = ([optax.clip_by_global_norm(config.grad_clip_norm)]
@@ -294,18 +370,22 @@ def make_optimizer(config: ml_collections.ConfigDict,
     # decay and lr scale: equal to `marked` when every group has lr_scale 1 and the
     # config's weight decay (tests/test_train.py checks it).
     grouped = chain(optax.scale_by_adam(config.adam_b1, config.adam_b2, config.adam_eps),
-                    decay_by_group(groups, config.weight_decay, patterns),
-                    optax.scale_by_learning_rate(schedule), scale_by_group(groups),
-                    clamp_to_bounds())
+                    decay_by_group(groups, config.weight_decay, patterns, per_layer),
+                    optax.scale_by_learning_rate(schedule),
+                    scale_by_group(groups, per_layer), clamp_to_bounds())
+    any_groups = bool(groups) or any(per_layer or ())
 
     def pick(params):
-        carried = groups_of(params)
-        if groups and not set(groups) <= carried:
-            missing = ", ".join(sorted(set(groups) - carried))
-            raise ConfigError(
-                f"config.param_groups names {missing}, which no parameter of model "
-                f"{config.get('model', '?')!r} carries (its groups: "
-                f"{', '.join(sorted(carried)) or 'none'}); remove it or fix the name")
+        if per_layer is not None:
+            _check_layer_groups(config, groups, per_layer, params)
+        else:
+            carried = groups_of(params)
+            if groups and not set(groups) <= carried:
+                missing = ", ".join(sorted(set(groups) - carried))
+                raise ConfigError(
+                    f"config.param_groups names {missing}, which no parameter of model "
+                    f"{config.get('model', '?')!r} carries (its groups: "
+                    f"{', '.join(sorted(carried)) or 'none'}); remove it or fix the name")
         if patterns:
             paths = param_paths(params)
             unmatched = [p for p in patterns
@@ -315,7 +395,7 @@ def make_optimizer(config: ml_collections.ConfigDict,
                     f"config.weight_decay_exempt: {', '.join(map(repr, unmatched))} matches "
                     f"no parameter of model {config.get('model', '?')!r} (paths such as "
                     f"{paths[0]!r}); remove it or fix the pattern")
-        if groups:
+        if any_groups:
             return grouped
         return marked if patterns or _has_marks(params) else plain
 

@@ -20,7 +20,10 @@ NON_RESULT_FIELDS = ("log_every_steps", "checkpoint_freq", "mesh_shape", "shardi
 # field is otherwise a difference). Only fields whose default is the old behaviour.
 # Flattened names (lra.results.flatten), as the report compares them.
 IMPLIED_WHEN_ABSENT = {"dtype": "float32", "param_dtype": "float32", "recipe": "",
-                       "profile_steps": "", "block.ffn": True, "start_token": False}
+                       "profile_steps": "", "block.ffn": True, "start_token": False,
+                       # hybrid stacks (configs/hybrid.py): unset = one mixer in every layer
+                       "hybrid.mixer": "", "hybrid.layers": (), "hybrid.period": 0,
+                       "hybrid.offset": 0, "hybrid.pattern": (), "layers": ()}
 REQUIRED_KEYS = ("task", "model", "test_accuracy")
 _NUMERIC_KEYS = ("test_accuracy", "train_steps_per_sec", "train_step_temp_bytes",
                  "majority_baseline_accuracy", "num_params", "steps", "best_eval_loss",

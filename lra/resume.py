@@ -4,6 +4,7 @@ ConfigError naming every difference; the newest readable `last` checkpoint is th
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 import ml_collections
@@ -56,8 +57,10 @@ def check_compatible(saved: dict, config: ml_collections.ConfigDict, workdir: st
     free = set(RESUME_FREE_FIELDS) | {"num_train_steps"}
     if diverged:
         free |= set(AFTER_DIVERGENCE_FIELDS)
+    _check_same_layers(saved, config, workdir, step)
     changed = [k for k in sorted(set(old) | set(new))
-               if k.split(".")[0] not in free and k in old and not same(old[k], new.get(k))]
+               if k.split(".")[0] not in free and k in old and not same(old[k], new.get(k))
+               and not _layer_field(k, diverged)]
     if changed:
         was = ", ".join(f"{k}={old[k]!r}" for k in changed)
         now = ", ".join(f"{k}={new.get(k)!r}" for k in changed)
@@ -89,6 +92,52 @@ def check_compatible(saved: dict, config: ml_collections.ConfigDict, workdir: st
                           f"(groups add optimizer transformations); {workdir} has "
                           f"{old_groups!r}; use another --workdir to start over with "
                           "other groups")
+
+
+def _layer_field(key: str, diverged: bool) -> bool:
+    """A flattened field of the layer-list forms (configs/hybrid.py), compared as the
+    resolved layer list instead (`_check_same_layers`): two forms of one list (layers
+    1,3 or period 2 offset 1) are one model. The hybrid layers' param_groups are
+    optimisation, free after a divergence like config.param_groups."""
+    if key.startswith("hybrid.param_groups."):
+        return diverged
+    return key == "layers" or key.startswith("hybrid.")
+
+
+def _layers_of(config: Any) -> list[dict] | None:
+    from configs import hybrid
+
+    layers = hybrid.layer_list(config)
+    return None if layers is None else [
+        {k: v for k, v in spec.items() if k != "param_groups"} for spec in layers]
+
+
+def _check_same_layers(saved: dict, config, workdir: str, step: int) -> None:
+    """A resume with another layer list (mixers, their hparams or blocks) is refused in
+    one line naming both lists."""
+    from configs import hybrid
+
+    saved_config = ml_collections.ConfigDict(saved)
+    try:
+        before = _layers_of(saved_config)
+    except ConfigError:  # the saved run's forms no longer resolve: compare the fields
+        return
+    after = _layers_of(config)
+    key = lambda x: json.dumps(x, sort_keys=True, default=str)  # noqa: E731
+    if key(before) == key(after):
+        return
+    was, now = hybrid.describe(saved_config), hybrid.describe(config)
+    if was == now:  # the same mixers: name the layers whose hparams or block differ
+        diffs = []
+        for l, (a, b) in enumerate(zip(before, after)):
+            for part in ("model_hparams", "block"):
+                fa, fb = flatten(a[part]), flatten(b[part])
+                diffs += [f"layer {l} {part}.{k}={fa.get(k)!r} -> {fb.get(k)!r}"
+                          for k in sorted(set(fa) | set(fb)) if not same(fa.get(k), fb.get(k))]
+        now += f" with {', '.join(diffs)}"
+    raise ConfigError(f"{workdir} holds a run (at step {step}) of {was}, but this config "
+                      f"builds {now}; the layers cannot change when a run resumes: use "
+                      "another --workdir to start a new run")
 
 
 def check_same_data(saved: dict | None, data: dict, config, workdir: str) -> None:

@@ -27,7 +27,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import lra.tasks
-from configs import common
+from configs import common, hybrid
 from lra import checkpoint, init_from, input_pipeline, processes, resume, sharding
 # train_and_evaluate looks them up here, so a test can swap the schedule in this module.
 from lra.optim import learning_rate_schedule, make_optimizer
@@ -112,6 +112,8 @@ def build_model(config: ml_collections.ConfigDict, task: lra.tasks.Task) -> Clas
         attention_impl=config.attention_impl, pooling=config.pooling,
         pos_emb=config.pos_emb, causal=config.causal,
         block=config.block.to_dict() if "block" in config else None,
+        # A hybrid stack's layers (configs/hybrid.py); None: config.model in every layer.
+        layers=hybrid.layer_list(config),
         rngs=nnx.Rngs(params=config.random_seed, dropout=config.random_seed + 1),
     )
 
@@ -334,7 +336,7 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
                              ...)[0]
         abstract_state = jax.eval_shape(init_state)
     except ValueError as e:  # unknown hparams, impossible combinations (causal + CLS, ...)
-        raise ConfigError(f"cannot build model {config.model!r}: {e}") from None
+        raise ConfigError(f"cannot build model {hybrid.name(config)!r}: {e}") from None
     num_params = sum(x.size for x in jax.tree.leaves(abstract_state["params"]))
     # A (data, model) mesh; parameters and optimizer state placed by config.sharding's
     # rules on their logical axis names (lra/sharding.py). Auto axes: XLA propagates
@@ -493,7 +495,8 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
     clock, steps_since_clock, first_step_of_segment = time.perf_counter(), 0, True
     what = ("" if not token_level else f" (pretraining: {config.objective}, {config.lm_loss})"
             if pretraining else f" ({config.objective})")
-    _log(f"Training {config.model} on {config.task}{what}: {num_params:,} parameters, "
+    _log(f"Training {hybrid.describe(config) if hybrid.is_hybrid(config) else config.model} "
+         f"on {config.task}{what}: {num_params:,} parameters, "
          f"steps {start_step}..{config.num_train_steps}, {jax.device_count()} device(s).")
     # A fresh model's loss: ln(classes), ln(vocabulary) for token prediction, under 1 for L1.
     loss_scale = (task.num_classes if not token_level
@@ -666,7 +669,8 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         test_tokens = data["test"]["targets"]
     results = {
         "task": config.task,
-        "model": config.model,
+        # A hybrid's name, e.g. gla+transformer@1,3 (its resolved layers below).
+        "model": hybrid.name(config),
         "objective": config.objective,
         "init_from": config.init_from or None,
         "num_params": int(num_params),
@@ -704,6 +708,8 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         "data_fingerprint": fingerprint,
         "config": config.to_dict(),
     }
+    if hybrid.is_hybrid(config):  # every layer's mixer, hparams, block and groups
+        results["layers"] = hybrid.layer_list(config)
     if jax.process_index() == 0:
         _write_json(os.path.join(workdir, "results.json"), results)
         _log(results_table(results))
