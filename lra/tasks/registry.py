@@ -74,7 +74,8 @@ class Task:
 _TASKS: dict[str, Task] = {}
 # Modules that register tasks; imported on first use of the registry.
 TASK_MODULES = ("lra.tasks.listops", "lra.tasks.text", "lra.tasks.retrieval", "lra.tasks.image",
-                "lra.tasks.pathfinder", "lra.tasks.mnist", "lra.tasks.mqar")
+                "lra.tasks.pathfinder", "lra.tasks.mnist", "lra.tasks.mqar",
+                "lra.tasks.mad")
 
 
 def _load_all() -> None:

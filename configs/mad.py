@@ -1,0 +1,121 @@
+r"""MAD's synthetic tasks (Poli et al. 2024, athms/mad-lab) as tasks of the loop: objective
+`sequence_labels` (loss and accuracy at the labelled positions only), a causal model, the
+data generated on the fly by lra/tasks/mad.py (MAD's instance functions, rows identical to
+MAD's at the same seed; no files).
+
+  python launch.py --config=configs/mad.py:task=in_context_recall,model=transformer \
+      --workdir=workdirs/mad/in_context_recall/transformer
+  python launch.py --config=configs/mad.py:task=selective_copying,model=gla,mini \
+      --workdir=workdirs/mad_mini/selective_copying/gla
+  # a difficulty setting of MAD's benchmark (configs/tasks/<task>.yml `changes`):
+  python launch.py --config=configs/mad.py:task=in_context_recall \
+      --config.task_options.vocab_size=64 --workdir=...
+  python launch.py --config=configs/mad.py:task=in_context_recall \
+      --config.max_length=256 --workdir=...            # seq_len is config.max_length
+
+Arguments after the colon (comma separated):
+  task=<name>    in_context_recall (default), fuzzy_in_context_recall,
+                 noisy_in_context_recall, selective_copying, memorization (compression:
+                 its generator exists, lra.tasks.mad.generate_compression, but MAD trains it
+                 with an auto-encoder backbone that the loop has not; refused)
+  model=<name>   any causal variant of models.registry.available() (default transformer)
+  mini           a 64-wide model on MAD's baseline data, 1,000 steps of batch 64, lr 1e-3
+                 (cosine), validation on 8 batches every 250 steps
+  runlocal       a smoke test in seconds: 64 / 16 / 16 examples (memorization: its 256
+                 training rows), seq_len 32 (selective copying 40: its 16 tokens to copy
+                 need more than 33), 20 steps of batch 8, a 32-wide 1-layer model
+
+The task settings are MAD's baseline (configs/tasks/<task>.yml, last changed in d27bf5c,
+over mad/configs.py MADConfig's defaults at 35772e8): config.task_options holds them under
+MAD's names (vocab_size, frac_noise, noise_vocab_size, num_tokens_to_copy, k_motif_size,
+v_motif_size, multi_query, num_train_examples, num_test_examples 1,280, seed 12,345) and
+num_valid_examples (ours: 1,280 test-like rows drawn after the test set; MAD monitors its
+test set). results.json: `test_accuracy` per labelled position (micro; MAD logs
+torchmetrics' MulticlassAccuracy, macro by default), `test_example_accuracy` per example.
+
+MAD's training (mad/configs.py MADConfig, mad/model/pl_model_wrapper.py, benchmark.py at
+0f49a45) and ours:
+  model    benchmark.py's default layers ['mh-attention', 'swiglu', 'mh-attention',
+           'swiglu'], dim 128 (mh-attention: 16 heads, rotary_emb_dim 8, causal; swiglu
+           dim_inner null: MAD's default width), a pre-norm residual stack with RMSNorm
+           (language_model.py) and no absolute positions. Ours: 2 layers of the variant
+           and a GELU feed-forward of 4 x 128 (pre-LN), 16 heads for the variants that
+           take heads, the variant's own positions (transformer: learned).
+  training batch 128, 200 epochs, AdamW lr 5e-4 (the benchmark sweeps lr {1e-4, 5e-4,
+           1e-3} x weight_decay {0.0, 0.1}; MADConfig's defaults 5e-4 and 0.0),
+           CosineAnnealingLR(T_max=epochs, eta_min=1e-6) stepped per epoch, bf16, no early
+           stop (patience = epochs), seed 12,345. Ours: batch 128, 200 epochs of
+           floor(num_train_examples / 128) steps, AdamW (torch's b2 0.999, eps 1e-8) lr
+           5e-4, wd 0.0, `constant * cosine_decay` per step to 0 (not 1e-6), float32,
+           the best-on-validation checkpoint tested (MAD reports the last epoch's test).
+"""
+from configs import common
+from configs.mqar import apply_sequence_labels, refuse_lra_args
+from lra.errors import ConfigError
+
+TASKS = ("in_context_recall", "fuzzy_in_context_recall", "noisy_in_context_recall",
+         "selective_copying", "memorization")
+BATCH, EPOCHS = 128, 200
+
+
+def get_config(arg: str | None = None):
+    arg = common.parse_arg(arg, task="in_context_recall", model="transformer",
+                           runlocal=False, mini=False)
+    refuse_lra_args(arg, "MAD")
+    if arg.task == "compression":
+        raise ConfigError("task=compression: MAD trains it with an auto-encoder backbone "
+                          "(mad/model/auto_encoder.py) that the loop has not yet; its "
+                          "generator is lra.tasks.mad.generate_compression")
+    if arg.task not in TASKS:
+        raise ConfigError(f"task={arg.task!r}; MAD's tasks here: {', '.join(TASKS)}")
+    from lra.tasks import mad  # numpy only
+
+    c = common.base_config(task=f"mad_{arg.task}", model=arg.model)
+    apply_sequence_labels(c)
+    b = mad.baseline(arg.task)
+    o = c.task_options
+    for key in mad.PARAMS:
+        if key != "seq_len":
+            o[key] = b[key]
+    o.num_train_examples = b["num_train_examples"]
+    o.num_test_examples = o.num_valid_examples = mad.NUM_TEST_EXAMPLES
+    o.seed = mad.SEED
+
+    c.max_length = b["seq_len"]
+    c.emb_dim = c.qkv_dim = 128
+    c.mlp_dim = 4 * 128
+    c.num_layers, c.num_heads = 2, 16
+    c.dropout_rate = c.attention_dropout_rate = 0.0
+    c.batch_size = BATCH
+    epoch = max(1, o.num_train_examples // BATCH)
+    c.num_train_steps = EPOCHS * epoch
+    c.eval_frequency = c.checkpoint_freq = max(epoch, 100)
+    c.log_every_steps = max(1, min(epoch, 100) // 2)
+    c.num_eval_steps = -1
+    c.learning_rate = 5e-4
+    c.factors = "constant * cosine_decay"
+    c.warmup = 0
+    c.weight_decay = 0.0
+    c.adam_b1, c.adam_b2, c.adam_eps = 0.9, 0.999, 1e-8
+    c.random_seed = mad.SEED
+
+    if arg.mini:
+        c.emb_dim = c.qkv_dim = 64
+        c.mlp_dim, c.num_heads = 256, 4
+        c.batch_size = 64
+        c.num_train_steps = 1000
+        c.eval_frequency = c.checkpoint_freq = 250
+        c.log_every_steps = 125
+        c.num_eval_steps = 8
+        c.learning_rate = 1e-3
+    if arg.runlocal:
+        if arg.task != "memorization":
+            o.num_train_examples = 64
+        o.num_test_examples = o.num_valid_examples = 16
+        c.max_length = 40 if arg.task == "selective_copying" else 32
+        common.apply_runlocal(c)
+        c.emb_dim = c.qkv_dim = 32
+        c.mlp_dim, c.num_heads, c.num_layers = 64, 2, 1
+        c.warmup = 0
+        c.learning_rate = 1e-3
+    return common.finalize(c)
