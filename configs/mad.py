@@ -22,8 +22,8 @@ Arguments after the colon (comma separated):
   mini           a 64-wide model on MAD's baseline data, 1,000 steps of batch 64, lr 1e-3
                  (cosine), validation on 8 batches every 250 steps
   runlocal       a smoke test in seconds: 64 / 16 / 16 examples (memorization: its 256
-                 training rows), seq_len 32 (selective copying 40: its 16 tokens to copy
-                 need more than 33), 20 steps of batch 8, a 32-wide 1-layer model
+                 training rows), seq_len 32 (selective copying: 8 tokens to copy, since
+                 16 need more than 33), 20 steps of batch 8, a 32-wide 1-layer model
 
 The task settings are MAD's baseline (configs/tasks/<task>.yml, last changed in d27bf5c,
 over mad/configs.py MADConfig's defaults at 35772e8): config.task_options holds them under
@@ -112,7 +112,9 @@ def get_config(arg: str | None = None):
         if arg.task != "memorization":
             o.num_train_examples = 64
         o.num_test_examples = o.num_valid_examples = 16
-        c.max_length = 40 if arg.task == "selective_copying" else 32
+        c.max_length = 32
+        if arg.task == "selective_copying":
+            o.num_tokens_to_copy = 8
         common.apply_runlocal(c)
         c.emb_dim = c.qkv_dim = 32
         c.mlp_dim, c.num_heads, c.num_layers = 64, 2, 1

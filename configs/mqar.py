@@ -19,10 +19,13 @@ Arguments after the colon (comma separated):
                     others L / 16)
   d_model=<d>       the width (emb_dim = qkv_dim), default 128; figure 2 sweeps 64, 128,
                     256, 512
-  mini              the smallest setting on this CPU: L 64, 4 pairs, V 8192, d_model 64,
-                    20,000 train / 500 validation / 1,000 test examples, batch 64,
-                    1,200 steps (about 4 epochs), lr 3e-3 (cosine), validation every 300
-                    steps (see the docstring's timing line)
+  mini              a CPU-sized setting: L 64 (seq_len=), 4 pairs, V 256 (not 8,192: at
+                    this budget V 8,192 is unlearnt, transformer 11% test accuracy after
+                    1,200 steps; each key is seen too rarely), d_model 64, 20,000 train /
+                    500 validation / 1,000 test examples, batch 64, 1,200 steps (about 4
+                    epochs), lr 3e-3 (cosine), validation every 300 steps. transformer:
+                    test accuracy 99.9% (val 99.9% at step 600), 56 s of CPU time (3
+                    minutes of wall time on the shared 2 cores)
   runlocal          a smoke test in seconds: V 128, L 32, 2 pairs, d_model 32, 20 steps of
                     batch 8, 256 / 32 / 32 examples
 
@@ -126,6 +129,7 @@ def get_config(arg: str | None = None):
     c.random_seed = 123
 
     if arg.mini:
+        o.vocab_size = 256
         c.emb_dim = c.qkv_dim = 64
         c.mlp_dim = 256
         o.num_train_examples, o.num_valid_examples, o.num_test_examples = 20_000, 500, 1_000
