@@ -153,7 +153,8 @@ def pallas_retention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax.
                      log_a_BxHxLxG: jax.Array, *, causal: bool) -> jax.Array:
     """`chunked_retention`'s output (causal) or `bidirectional_retention` (not causal)
     through the Pallas kernels (their own chunk; the kernel flavour and interpret mode
-    follow jax.default_backend()). The kernels return no final state."""
+    follow the platform the program is lowered for: models/kernels/targets.py). The
+    kernels return no final state."""
     forward = decayed_linear_attention(q_BxHxLxK, k_BxHxLxK, v_BxHxLxV, log_a_BxHxLxG)
     if causal:
         return forward

@@ -291,7 +291,11 @@ def make_config(q: jax.Array, k: jax.Array, pattern: masks.Pattern, *,
                 block_q: int | None = None, block_k: int | None = None,
                 platform: str | None = None, interpret: bool | None = None,
                 dropout_rate: float = 0.0) -> _Config:
-    """Resolves the kernel flavour, interpret mode and tile sizes."""
+    """Resolves the kernel flavour, interpret mode and tile sizes.
+
+    Called directly, an unset platform or interpret follows this host's default backend;
+    the public entry point passes both, for each platform the program may be lowered for
+    (models/kernels/targets.py)."""
     device = jax.default_backend()
     platform = platform or ("tpu" if device == "tpu" else "gpu")
     if platform not in ("gpu", "tpu"):

@@ -370,7 +370,11 @@ _decayed_attention.defvjp(_decayed_attention_fwd, _decayed_attention_bwd)
 def make_config(q: jax.Array, k: jax.Array, v: jax.Array, log_a: jax.Array, *,
                 strict: bool = False, backend: str = "pallas", chunk_size: int | None = None,
                 platform: str | None = None, interpret: bool | None = None) -> _Config:
-    """Checks the shapes and resolves the defaults (kernel flavour, interpret mode, chunk)."""
+    """Checks the shapes and resolves the defaults (kernel flavour, interpret mode, chunk).
+
+    Called directly, an unset platform or interpret follows this host's default backend;
+    the public entry point passes both, for each platform the program may be lowered for
+    (models/kernels/targets.py)."""
     if q.ndim != 4 or k.shape != q.shape or v.shape[:3] != q.shape[:3] or v.ndim != 4:
         raise ValueError(f"q and k must be [B, H, L, K] and v [B, H, L, V] alike, got "
                          f"{q.shape}, {k.shape}, {v.shape}")

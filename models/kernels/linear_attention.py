@@ -402,7 +402,11 @@ _linear_attention.defvjp(_linear_attention_fwd, _linear_attention_bwd)
 def make_config(q: jax.Array, *, causal: bool, backend: str = "pallas",
                 chunk_size: int | None = None, eps: float = 1e-6,
                 platform: str | None = None, interpret: bool | None = None) -> _Config:
-    """Resolves the defaults: the kernel flavour and interpret mode follow the backend."""
+    """Resolves the defaults: the kernel flavour and interpret mode follow the backend.
+
+    Called directly, an unset platform or interpret follows this host's default backend;
+    the public entry point passes both, for each platform the program may be lowered for
+    (models/kernels/targets.py)."""
     if backend not in ("pallas", "xla"):
         raise ValueError(f"backend must be 'pallas' or 'xla', got {backend!r}")
     device = jax.default_backend()
