@@ -91,13 +91,33 @@ def _of_run(check, config: Mapping[str, Any]):
                  causal=bool(config.get("causal", False)), prefix_len=prefix_len)
 
 
+def run_layers(config: Mapping[str, Any]) -> list[tuple[str, dict]] | None:
+    """(mixer, hparams) of every layer of a hybrid run (configs/hybrid.py); None for a
+    single-mixer run, whose checks are its model's."""
+    from configs import hybrid
+
+    if not hybrid.is_hybrid(config):
+        return None
+    return [(l["model"], l["model_hparams"]) for l in hybrid.layer_list(config)]
+
+
+def _of_layers(check, config: Mapping[str, Any]) -> list:
+    """`check` per layer of a hybrid run (run_layers), each at the run's length."""
+    length, prefix_len = run_length(config)
+    return [check(model, hparams, length, causal=bool(config.get("causal", False)),
+                  prefix_len=prefix_len) for model, hparams in run_layers(config)]
+
+
 def _key(hparams: Mapping[str, Any]) -> str:
     """`hparams` as a cache key."""
     return json.dumps(dict(hparams), sort_keys=True, default=repr)
 
 
 def run_reduces_to_dense(config: Mapping[str, Any]) -> bool:
-    """`reduces_to_dense` for a run's resolved config (results.json's `config`)."""
+    """`reduces_to_dense` for a run's resolved config (results.json's `config`); a hybrid
+    run reduces when every layer does."""
+    if run_layers(config) is not None:
+        return all(_of_layers(reduces_to_dense, config))
     return _of_run(reduces_to_dense, config)
 
 
@@ -224,6 +244,12 @@ def degenerate(model: str, hparams: Mapping[str, Any], length: int, *,
 
 def run_degenerate(config: Mapping[str, Any]) -> str | None:
     """`degenerate` for a run's resolved config (results.json's `config`)."""
+    if run_layers(config) is not None:  # a hybrid: the first layer that degenerates
+        for l, ((model, _), why) in enumerate(zip(run_layers(config),
+                                                  _of_layers(degenerate, config))):
+            if why:
+                return f"layer {l} ({model}): {why}"
+        return None
     return _of_run(degenerate, config)
 
 
@@ -302,6 +328,8 @@ def key_fraction(model: str, hparams: Mapping[str, Any], length: int, *,
 
 def run_key_fraction(config: Mapping[str, Any]) -> float:
     """`key_fraction` for a run's resolved config (results.json's `config`)."""
+    if run_layers(config) is not None:  # a hybrid: the layer that sees the fewest keys
+        return min(_of_layers(key_fraction, config))
     return _of_run(key_fraction, config)
 
 
@@ -389,7 +417,9 @@ def table(rows: list[dict], fractions: bool = False) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         config = row["config"]
-        cells = [row["run"], config["model"], str(run_length(config)[0]), _sizes(config)]
+        from configs import hybrid
+
+        cells = [row["run"], hybrid.name(config), str(run_length(config)[0]), _sizes(config)]
         try:
             cells.append("yes" if (always_dense(config["model"])
                                    or run_reduces_to_dense(config)) else "no")

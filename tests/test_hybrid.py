@@ -376,3 +376,25 @@ def test_a_resume_with_another_layer_list_is_refused_naming_both(run):
     window.hybrid.model_hparams.window = 4
     with pytest.raises(ConfigError, match=r"with layer 1 model_hparams.window=8 -> 4"):
         resume.check_compatible(saved, window, run, step=8, diverged=False)
+
+
+# ------------------------------------------------------------ dense and degeneracy checks
+
+
+def test_dense_and_degeneracy_checks_run_per_layer():
+    """lra.dense_check (and lra.report's marks) on a hybrid run's config: it reduces to
+    dense attention when every layer does, and degenerates where one layer does (named)."""
+    from lra import dense_check
+
+    windowed = config_of("model=local,runlocal,hybrid=transformer", num_layers=2,
+                         layers=(1,), max_length=32)
+    windowed.model_hparams.window = 64  # covers the 33 positions: dense in both layers
+    assert dense_check.run_reduces_to_dense(windowed.to_dict())
+    windowed.model_hparams.window = 2
+    assert not dense_check.run_reduces_to_dense(windowed.to_dict())
+    bottleneck = config_of("model=gla,runlocal,hybrid=linformer", num_layers=2, layers=(1,),
+                           max_length=32)
+    assert dense_check.run_degenerate(bottleneck.to_dict()) is None
+    bottleneck.hybrid.model_hparams.k = 1
+    why = dense_check.run_degenerate(bottleneck.to_dict())
+    assert why.startswith("layer 1 (linformer): ")
