@@ -7,16 +7,25 @@ for a classifier), else its last state. Only parameters under `encoder/` are cop
 classifier head starts as initialised. Everything a user can point at wrongly (a missing
 folder, no checkpoints, another model, other sizes or architecture) is one ConfigError
 line, raised before anything is compiled where the config says enough.
+
+Hybrid stacks (configs/hybrid.py): a run may start from a run with another layer list,
+e.g. `gla+transformer@1,3` from a pure `gla` run (or the reverse), when the sizes agree.
+What is copied: the embeddings, the final norm and every layer whose mixer is the same in
+both runs, whole (its mixer, norms and feed-forward; names and shapes must agree, else one
+line); a layer whose mixer differs starts as initialised, and the log line names both
+sets. No layer in common is refused.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 import jax
 import numpy as np
 
+from configs import hybrid
 from lra import checkpoint
 from lra.resume import same
 from lra.console import log as _log
@@ -60,18 +69,19 @@ def find_source(config) -> tuple[checkpoint.Checkpoints, int, str]:
         raise ConfigError(f"{where}: no checkpoint there can be used ({'; '.join(failures)})")
     if failures:
         _warn(f"{where}: {'; '.join(failures)}; using its {kind} checkpoint of step {step}")
-    saved = None
-    if ckpts.last_steps():
-        try:
-            saved = ckpts.last_loop()["config"]
-        except Exception:  # noqa: BLE001  (the weights are compared below anyway)
-            saved = None
-    if saved is None and os.path.exists(os.path.join(path, "results.json")):
-        with open(os.path.join(path, "results.json")) as f:
-            saved = json.load(f).get("config")
+    saved = _saved_config(ckpts, path)
     if saved:
+        # Hybrid stacks (configs/hybrid.py) are compared by their layers below: a hybrid
+        # may start from a pure run of any of its mixers, and the reverse.
+        mixed = hybrid.is_hybrid(saved) or hybrid.is_hybrid(config)
         differ = [k for k in INIT_FROM_SAME_FIELDS
-                  if k in saved and not same(saved[k], config[k])]
+                  if k in saved and not same(saved[k], config[k])
+                  and not (mixed and k == "model")]
+        copied = copied_layers(config, saved)
+        if mixed and not differ and copied is not None and not any(copied):
+            raise ConfigError(f"{where} is a run of {hybrid.describe(saved)}; this config "
+                              f"builds {hybrid.describe(config)}: no layer has the same mixer "
+                              "in both; point config.init_from at a run with one")
         if differ:
             was = ", ".join(f"{k}={saved[k]!r}" for k in differ)
             now = ", ".join(f"{k}={config[k]!r}" for k in differ)
@@ -81,6 +91,40 @@ def find_source(config) -> tuple[checkpoint.Checkpoints, int, str]:
             _warn(f"{where} was trained on task {saved.get('task')!r}; this run is "
                   f"{config.task!r} (its encoder is loaded all the same)")
     return ckpts, step, kind
+
+
+def _saved_config(ckpts: checkpoint.Checkpoints, path: str) -> dict | None:
+    """The earlier run's config: its last checkpoint's, else its results.json's."""
+    saved = None
+    if ckpts.last_steps():
+        try:
+            saved = ckpts.last_loop()["config"]
+        except Exception:  # noqa: BLE001  (the weights are compared below anyway)
+            saved = None
+    if saved is None and os.path.exists(os.path.join(path, "results.json")):
+        with open(os.path.join(path, "results.json")) as f:
+            saved = json.load(f).get("config")
+    return saved
+
+
+def _names(config: Any) -> list[str]:
+    return hybrid.layer_names(config) or [config.get("model")] * int(config.get("num_layers"))
+
+
+def copied_layers(config: Any, saved: dict | None) -> list[bool] | None:
+    """Per layer of this config's stack, whether the earlier run's layer there has the same
+    mixer (its whole block is copied) or not (the block starts as initialised); None when
+    the two layer lists name the same mixers (every encoder parameter is copied, as for
+    single-mixer runs)."""
+    if not saved:
+        return None
+    here, there = _names(config), _names(saved)
+    if here == there:
+        return None
+    return [l < len(there) and m == there[l] for l, m in enumerate(here)]
+
+
+_BLOCK = re.compile(r"^encoder/stack/blocks/(\d+)/")
 
 
 def _path_str(path) -> str:
@@ -103,12 +147,17 @@ def load_encoder(config, params: Any, source: tuple[checkpoint.Checkpoints, int,
     saved_flat = {_path_str(p): v for p, v in jax.tree_util.tree_leaves_with_path(saved)}
     where = f"config.init_from={config.init_from} ({kind} checkpoint, step {step})"
     loaded = 0
+    # A hybrid from a pure run (or another layer list): the layers whose mixer agrees.
+    copied = copied_layers(config, _saved_config(ckpts, config.init_from))
 
     def take(path, target):
         nonlocal loaded
         name = _path_str(path)
         if not name.startswith("encoder/"):
             return target
+        layer = _BLOCK.match(name)
+        if copied is not None and layer and not copied[int(layer.group(1))]:
+            return target  # another mixer there: this layer starts as initialised
         if name not in saved_flat:
             raise ConfigError(f"{where} has no parameter {name}; it is a run of another "
                               "architecture (block, stack or hparams); point "
@@ -124,7 +173,16 @@ def load_encoder(config, params: Any, source: tuple[checkpoint.Checkpoints, int,
         return jax.make_array_from_callback(value.shape, target.sharding, lambda i: value[i])
 
     out = jax.tree_util.tree_map_with_path(take, params)
-    _log(f"Initialised {loaded} encoder parameter arrays from {where}; the head starts "
-         "fresh.")
+    fresh = ""
+    if copied is not None:
+        names = _names(config)
+        same_layers = [l for l, c in enumerate(copied) if c]
+        other = [l for l, c in enumerate(copied) if not c]
+        fresh = (f" (the embeddings, the final norm and layers "
+                 f"{', '.join(f'{l} ({names[l]})' for l in same_layers)}, whose mixer is "
+                 f"the same there; layers {', '.join(f'{l} ({names[l]})' for l in other)} "
+                 "start as initialised)")
+    _log(f"Initialised {loaded} encoder parameter arrays from {where}{fresh}; the head "
+         "starts fresh.")
     return out
 

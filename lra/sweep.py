@@ -271,6 +271,18 @@ def run_spec(task: str, name: str, config_arg: str) -> tuple[str, str, str]:
             LOCALITY_BASELINE)
 
 
+def model_folder(task: str, model: str, config_arg: str, overrides: list[str]) -> str:
+    """The folder of a model's runs: its name, or where the config argument `hybrid=` or
+    the --override's of config.hybrid / config.layers make a hybrid stack, the hybrid's
+    name (configs/hybrid.py), e.g. `gla+transformer@1,3`."""
+    if "hybrid=" not in config_arg and not any(
+            o.startswith(("hybrid.", "layers=")) for o in overrides):
+        return model
+    from configs import hybrid
+
+    return hybrid.name(expected_config(task, model, 0, config_arg, overrides))
+
+
 def check_locality_args(config_arg: str, pretrain: bool, locality_baseline: bool) -> None:
     """ValueError (one line) for a sweep that would mix the locality baseline into other
     runs: `locality` in --config_arg (every model's runs would be the baseline, in the
@@ -522,6 +534,8 @@ def sweep(*, task: str, models: list[str], seeds: list[int], config_arg: str, sw
             # The baseline is launched (and its finished run recognised) as what it is:
             # its mixer with the `locality` argument; only its folder and name are its own.
             model, arg, folder = run_spec(task, name, config_arg)
+            if folder == model:  # a hybrid's runs are in a folder of its name
+                folder = model_folder(task, model, arg, overrides)
             state = _run_one(
                 tag=f"[{n}/{len(runs)}] {task} {name} seed {seed}",
                 workdir=run_dir(sweep_dir, task, folder, seed, overrides), task=task,
@@ -546,7 +560,8 @@ def sweep(*, task: str, models: list[str], seeds: list[int], config_arg: str, sw
             base = f"{task} {model} seed {seed}"
             record = {"task": task, "model": model, "seed": seed, "overrides": user_overrides,
                       "pretrain_steps": steps, "fine_tune_steps": fine_steps}
-            pre_dir = run_dir(sweep_dir, task, model, seed, overrides, PRETRAIN)
+            folder = model_folder(task, model, config_arg, overrides)
+            pre_dir = run_dir(sweep_dir, task, folder, seed, overrides, PRETRAIN)
             pre_overrides = normalized_overrides([*overrides, f"num_train_steps={steps}"])
             n += 1
             state = _run_one(
@@ -558,7 +573,7 @@ def sweep(*, task: str, models: list[str], seeds: list[int], config_arg: str, sw
                 timeout=timeout, log=log)
             outcome[state].append((model, seed, PRETRAIN))
             n += 1
-            fine_dir = run_dir(sweep_dir, task, model, seed, overrides, FINE_TUNE)
+            fine_dir = run_dir(sweep_dir, task, folder, seed, overrides, FINE_TUNE)
             tag = f"[{n}/{total}] {base} fine-tune ({fine_steps} steps)"
             if state in ("failed", "refused"):
                 outcome["blocked"].append((model, seed, FINE_TUNE))

@@ -398,3 +398,41 @@ def test_dense_and_degeneracy_checks_run_per_layer():
     bottleneck.hybrid.model_hparams.k = 1
     why = dense_check.run_degenerate(bottleneck.to_dict())
     assert why.startswith("layer 1 (linformer): ")
+
+
+def test_init_from_copies_the_layers_whose_mixer_agrees(run, capsys):
+    """A pure gla classifier from the gla+local@1 run: the embeddings, the final norm and
+    layer 0 (gla there too) are copied; layer 1 (local there) starts as initialised."""
+    from lra import checkpoint, init_from
+
+    fine = config_of("model=gla,runlocal,causal", num_layers=2, max_length=32)
+    fine.init_from = run
+    _, fresh, _ = nnx.split(train.build_model(fine, LISTOPS), nnx.Param, ...)
+    source = init_from.find_source(fine)
+    loaded = init_from.load_encoder(fine, fresh, source)
+    assert "layers 0 (gla), whose mixer is the same there; layers 1 (gla) start as " \
+           "initialised" in capsys.readouterr().out
+    saved = checkpoint.Checkpoints(run).restore_params(source[1], source[2])
+    saved = {init_from._path_str(p): np.asarray(v)
+             for p, v in jax.tree_util.tree_leaves_with_path(saved)}
+    fresh = {init_from._path_str(p): np.asarray(v)
+             for p, v in jax.tree_util.tree_leaves_with_path(fresh)}
+    kinds = set()
+    for path, value in jax.tree_util.tree_leaves_with_path(loaded):
+        name = init_from._path_str(path)
+        copied = name.startswith(("encoder/embeddings/", "encoder/norm/",
+                                  "encoder/stack/blocks/0/"))
+        np.testing.assert_array_equal(np.asarray(value),
+                                      saved[name] if copied else fresh[name], err_msg=name)
+        kinds.add((copied, name.split("/")[1]))
+    assert {(True, "embeddings"), (True, "stack"), (False, "stack"), (False, "hidden")} <= kinds
+
+
+def test_a_sweep_puts_a_hybrids_runs_in_a_folder_of_its_name():
+    from lra import sweep
+
+    assert sweep.model_folder("listops", "gla", "runlocal", ["num_layers=4"]) == "gla"
+    assert sweep.model_folder("listops", "gla", "runlocal,hybrid=transformer",
+                              ["num_layers=4", "hybrid.layers=1,3"]) == "gla+transformer@1,3"
+    assert sweep.model_folder("listops", "gla", "runlocal",
+                              ["num_layers=3", "layers=gla,local,gla"]) == "gla+local@1"
