@@ -38,6 +38,7 @@ from lra.errors import CheckpointError, ConfigError, DataError, UserError
 from models import precision, registry
 from models.encoder import Classifier, DualClassifier
 from lra.objectives import add_eval_masks, make_steps
+from models.autoencoder import SequenceAutoEncoder
 from models.pretrain import TokenPredictor
 
 # Written when the loss diverges; re-running the workdir may then also change the
@@ -96,7 +97,9 @@ def build_model(config: ml_collections.ConfigDict, task: lra.tasks.Task) -> Clas
     that one encoder in turn. config.start_token adds one id, vocab_size, to the
     embedding table (and the head, whose logit for it the losses drop: lra/objectives.py)."""
     vocab_size = task.vocab_size
-    if config.objective != "classify":
+    if config.objective == "sequence_labels" and task.autoencoder:
+        model_class, head = SequenceAutoEncoder, {}  # MAD's compression
+    elif config.objective != "classify":
         model_class, head = TokenPredictor, {"objective": config.objective,
                                               "lm_loss": config.lm_loss}
         vocab_size += int(bool(config.get("start_token", False)))

@@ -37,8 +37,8 @@ MAD's rows exactly (results/cpu/mqar_mad_generators.md). What MAD does, kept:
     labelled on the insert token. The test set is more draws from the same map.
   - compression: the labels are the inputs themselves (MAD returns `inputs, inputs`); MAD
     trains it with an auto-encoder backbone (mad/model/auto_encoder.py), not a language
-    model: the loop here has no such head yet, so the task is not registered (its
-    generator is).
+    model: the task `mad_compression` builds models/autoencoder.py's SequenceAutoEncoder
+    (this lab's encoder with any mixer, MAD's decoder).
 
 In the loop (`configs/mad.py:task=<name>`, objective sequence_labels): generated on the fly
 from config.task_options (no files): MAD's task parameters, num_train_examples,
@@ -534,9 +534,8 @@ def _vocab_size_of(task: str):
     return vocab
 
 
-# Compression needs MAD's auto-encoder backbone, which the loop has not: not registered.
 LOOP_TASKS = ("in_context_recall", "fuzzy_in_context_recall", "noisy_in_context_recall",
-              "selective_copying", "memorization")
+              "selective_copying", "compression", "memorization")
 
 for _task in LOOP_TASKS:
     registry.register(registry.Task(
@@ -547,5 +546,6 @@ for _task in LOOP_TASKS:
         reader=_reader(_task),
         sequence_labels=True,
         vocab_size_of=_vocab_size_of(_task),
+        autoencoder=_task == "compression",  # MAD's auto-encoder backbone
         how_to_get_data="nothing to get: MAD's tasks are generated from config.task_options",
     ))

@@ -43,6 +43,9 @@ class Task:
     # A task whose vocabulary depends on its options (generated tasks: MQAR's
     # task_options.vocab_size): options -> vocab_size (with_options applies it).
     vocab_size_of: Callable[..., int] | None = None
+    # The model is MAD's auto-encoder (models/autoencoder.py: the row from the last
+    # position's code), not a per-position predictor: MAD's compression.
+    autoencoder: bool = False
 
     def with_options(self, **options: Any) -> "Task":
         """The task as the options configure it (its vocabulary, for generated tasks)."""

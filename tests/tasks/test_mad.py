@@ -137,15 +137,14 @@ def test_config():
             c.task_options.frac_noise) == (32, 16, 0.2)
     assert c.batch_size == 128 and c.num_train_steps == 200 * 100
     assert c.objective == "sequence_labels" and c.causal
-    with pytest.raises(ConfigError, match="auto-encoder"):
-        mad_config.get_config("task=compression")
+    assert mad_config.get_config("task=compression").task == "mad_compression"
     with pytest.raises(ConfigError, match="MAD's tasks"):
         mad_config.get_config("task=copying")
 
 
 @pytest.mark.parametrize("task", ["in_context_recall", "fuzzy_in_context_recall",
                                   "noisy_in_context_recall", "selective_copying",
-                                  "memorization"])
+                                  "compression", "memorization"])
 def test_runlocal_trains(task, tmp_path):
     from configs import mad as mad_config
     from lra import train
@@ -156,3 +155,29 @@ def test_runlocal_trains(task, tmp_path):
     r = json.load(open(os.path.join(tmp_path, "results.json")))
     assert r["task"] == f"mad_{task}" and r["objective"] == "sequence_labels"
     assert 0.0 <= r["test_example_accuracy"] <= r["test_accuracy"] <= 1.0
+
+
+def test_autoencoder_decodes_from_the_last_position():
+    """MAD's auto-encoder (models/autoencoder.py): BxLxV logits from the last real
+    position's code alone, with MAD's sin-cos table."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from models.autoencoder import SequenceAutoEncoder, sincos_positions
+
+    half, L, D = 4, 6, 8
+    freq = np.exp(np.arange(half) * -(np.log(10000) / (half - 1)))
+    angle = np.arange(L)[:, None] * freq[None]
+    mad_table = np.concatenate([np.sin(angle), np.cos(angle)], 1)  # posemb_sincos_1d
+    np.testing.assert_allclose(sincos_positions(L, D), mad_table, rtol=1e-5, atol=1e-6)
+
+    model = SequenceAutoEncoder(vocab_size=16, max_len=L, emb_dim=D, num_heads=2,
+                                num_layers=1, qkv_dim=D, mlp_dim=16, causal=True,
+                                pooling="MEAN", rngs=nnx.Rngs(0))
+    x = jnp.array([[1, 2, 3, 4, 5, 15], [1, 2, 3, 4, 5, 15]])
+    mask = jnp.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0]], bool)
+    out = model(x, mask, deterministic=True)
+    assert out.shape == (2, L, 16) and out.dtype == jnp.float32
+    # row 1's code is position 4's output: that of row 0 with inputs[:5] (causal)
+    alone = model(x[:1, :5], mask[:1, :5], deterministic=True)
+    np.testing.assert_allclose(out[1, :5], alone[0], rtol=1e-5, atol=1e-5)
