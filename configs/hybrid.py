@@ -333,3 +333,83 @@ def finalize(c: ml_collections.ConfigDict) -> None:
     if not mixer:
         return
     c.hybrid.model_hparams = ml_collections.ConfigDict(_presets(c, mixer))
+
+
+# ------------------------------------------------------------------ names as model specs
+# The tools that take a list of models (lra.benchmark, lra.bench_generate,
+# lra.cache_memory) take a hybrid by its name: --models=transformer,gla+transformer@1,3
+# (a list flag splits at the commas: `split_models` joins an index back to its name).
+
+
+def split_models(items: list[str]) -> list[str]:
+    """A --models list with hybrid names put back together: ['gla+transformer@1', '3',
+    'local'] -> ['gla+transformer@1,3', 'local'] (a bare index is never a model)."""
+    out: list[str] = []
+    for item in items:
+        item = item.strip()
+        if item.isdigit() and out and "@" in out[-1]:
+            out[-1] += "," + item
+        elif item:
+            out.append(item)
+    return out
+
+
+def is_name(model: str) -> bool:
+    """Whether `model` names a hybrid (`gla+transformer@1,3`) rather than one mixer."""
+    return "+" in model or "@" in model
+
+
+def parse_name(model: str) -> tuple[str, list[tuple[str, list[int]]]]:
+    """'gla+transformer@1,3+local@2' -> ('gla', [('transformer', [1, 3]), ('local', [2])]);
+    ConfigError in one line when it is not of that form."""
+    base, *others = model.split("+")
+    parsed = []
+    for part in others:
+        mixer, at, indices = part.partition("@")
+        try:
+            layers = [int(i) for i in indices.split(",")] if at else []
+        except ValueError:
+            layers = []
+        if not mixer or not layers:
+            raise ConfigError(f"{model!r} is not a hybrid's name: write <model>+<mixer>@<layer "
+                              "indices>, e.g. gla+transformer@1,3")
+        parsed.append((mixer, layers))
+    if not base or "@" in base or not parsed:
+        raise ConfigError(f"{model!r} is not a hybrid's name: write <model>+<mixer>@<layer "
+                          "indices>, e.g. gla+transformer@1,3")
+    return base, parsed
+
+
+def base_of(model: str) -> str:
+    """The base mixer of a model or hybrid name (what get_config's `model=` takes)."""
+    return parse_name(model)[0] if is_name(model) else model
+
+
+def apply_name(config: ml_collections.ConfigDict, model: str) -> None:
+    """Makes `config` (built with model=base_of(model)) the hybrid `model` names, as the
+    full list config.layers at its num_layers; checked (layer_names). A plain name: no
+    change."""
+    if not is_name(model):
+        return
+    base, others = parse_name(model)
+    if base != config.model:
+        raise ConfigError(f"{model!r} is a hybrid of {base!r}; the config's model is "
+                          f"{config.model!r}")
+    names = [base] * int(config.num_layers)
+    for mixer, layers in others:
+        for l in layers:
+            if not 0 <= l < len(names):
+                raise ConfigError(f"{model!r}: layer {l} out of range for num_layers="
+                                  f"{len(names)} (layers 0..{len(names) - 1})")
+            names[l] = mixer
+    config.layers = tuple(names)
+    layer_names(config)
+
+
+def decode_forms(config: Any) -> str:
+    """The decoding forms of the layers (Capabilities.decode), e.g.
+    'recurrent_state+kv_cache' (each form once, in layer order)."""
+    from models import registry
+
+    names = layer_names(config) or [config.get("model")]
+    return "+".join(dict.fromkeys(registry.capabilities(n).decode for n in names))

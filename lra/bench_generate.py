@@ -2,6 +2,7 @@ r"""Generation speed: time per generated token against the position, every causa
 
   python -m lra.bench_generate --lengths=256,1024,3072,8192 --plot=results/cpu/generation_speed.png
   python -m lra.bench_generate --models=all --lengths=256,1024 --steps=16      (every variant)
+  python -m lra.bench_generate --models=gla,gla+transformer@1 --lengths=256,1024  (a hybrid)
 
 The Linear Transformer's Table 2 (Katharopoulos et al., our seed) for the whole catalogue.
 For each model and length L: the `causal_lm` model of `configs/listops.py:model=<name>,
@@ -38,7 +39,8 @@ DEFAULT_MODELS = ["transformer", "local", "linear", "performer", "rfa", "fast_we
 
 def _define_flags() -> None:
     flags.DEFINE_list("models", DEFAULT_MODELS, "Causal variants, or 'all'; the cache-less "
-                      "transformer row is always added.")
+                      "transformer row is always added; a hybrid by its name, e.g. "
+                      "gla+transformer@1 (configs/hybrid.py).")
     flags.DEFINE_list("lengths", ["256", "1024", "3072", "8192"], "Positions L (max_length).")
     flags.DEFINE_integer("steps", 32, "Tokens decoded (timed) after a prompt of L - steps.")
     flags.DEFINE_integer("batch_size", 1, "Sequences generated at once.", lower_bound=1)
@@ -59,16 +61,17 @@ def build(name: str, length: int, sizes: dict):
     from flax import nnx
 
     import lra.tasks
-    from configs import listops
+    from configs import hybrid, listops
     from lra import train
 
-    config = listops.get_config(f"model={name},mini,causal,pretrain")
+    config = listops.get_config(f"model={hybrid.base_of(name)},mini,causal,pretrain")
     config.max_length = length
     for key, value in sizes.items():
         if value:
             config[key] = value
     if sizes.get("emb_dim"):
         config.qkv_dim, config.mlp_dim = sizes["emb_dim"], 2 * sizes["emb_dim"]
+    hybrid.apply_name(config, name)  # a hybrid's name (gla+transformer@1): its layers
     model = train.build_model(config, lra.tasks.get("listops"))
     return model, config, nnx
 
@@ -188,7 +191,7 @@ def plot(rows: list[dict], lengths: list[int], path: str) -> None:
 
 def run(models: list[str], lengths: list[int], *, steps: int, batch: int, repeats: int,
         sizes: dict) -> list[dict]:
-    from models import registry
+    from configs import hybrid
 
     if steps < 1 or min(lengths) <= steps:
         raise ValueError(f"--steps={steps} must be >= 1 and below every length {lengths}")
@@ -198,8 +201,8 @@ def run(models: list[str], lengths: list[int], *, steps: int, batch: int, repeat
         _progress(f"{NO_CACHE} at {length}")
         rows[0]["seconds"].append(time_no_cache(length, batch, repeats, sizes))
     for name in models:
-        row = {"model": name, "form": registry.capabilities(name).decode, "seconds": [],
-               "bytes": []}
+        row = {"model": name, "form": hybrid.decode_forms(build(name, lengths[0], sizes)[1]),
+               "seconds": [], "bytes": []}
         for length in lengths:
             _progress(f"{name} at {length}")
             seconds, size = time_decoding(name, length, steps, batch, repeats, sizes)
@@ -226,9 +229,16 @@ def main(argv) -> None:
 
     from models import registry
 
+    from configs import hybrid
+    from lra.cache_memory import mixers_of
+    from lra.errors import UserError
+
     causal = [n for n in registry.available() if registry.capabilities(n).causal]
-    models = causal if FLAGS.models == ["all"] else FLAGS.models
-    unknown = [m for m in models if m not in causal]
+    models = causal if FLAGS.models == ["all"] else hybrid.split_models(FLAGS.models)
+    try:
+        unknown = [m for m in models if not set(mixers_of(m)) <= set(causal)]
+    except UserError as e:
+        sys.exit(f"error: {e}")
     if unknown:
         sys.exit(f"error: --models: {', '.join(unknown)} not causal variants; causal: "
                  f"{', '.join(causal)}")
@@ -241,7 +251,7 @@ def main(argv) -> None:
     try:
         rows = run(models, lengths, steps=FLAGS.steps, batch=FLAGS.batch_size,
                    repeats=FLAGS.repeats, sizes=sizes)
-    except ValueError as e:
+    except (ValueError, UserError) as e:  # a hybrid's layer out of range: one line
         sys.exit(f"error: {e}")
     _, config, _ = build("transformer", lengths[0], sizes)
     print(f"generation, {FLAGS.steps} tokens after a prompt of L - {FLAGS.steps}, batch "

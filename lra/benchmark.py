@@ -39,7 +39,7 @@ import numpy as np
 from absl import app, flags, logging
 from flax import nnx
 
-from configs import common, presets
+from configs import common, hybrid, presets
 from lra.bench_compare import growth_exponent, growth_goal, lra_comparison
 from models import registry
 
@@ -51,7 +51,9 @@ def _define_flags() -> None:
     # other tools) never claims global absl flag names.
     flags.DEFINE_enum("mode", "train_step", ["train_step", "mixer"],
                       "Time a whole training step, or one mixer's forward+backward.")
-    flags.DEFINE_list("models", ["transformer"], "Registry names, or 'all'.")
+    flags.DEFINE_list("models", ["transformer"], "Registry names, or 'all'; in train_step "
+                      "mode a hybrid by its name, e.g. gla+transformer@1,3 (configs/hybrid.py; "
+                      "the layers of the task config's num_layers, or --num_layers).")
     flags.DEFINE_list("lengths", ["1024", "2048", "3072", "4096"], "Sequence lengths.")
     flags.DEFINE_integer("batch_size", 0, "Batch size (0: the task config's in train_step "
                          "mode, 1 in mixer mode).")
@@ -105,6 +107,9 @@ _MEMORY_ONLY_OPTIONS = {"xla_backend_optimization_level": 0}
 def measure(model: str, length: int, *, batch_size: int, dim: int, num_heads: int,
             repeats: int, task: str = "listops") -> dict:
     """Forward+backward time (s) and compiled temporary memory (bytes) of one mixer."""
+    if hybrid.is_name(model):
+        raise ValueError(f"{model} is a stack of layers, not one mixer: time it with "
+                         "--mode=train_step")
     hparams = presets.model_hparams(model, common.preset_task(task))
     mixer = registry.build(model, dim=dim, num_heads=num_heads, max_len=length,
                            rngs=nnx.Rngs(0), **hparams)
@@ -155,12 +160,13 @@ def measure_train_step(model: str, length: int, *, task: str = "text", batch_siz
     from lra import optim, train
 
     config = importlib.import_module(f"configs.{task}").get_config(
-        f"model={model}" + (f",{config_arg}" if config_arg else ""))
+        f"model={hybrid.base_of(model)}" + (f",{config_arg}" if config_arg else ""))
     config.max_length, config.dtype = length, dtype
     for field, value in (("batch_size", batch_size), ("emb_dim", dim), ("qkv_dim", dim),
                          ("num_heads", num_heads), ("num_layers", num_layers)):
         if value:
             config[field] = value
+    hybrid.apply_name(config, model)  # a hybrid's name: its layers at this num_layers
     task_info = lra.tasks.get(task)
     built, impl = build_model_with_impl(config, task_info, attention_impl)
     graphdef, params, rest = nnx.split(built, nnx.Param, ...)
@@ -407,7 +413,14 @@ def check_flags() -> list[int]:
             raise ValueError(f"--{name}={getattr(FLAGS, name)} must be >= 0 (see --helpfull)")
     if not FLAGS.models:
         raise ValueError("--models is empty; give registry names or 'all'")
-    unknown = [m for m in FLAGS.models if m != "all" and m not in registry.available()]
+    from lra.cache_memory import mixers_of
+    from lra.errors import UserError
+
+    try:
+        unknown = [m for m in hybrid.split_models(FLAGS.models) if m != "all" and not
+                   set(mixers_of(m)) <= set(registry.available())]
+    except UserError as e:  # a malformed hybrid name
+        raise ValueError(str(e)) from None
     if unknown:  # else only a table cell said so, and the run exited 0
         raise ValueError(f"--models: unknown {', '.join(unknown)}; available: "
                          f"{', '.join(registry.available())}")
@@ -443,7 +456,8 @@ def main(argv):
             [sys.executable, "-c", "import jax; print(jax.devices()[0].platform)"],
             capture_output=True, text=True, check=True).stdout.split()[-1]
         isolate = FLAGS.isolate == "true" or platform != "cpu"
-    models = registry.available() if FLAGS.models == ["all"] else FLAGS.models
+    models = (registry.available() if FLAGS.models == ["all"]
+              else hybrid.split_models(FLAGS.models))
     if "transformer" not in models:
         models = ["transformer", *models]  # ratios need the reference in the same run
     settings = {"mode": FLAGS.mode, "task": FLAGS.task, "batch_size": FLAGS.batch_size,

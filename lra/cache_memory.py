@@ -2,6 +2,7 @@
 
   python -m lra.cache_memory --task=listops --lengths=1024,2048,4096
   python -m lra.cache_memory --models=transformer,local,linear --lengths=512,8192 --args=mini
+  python -m lra.cache_memory --models=gla,gla+transformer@1 --args=mini    (a hybrid)
 
 Builds each causal variant's `causal_lm` model from `configs/<task>.py:model=<name>,causal,
 pretrain[,<args>]` (the presets, block and stack a user gets; abstractly: nothing is
@@ -29,10 +30,17 @@ def cache_bytes(model, batch: int = 1) -> int:
 
 
 def config_for(task: str, name: str, args: str):
+    """The causal_lm config of `name`: a variant, or a hybrid's name such as
+    `gla+transformer@1` (configs/hybrid.py; layers at the config's num_layers)."""
     import importlib
 
+    from configs import hybrid
+
     module = importlib.import_module(f"configs.{task}")
-    return module.get_config(",".join(a for a in (f"model={name},causal,pretrain", args) if a))
+    config = module.get_config(",".join(a for a in (
+        f"model={hybrid.base_of(name)},causal,pretrain", args) if a))
+    hybrid.apply_name(config, name)
+    return config
 
 
 def measure(task_name: str, args: str, models: list[str], lengths: list[int]) -> list[dict]:
@@ -40,8 +48,8 @@ def measure(task_name: str, args: str, models: list[str], lengths: list[int]) ->
     from flax import nnx
 
     import lra.tasks
+    from configs import hybrid
     from lra import train
-    from models import registry
 
     task = lra.tasks.get(task_name)
     rows = []
@@ -53,9 +61,19 @@ def measure(task_name: str, args: str, models: list[str], lengths: list[int]) ->
             model = nnx.eval_shape(lambda c=c: train.build_model(c, task))
             sizes.append(cache_bytes(model))
         per_token = (sizes[-1] - sizes[0]) / max(lengths[-1] - lengths[0], 1)
-        rows.append({"model": name, "form": registry.capabilities(name).decode,
+        rows.append({"model": name, "form": hybrid.decode_forms(c),
                      "bytes": sizes, "per_token": per_token})
     return rows
+
+
+def mixers_of(model: str) -> list[str]:
+    """The mixers a --models entry names: itself, or a hybrid's (gla+transformer@1)."""
+    from configs import hybrid
+
+    if not hybrid.is_name(model):
+        return [model]
+    base, others = hybrid.parse_name(model)
+    return [base, *(m for m, _ in others)]
 
 
 def table(rows: list[dict], lengths: list[int]) -> str:
@@ -74,9 +92,11 @@ def main(argv):
     from models import registry
 
     config = config_for(FLAGS.task, "transformer", FLAGS.args)
+    from configs import hybrid
+
     causal = [n for n in registry.available() if registry.capabilities(n).causal]
-    models = causal if FLAGS.models == ["all"] else FLAGS.models
-    unknown = [m for m in models if m not in causal]
+    models = causal if FLAGS.models == ["all"] else hybrid.split_models(FLAGS.models)
+    unknown = [m for m in models if not set(mixers_of(m)) <= set(causal)]
     if unknown:
         raise UserError(f"--models: {', '.join(unknown)} not causal variants (or unknown); "
                         f"causal: {', '.join(causal)}")
@@ -96,7 +116,8 @@ def run() -> None:
     flags.DEFINE_enum("task", "listops", ["listops", "text", "retrieval", "image",
                                           "pathfinder", "pathx"], "Task config.")
     flags.DEFINE_string("args", "", "More config arguments, e.g. 'mini'.")
-    flags.DEFINE_list("models", ["all"], "Causal variants, or 'all'.")
+    flags.DEFINE_list("models", ["all"], "Causal variants, or 'all'; a hybrid by its name, "
+                      "e.g. gla+transformer@1 (configs/hybrid.py).")
     flags.DEFINE_list("lengths", ["1024", "2048", "4096"], "max_length values.")
     try:
         app.run(main)

@@ -436,3 +436,34 @@ def test_a_sweep_puts_a_hybrids_runs_in_a_folder_of_its_name():
                               ["num_layers=4", "hybrid.layers=1,3"]) == "gla+transformer@1,3"
     assert sweep.model_folder("listops", "gla", "runlocal",
                               ["num_layers=3", "layers=gla,local,gla"]) == "gla+local@1"
+
+
+# ------------------------------------------------ lra.benchmark, bench_generate, cache_memory
+
+
+def test_the_measuring_tools_take_a_hybrid_by_its_name():
+    from configs import hybrid as h
+    from lra import bench_generate, benchmark, cache_memory
+
+    assert h.split_models(["gla", "gla+transformer@1", "3", "local"]) == [
+        "gla", "gla+transformer@1,3", "local"]
+    assert h.parse_name("gla+transformer@1,3+local@2") == (
+        "gla", [("transformer", [1, 3]), ("local", [2])])
+    with pytest.raises(ConfigError, match="not a hybrid's name"):
+        h.parse_name("gla+transformer")
+    rows = cache_memory.measure("listops", "mini", ["gla", "local", "gla+local@1"], [32, 64])
+    by = {r["model"]: r for r in rows}
+    assert by["gla+local@1"]["form"] == "recurrent_state+kv_cache"
+    # one layer of each of mini's two: a recurrent state and a window ring
+    assert by["gla+local@1"]["bytes"][0] not in (by["gla"]["bytes"][0],
+                                                 by["local"]["bytes"][0])
+    with pytest.raises(ConfigError, match="layer 2 out of range for num_layers=2"):
+        cache_memory.config_for("listops", "gla+local@2", "mini")
+    seconds, size = bench_generate.time_decoding(
+        "gla+local@1", 24, 4, 1, 1, {"emb_dim": 16, "num_layers": 0, "num_heads": 2})
+    assert seconds > 0 and size > 0
+    row = benchmark.measure_train_step("gla+local@1", 32, task="listops",
+                                       config_arg="runlocal", num_layers=2, repeats=0)
+    assert row["model"] == "gla+local@1" and row["temp_bytes"] > 0
+    with pytest.raises(ValueError, match="--mode=train_step"):
+        benchmark.measure("gla+local@1", 32, batch_size=1, dim=16, num_heads=2, repeats=0)
