@@ -16,6 +16,11 @@ decay (optax.adamw decays by lr * wd * p, so the lr scale applies to the decay t
 a separate AdamW). The per-variant groups are presets (configs/presets.py PARAM_GROUPS).
 A parameter with no group, or a group the config does not name, trains with
 config.learning_rate and config.weight_decay; `no_weight_decay` wins over any rate.
+In a hybrid stack (configs/hybrid.py) a parameter of layer i (path `.../stack/blocks/i/...`)
+looks its group up in that layer's settings (`layer_groups`: config.param_groups for
+config.model's layers, config.hybrid.param_groups over the other mixer's presets for its
+layers), so an SSM layer's group applies to that layer only; a single-mixer model has one
+set for every parameter, as before.
 
 Weight-decay exemptions by name (`config.weight_decay_exempt`): a tuple of fnmatch
 patterns over the parameters' paths, the keys from the model's root joined by "/" ("*"

@@ -77,7 +77,7 @@ def tiny_listops_config():
 _MULTI_PROCESS = "test_multihost.py"
 _LONG = ("test_train.py", "test_pretrain.py", "test_sweep_pretrain.py", "test_benchmark.py",
          "test_reliability.py", "test_tasks_train.py", "test_notebooks.py", "test_generate.py",
-         "test_gpu_suite.py")
+         "test_gpu_suite.py", "test_hybrid.py")
 
 
 def pytest_collection_modifyitems(items):
