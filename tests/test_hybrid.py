@@ -467,3 +467,38 @@ def test_the_measuring_tools_take_a_hybrid_by_its_name():
     assert row["model"] == "gla+local@1" and row["temp_bytes"] > 0
     with pytest.raises(ValueError, match="--mode=train_step"):
         benchmark.measure("gla+local@1", 32, batch_size=1, dim=16, num_heads=2, repeats=0)
+
+
+def test_pallas_in_the_layers_that_have_a_kernel_lowered_for_cuda():
+    """attention_impl=pallas on s4d+local@1: local's layer embeds the block-sparse Triton
+    kernel (a forward and two backward calls), s4d's layer its one form; with gla as the
+    base, gla's layer adds the decayed kernel's three. Lowered from this CPU for an
+    abstract H100 (tests/test_model_lowering.py's way): nothing runs on a GPU."""
+    from lra import objectives
+    from tests.kernels import lowering
+
+    counts = {}
+    for base in ("s4d", "gla"):
+        config = config_of(f"model={base},runlocal,hybrid=local", num_layers=2, layers=(1,),
+                           max_length=64, attention_impl="pallas")
+        config.batch_size = 2
+        schedule = optim.learning_rate_schedule(config)
+        tx = optim.make_optimizer(config, schedule)
+
+        def init_state(config=config, tx=tx):
+            _, params, rest = nnx.split(train.build_model(config, LISTOPS), nnx.Param, ...)
+            return {"step": jnp.int32(0), "params": params, "rest": rest,
+                    "opt_state": tx.init(params)}
+
+        graphdef = nnx.split(nnx.eval_shape(lambda: train.build_model(config, LISTOPS)),
+                             nnx.Param, ...)[0]
+        batch = {"inputs": jax.ShapeDtypeStruct((2, 64), jnp.int32),
+                 "mask": jax.ShapeDtypeStruct((2, 64), jnp.bool_),
+                 "targets": jax.ShapeDtypeStruct((2,), jnp.int32)}
+        step, _ = objectives.make_steps(graphdef, tx, schedule, LISTOPS.num_classes, config,
+                                        LISTOPS.vocab_size)
+        calls = lowering.custom_calls(lowering.for_cuda(step, jax.eval_shape(init_state),
+                                                        batch))
+        counts[base] = calls.count(lowering.TRITON)
+    assert counts["s4d"] >= 3 and counts["s4d"] % 3 == 0
+    assert counts["gla"] >= counts["s4d"] + 3 and counts["gla"] % 3 == 0
