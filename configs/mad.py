@@ -21,6 +21,8 @@ Arguments after the colon (comma separated):
   model=<name>   any causal variant of models.registry.available() (default transformer)
   mini           a 64-wide model on MAD's baseline data, 1,000 steps of batch 64, lr 1e-3
                  (cosine), validation on 8 batches every 250 steps
+  short_conv=<k> a short causal convolution of kernel k before every mixer (Zoology's
+                 BASED recipe, block.short_conv; default 0, off; configs/mqar.py)
   runlocal       a smoke test in seconds: 64 / 16 / 16 examples (memorization: its 256
                  training rows), seq_len 32 (selective copying: 8 tokens to copy, since
                  16 need more than 33), 20 steps of batch 8, a 32-wide 1-layer model
@@ -60,7 +62,7 @@ BATCH, EPOCHS = 128, 200
 
 def get_config(arg: str | None = None):
     arg = common.parse_arg(arg, task="in_context_recall", model="transformer",
-                           runlocal=False, mini=False)
+                           short_conv=0, runlocal=False, mini=False)
     refuse_lra_args(arg, "MAD")
     if arg.task not in TASKS:
         raise ConfigError(f"task={arg.task!r}; MAD's tasks here: {', '.join(TASKS)}")
@@ -81,6 +83,7 @@ def get_config(arg: str | None = None):
     c.emb_dim = c.qkv_dim = 128
     c.mlp_dim = 4 * 128
     c.num_layers, c.num_heads = 2, 16
+    c.block.short_conv = arg.short_conv
     c.dropout_rate = c.attention_dropout_rate = 0.0
     c.batch_size = BATCH
     epoch = max(1, o.num_train_examples // BATCH)

@@ -26,6 +26,11 @@ Arguments after the colon (comma separated):
                     epochs), lr 3e-3 (cosine), validation every 300 steps. transformer:
                     test accuracy 99.9% (val 99.9% at step 600), 56 s of CPU time (3
                     minutes of wall time on the shared 2 cores)
+  short_conv=<k>    Zoology's "BASED recipe": a short causal depthwise convolution of
+                    kernel k on the input of every layer's mixer (block.short_conv, any
+                    mixer; zoology/mixers/convolution.py ShortConvolution; Zoology's based
+                    model uses k 3). Default 0 (off); results.json records it
+                    (`short_conv`, and config.block.short_conv)
   runlocal          a smoke test in seconds: V 128, L 32, 2 pairs, d_model 32, 20 steps of
                     batch 8, 256 / 32 / 32 examples
 
@@ -94,7 +99,7 @@ def refuse_lra_args(arg, task: str) -> None:
 
 def get_config(arg: str | None = None):
     arg = common.parse_arg(arg, model="transformer", seq_len=64, num_kv_pairs=0,
-                           d_model=128, runlocal=False, mini=False)
+                           d_model=128, short_conv=0, runlocal=False, mini=False)
     refuse_lra_args(arg, "MQAR")
     c = common.base_config(task="mqar", model=arg.model)
     apply_sequence_labels(c)
@@ -114,6 +119,7 @@ def get_config(arg: str | None = None):
     c.mlp_dim = 4 * arg.d_model  # unused: block.ffn is off
     c.num_layers, c.num_heads = 2, 1
     c.block.ffn = False
+    c.block.short_conv = arg.short_conv
     c.dropout_rate, c.attention_dropout_rate = 0.0, 0.1
     c.batch_size = FIGURE2_BATCH.get(L, 128)
     epoch = NUM_TRAIN // c.batch_size

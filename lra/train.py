@@ -691,6 +691,9 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         # sequence_labels: test_accuracy is per labelled position; this, per example (every
         # labelled position of the example right).
         "test_example_accuracy": test.get("example_accuracy"),
+        # Zoology's BASED recipe: the kernel of the short convolution before every mixer
+        # (config.block.short_conv; 0 = none).
+        "short_conv": int(config.block.get("short_conv", 0)) if "block" in config else 0,
         "majority_class": majority,
         "majority_baseline_accuracy": float(np.mean(test_tokens == majority)),
         "train_steps_per_sec": (loop["timed_steps"] / loop["train_seconds"]

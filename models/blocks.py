@@ -45,7 +45,36 @@ BLOCK_DEFAULTS: dict[str, Any] = {
     "act_max_steps": 0,  # universal stack: at most this many steps T; 0 = num_layers
     "act_epsilon": 0.01,  # universal stack: a position halts at cumulative p > 1 - eps
     "ponder_weight": 0.01,  # universal stack: weight of the ponder cost aux_loss
+    # Zoology's "BASED recipe" (issue 43): a short causal depthwise convolution of this
+    # kernel size on the mixer's input, before any mixer (ShortConv); 0 = off.
+    "short_conv": 0,
 }
+
+
+class ShortConv(nnx.Module):
+    """Zoology's ShortConvolution (zoology/mixers/convolution.py at b603008): a depthwise
+    causal convolution over the sequence, y_t = b + sum_j w_j * x_{t+j-(k-1)} per channel
+    (nn.Conv1d(d, d, k, groups=d, padding=k-1) cut to the first L outputs), initialised as
+    torch's Conv1d: U(-1/sqrt(k), 1/sqrt(k)) for weights and bias. Zoology puts one before
+    the sequence mixers "for fairness" (the BASED recipe); `block.short_conv=k` puts one on
+    the input of any mixer. Causal: a position sees itself and the k-1 before it, so
+    right padding never reaches a real position."""
+
+    def __init__(self, dim: int, kernel_size: int, *, rngs: nnx.Rngs):
+        bound = 1.0 / kernel_size ** 0.5
+        init = jax.nn.initializers.uniform(2 * bound)
+        self.kernel_size = kernel_size
+        self.weight = layers.param(lambda key, shape, dtype: init(key, shape, dtype) - bound,
+                                   (None, "embed"), (kernel_size, dim), rngs=rngs)
+        self.bias = layers.param(lambda key, shape, dtype: init(key, shape, dtype) - bound,
+                                 ("embed",), (dim,), rngs=rngs)
+
+    def __call__(self, x_BxLxD: jax.Array) -> jax.Array:
+        k, length = self.kernel_size, x_BxLxD.shape[1]
+        w_KxD = self.weight[...].astype(x_BxLxD.dtype)
+        padded = jnp.pad(x_BxLxD, ((0, 0), (k - 1, 0), (0, 0)))
+        y_BxLxD = sum(padded[:, j:j + length] * w_KxD[j] for j in range(k))
+        return y_BxLxD + self.bias[...].astype(x_BxLxD.dtype)
 
 
 class MlpBlock(nnx.Module):
@@ -126,6 +155,12 @@ class EncoderBlock(nnx.Module):
         self.mlp = (MlpBlock(dim=dim, mlp_dim=mlp_dim, dropout_rate=dropout_rate,
                              chunks=int(block["ffn_chunks"]), rngs=rngs)
                     if block["ffn"] else None)
+        self.short_conv = (ShortConv(dim, int(block["short_conv"]), rngs=rngs)
+                           if int(block.get("short_conv", 0)) > 0 else None)
+
+    def conv_input(self, h_BxLxD: jax.Array) -> jax.Array:
+        """The mixer's input after block.short_conv's convolution (if any)."""
+        return h_BxLxD if self.short_conv is None else self.short_conv(h_BxLxD)
 
     def branch_input(self, x_BxLxD: jax.Array) -> jax.Array:
         """What the mixer sees: LN(x) (pre-LN)."""
@@ -142,8 +177,8 @@ class EncoderBlock(nnx.Module):
         extra = {}
         if memory is not None:
             extra = dict(memory=self.branch_input(memory), memory_mask=memory_mask)
-        y_BxLxD = self.mixer(self.branch_input(x_BxLxD), padding_mask=padding_mask,
-                             deterministic=deterministic, **extra)
+        y_BxLxD = self.mixer(self.conv_input(self.branch_input(x_BxLxD)),
+                             padding_mask=padding_mask, deterministic=deterministic, **extra)
         return self.dropout(y_BxLxD, deterministic=deterministic)
 
     def feed_forward(self, x_BxLxD: jax.Array, *, deterministic: bool) -> jax.Array:
@@ -161,7 +196,8 @@ class EncoderBlock(nnx.Module):
         `memory`, `memory_mask`: see `mix` (passed by the segment_recurrent stack).
         """
         if self.carries_state:
-            y_BxLxD, carry = self.mixer(self.branch_input(x_BxLxD), padding_mask=padding_mask,
+            y_BxLxD, carry = self.mixer(self.conv_input(self.branch_input(x_BxLxD)),
+                                        padding_mask=padding_mask,
                                         deterministic=deterministic, carry=carry)
             y_BxLxD = self.dropout(y_BxLxD, deterministic=deterministic)
         else:
@@ -181,6 +217,10 @@ class EncoderBlock(nnx.Module):
     # ---------------------------------------------------------------- decoding
 
     def _check_decodes(self) -> None:
+        if self.short_conv is not None:
+            raise decoding.DecodingError(
+                "block.short_conv: decoding through the short convolution (a cache of its "
+                "last kernel_size - 1 inputs) is not implemented")
         if not self.decode_form or self.decode_form == "segment_memory":
             raise decoding.DecodingError(
                 "this block's mixer was built without causal=True" if not self.decode_form
@@ -299,8 +339,9 @@ class MegaPreLNBlock(EncoderBlock):
             memory_mask: jax.Array | None = None) -> jax.Array:
         if memory is not None:
             raise ValueError("the mega_pre_ln block takes no segment memory")
-        y_BxLxD = self.mixer(self.branch_input(x_BxLxD), padding_mask=padding_mask,
-                             deterministic=deterministic, residual=x_BxLxD)
+        y_BxLxD = self.mixer(self.conv_input(self.branch_input(x_BxLxD)),
+                             padding_mask=padding_mask, deterministic=deterministic,
+                             residual=x_BxLxD)
         return self.dropout(y_BxLxD, deterministic=deterministic)
 
     def prefill(self, cache: decoding.Cache, x_BxLxD: jax.Array,

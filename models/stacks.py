@@ -564,6 +564,12 @@ def resolve_block(model: str, overrides: Mapping[str, Any] | None = None) -> dic
         raise ValueError(f"block ffn must be true or false, got {resolved['ffn']!r}")
     if int(resolved["ffn_chunks"]) < 1:
         raise ValueError(f"block ffn_chunks must be >= 1, got {resolved['ffn_chunks']}")
+    short = resolved["short_conv"]
+    if isinstance(short, bool) or not isinstance(short, int) or short < 0:
+        raise ValueError(f"block short_conv is a kernel size (0 = off), got {short!r}")
+    if short and resolved["stack"] == "segment_recurrent":
+        raise ValueError("block short_conv with the segment_recurrent stack: the "
+                         "convolution would not see the memory segment; not supported")
     return resolved
 
 
