@@ -32,8 +32,10 @@ over mad/configs.py MADConfig's defaults at 35772e8): config.task_options holds 
 MAD's names (vocab_size, frac_noise, noise_vocab_size, num_tokens_to_copy, k_motif_size,
 v_motif_size, multi_query, num_train_examples, num_test_examples 1,280, seed 12,345) and
 num_valid_examples (ours: 1,280 test-like rows drawn after the test set; MAD monitors its
-test set). results.json: `test_accuracy` per labelled position (micro; MAD logs
-torchmetrics' MulticlassAccuracy, macro by default), `test_example_accuracy` per example.
+test set). results.json: `test_accuracy` per labelled position (micro),
+`test_macro_accuracy` MAD's own metric (torchmetrics' MulticlassAccuracy, average='macro'
+by default: the mean over classes of per-class accuracy; checked against torchmetrics
+1.9.0), `test_example_accuracy` per example.
 
 MAD's training (mad/configs.py MADConfig, mad/model/pl_model_wrapper.py, benchmark.py at
 0f49a45) and ours:

@@ -242,7 +242,7 @@ IGNORE_LABEL = -100
 
 
 def _label_losses(model: TokenPredictor, batch: dict, deterministic: bool,
-                  label_slots: int | None = None):
+                  label_slots: int | None = None, with_predictions: bool = False):
     """Per-position (loss, correct, weight) of a sequence_labels batch: weight 1 on real
     positions whose label is not IGNORE_LABEL; loss and correct are 0 elsewhere.
 
@@ -267,8 +267,37 @@ def _label_losses(model: TokenPredictor, batch: dict, deterministic: bool,
     safe = jnp.where(weight, labels, 0).astype(jnp.int32)
     logp = jax.nn.log_softmax(logits.astype(jnp.float32))
     loss = -jnp.take_along_axis(logp, safe[..., None], -1)[..., 0]
-    correct = (jnp.argmax(logits, -1) == safe) & weight
+    predicted = jnp.argmax(logits, -1)
+    correct = (predicted == safe) & weight
+    if with_predictions:
+        return jnp.where(weight, loss, 0.0), correct, weight, predicted, safe
     return jnp.where(weight, loss, 0.0), correct, weight
+
+
+def class_sums(predicted, labels, weight, num_classes: int, rows_B=None) -> dict:
+    """Per-class counts behind macro accuracy (MAD's metric, torchmetrics'
+    MulticlassAccuracy with its default average='macro'): class_tp (right predictions
+    of the class), class_target (labels of the class), class_predicted (predictions of
+    it), over the labelled positions."""
+    w = weight.astype(jnp.float32)
+    if rows_B is not None:
+        w = w * rows_B[:, None]
+    seg = lambda v, ids: jax.ops.segment_sum(v.ravel(), ids.ravel(),  # noqa: E731
+                                             num_segments=num_classes)
+    return {"class_tp": seg(w * (predicted == labels), labels),
+            "class_target": seg(w, labels),
+            "class_predicted": seg(w, jnp.clip(predicted, 0, num_classes - 1))}
+
+
+def macro_accuracy(class_tp, class_target, class_predicted) -> float:
+    """torchmetrics' macro accuracy: the mean over classes of tp / (tp + fn) (0 for a
+    class with no labels), over the classes with tp + fp + fn > 0 (a class only ever
+    predicted, wrongly, counts as 0)."""
+    tp, target, predicted = (np.asarray(v, np.float64) for v in
+                             (class_tp, class_target, class_predicted))
+    seen = (target + predicted - tp) > 0
+    recall = np.where(target > 0, tp / np.maximum(target, 1.0), 0.0)
+    return float(recall[seen].mean()) if seen.any() else 0.0
 
 
 def label_sums(correct_BxL, weight_BxL, rows_B=None) -> dict:
@@ -289,7 +318,8 @@ def label_sums(correct_BxL, weight_BxL, rows_B=None) -> dict:
 def _sequence_label_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
                           schedule: optax.Schedule, dtype=jnp.float32,
                           label_slots: int | None = None):
-    """sequence_labels: cross-entropy at the labelled positions (module docstring)."""
+    """sequence_labels: cross-entropy at the labelled positions (module docstring).
+    Evaluation also sums the per-class counts of macro accuracy (class_sums)."""
 
     def train_step(state, batch):
         model = nnx.merge(graphdef, state["params"], state["rest"])
@@ -322,11 +352,13 @@ def _sequence_label_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformati
     def eval_step(weights, batch):
         model = precision.compute_view(
             nnx.merge(graphdef, weights["params"], weights["rest"]), dtype)
-        loss, correct, weight = _label_losses(model, batch, deterministic=True,
-                                              label_slots=label_slots)
+        loss, correct, weight, predicted, labels = _label_losses(
+            model, batch, deterministic=True, label_slots=label_slots, with_predictions=True)
         rows = batch["weights"]
+        num_classes = model.lm_head.out_features
         return {"loss_sum": jnp.sum(loss * rows[:, None]),
-                **label_sums(correct, weight, rows)}
+                **label_sums(correct, weight, rows),
+                **class_sums(predicted, labels, weight, num_classes, rows)}
 
     return train_step, eval_step
 

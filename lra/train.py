@@ -37,7 +37,7 @@ from lra.console import warn as _warn
 from lra.errors import CheckpointError, ConfigError, DataError, UserError
 from models import precision, registry
 from models.encoder import Classifier, DualClassifier
-from lra.objectives import add_eval_masks, make_steps
+from lra.objectives import add_eval_masks, macro_accuracy, make_steps
 from models.autoencoder import SequenceAutoEncoder
 from models.pretrain import TokenPredictor
 
@@ -462,6 +462,9 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         if "example_count" in sums:  # sequence_labels: all labelled positions right
             out["example_accuracy"] = (float(sums["example_correct"])
                                        / max(float(sums["example_count"]), 1.0))
+        if "class_tp" in sums:  # sequence_labels: MAD's (torchmetrics') macro accuracy
+            out["macro_accuracy"] = macro_accuracy(sums["class_tp"], sums["class_target"],
+                                                   sums["class_predicted"])
         return out
 
     def weights_of(s):
@@ -694,6 +697,9 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         # Zoology's BASED recipe: the kernel of the short convolution before every mixer
         # (config.block.short_conv; 0 = none).
         "short_conv": int(config.block.get("short_conv", 0)) if "block" in config else 0,
+        # sequence_labels: the mean over classes of per-class accuracy, torchmetrics'
+        # MulticlassAccuracy(average='macro') as MAD logs it (test_accuracy is micro).
+        "test_macro_accuracy": test.get("macro_accuracy"),
         "majority_class": majority,
         "majority_baseline_accuracy": float(np.mean(test_tokens == majority)),
         "train_steps_per_sec": (loop["timed_steps"] / loop["train_seconds"]

@@ -44,9 +44,9 @@ In the loop (`configs/mad.py:task=<name>`, objective sequence_labels): generated
 from config.task_options (no files): MAD's task parameters, num_train_examples,
 num_test_examples, num_valid_examples, seed; seq_len is config.max_length. Validation is
 num_valid_examples more test-like rows drawn after the test set (MAD has none: it
-monitors its test set). Accuracy here is micro (per labelled position); MAD logs
-torchmetrics' MulticlassAccuracy, whose default average is macro (per class, then the
-mean over classes).
+monitors its test set). results.json's test_accuracy is micro (per labelled position);
+test_macro_accuracy is MAD's (torchmetrics' MulticlassAccuracy, whose default average is
+macro: per class, then the mean over classes).
 """
 from __future__ import annotations
 
