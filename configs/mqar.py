@@ -23,9 +23,10 @@ Arguments after the colon (comma separated):
                     this budget V 8,192 is unlearnt, transformer 11% test accuracy after
                     1,200 steps; each key is seen too rarely), d_model 64, 20,000 train /
                     500 validation / 1,000 test examples, batch 64, 1,200 steps (about 4
-                    epochs), lr 3e-3 (cosine), validation every 300 steps. transformer:
-                    test accuracy 99.9% (val 99.9% at step 600), 56 s of CPU time (3
-                    minutes of wall time on the shared 2 cores)
+                    epochs), lr 3e-3 (cosine), validation every 300 steps. Test accuracy
+                    (one seed, results.json): transformer 99.9% (val 99.9% at step 600),
+                    56 s of CPU time (3 minutes of wall time on the shared 2 cores);
+                    linear 83.3% (66 s); linear with short_conv=3 98.2% (69 s)
   short_conv=<k>    Zoology's "BASED recipe": a short causal depthwise convolution of
                     kernel k on the input of every layer's mixer (block.short_conv, any
                     mixer; zoology/mixers/convolution.py ShortConvolution; Zoology's based
