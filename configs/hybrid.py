@@ -120,7 +120,8 @@ def _entries(config: Any) -> list[Any]:
     """One unresolved entry (a name or a dict) per layer, from whichever form is set."""
     base, num_layers = config.get("model"), int(config.get("num_layers"))
     h = _hybrid(config)
-    full = [_plain(e) for e in (_plain(config.get("layers")) or ())]
+    full = _plain(config.get("layers")) or ()
+    full = [_plain(e) for e in ((full,) if isinstance(full, str) else full)]
     if all(isinstance(e, str) for e in full):  # ('gla,local',) from the command line
         full = list(_names(full))
     mixer, pattern = h["mixer"], _names(h["pattern"])
