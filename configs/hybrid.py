@@ -35,7 +35,7 @@ What each layer gets:
             (--config.hybrid.model_hparams.window=8), as `model=` does for model_hparams.
   block     config.block (the model's; the stack and its settings are the model's), then
             the per-layer keys (models.stacks.BLOCK_LAYER_KEYS: kind, ffn, ffn_chunks,
-            gate_bias) that the layer's mixer implies, then hybrid.block for hybrid.mixer's
+            gate_bias, short_conv) that the layer's mixer implies, then hybrid.block for hybrid.mixer's
             layers (--config.hybrid.block.ffn=False), or a dict entry's block.
   groups    config.param_groups for config.model's layers and every parameter outside the
             stack; hybrid.param_groups (over hybrid.mixer's preset groups) for hybrid.mixer's

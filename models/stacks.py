@@ -56,7 +56,7 @@ def layer_args(block_args: Mapping[str, Any], layer: int) -> dict[str, Any]:
 
 # Block settings a layer of a hybrid stack may set for itself; the others (the stack and
 # its segment / ACT settings) belong to the whole stack, i.e. to the model.
-BLOCK_LAYER_KEYS = ("kind", "ffn", "ffn_chunks", "gate_bias")
+BLOCK_LAYER_KEYS = ("kind", "ffn", "ffn_chunks", "gate_bias", "short_conv")
 
 
 def per_layer(num_layers: int, block: Mapping[str, Any], block_args: Mapping[str, Any],
@@ -599,4 +599,7 @@ def resolve_layer_block(block: Mapping[str, Any], base: str, model: str,
         raise ValueError(f"block ffn must be true or false, got {resolved['ffn']!r}")
     if int(resolved["ffn_chunks"]) < 1:
         raise ValueError(f"block ffn_chunks must be >= 1, got {resolved['ffn_chunks']}")
+    short = resolved.get("short_conv", 0)
+    if isinstance(short, bool) or not isinstance(short, int) or short < 0:
+        raise ValueError(f"block short_conv is a kernel size (0 = off), got {short!r}")
     return resolved

@@ -89,9 +89,14 @@ def test_each_layer_gets_its_mixers_presets_block_and_groups():
     assert c.hybrid.model_hparams.window == 8  # 128 of 2000 tokens at 128 tokens
     c.hybrid.model_hparams.window = 3
     c.hybrid.block.ffn = False
+    c.hybrid.block.short_conv = 3  # Zoology's short convolution, in local's layers only
     gla, local = hybrid.layer_list(c)[:2]
     assert gla["model_hparams"] == c.model_hparams.to_dict() and gla["block"] == {}
-    assert local["model_hparams"] == {"window": 3} and local["block"] == {"ffn": False}
+    assert local["model_hparams"] == {"window": 3}
+    assert local["block"] == {"ffn": False, "short_conv": 3}
+    blocks = train.build_model(c, LISTOPS).encoder.stack.blocks
+    assert blocks[0].mlp is not None and blocks[0].short_conv is None
+    assert blocks[1].mlp is None and blocks[1].short_conv is not None
     # Set on the command line only (no `hybrid=` argument): the presets at build time.
     c = config_of(mixer="local", layers=(1,))
     assert hybrid.layer_list(c)[1]["model_hparams"] == {"window": 8}
@@ -125,7 +130,7 @@ def test_each_layer_gets_its_mixers_presets_block_and_groups():
     (dict(layers_list=("gla", {"model": "local", "window": 3}, "gla", "gla")),
      "an entry is a name or a dict"),
     (dict(mixer="local", layers=(1,), block={"stack": "reversible"}),
-     "a layer may set only kind, ffn, ffn_chunks, gate_bias"),
+     "a layer may set only kind, ffn, ffn_chunks, gate_bias, short_conv"),
     (dict(mixer="transformer", layers=(1,), param_groups={"ssm": {"lr_scal": 1.0}}),
      "unknown setting(s) lr_scal"),
     (dict(mixer="luna", layers=(1,), causal=True), "layer 1 (luna) is not causal"),
