@@ -20,7 +20,9 @@ Arguments after the colon (comma separated):
                  decoded from the last position's output), memorization
   model=<name>   any causal variant of models.registry.available() (default transformer)
   mini           a 64-wide model on MAD's baseline data, 1,000 steps of batch 64, lr 1e-3
-                 (cosine), validation on 8 batches every 250 steps
+                 (cosine), validation on 8 batches every 250 steps. transformer on
+                 in_context_recall (one seed): test accuracy 98.4% (micro), 4 minutes of
+                 CPU time (22 minutes of wall time on the 2 cores shared with 5 others)
   short_conv=<k> a short causal convolution of kernel k before every mixer (Zoology's
                  BASED recipe, block.short_conv; default 0, off; configs/mqar.py)
   runlocal       a smoke test in seconds: 64 / 16 / 16 examples (memorization: its 256
