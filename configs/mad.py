@@ -55,7 +55,7 @@ MAD's training (mad/configs.py MADConfig, mad/model/pl_model_wrapper.py, benchma
            5e-4, wd 0.0, `constant * cosine_decay` per step to 0 (not 1e-6), float32,
            the best-on-validation checkpoint tested (MAD reports the last epoch's test).
 """
-from configs import common
+from configs import common, hybrid
 from configs.mqar import apply_sequence_labels, refuse_lra_args
 from lra.errors import ConfigError
 
@@ -123,4 +123,6 @@ def get_config(arg: str | None = None):
         c.mlp_dim, c.num_heads, c.num_layers = 64, 2, 1
         c.warmup = 0
         c.learning_rate = 1e-3
+    if arg.hybrid:  # hybrid=<mixer>: that mixer's presets in config.hybrid
+        hybrid.apply_arg(c, arg.hybrid)
     return common.finalize(c)

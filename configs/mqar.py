@@ -69,7 +69,7 @@ from zoology/config.py and the loop from zoology/train.py at the same commit), a
            of the grid; the sweep of issue 43 section 2 picks per cell), validation on
            the whole split every epoch.
 """
-from configs import common
+from configs import common, hybrid
 from lra.errors import ConfigError
 
 # Figure 2's (input_seq_len, num_kv_pairs) and batch size per length.
@@ -157,4 +157,6 @@ def get_config(arg: str | None = None):
         c.learning_rate = 3e-3
         c.warmup = 0
         c.dropout_rate = c.attention_dropout_rate = 0.0
+    if arg.hybrid:  # hybrid=<mixer>: that mixer's presets in config.hybrid
+        hybrid.apply_arg(c, arg.hybrid)
     return common.finalize(c)

@@ -230,3 +230,14 @@ def test_objective_must_match_the_task(tmp_path):
 # prefix, its query positions).
 ZOOLOGY_TEST_ROWS = {0: ([2698, 4262, 1271, 4541, 2415, 5908, 2683, 7850], [10, 26, 36, 52]),
                      -1: ([2529, 4764, 2924, 5032, 95, 8144, 1276, 4282], [8, 10, 16, 22])}
+
+
+def test_the_hybrid_argument_reaches_mqar_and_mad_configs():
+    """hybrid=<mixer> (a shared config argument) was accepted and ignored by the
+    synthetic tasks' configs."""
+    from configs import mad, mqar
+
+    for module in (mqar, mad):
+        c = module.get_config("model=gla,runlocal,hybrid=local")
+        assert (c.model, c.hybrid.mixer) == ("gla", "local"), module.__name__
+        assert "window" in c.hybrid.model_hparams
