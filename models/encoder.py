@@ -39,7 +39,12 @@ class Embeddings(nnx.Module):
         self.pos_emb = pos_emb
         self.token = layers.embed(vocab_size, emb_dim, ("vocab", "embed"),
                                   init=layers.normal(1.0), rngs=rngs)
-        self.cls = (layers.param(layers.zeros, (None, None, "embed"), (1, 1, emb_dim),
+        # LRA's CLS slot starts at zero and is told apart by its position embedding. With
+        # no absolute positions (pos_emb none or rotary) a zero slot gives a zero query,
+        # and a linear-attention CLS summary (retnet, gla, mamba2, ...) then reads nothing
+        # at initialisation: it starts N(0, 0.02), as the learned position table does.
+        cls_init = layers.zeros if pos_emb in ("learned", "sinusoidal") else layers.normal(0.02)
+        self.cls = (layers.param(cls_init, (None, None, "embed"), (1, 1, emb_dim),
                                  rngs=rngs) if cls_token else None)
         table_len = max_len + int(cls_token)
         self.position = (layers.param(layers.normal(0.02), ("length", "embed"),
