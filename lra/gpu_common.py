@@ -93,6 +93,7 @@ class Plan:
     max_train_s: float = 0  # a time-boxed run's training stops after this (0: its limit)
     transformer_overrides: tuple[str, ...] = ()  # after run_overrides, transformer stage
     bench_models: tuple[str, ...] | None = None  # None: every registered variant
+    bench_lra_only: bool = False  # with bench_models None: LRA's variants only
     xla_flags: str = ""  # added to XLA_FLAGS for every command
 
 
@@ -112,10 +113,17 @@ FULL = Plan(
     run_overrides=(),
     listops_args=(),  # LRA's 96k/2k/2k expressions of 500-2000 tokens
     min_pass_s=60,
-    # The first call: 100 + 80 + 270 = 450 s (CALL_MINUTES). The second: efficiency and
+    # LRA's ten and transformer (Table 2's rows). Measured on an H100 (results/gpu/,
+    # 2026-11-28): a cell (a fresh process: jax's start, one compile, the timed steps)
+    # takes 30-35 s, so every registered variant (47 x 4 lengths x 2 dtypes) would be
+    # about 3.5 hours of device time; these 11 are about 25 minutes a dtype, resumable.
+    bench_lra_only=True,
+    # The first call: 100 + 120 + 230 = 450 s (CALL_MINUTES). kernels: lra.bench_kernels
+    # at 4K bf16 took 57-65 s for 6 of its 7 tables on an H100 (both calls stopped it at
+    # its limit, in the block-sparse densities): 120 s. The second: efficiency and
     # one time-boxed run (150 + 240 s, the spare 60 s shared); kernels_long (8K, 16K) with
     # a bigger budget, or once the others are complete.
-    stage_seconds={"kernel_tests": 100, "kernels": 80, "transformer": 270,
+    stage_seconds={"kernel_tests": 100, "kernels": 120, "transformer": 230,
                    "efficiency": 150, "runs": 240, "kernels_long": 150},
     run_seconds=300,
     # About 60 s to read the data and compile, 60 s of training at least, the test.

@@ -255,7 +255,7 @@ def bench_models(plan: Plan) -> list[str]:
 
     names = registry.available()
     return ([m for m in LRA_VARIANTS if m in names]
-            + [m for m in names if m not in LRA_VARIANTS])
+            + ([] if plan.bench_lra_only else [m for m in names if m not in LRA_VARIANTS]))
 
 
 def read_cells(path: str, dtype: str) -> list[dict]:

@@ -14,17 +14,17 @@ command, the same --out) skips the stages whose file says complete and plans the
   1. kernel_tests (100 s)  `pytest tests/kernels` natively (Triton kernels compiled, not
                    interpreted; float32 and bfloat16, slow cases included; 4 xdist
                    workers) -> kernels_tests.md
-  2. kernels (80 s) `lra.bench_kernels` at L=4096 (bfloat16): linear, decayed linear and
+  2. kernels (120 s) `lra.bench_kernels` at L=4096 (bfloat16): linear, decayed linear and
                    block-sparse attention against their XLA paths and
                    jax.nn.dot_product_attention (cuDNN and XLA), with TFLOP/s and the
                    fraction of the device's bf16 peak -> kernels.md
-  3. transformer (270 s, stretches) one ListOps run of `transformer` at LRA's full size,
+  3. transformer (230 s, stretches) one ListOps run of `transformer` at LRA's full size,
                    trained for the time the stage has, stopped (SIGTERM: a checkpoint) and
                    tested where it stopped, its test accuracy beside LRA's 36.37 and its
                    steps beside LRA's 5000 -> transformer.md
      (the first call: 450 s)
   4. efficiency (150 s, stretches) `lra.benchmark` (one training step of LRA's text
-                   model) for every variant at 1K-4K in float32; 8K and 16K for the
+                   model) for LRA's ten and transformer at 1K-4K in float32; 8K and 16K for the
                    variants whose memory grew at most L^1.5 over 1K-4K; then a bfloat16
                    pass -> efficiency.md, efficiency.csv (the benchmark's resumable CSV)
   5. runs (240 s, stretches) time-boxed full-size ListOps runs of the other variants
@@ -115,7 +115,7 @@ STAGES = [
           "One full-size ListOps run of transformer, time-boxed, beside LRA's accuracy",
           stage_transformer),
     Stage("efficiency", "efficiency.md",
-          "Efficiency: one training step of every variant (lra.benchmark, LRA's Table 2)",
+          "Efficiency: one training step of LRA's ten variants (lra.benchmark, LRA's Table 2)",
           stage_efficiency),
     Stage("runs", "runs.md", "Full-size ListOps runs of the other variants, time-boxed",
           stage_runs),
