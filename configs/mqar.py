@@ -17,8 +17,8 @@ Arguments after the colon (comma separated):
   seq_len=<L>       64 (default), 128, 256, 512: figure 2's lengths
   num_kv_pairs=<n>  default: figure 2's for the length (64: 4, 128: 8, 256: 16, 512: 64;
                     others L / 16)
-  d_model=<d>       the width (emb_dim = qkv_dim), default 128; figure 2 sweeps 64, 128,
-                    256, 512
+  d_model=<d>       the width (emb_dim = qkv_dim), default 128 (mini: 64); figure 2
+                    sweeps 64, 128, 256, 512
   mini              a CPU-sized setting: L 64 (seq_len=), 4 pairs, V 256 (not 8,192: at
                     this budget V 8,192 is unlearnt, transformer 11% test accuracy after
                     1,200 steps; each key is seen too rarely), d_model 64, 20,000 train /
@@ -100,7 +100,7 @@ def refuse_lra_args(arg, task: str) -> None:
 
 def get_config(arg: str | None = None):
     arg = common.parse_arg(arg, model="transformer", seq_len=64, num_kv_pairs=0,
-                           d_model=128, short_conv=0, runlocal=False, mini=False)
+                           d_model=0, short_conv=0, runlocal=False, mini=False)
     refuse_lra_args(arg, "MQAR")
     c = common.base_config(task="mqar", model=arg.model)
     apply_sequence_labels(c)
@@ -116,8 +116,8 @@ def get_config(arg: str | None = None):
     o.seed = 123
 
     c.max_length = L
-    c.emb_dim = c.qkv_dim = arg.d_model
-    c.mlp_dim = 4 * arg.d_model  # unused: block.ffn is off
+    c.emb_dim = c.qkv_dim = arg.d_model or 128
+    c.mlp_dim = 4 * c.emb_dim  # unused: block.ffn is off
     c.num_layers, c.num_heads = 2, 1
     c.block.ffn = False
     c.block.short_conv = arg.short_conv
@@ -137,8 +137,8 @@ def get_config(arg: str | None = None):
 
     if arg.mini:
         o.vocab_size = 256
-        c.emb_dim = c.qkv_dim = 64
-        c.mlp_dim = 256
+        c.emb_dim = c.qkv_dim = arg.d_model or 64  # d_model= still sets the width
+        c.mlp_dim = 4 * c.emb_dim
         o.num_train_examples, o.num_valid_examples, o.num_test_examples = 20_000, 500, 1_000
         c.batch_size = 64
         c.num_train_steps = 1200

@@ -133,6 +133,13 @@ def test_config_defaults_and_errors():
     assert c.task_options.random_non_queries is False and c.task_options.seed == 123
     with pytest.raises(ConfigError, match="published recipe"):
         mqar_config.get_config("paper")
+    # The width: 128 by default, 64 in mini, and d_model= sets it in either (the CPU grid
+    # sweeps mini at 64 and 128).
+    assert mqar_config.get_config("").emb_dim == 128
+    assert mqar_config.get_config("mini").emb_dim == 64
+    mini = mqar_config.get_config("mini,d_model=128,seq_len=128")
+    assert (mini.emb_dim, mini.qkv_dim, mini.max_length, mini.task_options.num_kv_pairs,
+            mini.task_options.vocab_size) == (128, 128, 128, 8, 256)
 
 
 class _Fake:
