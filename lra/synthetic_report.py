@@ -1,0 +1,286 @@
+r"""Zoology's MQAR figure and table from a directory of runs, with the seeds' spread and ties.
+
+  python -m lra.synthetic_report workdirs/mqar_grid --out=results/cpu/mqar_grid
+      # writes results/cpu/mqar_grid.md, .csv and .png
+
+Reads every MQAR run below the directory (`lra.results.load`: any depth, e.g. the sweep
+folders of scripts/mqar_cpu_grid.sh) and groups them into cells: runs whose recorded
+configs agree in every field but the seed (and lra.results.NON_RESULT_FIELDS) are one
+cell's seeds. A cell is (L, kv pairs, width, model) within a setting (everything else the
+configs record: vocabulary, steps, learning rate, short_conv, ...); a directory with
+several settings gets a section per setting. Written:
+
+  <out>.md   per setting and (L, kv): test accuracy at the queried positions (%), mean ±
+             standard deviation over seeds (n), per width; per model its parameter count
+             and its decoding state (bytes of one sequence's cache, `lra.cache_memory`:
+             the recurrent state, or the kv cache at L); the rows `majority label` (the
+             most frequent training label's share of the test labels, from the runs) and
+             `chance` (one of the V/2 values). Ties: per column, the models whose seed range
+             (min to max) reaches the best model's worst seed are tied with it (`=`); a model
+             is ranked below the best only when its best seed is under the best model's worst
+             (`<`). A column with one seed per model ranks nothing (`1 seed`).
+  <out>.csv  one line per cell: setting, L, kv, width, model, seeds, mean, std, min, max,
+             params, state_bytes.
+  <out>.png  Zoology's figure 2: a panel per (L, kv), accuracy against width, a line per
+             model (error bars: the seeds' min to max); below, the same points against the
+             decoding state's bytes (log scale).
+
+Per-example accuracy (every query of an example right) is in each run's results.json
+(`test_example_accuracy`); this table is per position, as Zoology's figure.
+"""
+from __future__ import annotations
+
+import csv
+import os
+import statistics
+import sys
+
+from absl import app, flags
+
+from lra import results as results_lib
+
+FLAGS = flags.FLAGS
+# Fields that make a cell's coordinates (not its setting).
+_COORDS = ("max_length", "task_options.num_kv_pairs", "emb_dim", "qkv_dim", "mlp_dim",
+           "model", "batch_size")
+_SKIP = (results_lib.SEED_FIELD, *results_lib.NON_RESULT_FIELDS, "workdir", "data_dir")
+# A variant's own presets (configs/presets.py: its hparams, parameter groups, positions):
+# they differ between models of one setting by design.
+_PRESETS = ("model_hparams", "param_groups", "hybrid", "weight_decay_exempt", "pos_emb",
+            "layers")
+# Rows in this order (the grid's: attention, then the fixed-state families), others after.
+ORDER = ("transformer", "local", "linear", "performer", "s4d", "s5", "lru", "mega", "retnet",
+         "gla", "deltanet", "gated_deltanet", "mamba2")
+
+
+def _setting(r: dict) -> tuple:
+    """What the cell's runs share beyond their coordinates, as sorted (field, value)
+    pairs (the model's own presets aside: model_hparams differ between variants)."""
+    flat = results_lib.flatten(r.get("config") or {})
+    return tuple(sorted((k, repr(v)) for k, v in flat.items()
+                        if k not in _COORDS and not k.startswith(_SKIP + _PRESETS)))
+
+
+def state_bytes(config: dict) -> int | None:
+    """Bytes of one sequence's decoding cache for the run's model (its recorded config
+    built abstractly as a causal_lm: the same encoder), or None if it has no cache."""
+    import ml_collections
+    from flax import nnx
+
+    import lra.tasks
+    from lra import train
+    from lra.cache_memory import cache_bytes
+
+    c = ml_collections.ConfigDict(config)
+    c.objective = "causal_lm"
+    try:
+        model = nnx.eval_shape(lambda: train.build_model(c, lra.tasks.get(c.task)))
+        return cache_bytes(model)
+    except Exception:  # noqa: BLE001  (a variant without a decoding form: no state column)
+        return None
+
+
+def cells(results: list[dict]) -> list[dict]:
+    """One dict per cell: its coordinates, setting, seeds' accuracies (%), params, state."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in results:
+        if r.get("task") != "mqar" or not r.get("config"):
+            continue
+        c = r["config"]
+        key = (_setting(r), int(c["max_length"]), int(c["task_options"]["num_kv_pairs"]),
+               int(c["emb_dim"]), r["model"])
+        groups.setdefault(key, []).append(r)
+    out = []
+    for (setting, length, kv, width, model), runs in sorted(groups.items()):
+        by_seed = {}
+        for r in runs:  # one run per seed (a rerun of a seed replaces it)
+            by_seed[r["config"].get(results_lib.SEED_FIELD)] = r
+        accs = [100 * float(r["test_accuracy"]) for r in by_seed.values()]
+        first = next(iter(by_seed.values()))
+        out.append({
+            "setting": setting, "L": length, "kv": kv, "width": width, "model": model,
+            "seeds": sorted(by_seed), "accs": accs, "mean": statistics.fmean(accs),
+            "std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
+            "min": min(accs), "max": max(accs),
+            "params": int(first.get("num_params") or 0),
+            "majority": 100 * float(first.get("majority_baseline_accuracy") or 0.0),
+            "vocab": int(first["config"]["task_options"]["vocab_size"]),
+            "state_bytes": state_bytes(first["config"]),
+        })
+    return out
+
+
+def ties(column: list[dict]) -> dict[str, str]:
+    """Per model of one (L, kv, width) column: '=' tied with the best, '<' below it (its
+    best seed under the best model's worst); nothing when any model has one seed."""
+    if not column:
+        return {}
+    if any(len(c["accs"]) < 2 for c in column):
+        return {c["model"]: "" for c in column}
+    best = max(column, key=lambda c: c["mean"])
+    return {c["model"]: "=" if c["max"] >= best["min"] else "<" for c in column}
+
+
+def _ordered(models: set[str]) -> list[str]:
+    return ([m for m in ORDER if m in models]
+            + sorted(m for m in models if m not in ORDER))
+
+
+def _fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    return f"{n / 1024:.0f} KiB" if n >= 1024 else f"{n} B"
+
+
+def markdown(all_cells: list[dict], source: str) -> str:
+    lines = [f"# MQAR: test accuracy per queried position (%), from `{source}`", "",
+             "Mean ± standard deviation over seeds (n seeds); `=` tied with the column's "
+             "best (its seed range reaches the best model's worst seed), `<` below it "
+             "(its best seed under the best's worst); `1 seed`: no ranking. State: bytes "
+             "of one sequence's decoding cache at L (lra.cache_memory), per width. Chance: "
+             "one of the V/2 values.", ""]
+    settings = sorted({c["setting"] for c in all_cells})
+    for i, setting in enumerate(settings):
+        mine = [c for c in all_cells if c["setting"] == setting]
+        if len(settings) > 1:  # name what differs between the settings
+            differing = {k for s in settings for k, v in s
+                         if any((k, v) not in t for t in settings)}
+            lines += [f"## Setting {i + 1}: " + ", ".join(
+                f"{k}={v}" for k, v in setting if k in differing), ""]
+        for length, kv in sorted({(c["L"], c["kv"]) for c in mine}):
+            block = [c for c in mine if (c["L"], c["kv"]) == (length, kv)]
+            widths = sorted({c["width"] for c in block})
+            models = _ordered({c["model"] for c in block})
+            vocab = block[0]["vocab"]
+            lines += [f"### L = {length}, {kv} key-value pairs (V = {vocab})", "",
+                      "| model | " + " | ".join(
+                          f"width {w}" + (" (1 seed: no ranking)" if any(
+                              len(c["accs"]) < 2 for c in block if c["width"] == w) else "")
+                          for w in widths)
+                      + " | params | state |",
+                      "|---|" + "---|" * len(widths) + "---|---|"]
+            marks = {w: ties([c for c in block if c["width"] == w]) for w in widths}
+            for model in models:
+                row, params, state = [], [], []
+                for w in widths:
+                    c = next((c for c in block if c["width"] == w and c["model"] == model),
+                             None)
+                    if c is None:
+                        row.append("-")
+                        continue
+                    spread = f" ± {c['std']:.1f}" if len(c["accs"]) > 1 else ""
+                    row.append(f"{c['mean']:.1f}{spread} ({len(c['accs'])}) "
+                               f"{marks[w][model]}".rstrip())
+                    params.append(f"{c['params']:,}")
+                    state.append(_fmt_bytes(c["state_bytes"]))
+                lines.append(f"| {model} | " + " | ".join(row) + " | "
+                             + " / ".join(params) + " | " + " / ".join(state) + " |")
+            majority = max(c["majority"] for c in block)
+            lines.append("| majority label | " + " | ".join(
+                f"{majority:.1f}" for _ in widths) + " | | |")
+            lines.append("| chance | " + " | ".join(
+                f"{100 / (vocab // 2):.1f}" for _ in widths) + " | | |")
+            lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(all_cells: list[dict], path: str) -> None:
+    fields = ["setting", "L", "kv", "width", "model", "seeds", "mean", "std", "min", "max",
+              "params", "state_bytes"]
+    settings = sorted({c["setting"] for c in all_cells})
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fields, extrasaction="ignore")
+        w.writeheader()
+        for c in all_cells:
+            w.writerow({**c, "setting": settings.index(c["setting"]) + 1,
+                        "seeds": " ".join(map(str, c["seeds"])),
+                        **{k: f"{c[k]:.2f}" for k in ("mean", "std", "min", "max")}})
+
+
+def plot(all_cells: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    panels = sorted({(c["L"], c["kv"]) for c in all_cells})
+    models = _ordered({c["model"] for c in all_cells})
+    fig, axes = plt.subplots(2, len(panels), figsize=(4.2 * len(panels), 7.5),
+                             squeeze=False)
+    colors = plt.get_cmap("tab20")
+    for j, (length, kv) in enumerate(panels):
+        for i, model in enumerate(models):
+            pts = sorted((c for c in all_cells if (c["L"], c["kv"], c["model"])
+                          == (length, kv, model)), key=lambda c: c["width"])
+            if not pts:
+                continue
+            ys = [c["mean"] for c in pts]
+            err = [[c["mean"] - c["min"] for c in pts], [c["max"] - c["mean"] for c in pts]]
+            style = dict(color=colors(i % 20), marker="o", ms=4, capsize=2, label=model)
+            axes[0][j].errorbar([c["width"] for c in pts], ys, yerr=err, **style)
+            with_state = [(c["state_bytes"] / 1024, c) for c in pts if c["state_bytes"]]
+            if with_state:
+                axes[1][j].errorbar([s for s, _ in with_state], [c["mean"] for _, c in with_state],
+                                    yerr=[[c["mean"] - c["min"] for _, c in with_state],
+                                          [c["max"] - c["mean"] for _, c in with_state]],
+                                    **style)
+        axes[0][j].set_title(f"L = {length}, {kv} kv pairs")
+        widths = sorted({c["width"] for c in all_cells if (c["L"], c["kv"]) == (length, kv)})
+        axes[0][j].set_xlabel("width (d_model)")
+        axes[0][j].set_xscale("log", base=2)
+        axes[0][j].set_xticks(widths, [str(w) for w in widths])
+        axes[0][j].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        axes[1][j].set_xlabel("decoding state (KiB, one sequence)")
+        axes[1][j].set_xscale("log")
+        axes[1][j].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        for row in (0, 1):
+            axes[row][j].set_ylim(0, 102)
+            axes[row][j].grid(alpha=0.3)
+    axes[0][0].set_ylabel("test accuracy, queried positions (%)")
+    axes[1][0].set_ylabel("test accuracy, queried positions (%)")
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(root: str, out: str) -> list[str]:
+    runs, skipped = results_lib.load(root)
+    all_cells = cells(runs)
+    if not all_cells:
+        raise FileNotFoundError(f"no MQAR run's results.json under {root}")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    paths = [out + ".md", out + ".csv", out + ".png"]
+    with open(paths[0], "w", encoding="utf-8") as f:
+        f.write(markdown(all_cells, root))
+    write_csv(all_cells, paths[1])
+    plot(all_cells, paths[2])
+    for line in skipped:
+        print(f"warning: {line}", file=sys.stderr)
+    return paths
+
+
+def main(argv, out: str | None = None):
+    if len(argv) != 2:
+        print("usage: python -m lra.synthetic_report DIR [--out=PATH_WITHOUT_SUFFIX]",
+              file=sys.stderr)
+        return 2
+    out = out or os.path.join(argv[1], "mqar")
+    try:
+        paths = report(argv[1], out)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print("wrote " + ", ".join(paths))
+    return 0
+
+
+def run() -> None:
+    flags.DEFINE_string("out", None, "Output path without suffix (default DIR/mqar): "
+                        "writes .md, .csv, .png.")
+    app.run(lambda argv: sys.exit(main(argv, FLAGS.out)))
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# MQAR on this CPU (issue 43, section 3): configs/mqar.py's mini (V 256, 20,000 training
+# examples, batch 64, 1,200 steps, lr 3e-3 cosine, 2 layers without MLP, 1 head) for the 13
+# variants below, at Zoology's (L, kv) = (64, 4) and (128, 8) [(256, 16) last, if time
+# allows], widths 64 and 128, seeds 0-2, in two queues of lra.sweep (one per length: the
+# two CPU cores). Each cell (L, width) is its own sweep folder; a stopped grid resumes
+# (finished runs are skipped, unfinished ones resume from their checkpoints).
+#
+#   scripts/mqar_cpu_grid.sh [DIR]          # default workdirs/mqar_grid
+#   python -m lra.mqar_figure DIR           # the figure and the tables (results/cpu/mqar_grid.md)
+set -u
+DIR=${1:-workdirs/mqar_grid}
+MODELS=transformer,local,linear,performer,s4d,s5,lru,mega,retnet,gla,deltanet,gated_deltanet,mamba2
+PY=${PYTHON:-python}
+mkdir -p "$DIR"
+cell() {  # cell L WIDTH SEED
+    "$PY" -m lra.sweep --task=mqar --models=$MODELS --config_arg="mini,seq_len=$1,d_model=$2" \
+        --seeds="$3" --sweep_dir="$DIR/L$1-d$2"
+}
+# Two seeds of a width before the next width: a ranking needs the spread first.
+short() { cell 64 64 0; cell 64 64 1; cell 64 128 0; cell 64 128 1; cell 64 64 2; cell 64 128 2; }
+long() { cell 128 64 0; cell 128 64 1; cell 128 128 0; cell 128 128 1; cell 128 64 2;
+         cell 128 128 2; cell 256 64 0; }
+short >"$DIR/queue_L64.log" 2>&1 &
+long >"$DIR/queue_L128.log" 2>&1 &
+wait

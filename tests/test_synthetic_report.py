@@ -1,0 +1,74 @@
+"""lra.synthetic_report: MQAR cells from runs' results.json, ties against the seed spread,
+the decoding state's bytes, and the files it writes."""
+import csv
+import json
+import os
+
+import pytest
+
+from configs import mqar
+from lra import synthetic_report
+
+
+def _write_run(root, model, seed, accuracy, *, length=32, width=0, lr=None):
+    config = mqar.get_config(f"model={model},runlocal").to_dict()
+    config["random_seed"] = seed
+    config["max_length"] = length
+    if width:
+        config["emb_dim"] = config["qkv_dim"] = width
+    if lr is not None:
+        config["learning_rate"] = lr
+    folder = os.path.join(root, f"L{length}-d{width}", model, f"seed{seed}-{lr}")
+    os.makedirs(folder)
+    with open(os.path.join(folder, "results.json"), "w") as f:
+        json.dump({"task": "mqar", "model": model, "test_accuracy": accuracy,
+                   "majority_baseline_accuracy": 0.03, "num_params": 1000,
+                   "objective": "sequence_labels", "config": config}, f)
+
+
+def test_ties_follow_the_seed_ranges():
+    def cell(model, accs):
+        return {"model": model, "accs": accs, "mean": sum(accs) / len(accs),
+                "min": min(accs), "max": max(accs)}
+
+    column = [cell("a", [99, 100, 98]), cell("b", [97, 99, 90]), cell("c", [80, 85, 97.9])]
+    assert synthetic_report.ties(column) == {"a": "=", "b": "=", "c": "<"}
+    # One seed anywhere in the column: no ranking at all.
+    assert synthetic_report.ties(column + [cell("d", [50])]) == dict.fromkeys("abcd", "")
+
+
+def test_report_writes_the_table_csv_and_figure(tmp_path):
+    runs = tmp_path / "runs"
+    for seed, (t, lin) in enumerate([(1.0, 0.60), (0.99, 0.70)]):
+        _write_run(str(runs), "transformer", seed, t)
+        _write_run(str(runs), "linear", seed, lin)
+    _write_run(str(runs), "linear", 0, 0.5, width=48)  # another width: another column
+    _write_run(str(runs), "linear", 0, 0.1, lr=0.5)  # another setting: its own section
+    paths = synthetic_report.report(str(runs), str(tmp_path / "out" / "mqar"))
+    assert [os.path.basename(p) for p in paths] == ["mqar.md", "mqar.csv", "mqar.png"]
+    assert os.path.getsize(paths[2]) > 10_000
+    text = open(paths[0]).read()
+    assert "## Setting 1: learning_rate=0.003" in text and "## Setting 2: learning_rate=0.5" in text
+    # transformer 99.5 +- 0.7 over 2 seeds, the best; linear's best seed (70) is under
+    # transformer's worst (99): ranked below. Width 48 has one seed: no ranking.
+    row = next(line for line in text.splitlines() if line.startswith("| transformer |"))
+    assert "99.5 ± 0.7 (2) =" in row
+    row = next(line for line in text.splitlines() if line.startswith("| linear |"))
+    assert "65.0 ± 7.1 (2) <" in row and "50.0 (1) |" in row
+    assert "width 48 (1 seed: no ranking)" in text
+    assert "| majority label | 3.0 |" in text and "| chance | 1.6 |" in text  # V 128
+    with open(paths[1]) as f:
+        rows = list(csv.DictReader(f))
+    transformer = next(r for r in rows if r["model"] == "transformer")
+    assert (transformer["L"], transformer["kv"], transformer["width"]) == ("32", "2", "32")
+    assert transformer["seeds"] == "0 1" and transformer["mean"] == "99.50"
+    # The decoding state: transformer's kv cache at L 32 (2 layers x k and v x 32 x 32
+    # float32, and its position index) against linear attention's fixed state.
+    assert int(transformer["state_bytes"]) >= 2 * 2 * 32 * 32 * 4
+    linear = next(r for r in rows if r["model"] == "linear" and r["width"] == "32")
+    assert 0 < int(linear["state_bytes"]) < int(transformer["state_bytes"])
+
+
+def test_no_mqar_run_is_one_line(tmp_path, capsys):
+    assert synthetic_report.main(["prog", str(tmp_path)]) == 1
+    assert "no MQAR run" in capsys.readouterr().err
