@@ -97,6 +97,17 @@ def init_distributed(argv: list[str]) -> None:
             print(f"error: --coordinator_address={args.coordinator_address}: {bad}",
                   file=sys.stderr)
             sys.exit(2)
+    if args.process_id == 0 and args.coordinator_address is not None:
+        port = int(args.coordinator_address.rpartition(":")[2])
+        if _port_taken(port):
+            # A second process 0 (the same command run twice) used to start a second
+            # coordinator on the port (gRPC shares it), and both waited 5 minutes.
+            print(f"error: process 0 of {args.num_processes}: port {port} is already in use "
+                  "on this host: another process 0 of this run is running (two processes "
+                  "given --process_id=0?) or another program holds the port; give each "
+                  f"process its own --process_id (0 to {args.num_processes - 1}), or choose "
+                  "another port", file=sys.stderr)
+            sys.exit(EXIT_USER_ERROR)
     import jax
 
     if "JAX_ENABLE_PREEMPTION_SERVICE" not in os.environ:
@@ -123,6 +134,28 @@ def init_distributed(argv: list[str]) -> None:
         sys.exit(EXIT_USER_ERROR)
     print(f"process {jax.process_index()} of {jax.process_count()}: all processes connected.",
           file=sys.stderr, flush=True)
+
+
+def _port_taken(port: int) -> bool:
+    """True when a program on this host listens on `port` (process 0's coordination
+    service binds it on every interface). SO_REUSEADDR: an earlier run's connections left
+    in TIME_WAIT do not count, a listener does."""
+    import errno
+    import socket
+
+    for family, host in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # no IPv6 on this host
+            continue
+        with sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    return True
+    return False
 
 
 def _bad_address(address: str) -> str | None:

@@ -42,6 +42,9 @@ _FATAL = re.compile(r"Terminating process because the JAX distributed service de
 # a process restarted while the others ran).
 _REINCARNATION = re.compile(r"\] (\d+) unexpectedly tried to connect with a different "
                             r"incarnation")
+# A process the coordinator never registered: its RegisterTask call ran out of time (a
+# duplicate --process_id, whose arrival stops the run it joins, or no process 0 there).
+_NOT_REGISTERED = re.compile(r"DEADLINE_EXCEEDED[\s\S]*CoordinationService/RegisterTask")
 
 
 def _die_with_parent() -> None:
@@ -68,9 +71,17 @@ def last_checkpoint(workdir: str | None) -> str:
 
 def abort_message(who: str, log: str, workdir: str | None) -> str:
     """The one line for a child that jaxlib aborted; `log` is its stderr up to the fatal
-    line (the coordinator's own log names a task that connected twice)."""
+    line and after it (the coordinator's own log names a task that connected twice;
+    jaxlib's status names the call that failed)."""
     twice = _REINCARNATION.search(log)
-    if twice:
+    if not twice and _NOT_REGISTERED.search(log):
+        why = ("it could not join the run: process 0's coordinator did not register it "
+               "in the time allowed (another process already has this --process_id, and a "
+               "duplicate stops the run it joins; or process 0 is not running, or "
+               "--coordinator_address is not process 0's host and port)")
+        resume = ("give every process its own --process_id and process 0's address, then "
+                  "start every process again")
+    elif twice:
         task = twice.group(1)
         why = (f"process {task} connected a second time while the run was going (two "
                f"processes were given --process_id={task}, or process {task} was "
@@ -115,7 +126,9 @@ def run_child(argv: list[str], who: str, workdir: str | None) -> int:
         signal.signal(sig, previous)
     if code == -signal.SIGABRT and fatal.is_set():
         sys.stdout.flush()
-        print(abort_message(who, "".join(seen), workdir), file=sys.stderr, flush=True)
+        # jaxlib's status (which call failed) comes after its fatal line: held back.
+        print(abort_message(who, "".join(seen + held), workdir), file=sys.stderr,
+              flush=True)
         return EXIT_LOST_PEER
     if held:  # not jaxlib's abort after all: show everything
         sys.stderr.write("".join(held))

@@ -421,3 +421,71 @@ def test_a_taken_process_id_stops_the_run_in_one_line_per_process(listops_dir, t
     assert "process 1 connected a second time" in errors[0][0]
     assert "--process_id=1" in errors[0][0]
     assert "another process probably died" in errors[1][0]
+
+
+def test_a_second_process_0_stops_at_once_and_names_the_duplicate(listops_dir, tmp_path):
+    """Issue 46 item 6: the same process 0 command run twice started a second coordinator on
+    the shared port and both waited 5 minutes, neither naming the duplicate. Now the second
+    stops before connecting, in one line, exit 2; the first keeps waiting for process 1."""
+    port = _free_port()
+    cmd = [sys.executable, os.path.join(REPO, "launch.py"), *_flags(listops_dir, 4),
+           f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", "--process_id=0"]
+    first = subprocess.Popen(cmd + [f"--workdir={tmp_path / 'a'}"], cwd=REPO, env=_env(1),
+                             text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 90
+        while not _listening(port):  # its coordination service is up
+            assert first.poll() is None and time.time() < deadline, "process 0 did not start"
+            time.sleep(0.5)
+        start = time.time()
+        second = subprocess.run(cmd + [f"--workdir={tmp_path / 'b'}"], cwd=REPO, env=_env(1),
+                                text=True, capture_output=True, timeout=120)
+        took = time.time() - start
+        assert first.poll() is None  # the first still waits for its process 1
+    finally:
+        first.kill()
+        first.communicate()
+    assert second.returncode == 2 and took < 60, (second.returncode, took, second.stderr)
+    lines = second.stderr.strip().splitlines()
+    assert len(lines) == 1, second.stderr
+    assert lines[0].startswith(f"error: process 0 of 2: port {port} is already in use")
+    assert "--process_id=0" in lines[0]
+
+
+def _listening(port):
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_port_taken_sees_a_listener_not_a_closed_port():
+    import launch
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.listen()
+        assert launch._port_taken(port)
+    assert not launch._port_taken(port)
+
+
+def test_a_process_never_registered_is_named_so():
+    """jaxlib's abort when RegisterTask runs out of time (a duplicate --process_id whose
+    arrival stopped the run, or no process 0): the status follows the fatal line (the text
+    below is jax 0.10.2's, from a duplicate process 1); it said 'another process probably
+    died'."""
+    from lra import supervisor
+
+    log = ("process 1 of 2: connecting to the coordinator at 127.0.0.1:1234 and waiting ...\n"
+           "F1128 03:24:59.244230   22583 client.h:80] Terminating process because the JAX "
+           "distributed service detected fatal errors. This most likely indicates that "
+           "another task died; see the other task logs for more details. absl::Status: "
+           "DEADLINE_EXCEEDED: Deadline Exceeded\n\n"
+           "RPC: /xla.coordination.CoordinationService/RegisterTask\n"
+           "*** Check failure stack trace: ***\n")
+    line = supervisor.abort_message("process 1 of 2", log, None)
+    assert line.startswith("error: process 1 of 2 stopped: it could not join the run")
+    assert "another process already has this --process_id" in line
+    assert "probably died" not in line
+    # A peer that died (no RegisterTask) keeps its message.
+    died = log.replace("RegisterTask", "PollForError").replace("DEADLINE_EXCEEDED", "UNAVAILABLE")
+    assert "another process probably died" in supervisor.abort_message("p", died, None)
