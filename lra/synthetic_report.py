@@ -122,8 +122,12 @@ def ties(column: list[dict]) -> dict[str, str]:
 
 
 def _ordered(models: set[str]) -> list[str]:
-    return ([m for m in ORDER if m in models]
-            + sorted(m for m in models if m not in ORDER))
+    """ORDER's models, each followed by its hybrids (`gla+transformer@1`, configs/hybrid.py),
+    then the others by name."""
+    def key(name):
+        base = name.split("+")[0]
+        return (ORDER.index(base) if base in ORDER else len(ORDER), base, "+" in name, name)
+    return sorted(models, key=key)
 
 
 def _fmt_bytes(n: int | None) -> str:

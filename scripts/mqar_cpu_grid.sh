@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # MQAR on this CPU (issue 43, section 3): configs/mqar.py's mini (V 256, 20,000 training
 # examples, batch 64, 1,200 steps, lr 3e-3 cosine, 2 layers without MLP, 1 head) for the 13
-# variants below, at Zoology's (L, kv) = (64, 4) and (128, 8) [(256, 16) last, if time
+# variants below (and issue 45's hybrids), at Zoology's (L, kv) = (64, 4) and (128, 8) [(256, 16) last, if time
 # allows], widths 64 and 128, seeds 0-2, in two queues of lra.sweep (one per length: the
 # two CPU cores). Each cell (L, width) is its own sweep folder; a stopped grid resumes
 # (finished runs are skipped, unfinished ones resume from their checkpoints).
@@ -17,8 +17,17 @@ cell() {  # cell L WIDTH SEED
     "$PY" -m lra.sweep --task=mqar --models=$MODELS --config_arg="mini,seq_len=$1,d_model=$2" \
         --seeds="$3" --sweep_dir="$DIR/L$1-d$2"
 }
+# Issue 45's hybrids: gla, mamba2, gated_deltanet and linear with layer 1 (of 2) softmax
+# attention, or sliding-window attention (local), named e.g. gla+transformer@1.
+hcell() {  # hcell L WIDTH SEED MIXER
+    "$PY" -m lra.sweep --task=mqar --models=gla,mamba2,gated_deltanet,linear \
+        --config_arg="mini,seq_len=$1,d_model=$2,hybrid=$4" --override=hybrid.layers=1 \
+        --seeds="$3" --sweep_dir="$DIR/L$1-d$2-hybrid-$4"
+}
 # Two seeds of a width before the next width: a ranking needs the spread first.
-short() { cell 64 64 0; cell 64 64 1; cell 64 128 0; cell 64 128 1; cell 64 64 2; cell 64 128 2; }
+short() { cell 64 64 0; cell 64 64 1; hcell 64 64 0 transformer; hcell 64 64 1 transformer;
+          cell 64 128 0; cell 64 128 1; hcell 64 64 0 local; hcell 64 64 1 local;
+          cell 64 64 2; cell 64 128 2; }
 long() { cell 128 64 0; cell 128 64 1; cell 128 128 0; cell 128 128 1; cell 128 64 2;
          cell 128 128 2; cell 256 64 0; }
 short >"$DIR/queue_L64.log" 2>&1 &
