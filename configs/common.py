@@ -179,6 +179,8 @@ PRESET_TASK.update({t: "listops" for t in (
     "mqar", "mad_in_context_recall", "mad_fuzzy_in_context_recall",
     "mad_noisy_in_context_recall", "mad_selective_copying", "mad_compression",
     "mad_memorization")})
+# Character-level LM (configs/enwik8.py, text8.py) takes LRA Text's (byte-level) presets.
+PRESET_TASK.update({"enwik8": "text", "text8": "text"})
 
 
 def preset_task(task: str) -> str:

@@ -78,7 +78,7 @@ _TASKS: dict[str, Task] = {}
 # Modules that register tasks; imported on first use of the registry.
 TASK_MODULES = ("lra.tasks.listops", "lra.tasks.text", "lra.tasks.retrieval", "lra.tasks.image",
                 "lra.tasks.pathfinder", "lra.tasks.mnist", "lra.tasks.mqar",
-                "lra.tasks.mad")
+                "lra.tasks.mad", "lra.tasks.enwik8")
 
 
 def _load_all() -> None:
