@@ -23,7 +23,10 @@ data/enwik8/prep_enwik8.py@1e24cc5, which Transformer-XL's getdata.sh downloads,
 kimiyoung/transformer-xl prep_text8.py@81b1b19: `num_test_chars = 5000000`, train =
 data[:-2n], valid = data[-2n:-n], test = data[-n:]). A file of another size (an excerpt)
 is split by the same rule with n = 5% of its bytes (the excerpt: 5,480,772 / 304,487 /
-304,487 bytes).
+304,487 bytes); a file named as the published one (enwik8, enwik8.zip, text8, text8.zip)
+must hold its 10^8 bytes (a DataError otherwise: a truncated download would be split as an
+excerpt). No `lra.download` entry yet: the papers' archives publish no checksum that this
+machine (package registries only) could verify.
 
 Tokens: enwik8 is read as bytes, byte b -> id b + 1 (id 0 is padding; 257 ids: all 256
 byte values, not only the 204 that occur in enwik8, which changes no bit per byte of a
@@ -148,7 +151,14 @@ def _read(corpus: str, data_dir: str, split: str, max_length: int) -> dict[str, 
     key = (os.path.abspath(path), os.path.getmtime(path), os.path.getsize(path))
     if key not in _CACHE:  # the three splits come from one read of the file
         _CACHE.clear()
-        _CACHE[key] = split_bytes(read_bytes(path, corpus))
+        data = read_bytes(path, corpus)
+        if os.path.basename(path) in (corpus, f"{corpus}.zip") and len(data) != PUBLISHED_SIZE:
+            # A truncated or other file under the published name would be split as an
+            # excerpt (5%), silently: numbers not comparable with the papers'.
+            raise DataError(f"{path} holds {len(data):,} bytes, not the published "
+                            f"{corpus}'s {PUBLISHED_SIZE:,} (truncated?); "
+                            f"{HOW_TO_GET[corpus]}")
+        _CACHE[key] = split_bytes(data)
     inputs, mask = rows(encode(_CACHE[key][split], corpus), max_length)
     return {"inputs": inputs, "mask": mask, "targets": np.zeros(len(inputs), np.int32)}
 

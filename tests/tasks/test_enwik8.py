@@ -61,14 +61,20 @@ def test_tokens():
         enwik8.encode(b"aAb", "text8")
 
 
-def test_sources_zip_member_and_errors(tmp_path):
+def test_sources_zip_member_and_errors(tmp_path, monkeypatch):
     import lra.tasks
 
     text8 = (b"anarchism originated as a term of abuse " * 50)[:2000]
-    with zipfile.ZipFile(tmp_path / "text8.zip", "w") as z:
+    os.makedirs(tmp_path / "published")
+    with zipfile.ZipFile(tmp_path / "published" / "text8.zip", "w") as z:
         z.writestr("text8", text8)
-    data = lra.tasks.get("text8").load(str(tmp_path), "test", 16)
-    ids = enwik8.encode(text8[-100:], "text8")  # 5% of 2,000
+    # Under the published name a file must be the published size: not split as an excerpt.
+    with pytest.raises(DataError, match="holds 2,000 bytes, not the published text8's"):
+        lra.tasks.get("text8").load(str(tmp_path / "published"), "test", 16)
+    monkeypatch.setattr(enwik8, "PUBLISHED_SIZE", 2000)
+    monkeypatch.setattr(enwik8, "TEST_SIZE", 100)
+    data = lra.tasks.get("text8").load(str(tmp_path / "published"), "test", 16)
+    ids = enwik8.encode(text8[-100:], "text8")  # the last TEST_SIZE
     got = np.concatenate([data["inputs"][0][data["mask"][0]]]
                          + [r[m][1:] for r, m in zip(data["inputs"][1:], data["mask"][1:])])
     np.testing.assert_array_equal(got, ids)
