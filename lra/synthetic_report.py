@@ -1,4 +1,5 @@
-r"""Zoology's MQAR figure and table from a directory of runs, with the seeds' spread and ties.
+r"""Zoology's MQAR figure and table, and MAD's table, from a directory of runs, with the
+seeds' spread and ties.
 
   python -m lra.synthetic_report workdirs/mqar_grid --out=results/cpu/mqar_grid
       # writes results/cpu/mqar_grid.md, .csv and .png
@@ -25,8 +26,12 @@ several settings gets a section per setting. Written:
              model (error bars: the seeds' min to max); below, the same points against the
              decoding state's bytes (log scale).
 
+  <out>_mad.md  MAD's runs (configs/mad.py), MAD's rule (mad_scores): per difficulty
+             setting the best (lr, weight decay) by the seeds' mean of MAD's metric, the mean
+             over settings per task, the average over the six; the published rows beside.
+
 Per-example accuracy (every query of an example right) is in each run's results.json
-(`test_example_accuracy`); this table is per position, as Zoology's figure.
+(`test_example_accuracy`); the MQAR table is per position, as Zoology's figure.
 """
 from __future__ import annotations
 
@@ -249,17 +254,102 @@ def plot(all_cells: list[dict], path: str) -> None:
     plt.close(fig)
 
 
+# MAD (configs/mad.py): the benchmark's six tasks, columns as Yang et al. tabulate them.
+MAD_TASKS = (("compression", "Compress"), ("fuzzy_in_context_recall", "Fuzzy"),
+             ("in_context_recall", "ICR"), ("memorization", "Memorize"),
+             ("noisy_in_context_recall", "Noisy"), ("selective_copying", "SelCopy"))
+# Published per-architecture MAD scores (%), columns as MAD_TASKS, then the average, as
+# issue 43 quotes them from Yang et al.'s DeltaNet blog post (part 1, 2024); not re-read
+# from the post here (no internet). Hyena: only its average is quoted.
+PUBLISHED_MAD = {
+    "Transformer": (51.6, 29.8, 94.1, 85.2, 86.8, 99.6, 74.5),
+    "Mamba": (52.7, 6.7, 90.4, 89.5, 90.1, 86.3, 69.3),
+    "GLA": (38.8, 6.9, 80.8, 63.3, 81.6, 88.6, 60.0),
+    "DeltaNet": (42.2, 35.7, 100.0, 52.8, 100.0, 100.0, 71.8),
+    "Hyena": (None, None, None, None, None, None, 66.0),
+}
+
+
+def mad_scores(results: list[dict]) -> dict[str, dict[str, dict]]:
+    """model -> MAD task -> {score, std, settings, seeds}: MAD's rule, per difficulty
+    setting (the data's options and length) the best (learning rate, weight decay) by the
+    seeds' mean of MAD's metric (macro accuracy, test_macro_accuracy; else per-position
+    accuracy), then the mean over settings; std is the chosen runs' seed std averaged over
+    settings (0 with one seed)."""
+    cells: dict = {}
+    for r in results:
+        task = r.get("task", "")
+        c = r.get("config")
+        if not task.startswith("mad_") or not c:
+            continue
+        options = tuple(sorted((k, repr(v)) for k, v in (c.get("task_options") or {}).items()))
+        setting = (int(c["max_length"]), options)
+        tuning = (c.get("learning_rate"), c.get("weight_decay"))
+        metric = r.get("test_macro_accuracy")
+        acc = 100 * float(metric if metric is not None else r["test_accuracy"])
+        (cells.setdefault(r["model"], {}).setdefault(task[4:], {}).setdefault(setting, {})
+         .setdefault(tuning, {}))[c.get(results_lib.SEED_FIELD)] = acc
+    out: dict[str, dict[str, dict]] = {}
+    for model, tasks in cells.items():
+        for task, settings in tasks.items():
+            best = []
+            for tunings in settings.values():
+                runs = max(tunings.values(), key=lambda seeds: statistics.fmean(seeds.values()))
+                values = list(runs.values())
+                best.append((statistics.fmean(values),
+                             statistics.stdev(values) if len(values) > 1 else 0.0, len(values)))
+            out.setdefault(model, {})[task] = {
+                "score": statistics.fmean(b[0] for b in best),
+                "std": statistics.fmean(b[1] for b in best),
+                "settings": len(best), "seeds": min(b[2] for b in best)}
+    return out
+
+
+def mad_markdown(scores: dict[str, dict[str, dict]], source: str) -> str:
+    head = "| model | " + " | ".join(name for _, name in MAD_TASKS) + " | Avg |"
+    lines = [f"# MAD: score per task (%), from `{source}`", "",
+             "MAD's rule: per difficulty setting the best (lr, weight decay) by the seeds' "
+             "mean of MAD's metric (macro accuracy), then the mean over the settings; `± s` "
+             "the chosen runs' seed std averaged over settings; `(k/n)` k settings, n seeds. "
+             "Avg only where all six tasks ran. Published rows: as quoted in issue 43 from "
+             "Yang et al.'s DeltaNet blog post (part 1, 2024), MAD's full protocol (dim 128, "
+             "200 epochs, every difficulty setting).", "", head,
+             "|---|" + "---|" * (len(MAD_TASKS) + 1)]
+    for model in _ordered(set(scores)):
+        row = []
+        for task, _ in MAD_TASKS:
+            cell = scores[model].get(task)
+            row.append("-" if cell is None else
+                       f"{cell['score']:.1f}" + (f" ± {cell['std']:.1f}" if cell["seeds"] > 1
+                                                 else "")
+                       + f" ({cell['settings']}/{cell['seeds']})")
+        done = [scores[model][t]["score"] for t, _ in MAD_TASKS if t in scores[model]]
+        avg = f"{statistics.fmean(done):.1f}" if len(done) == len(MAD_TASKS) else "-"
+        lines.append(f"| {model} | " + " | ".join(row) + f" | {avg} |")
+    for name, values in PUBLISHED_MAD.items():
+        lines.append(f"| {name} (published) | " + " | ".join(
+            "-" if v is None else f"{v:.1f}" for v in values) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def report(root: str, out: str) -> list[str]:
     runs, skipped = results_lib.load(root)
     all_cells = cells(runs)
-    if not all_cells:
-        raise FileNotFoundError(f"no MQAR run's results.json under {root}")
+    mad = mad_scores(runs)
+    if not all_cells and not mad:
+        raise FileNotFoundError(f"no MQAR or MAD run's results.json under {root}")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    paths = [out + ".md", out + ".csv", out + ".png"]
-    with open(paths[0], "w", encoding="utf-8") as f:
-        f.write(markdown(all_cells, root))
-    write_csv(all_cells, paths[1])
-    plot(all_cells, paths[2])
+    paths = []
+    if all_cells:
+        paths += [out + ".md", out + ".csv", out + ".png"]
+        with open(paths[0], "w", encoding="utf-8") as f:
+            f.write(markdown(all_cells, root))
+        write_csv(all_cells, paths[1])
+        plot(all_cells, paths[2])
+    if mad:
+        paths.append(out + "_mad.md")
+        with open(paths[-1], "w", encoding="utf-8") as f:
+            f.write(mad_markdown(mad, root))
     for line in skipped:
         print(f"warning: {line}", file=sys.stderr)
     return paths

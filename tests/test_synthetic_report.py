@@ -7,6 +7,7 @@ import os
 import pytest
 
 from configs import mqar
+from lra import results as results_lib
 from lra import synthetic_report
 
 
@@ -71,4 +72,43 @@ def test_report_writes_the_table_csv_and_figure(tmp_path):
 
 def test_no_mqar_run_is_one_line(tmp_path, capsys):
     assert synthetic_report.main(["prog", str(tmp_path)]) == 1
-    assert "no MQAR run" in capsys.readouterr().err
+    assert "no MQAR or MAD run" in capsys.readouterr().err
+
+
+def _write_mad(root, model, task, seed, macro, *, lr=5e-4, vocab=None):
+    from configs import mad
+
+    config = mad.get_config(f"task={task},model={model},runlocal").to_dict()
+    config["random_seed"], config["learning_rate"] = seed, lr
+    if vocab:
+        config["task_options"]["vocab_size"] = vocab
+    folder = os.path.join(root, task, model, f"s{seed}-{lr}-{vocab}")
+    os.makedirs(folder)
+    with open(os.path.join(folder, "results.json"), "w") as f:
+        json.dump({"task": config["task"], "model": model, "test_accuracy": 0.5,
+                   "test_macro_accuracy": macro, "objective": "sequence_labels",
+                   "config": config}, f)
+
+
+def test_mad_table_follows_mads_rule(tmp_path):
+    """Per setting the best lr by the seeds' mean, then the mean over settings; the six
+    columns and the average only when all six ran; the published rows beside."""
+    runs = str(tmp_path / "runs")
+    # in_context_recall, setting A (default vocab): lr 5e-4 seeds 0.9, 0.7 (mean 0.8) beats
+    # lr 1e-3 (0.6); setting B (vocab 64): one lr, seeds 0.4, 0.6. Score (80 + 50) / 2.
+    for seed, macro in ((0, 0.9), (1, 0.7)):
+        _write_mad(runs, "gla", "in_context_recall", seed, macro)
+        _write_mad(runs, "gla", "in_context_recall", seed, 0.6, lr=1e-3)
+    for seed, macro in ((0, 0.4), (1, 0.6)):
+        _write_mad(runs, "gla", "in_context_recall", seed, macro, vocab=64)
+    scores = synthetic_report.mad_scores(results_lib.load(runs)[0])
+    cell = scores["gla"]["in_context_recall"]
+    assert cell["settings"] == 2 and cell["seeds"] == 2
+    assert abs(cell["score"] - 65.0) < 1e-9
+    assert abs(cell["std"] - (14.142135623730951 + 14.142135623730951) / 2) < 1e-6
+    paths = synthetic_report.report(runs, str(tmp_path / "out" / "grid"))
+    assert [os.path.basename(p) for p in paths] == ["grid_mad.md"]
+    text = open(paths[0]).read()
+    row = next(line for line in text.splitlines() if line.startswith("| gla |"))
+    assert row == "| gla | - | - | 65.0 ± 14.1 (2/2) | - | - | - | - |"
+    assert "| DeltaNet (published) | 42.2 | 35.7 | 100.0 | 52.8 | 100.0 | 100.0 | 71.8 |" in text
