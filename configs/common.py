@@ -172,7 +172,7 @@ PRETRAIN_LM_LOSS = {"image": "l1", "pathfinder": "l1"}
 # Tasks outside LRA whose variant presets (configs/presets.py, stated at each LRA task's
 # full length) are another task's: MNIST's 28x28 raster takes Image's 32x32 ones, scaled
 # to its max_length by the same rules (a window of 128 of 1024 pixels is 98 of 784).
-PRESET_TASK = {"mnist": "image"}
+PRESET_TASK = {"mnist": "image", "fashion_mnist": "image"}
 # The synthetic token tasks (MQAR, MAD: configs/mqar.py, configs/mad.py) take ListOps'
 # presets, scaled from its 2000 tokens to their length.
 PRESET_TASK.update({t: "listops" for t in (

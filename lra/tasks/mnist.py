@@ -24,6 +24,7 @@ its validation images are the last 5,000 of that order, not the files' last 5,00
 """
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import os
 import zlib
@@ -53,6 +54,39 @@ HOW_TO_GET_DATA = f"{HOW_TO_GET_FILES}; or set it to a TFDS data_dir holding mni
 TFDS = tfds_folders.MNIST
 
 
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+    """An MNIST-format dataset: the same four IDX files (names and format) in another folder."""
+    name: str  # in messages
+    folders: tuple[str, ...]  # looked in after data_dir itself
+    tfds: tfds_folders.Catalogue
+    how_to_get_files: str
+
+    @property
+    def how_to_get_data(self) -> str:
+        return (f"{self.how_to_get_files}; or set it to a TFDS data_dir holding "
+                f"{self.tfds.name}/{self.tfds.version}/")
+
+
+MNIST = Dataset("MNIST", ("mnist", os.path.join("MNIST", "raw")), TFDS, HOW_TO_GET_FILES)
+# Zalando's Fashion-MNIST (Xiao et al. 2017): the same IDX format, sizes and file names,
+# 10 classes of clothing. Debian's dataset-fashion-mnist package (0.0~git20200523.55506a9-1)
+# holds the original files in /usr/share/datasets/fashion-mnist/ (FASHION_SHA256).
+FASHION_MNIST = Dataset(
+    "Fashion-MNIST", ("fashion_mnist", "fashion-mnist", os.path.join("FashionMNIST", "raw")),
+    tfds_folders.FASHION_MNIST,
+    "take Debian's package without installing it: `apt-get download dataset-fashion-mnist && "
+    "dpkg-deb -x dataset-fashion-mnist_*.deb /tmp/fm` and set --config.data_dir="
+    "/tmp/fm/usr/share/datasets/fashion-mnist (or put the four .gz files of "
+    "https://github.com/zalandoresearch/fashion-mnist into <dir>)")
+FASHION_SHA256 = {
+    "train-images-idx3-ubyte.gz": "b0564c3eedabfbf835052cff8503ea422014ce006caf5b757f851416ee8300c7",
+    "train-labels-idx1-ubyte.gz": "0ae29f65d86684f32d1b9c85147786c547b9c6aebcaf235f0400a0cce308b056",
+    "t10k-images-idx3-ubyte.gz": "cc1d090a38ace84dfa1aa66e3ada7c336ef481a96936906477e6dd344da56eaa",
+    "t10k-labels-idx1-ubyte.gz": "8d3605d196f4be44669e46906da9733c8131fef761fdbfec72c424d5222f1a05",
+}
+
+
 def _file(root: str, name: str) -> str | None:
     """The file `name` in root, plain or gzipped (the plain one first), or None."""
     for path in (os.path.join(root, name), os.path.join(root, name + ".gz")):
@@ -61,34 +95,33 @@ def _file(root: str, name: str) -> str | None:
     return None
 
 
-def find_root(data_dir: str) -> str | None:
+def find_root(data_dir: str, dataset: Dataset = MNIST) -> str | None:
     """The folder holding the IDX files (found by the t10k images), or None."""
-    for root in (data_dir, os.path.join(data_dir, "mnist"),
-                 os.path.join(data_dir, "MNIST", "raw")):
+    for root in (data_dir, *(os.path.join(data_dir, f) for f in dataset.folders)):
         if _file(root, FILES["test"][0]):
             return root
     return None
 
 
-def read_idx(path: str, magic: int) -> np.ndarray:
+def read_idx(path: str, magic: int, dataset: Dataset = MNIST) -> np.ndarray:
     """The uint8 array of an IDX file (plain or .gz): [N, 28, 28] images or [N] labels."""
     try:
         with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
             raw = f.read()
     except (OSError, EOFError, zlib.error) as e:  # a truncated or damaged .gz
         raise DataError(f"{path}: cannot be read ({type(e).__name__}: {e}); download it "
-                        f"again ({HOW_TO_GET_FILES})") from None
+                        f"again ({dataset.how_to_get_files})") from None
     dims = 3 if magic == IMAGES_MAGIC else 1
     header = 4 * (1 + dims)
     found = int.from_bytes(raw[:4], "big") if len(raw) >= 4 else None
     if found != magic or len(raw) < header:
         what = "images (magic 0x00000803)" if dims == 3 else "labels (magic 0x00000801)"
         shown = "none" if found is None else f"0x{found:08x}"
-        raise DataError(f"{path}: not an IDX file of MNIST {what}: its magic number is "
+        raise DataError(f"{path}: not an IDX file of {dataset.name} {what}: its magic number is "
                         f"{shown}")
     shape = tuple(int.from_bytes(raw[4 * (i + 1):4 * (i + 2)], "big") for i in range(dims))
     if dims == 3 and shape[1:] != (SIDE, SIDE):
-        raise DataError(f"{path}: images of {shape[1]}x{shape[2]} pixels, not MNIST's "
+        raise DataError(f"{path}: images of {shape[1]}x{shape[2]} pixels, not {dataset.name}'s "
                         f"{SIDE}x{SIDE}")
     size = int(np.prod(shape))
     if len(raw) - header != size:
@@ -116,16 +149,17 @@ def write_idx(path: str, array: np.ndarray) -> None:
             f.write(data)
 
 
-def _read_files(root: str, tfds_split: str) -> tuple[np.ndarray, np.ndarray]:
+def _read_files(root: str, tfds_split: str,
+                dataset: Dataset = MNIST) -> tuple[np.ndarray, np.ndarray]:
     paths = []
     for name in FILES[tfds_split]:
         path = _file(root, name)
         if path is None:
-            raise DataError(f"MNIST file {os.path.join(root, name)}[.gz] does not exist; "
-                            f"{HOW_TO_GET_DATA}")
+            raise DataError(f"{dataset.name} file {os.path.join(root, name)}[.gz] does not "
+                            f"exist; {dataset.how_to_get_data}")
         paths.append(path)
-    images = read_idx(paths[0], IMAGES_MAGIC).reshape(-1, MAX_LENGTH)
-    labels = read_idx(paths[1], LABELS_MAGIC)
+    images = read_idx(paths[0], IMAGES_MAGIC, dataset).reshape(-1, MAX_LENGTH)
+    labels = read_idx(paths[1], LABELS_MAGIC, dataset)
     if len(labels) != len(images):
         raise DataError(f"{paths[1]}: {len(labels)} labels for the {len(images)} images of "
                         f"{paths[0]}")
@@ -134,12 +168,13 @@ def _read_files(root: str, tfds_split: str) -> tuple[np.ndarray, np.ndarray]:
     return images, labels.astype(np.int32)
 
 
-def _read_tfds(version_dir: str, tfds_split: str,
-               keep: slice) -> tuple[np.ndarray, np.ndarray, int]:
+def _read_tfds(version_dir: str, tfds_split: str, keep: slice,
+               dataset: Dataset = MNIST) -> tuple[np.ndarray, np.ndarray, int]:
     """The `keep` slice of a TFDS split in its stored order: (images_Nx784, labels, split
     size). Images are decoded only for the kept examples."""
-    examples, features = tfds_folders.read_split(version_dir, tfds_split, TFDS,
-                                                 HOW_TO_GET_FILES, undecoded=("image",))
+    examples, features = tfds_folders.read_split(version_dir, tfds_split, dataset.tfds,
+                                                 dataset.how_to_get_files,
+                                                 undecoded=("image",))
     kept = examples[keep]
     if not kept:
         return np.zeros((0, MAX_LENGTH), np.uint8), np.zeros(0, np.int32), len(examples)
@@ -153,8 +188,10 @@ def _read_tfds(version_dir: str, tfds_split: str,
 
 
 def read_split(data_dir: str, split: str, max_length: int, *,
-               num_validation: int = NUM_VALIDATION) -> dict[str, np.ndarray]:
-    """Reads one split of MNIST into inputs (pixels 0..255), mask (all True), targets."""
+               num_validation: int = NUM_VALIDATION,
+               dataset: Dataset = MNIST) -> dict[str, np.ndarray]:
+    """Reads one split of MNIST (or another Dataset of its format, e.g. FASHION_MNIST)
+    into inputs (pixels 0..255), mask (all True), targets."""
     if split not in registry.SPLITS:
         raise ValueError(f"split must be one of {registry.SPLITS}, got {split!r}")
     if isinstance(num_validation, bool) or not isinstance(num_validation, int) or (
@@ -163,23 +200,24 @@ def read_split(data_dir: str, split: str, max_length: int, *,
                           "number of training images (the last ones) held out for "
                           f"validation, at least 1 (default {NUM_VALIDATION})")
     if max_length < MAX_LENGTH:
-        raise ConfigError(f"config.max_length={max_length} is shorter than an MNIST image "
+        raise ConfigError(f"config.max_length={max_length} is shorter than an {dataset.name} image "
                           f"({MAX_LENGTH} pixels)")
     tfds_split = "test" if split == "test" else "train"
     keep = slice(None)
     if split != "test":
         keep = slice(None, -num_validation) if split == "train" else slice(-num_validation, None)
-    root = find_root(data_dir)
+    root = find_root(data_dir, dataset)
     if root is not None:
-        images, labels = _read_files(root, tfds_split)
+        images, labels = _read_files(root, tfds_split, dataset)
         where, total = root, len(images)
         images, labels = images[keep], labels[keep]
     else:
-        version_dir = tfds_folders.find(data_dir, TFDS, HOW_TO_GET_FILES)
+        version_dir = tfds_folders.find(data_dir, dataset.tfds, dataset.how_to_get_files)
         if version_dir is None:
-            raise DataError(f"MNIST files ({FILES['test'][0]}[.gz], ...) or a TFDS mnist/ "
-                            f"folder not found in {data_dir}; {HOW_TO_GET_DATA}")
-        images, labels, total = _read_tfds(version_dir, tfds_split, keep)
+            raise DataError(f"{dataset.name} files ({FILES['test'][0]}[.gz], ...) or a TFDS "
+                            f"{dataset.tfds.name}/ folder not found in {data_dir}; "
+                            f"{dataset.how_to_get_data}")
+        images, labels, total = _read_tfds(version_dir, tfds_split, keep, dataset)
         where = version_dir
     if split != "test" and total <= num_validation:
         raise DataError(f"{where}: {total} training images, not more than the "
@@ -197,6 +235,12 @@ def _read(data_dir: str, split: str, max_length: int, *,
     return read_split(data_dir, split, max_length, num_validation=num_validation)
 
 
+def _read_fashion(data_dir: str, split: str, max_length: int, *,
+                  num_validation: int = NUM_VALIDATION) -> dict[str, np.ndarray]:
+    return read_split(data_dir, split, max_length, num_validation=num_validation,
+                      dataset=FASHION_MNIST)
+
+
 registry.register(registry.Task(
     name="mnist",
     num_classes=NUM_CLASSES,
@@ -205,4 +249,14 @@ registry.register(registry.Task(
     reader=_read,
     default_data_dir="data/mnist",
     how_to_get_data=HOW_TO_GET_DATA,
+))
+
+registry.register(registry.Task(
+    name="fashion_mnist",
+    num_classes=NUM_CLASSES,
+    vocab_size=VOCAB_SIZE,
+    max_length=MAX_LENGTH,
+    reader=_read_fashion,
+    default_data_dir="data/fashion_mnist",
+    how_to_get_data=FASHION_MNIST.how_to_get_data,
 ))

@@ -40,6 +40,7 @@ class Catalogue:
 IMDB_REVIEWS = Catalogue("text", "imdb_reviews", "plain_text", "1.0.0", ("train", "test"))
 CIFAR10 = Catalogue("image", "cifar10", "", "3.0.2", ("train", "test"))
 MNIST = Catalogue("mnist", "mnist", "", "3.0.1", ("train", "test"))
+FASHION_MNIST = Catalogue("fashion_mnist", "fashion_mnist", "", "3.0.1", ("train", "test"))
 
 
 def _subfolders(folder: str) -> list[str]:
