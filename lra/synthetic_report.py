@@ -19,7 +19,8 @@ several settings gets a section per setting. Written:
              `chance` (one of the V/2 values). Ties: per column, the models whose seed range
              (min to max) reaches the best model's worst seed are tied with it (`=`); a model
              is ranked below the best only when its best seed is under the best model's worst
-             (`<`). A column with one seed per model ranks nothing (`1 seed`).
+             (`<`), among the models with two seeds or more; a model with one seed is
+             not ranked.
   <out>.csv  one line per cell: setting, L, kv, width, model, seeds, mean, std, min, max,
              params, state_bytes.
   <out>.png  Zoology's figure 2: a panel per (L, kv), accuracy against width, a line per
@@ -116,14 +117,16 @@ def cells(results: list[dict]) -> list[dict]:
 
 
 def ties(column: list[dict]) -> dict[str, str]:
-    """Per model of one (L, kv, width) column: '=' tied with the best, '<' below it (its
-    best seed under the best model's worst); nothing when any model has one seed."""
-    if not column:
-        return {}
-    if any(len(c["accs"]) < 2 for c in column):
-        return {c["model"]: "" for c in column}
-    best = max(column, key=lambda c: c["mean"])
-    return {c["model"]: "=" if c["max"] >= best["min"] else "<" for c in column}
+    """Per model of one (L, kv, width) column: among the models with two seeds or more,
+    '=' tied with the best (by mean), '<' below it (its best seed under the best model's
+    worst); a model with one seed is not ranked ('')."""
+    ranked = [c for c in column if len(c["accs"]) > 1]
+    marks = {c["model"]: "" for c in column}
+    if len(ranked) < 2:
+        return marks
+    best = max(ranked, key=lambda c: c["mean"])
+    marks.update({c["model"]: "=" if c["max"] >= best["min"] else "<" for c in ranked})
+    return marks
 
 
 def _ordered(models: set[str]) -> list[str]:
@@ -145,7 +148,8 @@ def markdown(all_cells: list[dict], source: str) -> str:
     lines = [f"# MQAR: test accuracy per queried position (%), from `{source}`", "",
              "Mean ± standard deviation over seeds (n seeds); `=` tied with the column's "
              "best (its seed range reaches the best model's worst seed), `<` below it "
-             "(its best seed under the best's worst); `1 seed`: no ranking. State: bytes "
+             "(its best seed under the best's worst), among the models with two seeds or more; "
+             "a model with one seed is not ranked. State: bytes "
              "of one sequence's decoding cache at L (lra.cache_memory), per width. Chance: "
              "one of the V/2 values.", ""]
     settings = sorted({c["setting"] for c in all_cells})
@@ -162,10 +166,7 @@ def markdown(all_cells: list[dict], source: str) -> str:
             models = _ordered({c["model"] for c in block})
             vocab = block[0]["vocab"]
             lines += [f"### L = {length}, {kv} key-value pairs (V = {vocab})", "",
-                      "| model | " + " | ".join(
-                          f"width {w}" + (" (1 seed: no ranking)" if any(
-                              len(c["accs"]) < 2 for c in block if c["width"] == w) else "")
-                          for w in widths)
+                      "| model | " + " | ".join(f"width {w}" for w in widths)
                       + " | params | state |",
                       "|---|" + "---|" * len(widths) + "---|---|"]
             marks = {w: ties([c for c in block if c["width"] == w]) for w in widths}

@@ -10,7 +10,9 @@
 #   python -m lra.mqar_figure DIR           # the figure and the tables (results/cpu/mqar_grid.md)
 set -u
 DIR=${1:-workdirs/mqar_grid}
-MODELS=transformer,local,linear,performer,s4d,s5,lru,mega,retnet,gla,deltanet,gated_deltanet,mamba2
+# The slowest on this CPU last (performer, lru, mega, s5: 4-10 minutes a run at L 64 on
+# the shared cores, against 1-2 for the others), so that a stopped grid has the most rows.
+MODELS=transformer,linear,retnet,gla,deltanet,gated_deltanet,mamba2,local,s4d,s5,mega,lru,performer
 PY=${PYTHON:-python}
 mkdir -p "$DIR"
 cell() {  # cell L WIDTH SEED

@@ -34,8 +34,11 @@ def test_ties_follow_the_seed_ranges():
 
     column = [cell("a", [99, 100, 98]), cell("b", [97, 99, 90]), cell("c", [80, 85, 97.9])]
     assert synthetic_report.ties(column) == {"a": "=", "b": "=", "c": "<"}
-    # One seed anywhere in the column: no ranking at all.
-    assert synthetic_report.ties(column + [cell("d", [50])]) == dict.fromkeys("abcd", "")
+    # A model with one seed is not ranked (not even when its one number is the highest);
+    # the others still are.
+    assert synthetic_report.ties(column + [cell("d", [100])]) == {
+        "a": "=", "b": "=", "c": "<", "d": ""}
+    assert synthetic_report.ties([cell("a", [1, 2]), cell("d", [50])]) == {"a": "", "d": ""}
 
 
 def test_report_writes_the_table_csv_and_figure(tmp_path):
@@ -56,7 +59,6 @@ def test_report_writes_the_table_csv_and_figure(tmp_path):
     assert "99.5 ± 0.7 (2) =" in row
     row = next(line for line in text.splitlines() if line.startswith("| linear |"))
     assert "65.0 ± 7.1 (2) <" in row and "50.0 (1) |" in row
-    assert "width 48 (1 seed: no ranking)" in text
     assert "| majority label | 3.0 |" in text and "| chance | 1.6 |" in text  # V 128
     with open(paths[1]) as f:
         rows = list(csv.DictReader(f))
