@@ -89,7 +89,8 @@ def abort_message(who: str, log: str, workdir: str | None) -> str:
         resume = "start every process again, each with its own --process_id, to resume"
     else:
         why = ("the distributed runtime reported a failed or silent process and stopped "
-               "this one; another process probably died, see its log")
+               "this one; another process probably died, or a second process was given "
+               "one of the run's --process_ids (process 0's log names it), see their logs")
         resume = "run the same command on every process to resume"
     return f"error: {who} stopped: {why}; {last_checkpoint(workdir)}; {resume}."
 
