@@ -50,10 +50,11 @@ FLAGS = flags.FLAGS
 _COORDS = ("max_length", "task_options.num_kv_pairs", "emb_dim", "qkv_dim", "mlp_dim",
            "model", "batch_size")
 _SKIP = (results_lib.SEED_FIELD, *results_lib.NON_RESULT_FIELDS, "workdir", "data_dir")
-# A variant's own presets (configs/presets.py: its hparams, parameter groups, positions):
-# they differ between models of one setting by design.
+# A variant's own presets (configs/presets.py: its hparams, parameter groups, positions,
+# and the block's token counts scaled to the length): they differ between models, or
+# between lengths, of one setting by design.
 _PRESETS = ("model_hparams", "param_groups", "hybrid", "weight_decay_exempt", "pos_emb",
-            "layers")
+            "layers", "block.segment_len", "block.mem_len")
 # Rows in this order (the grid's: attention, then the fixed-state families), others after.
 ORDER = ("transformer", "local", "linear", "performer", "s4d", "s5", "lru", "mega", "retnet",
          "gla", "deltanet", "gated_deltanet", "mamba2")

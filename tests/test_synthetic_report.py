@@ -15,6 +15,7 @@ def _write_run(root, model, seed, accuracy, *, length=32, width=0, lr=None):
     config = mqar.get_config(f"model={model},runlocal").to_dict()
     config["random_seed"] = seed
     config["max_length"] = length
+    config["block"]["segment_len"] = length // 4  # scaled with the length, as presets do
     if width:
         config["emb_dim"] = config["qkv_dim"] = width
     if lr is not None:
@@ -48,11 +49,14 @@ def test_report_writes_the_table_csv_and_figure(tmp_path):
         _write_run(str(runs), "linear", seed, lin)
     _write_run(str(runs), "linear", 0, 0.5, width=48)  # another width: another column
     _write_run(str(runs), "linear", 0, 0.1, lr=0.5)  # another setting: its own section
+    _write_run(str(runs), "linear", 0, 0.2, length=64)  # another length: the same setting
     paths = synthetic_report.report(str(runs), str(tmp_path / "out" / "mqar"))
     assert [os.path.basename(p) for p in paths] == ["mqar.md", "mqar.csv", "mqar.png"]
     assert os.path.getsize(paths[2]) > 10_000
     text = open(paths[0]).read()
     assert "## Setting 1: learning_rate=0.003" in text and "## Setting 2: learning_rate=0.5" in text
+    assert text.count("## Setting") == 2
+    assert text.index("### L = 64") < text.index("## Setting 2")  # L 64 is in setting 1
     # transformer 99.5 +- 0.7 over 2 seeds, the best; linear's best seed (70) is under
     # transformer's worst (99): ranked below. Width 48 has one seed: no ranking.
     row = next(line for line in text.splitlines() if line.startswith("| transformer |"))
