@@ -250,8 +250,14 @@ def plot(all_cells: list[dict], path: str) -> None:
             axes[row][j].grid(alpha=0.3)
     axes[0][0].set_ylabel("test accuracy, queried positions (%)")
     axes[1][0].set_ylabel("test accuracy, queried positions (%)")
-    axes[0][-1].legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
+    # One legend for every panel's models (a panel may lack some).
+    handles = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    ordered = [m for m in models if m in handles]
+    fig.legend([handles[m] for m in ordered], ordered, fontsize=8, loc="center right")
+    fig.tight_layout(rect=(0, 0, 0.84, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
