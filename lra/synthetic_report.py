@@ -54,7 +54,7 @@ _SKIP = (results_lib.SEED_FIELD, *results_lib.NON_RESULT_FIELDS, "workdir", "dat
 # and the block's token counts scaled to the length): they differ between models, or
 # between lengths, of one setting by design.
 _PRESETS = ("model_hparams", "param_groups", "hybrid", "weight_decay_exempt", "pos_emb",
-            "layers", "block.segment_len", "block.mem_len")
+            "layers", "block.segment_len", "block.mem_len", "block.short_conv")
 # Rows in this order (the grid's: attention, then the fixed-state families), others after.
 ORDER = ("transformer", "local", "linear", "performer", "s4d", "s5", "lru", "mega", "retnet",
          "gla", "deltanet", "gated_deltanet", "mamba2")
@@ -87,6 +87,22 @@ def state_bytes(config: dict) -> int | None:
         return None
 
 
+def row_name(r: dict) -> str:
+    """The run's model, with what it changed of the variant's defaults that the setting
+    does not hold: positions other than the variant's own (for a hybrid, its first
+    mixer's), Zoology's short convolution (block.short_conv)."""
+    from configs import common
+
+    c = r["config"]
+    base = r["model"].split("+")[0]
+    notes = []
+    if c.get("pos_emb") and c["pos_emb"] != common._default_pos_emb(base):
+        notes.append(f"pos_emb={c['pos_emb']}")
+    if (c.get("block") or {}).get("short_conv"):
+        notes.append(f"short_conv={c['block']['short_conv']}")
+    return r["model"] + (f" [{', '.join(notes)}]" if notes else "")
+
+
 def cells(results: list[dict]) -> list[dict]:
     """One dict per cell: its coordinates, setting, seeds' accuracies (%), params, state."""
     groups: dict[tuple, list[dict]] = {}
@@ -95,7 +111,7 @@ def cells(results: list[dict]) -> list[dict]:
             continue
         c = r["config"]
         key = (_setting(r), int(c["max_length"]), int(c["task_options"]["num_kv_pairs"]),
-               int(c["emb_dim"]), r["model"])
+               int(c["emb_dim"]), row_name(r))
         groups.setdefault(key, []).append(r)
     out = []
     for (setting, length, kv, width, model), runs in sorted(groups.items()):
@@ -134,7 +150,7 @@ def _ordered(models: set[str]) -> list[str]:
     """ORDER's models, each followed by its hybrids (`gla+transformer@1`, configs/hybrid.py),
     then the others by name."""
     def key(name):
-        base = name.split("+")[0]
+        base = name.split("+")[0].split(" ")[0]
         return (ORDER.index(base) if base in ORDER else len(ORDER), base, "+" in name, name)
     return sorted(models, key=key)
 

@@ -11,8 +11,12 @@ from lra import results as results_lib
 from lra import synthetic_report
 
 
-def _write_run(root, model, seed, accuracy, *, length=32, width=0, lr=None):
+def _write_run(root, model, seed, accuracy, *, length=32, width=0, lr=None, pos=None,
+               short_conv=0):
     config = mqar.get_config(f"model={model},runlocal").to_dict()
+    if pos:
+        config["pos_emb"] = pos
+    config["block"]["short_conv"] = short_conv
     config["random_seed"] = seed
     config["max_length"] = length
     config["block"]["segment_len"] = length // 4  # scaled with the length, as presets do
@@ -20,7 +24,7 @@ def _write_run(root, model, seed, accuracy, *, length=32, width=0, lr=None):
         config["emb_dim"] = config["qkv_dim"] = width
     if lr is not None:
         config["learning_rate"] = lr
-    folder = os.path.join(root, f"L{length}-d{width}", model, f"seed{seed}-{lr}")
+    folder = os.path.join(root, f"L{length}-d{width}", model, f"seed{seed}-{lr}-{pos}-{short_conv}")
     os.makedirs(folder)
     with open(os.path.join(folder, "results.json"), "w") as f:
         json.dump({"task": "mqar", "model": model, "test_accuracy": accuracy,
@@ -50,6 +54,10 @@ def test_report_writes_the_table_csv_and_figure(tmp_path):
     _write_run(str(runs), "linear", 0, 0.5, width=48)  # another width: another column
     _write_run(str(runs), "linear", 0, 0.1, lr=0.5)  # another setting: its own section
     _write_run(str(runs), "linear", 0, 0.2, length=64)  # another length: the same setting
+    # Other positions or Zoology's short convolution: rows of their own, named so (the same
+    # seed would otherwise replace the default run's).
+    _write_run(str(runs), "linear", 0, 0.97, pos="rotary")
+    _write_run(str(runs), "linear", 0, 0.98, short_conv=3)
     paths = synthetic_report.report(str(runs), str(tmp_path / "out" / "mqar"))
     assert [os.path.basename(p) for p in paths] == ["mqar.md", "mqar.csv", "mqar.png"]
     assert os.path.getsize(paths[2]) > 10_000
@@ -63,6 +71,8 @@ def test_report_writes_the_table_csv_and_figure(tmp_path):
     assert "99.5 ± 0.7 (2) =" in row
     row = next(line for line in text.splitlines() if line.startswith("| linear |"))
     assert "65.0 ± 7.1 (2) <" in row and "50.0 (1) |" in row
+    assert "| linear [pos_emb=rotary] | 97.0 (1) |" in text
+    assert "| linear [short_conv=3] | 98.0 (1) |" in text
     assert "| majority label | 3.0 |" in text and "| chance | 1.6 |" in text  # V 128
     with open(paths[1]) as f:
         rows = list(csv.DictReader(f))
