@@ -272,9 +272,10 @@ def plot(all_cells: list[dict], path: str) -> None:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, handle)
     ordered = [m for m in models if m in handles]
-    fig.legend([handles[m] for m in ordered], ordered, fontsize=8, loc="center right")
-    fig.tight_layout(rect=(0, 0, 0.84, 1))
-    fig.savefig(path, dpi=110)
+    fig.legend([handles[m] for m in ordered], ordered, fontsize=7, loc="center left",
+               bbox_to_anchor=(0.74, 0.5))
+    fig.tight_layout(rect=(0, 0, 0.74, 1))
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # the legend sits outside the axes
     plt.close(fig)
 
 
