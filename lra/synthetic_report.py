@@ -46,7 +46,9 @@ from absl import app, flags
 from lra import results as results_lib
 
 FLAGS = flags.FLAGS
-# Fields that make a cell's coordinates (not its setting).
+# Fields that make a cell's coordinates (not its setting), and the ones derived from them
+# (qkv_dim, mlp_dim from the width; the full config's batch size from L). A batch size
+# given by hand is therefore not told apart: such runs merge with the config's.
 _COORDS = ("max_length", "task_options.num_kv_pairs", "emb_dim", "qkv_dim", "mlp_dim",
            "model", "batch_size")
 _SKIP = (results_lib.SEED_FIELD, *results_lib.NON_RESULT_FIELDS, "workdir", "data_dir")

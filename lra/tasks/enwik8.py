@@ -32,7 +32,8 @@ Tokens: enwik8 is read as bytes, byte b -> id b + 1 (id 0 is padding; 257 ids: a
 byte values, not only the 204 that occur in enwik8, which changes no bit per byte of a
 trained model); text8's 27 characters a-z -> 1-26 and space -> 27 (28 ids); any other
 character in text8 is a DataError. Bits per token are bits per byte (enwik8) or per
-character (text8).
+character (text8). prep_text8.py also strips each part's leading and trailing spaces in
+its tokenized file (a character or two per split); every character is kept here.
 
 Rows: a split is cut into rows of `max_length` tokens that overlap by one token (row i
 starts at i * (max_length - 1)), so that with next-token prediction (objective causal_lm:
