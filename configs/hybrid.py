@@ -26,8 +26,9 @@ Forms, concise first (each field takes a --config.<field>= override; examples on
 
 What each layer gets:
   hparams   config.model's layers: config.model_hparams (as a single-mixer model); any
-            other mixer: its presets (configs/presets.py, scaled to config.max_length when
-            the model is built), with config.hybrid.model_hparams over them for
+            other mixer: its presets (configs/presets.py, scaled to the max_length the
+            config was built at, config.hybrid.preset_length, as config.model_hparams
+            are), with config.hybrid.model_hparams over them for
             hybrid.mixer's layers and a dict entry's model_hparams over them for its layer.
             The config argument `hybrid=<mixer>` sets hybrid.mixer and writes its (scaled)
             presets into hybrid.model_hparams and its preset groups into
@@ -63,6 +64,11 @@ from lra.errors import ConfigError
 
 # config.hybrid's fields besides model_hparams, block and param_groups (ConfigDicts).
 FIELDS = {"mixer": "", "layers": (), "period": 0, "offset": 0, "pattern": ()}
+# The max_length the layers' presets are taken at (0: config.max_length). common.finalize
+# records the config's length here, so that `--config.max_length=` after get_config (or a
+# tool that sets it, lra.cache_memory) leaves every layer's presets where it leaves the
+# base model's config.model_hparams: at the length the config was built for.
+PRESET_LENGTH = "preset_length"
 ENTRY_KEYS = ("model", "model_hparams", "block", "param_groups")
 
 
@@ -220,8 +226,9 @@ def _merge_groups(*sources: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 def _presets(config: Any, name: str) -> dict[str, Any]:
     """`name`'s presets at the config's task and max_length (with a dropout-free config's
     dropout hparams zeroed, as common.finalize does)."""
+    length = _hybrid(config).get(PRESET_LENGTH) or config.get("max_length")
     hp = presets.model_hparams(name, common.preset_task(config.get("task")),
-                               max_length=config.get("max_length"))
+                               max_length=length)
     if config.get("dropout_rate") == 0.0 and config.get("attention_dropout_rate") == 0.0:
         hp.update({k: 0.0 for k in common.DROPOUT_HPARAMS if k in hp})
     return hp
@@ -330,7 +337,10 @@ def apply_arg(c: ml_collections.ConfigDict, mixer: str) -> None:
 def finalize(c: ml_collections.ConfigDict) -> None:
     """hybrid.mixer's presets at c.max_length into hybrid.model_hparams (common.finalize,
     after mini/runlocal set the length); nothing for a config without hybrid.mixer."""
-    mixer = c.hybrid.get("mixer") if "hybrid" in c else ""
+    if "hybrid" not in c:
+        return
+    c.hybrid[PRESET_LENGTH] = int(c.max_length)
+    mixer = c.hybrid.get("mixer")
     if not mixer:
         return
     c.hybrid.model_hparams = ml_collections.ConfigDict(_presets(c, mixer))

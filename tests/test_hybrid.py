@@ -462,6 +462,16 @@ def test_the_measuring_tools_take_a_hybrid_by_its_name():
     # one layer of each of mini's two: a recurrent state and a window ring
     assert by["gla+local@1"]["bytes"][0] not in (by["gla"]["bytes"][0],
                                                  by["local"]["bytes"][0])
+    # Each layer's presets at the config's own length, at every measured length, as the
+    # base model's: the hybrid's local layer keeps the pure local's window ring (it grew
+    # with the length when list layers took their presets at the changed max_length).
+    rows = cache_memory.measure("listops", "mini", ["gla", "local", "gla+local@1"],
+                                [64, 1024])
+    by = {r["model"]: r for r in rows}
+    for i in range(2):
+        assert 2 * by["gla+local@1"]["bytes"][i] == (by["gla"]["bytes"][i]
+                                                     + by["local"]["bytes"][i])
+    assert by["gla+local@1"]["per_token"] == by["local"]["per_token"] / 2
     with pytest.raises(ConfigError, match="layer 2 out of range for num_layers=2"):
         cache_memory.config_for("listops", "gla+local@2", "mini")
     seconds, size = bench_generate.time_decoding(
