@@ -16,6 +16,7 @@ import tarfile
 import threading
 import time
 import urllib.parse
+import zipfile
 
 import numpy as np
 import pytest
@@ -222,7 +223,18 @@ def archives(listops_dir, tmp_path_factory):
     release, pathfinder_images = release_archive(listops_dir)
     return {"aclImdb_v1.tar.gz": imdb_archive(), "cifar-10-python.tar.gz": cifar,
             "lra_release.gz": release, "batches": batches, "pathfinder": pathfinder_images,
-            **mnist_files(tmp_path_factory.mktemp("mnist"))}
+            **mnist_files(tmp_path_factory.mktemp("mnist")), **lm_zips()}
+
+
+def lm_zips() -> dict[str, bytes]:
+    """enwik8.zip and text8.zip of a few bytes (the real members hold 10^8)."""
+    out = {}
+    for name, text in (("enwik8", b"<page>Hello, wiki</page>\n"), ("text8", b" anarchism is")):
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w") as z:
+            z.writestr(name, text)
+        out[f"{name}.zip"] = buffer.getvalue()
+    return out
 
 
 def table(files: dict[str, bytes], *, checksums: bool = True) -> dict[str, download.Archive]:
@@ -240,7 +252,7 @@ def table(files: dict[str, bytes], *, checksums: bool = True) -> dict[str, downl
 @pytest.fixture
 def server(archives):
     s = Server()
-    s.files = {k: v for k, v in archives.items() if k.endswith("gz")}
+    s.files = {k: v for k, v in archives.items() if k.endswith(("gz", ".zip"))}
     yield s
     s.close()
 
@@ -354,6 +366,22 @@ def test_mnist_files_are_placed_gzipped_where_the_reader_reads_them(server, arch
                                                      r"has 9912422"):
         run(server, tmp_path / "other", ["mnist"], archives=download.ARCHIVES)
     assert "mnist" not in download.resolve(["all"])  # all: LRA's tasks
+
+
+def test_enwik8_and_text8_zips_go_where_the_reader_reads_them(server, archives, tmp_path):
+    data = tmp_path / "data"
+    ready = run(server, data, ["enwik8", "text8"])
+    assert ready == {"enwik8": str(data / "enwik8"), "text8": str(data / "text8")}
+    for name in ("enwik8", "text8"):  # the configs' default data_dir, the zip as it is
+        assert (data / name / f"{name}.zip").read_bytes() == archives[f"{name}.zip"]
+        # The reader takes it (named as the published file, so it must hold 10^8 bytes).
+        with pytest.raises(DataError, match="100000000|10\\^8|100,000,000"):
+            lra.tasks.get(name).load(ready[name], "test", 32)
+    official = download.ARCHIVES["enwik8"]
+    assert (official.size, official.sha256[:8]) == (36_445_475, "547994d9")
+    assert (download.ARCHIVES["text8"].size, download.ARCHIVES["text8"].sha256[:8]) == (
+        31_344_016, "a6640522")
+    assert "enwik8" not in download.resolve(["all"])
 
 
 def test_an_interrupted_download_continues_where_it_stopped(server, archives, tmp_path):

@@ -25,8 +25,9 @@ data[:-2n], valid = data[-2n:-n], test = data[-n:]). A file of another size (an 
 is split by the same rule with n = 5% of its bytes (the excerpt: 5,480,772 / 304,487 /
 304,487 bytes); a file named as the published one (enwik8, enwik8.zip, text8, text8.zip)
 must hold its 10^8 bytes (a DataError otherwise: a truncated download would be split as an
-excerpt). No `lra.download` entry yet: the papers' archives publish no checksum that this
-machine (package registries only) could verify.
+excerpt). `python -m lra.download enwik8 text8` fetches the two zips into data/enwik8 and
+data/text8 (the configs' default data_dir), checking size and sha256 (lra/download.py
+ARCHIVES: the values public download scripts agree on; the site publishes none).
 
 Tokens: enwik8 is read as bytes, byte b -> id b + 1 (id 0 is padding; 257 ids: all 256
 byte values, not only the 204 that occur in enwik8, which changes no bit per byte of a
