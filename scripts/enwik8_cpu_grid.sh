@@ -12,7 +12,7 @@ set -u
 DIR=${1:-workdirs/real_data}
 # Slowest on this CPU last, so that a stopped grid has the most rows.
 LM=transformer,linear,retnet,gla,deltanet,gated_deltanet,mamba2,local,strided,s4d,transformer_xl,adaptive_span,lru,reformer,performer
-IMG=transformer,linear,retnet,gla,gated_deltanet,mamba2,local,s4d,lru,performer
+IMG=transformer,linear,gla,mamba2,local,s4d
 PY=${PYTHON:-python}
 mkdir -p "$DIR"
 lm() { "$PY" -m lra.sweep --task=enwik8 --models=$LM --config_arg=mini --seeds="$1" \
