@@ -332,14 +332,20 @@ def decode(model: Any, prompts_BxP: np.ndarray, prompt_lens_B: np.ndarray,
 
 def tokens_to_text(task_name: str, ids) -> str:
     """Token ids as the task's text: ListOps' vocabulary (lra/tasks/listops.py: id i + 1
-    is VOCAB[i], parentheses were dropped by the reader), or bytes (lra/tasks/text.py:
-    byte b is id b + BYTE_OFFSET), decoded as UTF-8 with control characters escaped so
+    is VOCAB[i], parentheses were dropped by the reader), text8's 27 characters, or bytes
+    (lra/tasks/text.py and enwik8: byte b is id b + BYTE_OFFSET), decoded as UTF-8 with control characters escaped so
     that one sample stays on one line."""
     ids = [int(i) for i in ids]
     if task_name == "listops":
         from lra.tasks.listops import VOCAB
 
         return " ".join(VOCAB[i - 1] if 1 <= i <= len(VOCAB) else f"<{i}>" for i in ids)
+    if task_name == "text8":  # lra/tasks/enwik8.py: a-z -> 1-26, space -> 27
+        from lra.tasks.enwik8 import TEXT8_ALPHABET
+
+        return "".join(chr(TEXT8_ALPHABET[i - 1]) if 1 <= i <= len(TEXT8_ALPHABET)
+                       else f"<{i}>" for i in ids)
+    # Text and enwik8: byte b is id b + 1 in both readers (enwik8.py's byte ids).
     from lra.tasks.text import BYTE_OFFSET
 
     raw = bytes(i - BYTE_OFFSET for i in ids if BYTE_OFFSET <= i < 256 + BYTE_OFFSET)

@@ -338,6 +338,11 @@ def test_bytes_are_decoded_as_the_text_tasks_tokenizer_wrote_them():
 
     ids, mask = encode_bytes(["héllo <br />\tok".encode()], 40)
     assert generate.tokens_to_text("text", ids[0][mask[0]]) == "héllo <br />\\tok"
+    # enwik8's and text8's readers' ids (lra/tasks/enwik8.py), read back as their text.
+    from lra.tasks import enwik8
+    raw = "<page>Zürich</page>".encode()
+    assert generate.tokens_to_text("enwik8", enwik8.encode(raw, "enwik8")) == "<page>Zürich</page>"
+    assert generate.tokens_to_text("text8", enwik8.encode(b"the cat", "text8")) == "the cat"
 
 
 def test_png_grid_size_and_cells():
