@@ -43,6 +43,20 @@ def _tiny_generation_run(sweep_dir: str) -> None:
     train.train_and_evaluate(config, os.path.join(sweep_dir, "mnist", "linear", "seed0"))
 
 
+def _tiny_enwik8_run(sweep_dir: str) -> None:
+    """A transformer run of 2 steps on the tests' Wikipedia slice, where the enwik8 grid
+    puts its runs (<sweep>/enwik8/transformer/seed0)."""
+    from configs import enwik8
+    from lra import train
+
+    config = enwik8.get_config("runlocal")
+    config.data_dir = str(ROOT / "tests" / "data" / "enwik8_slice")
+    for key, value in {"num_train_steps": 2, "eval_frequency": 2, "checkpoint_freq": 2,
+                       "num_eval_steps": 1, "log_every_steps": 1}.items():
+        config[key] = value
+    train.train_and_evaluate(config, os.path.join(sweep_dir, "enwik8", "transformer", "seed0"))
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs(path, listops_dir, tmp_path, monkeypatch):
     if path.name == "compare_variants.ipynb":
@@ -52,6 +66,10 @@ def test_notebook_runs(path, listops_dir, tmp_path, monkeypatch):
         _tiny_generation_run(str(tmp_path))
         monkeypatch.setenv("LRA_PIXEL_SWEEP_DIR", str(tmp_path))
         monkeypatch.setenv("LRA_PIXEL_NUM_SAMPLES", "2")
+    if path.name == "enwik8_samples.ipynb":
+        _tiny_enwik8_run(str(tmp_path))
+        monkeypatch.setenv("LRA_ENWIK8_SWEEP_DIR", str(tmp_path))
+        monkeypatch.setenv("LRA_ENWIK8_NUM_SAMPLES", "1")
     nb = nbformat.read(path, as_version=4)
     # The "python3" kernel is this interpreter (ipykernel installed in the same venv).
     client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
@@ -60,6 +78,9 @@ def test_notebook_runs(path, listops_dir, tmp_path, monkeypatch):
     for cell in nb.cells:
         if cell.cell_type == "code":
             assert not [o for o in cell.outputs if o.output_type == "error"]
+    if path.name == "enwik8_samples.ipynb":  # the run's sample, under its name
+        printed = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
+        assert "--- transformer" in printed and "--- original continuation" in printed
     if path.name == "compare_variants.ipynb":
         with open(tmp_path / "efficiency_accuracy.png", "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
