@@ -95,7 +95,7 @@ gpu-wheels: $(STAMP)
 
 # make gpu-results (on the GPU machine): installs the carried wheels, if any, into
 # $(GPU_SITE) (the image's packages untouched), then runs one call of the suite:
-# $(GPU_BUDGET) minutes of stages into $(GPU_OUT) (README, "On a GPU: one command"); the
+# $(GPU_BUDGET) minutes of stages into $(GPU_OUT) (docs/gpu_suite.md); the
 # first call is the kernel tests, the 4K kernel table and one time-boxed ListOps run. Run
 # it again to continue. GPU_PACK=<path.tgz> packs $(GPU_OUT) without checkpoints there.
 gpu-results:

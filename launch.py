@@ -36,7 +36,7 @@ flags.DEFINE_integer("heartbeat_timeout", 100, "Seconds without a heartbeat afte
 _DISTRIBUTED_FLAGS = ("multihost", "coordinator_address", "num_processes", "process_id",
                       "heartbeat_timeout")
 
-# Exit codes (README, "Resuming, preemption, divergence"): 0 done; 1 a bug (traceback);
+# Exit codes (docs/running.md, "Resuming, preemption, divergence"): 0 done; 1 a bug (traceback);
 # 2 a user error (one line: config, data, workdir, checkpoints, divergence); 3 another
 # process of a multi-process run died; 75 the workdir is in use by another run
 # (EX_TEMPFAIL); 143 preempted by SIGTERM after saving (128 + 15); 130 the same after

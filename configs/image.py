@@ -16,7 +16,7 @@ Arguments after the colon (comma separated):
   pretrain       self-pretraining on the task's own training inputs: 50% of the tokens
                  masked and predicted (L1 on the pixel intensity); then fine-tune with the same
                  arguments minus `pretrain` and --config.init_from=<its workdir>
-                 (README, "Self-pretraining")
+                 (docs/pretraining.md)
   causal         a causal encoder, MEAN pooling; with `pretrain`: next-token prediction
   runlocal       tiny model, 20 steps of batch 8 (still 1024 pixels): about a minute on
                  2 CPU cores

@@ -13,7 +13,7 @@ Arguments after the colon (comma separated):
   pretrain       self-pretraining on the task's own training inputs: 10% of the tokens
                  masked and predicted (cross-entropy); then fine-tune with the same
                  arguments minus `pretrain` and --config.init_from=<its workdir>
-                 (README, "Self-pretraining")
+                 (docs/pretraining.md)
   causal         a causal encoder, MEAN pooling; with `pretrain`: next-token prediction
   runlocal       tiny model and steps: about a minute on 2 CPU cores (smoke test)
   mini           small expressions and model that train in minutes on a laptop

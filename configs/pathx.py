@@ -17,7 +17,7 @@ Arguments after the colon (comma separated):
   pretrain       self-pretraining on the task's own training inputs: 50% of the tokens
                  masked and predicted (L1 on the pixel intensity); then fine-tune with the same
                  arguments minus `pretrain` and --config.init_from=<its workdir>
-                 (README, "Self-pretraining")
+                 (docs/pretraining.md)
   causal         a causal encoder, MEAN pooling; with `pretrain`: next-token prediction
   mini           Path-X's difficulty at a CPU-sized length: 64x64 images (4096 tokens) of
                  the `easy` level, LRA's Path-X model, 2000 steps of batch 16; meant for the

@@ -36,8 +36,8 @@ routing's clusters ~ sqrt(L) (a query sees ~2 sqrt(L) keys, 2 / sqrt(L) of them)
 and local_2d's raster width ceil(sqrt(L)), informer's u = factor * ceil(ln L) active
 queries, bp's levels ~ log2 L; fixed's c and random's r are rounded up to 1 token. At
 ListOps mini they reach a larger fraction of the input than at full length (measured by
-`python -m lra.dense_check --config=configs/listops.py:mini --fractions`; README,
-"Variant notes").
+`python -m lra.dense_check --config=configs/listops.py:mini --fractions`; docs/running.md,
+"Sizes at a config's length").
 
 config.block's token counts (`BLOCK_LENGTH_KEYS`: the segment_recurrent stack's
 segment_len and mem_len) follow the same rule (`block_settings`).

@@ -14,7 +14,7 @@ Arguments after the colon (comma separated):
   pretrain       self-pretraining on the task's own training inputs: 15% of the tokens
                  masked and predicted (cross-entropy; both documents); then fine-tune with the same
                  arguments minus `pretrain` and --config.init_from=<its workdir>
-                 (README, "Self-pretraining")
+                 (docs/pretraining.md)
   causal         a causal encoder, MEAN pooling; with `pretrain`: next-token prediction
   runlocal       tiny model, 128 bytes per document, 20 steps: about a minute on 2 CPU cores
   mini           the first 256 bytes of each document, a 64-wide 2-layer model, 2000 steps

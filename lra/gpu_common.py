@@ -31,7 +31,7 @@ RUN_ORDER = ["transformer", "performer", "local", "linear", "linformer", "reform
 # each with the seconds its Plan gives it (Plan.stage_seconds); a stage that does not fit
 # waits for the next call. The first call on a fresh --out is the kernel tests, the 4K
 # kernel table and one time-boxed full-size ListOps run of transformer (450 s); the second
-# continues with the efficiency table and more runs (README, "On a GPU: one command").
+# continues with the efficiency table and more runs (docs/gpu_suite.md).
 CALL_MINUTES = 7.5
 DRY_CALL_MINUTES = 13.5  # the dry run's stages, all in one call (DRY.stage_seconds)
 # Seconds of a call that are not the suite's: installing the carried wheels, jax's first

@@ -289,7 +289,7 @@ def _run_call(args, argv, plan, out, started, budget, todo, planned, line) -> in
     if device.get("missing"):
         print(f"error: cannot import {', '.join(device['missing'])} (the runs and the "
               "benchmark need them): carry the wheels `make gpu-wheels` makes and install "
-              "them first (README, \"On a GPU: one command\")", file=sys.stderr)
+              "them first (docs/gpu_suite.md)", file=sys.stderr)
         return 2
     # One XLA compilation cache for every command of the suite, kept between calls where
     # the machine is (git-ignored): a run's test reuses its training's compilations.

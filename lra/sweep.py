@@ -122,7 +122,7 @@ def parse_tasks(value: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-# What fills each task's data folder (README, "Data"): LRA's archives for the tasks that
+# What fills each task's data folder (docs/tasks_and_data.md, "Getting the data"): LRA's archives for the tasks that
 # have no generator, the generators for the others. A mini's folder gets the mini's own
 # generator arguments (configs/<task>.py docstrings).
 DOWNLOADED = ("text", "retrieval", "image", "mnist")

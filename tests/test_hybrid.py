@@ -162,7 +162,7 @@ def test_the_single_mixer_model_is_the_list_with_one_name_repeated(name):
     reversible (reformer) and segment_recurrent (transformer_xl) stacks and a mixer that
     carries state between layers (luna); named as before. (Before issue 45's change the
     single-mixer trees of 21 model/objective pairs were recorded and compared equal after
-    it; checkpoints written before it resume: README, "Hybrid stacks".)"""
+    it; checkpoints written before it resume: docs/hybrids.md.)"""
     plain = config_of(f"model={name},runlocal", num_layers=2)
     listed = config_of(f"model={name},runlocal", num_layers=2,
                        layers_list=(f"{name},{name}",))

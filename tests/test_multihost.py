@@ -229,7 +229,7 @@ def test_one_of_two_processes_says_what_it_waits_for(listops_dir, tmp_path):
 
 def test_a_failure_in_a_multi_process_run_is_one_line_and_exit_3(tmp_path):
     """gloo raises plain ValueErrors when a peer dies during a checkpoint save (orbax's
-    barriers and array writes): the README's one-line error and exit code 3, whatever
+    barriers and array writes): docs/distributed.md's one-line error and exit code 3, whatever
     the exception type."""
     script = (
         "import sys, jax, launch\n"

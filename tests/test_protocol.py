@@ -173,7 +173,8 @@ def test_sweep_plans_every_task_and_skips_those_without_data(tmp_path, listops_d
     assert commands["pathx"].endswith(
         f"python -m lra.tasks.pathfinder --output_dir={empty} --resolution=64 "
         "--difficulty=easy --num_images=20000")
-    # The configs' own folders get the README's commands (mini arguments for a mini).
+    # The configs' own folders get the docs' commands (README.md's example and
+    # docs/tasks_and_data.md; mini arguments for a mini).
     assert sweep.data_command("listops", "data/listops_mini").startswith(
         "python -m lra.tasks.listops --output_dir=data/listops_mini --num_train_samples=20000")
     assert sweep.data_command("retrieval", "data/retrieval") == \

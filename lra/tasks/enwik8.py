@@ -43,7 +43,7 @@ exactly once, with the tokens of its row before it as context (0 to max_length -
 them); the last row is shorter and padded. This is the fixed-window evaluation; the papers'
 numbers use longer contexts (Transformer-XL's memory of 2,100 tokens at test, Al-Rfou et
 al.'s sliding window predicting only the last token), so ours are comparable in kind only
-with fixed windows of the same length (README, "enwik8 and text8").
+with fixed windows of the same length (docs/tasks_and_data.md, "enwik8 and text8").
 """
 from __future__ import annotations
 

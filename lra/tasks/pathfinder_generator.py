@@ -39,8 +39,8 @@ integer division gave distractor lengths contour_length // 3 and counts budget /
 Each image is drawn from its own `np.random.RandomState`, seeded by (seed, resolution,
 contour length, index), so the output does not depend on --workers. Paddle renderings are
 cached per orientation: that, and checking only the pixels a paddle touches, makes this
-about 30x faster than the original at 32 px (see `generate`'s progress line; the README has
-measured rates).
+about 30x faster than the original at 32 px (see `generate`'s progress line; docs/tasks_and_data.md
+has measured rates).
 """
 from __future__ import annotations
 
