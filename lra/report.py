@@ -36,7 +36,7 @@ and writes, into `--out` (default: the directory itself):
                             full-size config (SIZE_FIELDS and task_options as
                             configs/<task>.py:model=<m> builds them: never mini or
                             runlocal) and whose model has a number in
-                            lra/published_results.json shows `[published P, ours
+                            lra/reporting/published_results.json shows `[published P, ours
                             ±d]` (d: our mean minus P).
                             The locality baseline's runs (config.locality_baseline:
                             lra.sweep --locality_baseline) are the row `locality
@@ -57,7 +57,7 @@ and writes, into `--out` (default: the directory itself):
                             compiled training-step memory relative to `transformer`.
 
 `python -m lra.report --published` prints the published numbers with their sources
-(lra/published_results.json; no directory needed).
+(lra/reporting/published_results.json; no directory needed).
 
 The runs' own steps/s are only comparable when the runs had the machine to themselves.
 `--efficiency=bench.csv` takes speed and memory from an `lra.benchmark --csv` file instead
@@ -80,15 +80,15 @@ from collections import defaultdict
 from absl import app, flags
 
 # `collect` is re-exported: notebooks/compare_variants.ipynb and researchers' own
-# notebooks read runs as `report.collect(dir)`, as before lra/results.py held it.
-from lra.results import (IMPLIED_WHEN_ABSENT, NON_RESULT_FIELDS, PRETRAINING,  # noqa: F401
+# notebooks read runs as `report.collect(dir)`, as before lra/runs/results.py held it.
+from lra.runs.results import (IMPLIED_WHEN_ABSENT, NON_RESULT_FIELDS, PRETRAINING,  # noqa: F401
                          SCRATCH, SEED_FIELD, SELF_PRETRAINED, annotate, collect, flatten, is_number, kind,
                          load, nothing_found, objective, pretraining_steps,
                          pretraining_warnings)
 # The protocol's pieces (published numbers, convergence counting, the locality baseline,
-# LRA's task order) live in lra/report_protocol.py; re-exported under the names tests,
+# LRA's task order) live in lra/reporting/protocol.py; re-exported under the names tests,
 # notebooks and scripts have used (`report.not_converged_reason`, `report.TASK_ORDER`, ...).
-from lra.report_protocol import (  # noqa: F401
+from lra.reporting.protocol import (  # noqa: F401
     ABSENT, CHANCE_LOSS_FRACTION, CONVERGENCE_MARGIN, CONVERGENCE_NOTE, LOCALITY_LABEL,
     LOCALITY_NOTE, PUBLISHED_NOTE, PUBLISHED_PATH, SIZE_FIELDS, TASK_ORDER,
     convergence_rows, convergence_text, locality_note, markdown, model_order,
@@ -121,7 +121,7 @@ def _define_flags() -> None:
     flags.DEFINE_integer("efficiency_length", 0, "Length of the --efficiency cells to use "
                          "(0: the longest at which transformer was measured).")
     flags.DEFINE_bool("published", False, "Print the published LRA results with their "
-                      "sources (lra/published_results.json); then the report of the "
+                      "sources (lra/reporting/published_results.json); then the report of the "
                       "directory, if one is given.")
 
 

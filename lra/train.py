@@ -28,16 +28,16 @@ from jax.sharding import PartitionSpec as P
 
 import lra.tasks
 from configs import common, hybrid
-from lra import checkpoint, init_from, input_pipeline, processes, resume, sharding
+from lra.training import checkpoint, init_from, input_pipeline, processes, resume, sharding
 # train_and_evaluate looks them up here, so a test can swap the schedule in this module.
-from lra.optim import learning_rate_schedule, make_optimizer
-from lra.results import flatten
-from lra.console import log as _log
-from lra.console import warn as _warn
+from lra.training.optim import learning_rate_schedule, make_optimizer
+from lra.runs.results import flatten
+from lra.training.console import log as _log
+from lra.training.console import warn as _warn
 from lra.errors import CheckpointError, ConfigError, DataError, UserError
 from models import precision, registry
 from models.encoder import Classifier, DualClassifier
-from lra.objectives import add_eval_masks, macro_accuracy, make_steps
+from lra.training.objectives import add_eval_masks, macro_accuracy, make_steps
 from models.autoencoder import SequenceAutoEncoder
 from models.pretrain import TokenPredictor
 
@@ -95,7 +95,8 @@ def build_model(config: ml_collections.ConfigDict, task: lra.tasks.Task) -> Clas
     """The classifier, or for a pretraining objective (mlm, causal_lm) the same encoder
     with a per-position head (models/pretrain.py); retrieval's two documents go through
     that one encoder in turn. config.start_token adds one id, vocab_size, to the
-    embedding table (and the head, whose logit for it the losses drop: lra/objectives.py)."""
+    embedding table (and the head, whose logit for it the losses drop:
+    lra/training/objectives.py)."""
     vocab_size = task.vocab_size
     if config.objective == "sequence_labels" and task.autoencoder:
         model_class, head = SequenceAutoEncoder, {}  # MAD's compression
@@ -167,7 +168,7 @@ def _not_utf8(error: UnicodeDecodeError, data_dir: str) -> str:
 
 def _label_slots(data: dict, config) -> int | None:
     """sequence_labels: the most labelled positions of any row of any split, when under
-    half the length (the head then runs on those only: lra/objectives.py); else None."""
+    half the length (the head then runs on those only: lra/training/objectives.py); else None."""
     if config.objective != "sequence_labels":
         return None
     most = max(int(((d["targets"] != -100) & d["mask"].astype(bool)).sum(1).max())
@@ -342,7 +343,7 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         raise ConfigError(f"cannot build model {hybrid.name(config)!r}: {e}") from None
     num_params = sum(x.size for x in jax.tree.leaves(abstract_state["params"]))
     # A (data, model) mesh; parameters and optimizer state placed by config.sharding's
-    # rules on their logical axis names (lra/sharding.py). Auto axes: XLA propagates
+    # rules on their logical axis names (lra/training/sharding.py). Auto axes: XLA propagates
     # shardings from these inputs (GSPMD), guided by the model's activation constraints.
     mesh = sharding.make_mesh(config)
     replicated = NamedSharding(mesh, P())
