@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from lra import report, sweep
+from lra.reporting import tables
 from lra.runs import plan
 from lra.runs.results import collect
 
@@ -66,10 +67,10 @@ def test_figure_takes_speed_and_memory_from_a_benchmark_csv(tmp_path):
     _write(root, "listops", "linear", 0, 0.20, sps=1.0)  # a run that shared the machine
     _write(root, "listops", "lite", 0, 0.25)  # not benchmarked
     summary = report.summarize(collect(root))
-    assert report.figure_points(summary) == [("transformer", 1.0, 30.0, 1.0),
+    assert tables.figure_points(summary) == [("transformer", 1.0, 30.0, 1.0),
                                              ("linear", 0.1, 20.0, 1.0),
                                              ("lite", 1.0, 25.0, 1.0)]
-    assert report.figure_points(summary, (length, ratios)) == [
+    assert tables.figure_points(summary, (length, ratios)) == [
         ("transformer", 1.0, 30.0, 1.0), ("linear", 8.0, 20.0, 0.125),
         ("lite", None, 25.0, 1.0)]
     paths = report.report(root, out=str(tmp_path / "out"), efficiency_csv=bench)
