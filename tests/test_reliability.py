@@ -578,7 +578,7 @@ def test_the_supervisor_dies_of_its_childs_sigkill_without_a_traceback():
 
     child = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
     proc = subprocess.run(
-        [sys.executable, "-c", "from lra import supervisor; supervisor.run_child("
+        [sys.executable, "-c", "from lra.training import supervisor; supervisor.run_child("
          f"['-c', {child!r}], 'process 0', None)"],
         capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == -signal.SIGKILL, (proc.returncode, proc.stderr)

@@ -73,8 +73,8 @@ def _row_labels(results: list[dict]) -> list[tuple[str, str]]:
     """(base, suffix) per run; the row label is base + suffix (see labels). The base is
     shared by a model's from-scratch and self-pretrained rows of one config."""
     annotate(results)
-    # The sweep's rule (lra.sweep.config_differences): a field only some runs of a model
-    # recorded (added to the code since the older ones ran, and not in
+    # The sweep's rule (lra.runs.plan.config_differences): a field only some runs of a
+    # model recorded (added to the code since the older ones ran, and not in
     # IMPLIED_WHEN_ABSENT) is not compared, so those runs share a row and their seeds.
     def group_of(r):
         return (r["task"], row_model(r), kind(r) == PRETRAINING)
