@@ -73,7 +73,7 @@ ci-latest:
 # portpicker (resolved with pip download for Python 3.12: their other requirements are in
 # the image; tensorflow-datasets only reads Text and Image folders, which the suite does
 # not). These five, at the versions the suite runs with here, without dependencies; then
-# lra.gpu_common.check_wheels names any requirement neither carried nor in the image.
+# lra.gpu.common.check_wheels names any requirement neither carried nor in the image.
 GPU_WHEELS := .gpu-wheels
 GPU_WHEEL_PACKAGES := ml_collections==1.1.0 grain==0.2.18 tensorboardX==2.6.5 \
     array_record==0.8.6 portpicker==1.6.0
@@ -90,7 +90,7 @@ gpu-wheels: $(STAMP)
 	    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
 	    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 	    --platform manylinux1_x86_64
-	$(PYTHON) -c 'import sys; from lra.gpu_common import check_wheels; \
+	$(PYTHON) -c 'import sys; from lra.gpu.common import check_wheels; \
 	    sys.exit(check_wheels("$(GPU_WHEELS)"))'
 
 # make gpu-results (on the GPU machine): installs the carried wheels, if any, into

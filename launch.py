@@ -18,7 +18,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from lra import supervisor
+from lra.training import supervisor
 
 config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/listops.py:runlocal.",
                                 lock_config=True)
@@ -66,7 +66,7 @@ def _distributed_args(argv: list[str]) -> argparse.Namespace | None:
 
 
 def supervise(argv: list[str]) -> None:
-    """A multi-process run's work runs in a child process (lra/supervisor.py): jaxlib
+    """A multi-process run's work runs in a child process (lra/training/supervisor.py): jaxlib
     aborts a process whose peer died (SIGABRT, stack dumps); the parent turns that into
     one line and exit 3. Returns in the child and in 1-process runs."""
     args = _distributed_args(argv)

@@ -87,12 +87,12 @@ def base_config(*, task: str, model: str) -> ml_collections.ConfigDict:
     c.adam_b2 = 0.98
     c.adam_eps = 1e-9
     c.grad_clip_norm = 0.0  # 0 = no clipping
-    # Parameter groups (lra/optim.py): the variant's parameters marked with a group (the
+    # Parameter groups (lra/training/optim.py): the variant's parameters marked with a group (the
     # SSMs' A, B, log step: "ssm") train with the group's lr_scale (times the schedule)
     # and weight_decay, e.g. --config.param_groups.ssm.lr_scale=0.5; the papers' values
     # are presets (configs/presets.py PARAM_GROUPS).
     c.param_groups = ml_collections.ConfigDict(presets.param_groups(model, preset_task(task)))
-    # Parameters not weight-decayed by name (lra/optim.py): fnmatch patterns over their
+    # Parameters not weight-decayed by name (lra/training/optim.py): fnmatch patterns over their
     # paths, e.g. ("encoder/stack/*bias",); the `paper` recipes set S4's.
     c.weight_decay_exempt = ()
     c.factors = "constant * linear_warmup * rsqrt_decay"
@@ -100,7 +100,7 @@ def base_config(*, task: str, model: str) -> ml_collections.ConfigDict:
     c.steps_per_cycle = 0  # cosine_decay period; 0 = num_train_steps - warmup
     c.num_train_steps = 5000
 
-    # Devices (lra/sharding.py): a (data, model) mesh, -1 = the rest of the devices;
+    # Devices (lra/training/sharding.py): a (data, model) mesh, -1 = the rest of the devices;
     # sharding = data | fsdp | heads | fsdp+heads.
     c.mesh_shape = (-1, 1)
     c.sharding = "data"
@@ -442,7 +442,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     for name in ("dtype", "param_dtype"):
         if config.get(name, "float32") not in ("float32", "bfloat16"):
             raise ConfigError(f"config.{name}={config[name]!r}; choose float32 or bfloat16")
-    from lra.optim import exempt_patterns, group_settings  # imports optax; only here
+    from lra.training.optim import exempt_patterns, group_settings  # imports optax; only here
 
     group_settings(config)
     exempt_patterns(config)

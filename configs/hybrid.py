@@ -40,7 +40,7 @@ What each layer gets:
             layers (--config.hybrid.block.ffn=False), or a dict entry's block.
   groups    config.param_groups for config.model's layers and every parameter outside the
             stack; hybrid.param_groups (over hybrid.mixer's preset groups) for hybrid.mixer's
-            layers only; a dict entry's param_groups over its mixer's presets (lra/optim.py
+            layers only; a dict entry's param_groups over its mixer's presets (lra/training/optim.py
             looks a parameter's group up in its own layer's settings).
   kernels   config.attention_impl goes to every layer whose mixer has the choice; a layer's
             own hparams may name another (--config.hybrid.model_hparams.attention_impl=
@@ -312,7 +312,7 @@ def check(config: Any) -> None:
     if stack == "universal":
         raise ConfigError(f"the universal stack applies one shared block at every step; "
                           f"{describe(config)} needs config.block.stack=sequential")
-    from lra.optim import settings_of  # imports optax; only here
+    from lra.training.optim import settings_of  # imports optax; only here
 
     for l, spec in enumerate(layers):
         settings_of(spec["param_groups"], config.get("weight_decay"),

@@ -143,7 +143,7 @@ TASK_OVERRIDES: dict[tuple[str, str], dict[str, Any]] = {
 }
 
 
-# Optimiser groups (lra/optim.py, config.param_groups): model -> {group: settings} for
+# Optimiser groups (lra/training/optim.py, config.param_groups): model -> {group: settings} for
 # the parameters a variant marks with `param_group` metadata. lr_scale multiplies the
 # learning-rate schedule for the group, weight_decay replaces config.weight_decay. The
 # originals train their SSM parameters with Adam at a smaller learning rate and no decay:
@@ -199,7 +199,7 @@ TASK_PARAM_GROUPS: dict[tuple[str, str], dict[str, dict[str, float]]] = {
 
 
 def param_groups(model: str, task: str) -> dict[str, dict[str, float]]:
-    """config.param_groups of `model` on `task` (lra/optim.py): {} for most variants."""
+    """config.param_groups of `model` on `task` (lra/training/optim.py): {} for most variants."""
     groups = TASK_PARAM_GROUPS.get((model, task), PARAM_GROUPS.get(model, {}))
     return {name: dict(settings) for name, settings in groups.items()}
 

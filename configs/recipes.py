@@ -11,7 +11,7 @@ LRA's Transformer needs LRA's budget: `paper` gives the first, the default the s
 
 A recipe sets config fields (sizes, optimiser, schedule, steps, dropout, pooling, block
 form, and the input length where the paper's differs from LRA's config: Text), the
-variant's hparams (state size, dt range, ...) and its parameter groups (lra/optim.py),
+variant's hparams (state size, dt range, ...) and its parameter groups (lra/training/optim.py),
 each from the file and commit named beside it. `common.finalize` merges the hparams over
 the presets (which it rescales to max_length): a recipe's values are the paper's at the
 paper's length, so `paper` refuses `mini`, `runlocal` and `locality`. Epochs become steps

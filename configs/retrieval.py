@@ -101,7 +101,7 @@ Where LRA's code, configs and history disagree, and what this config does:
      Transformer 57.46 on Retrieval (average 54.39); Nystromformer's LRA table averages
      58.77 for the standard Transformer, the difference coming from its own Retrieval
      runs with LRA's procedure (mlpen/Nystromformer#1, 2021-02-15). lra.report shows
-     LRA's Table 1 (lra/published_results.json) beside full-size runs only.
+     LRA's Table 1 (lra/reporting/published_results.json) beside full-size runs only.
   4. Positions: LRA's shared encoder adds a fixed sinusoidal table ([M]); ours is a
      learned table (the registry's Capabilities.pos_emb for transformer).
      --config.pos_emb=sinusoidal gives LRA's.

@@ -243,7 +243,7 @@ def main(argv) -> None:
         sys.exit(f"error: --models: {', '.join(unknown)} not causal variants; causal: "
                  f"{', '.join(causal)}")
     lengths = _positive_lengths(FLAGS.lengths)
-    from lra.console import unwritable
+    from lra.training.console import unwritable
     if FLAGS.plot and unwritable(FLAGS.plot, "--plot"):
         sys.exit(f"error: {unwritable(FLAGS.plot, '--plot')}")
     sizes = {"emb_dim": FLAGS.emb_dim, "num_layers": FLAGS.num_layers,

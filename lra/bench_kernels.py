@@ -51,7 +51,7 @@ from absl import app, flags
 from models import masks
 from models.attention.retention import chunked_retention
 from models.kernels.block_sparse_attention import block_sparse_attention
-from models.kernels.block_sparse_attention import make_config as block_sparse_config
+from models.kernels.block_sparse_tiles import make_config as block_sparse_config
 from models.kernels.decayed_attention import decayed_linear_attention
 from models.kernels.linear_attention import linear_attention, make_config
 

@@ -40,7 +40,7 @@ from absl import app, flags, logging
 from flax import nnx
 
 from configs import common, hybrid, presets
-from lra.bench_compare import growth_exponent, growth_goal, lra_comparison
+from lra.reporting.efficiency import growth_exponent, growth_goal, lra_comparison, table
 from models import registry
 
 FLAGS = flags.FLAGS
@@ -157,7 +157,8 @@ def measure_train_step(model: str, length: int, *, task: str = "text", batch_siz
     import importlib
 
     import lra.tasks
-    from lra import optim, train
+    from lra import train
+    from lra.training import optim
 
     config = importlib.import_module(f"configs.{task}").get_config(
         f"model={hybrid.base_of(model)}" + (f",{config_arg}" if config_arg else ""))
@@ -259,59 +260,6 @@ def too_steep(model: str, rows: list[dict], up_to: int, max_growth: float) -> st
         if g is not None and g > max_growth:
             return f"skipped: {what} grew as L^{g:.2f} up to L={up_to}"
     return None
-
-
-def table(rows: list[dict], lengths: list[int], attention_impl: str = "dense") -> str:
-    """Markdown: per model and L, time and memory with ratios to transformer.
-
-    With `attention_impl` other than "dense" (or rows measured with another), an impl column
-    gives the attention_impl each model's cells were measured with; `*` and a footnote mark
-    the variants that lack the requested one and ran their own.
-    """
-    by = {(r["model"], r["length"]): r for r in rows}
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    show_impl = attention_impl != "dense" or any(r.get("impl", "dense") != "dense"
-                                                 for r in rows)
-    head = (["model"] + (["impl"] if show_impl else []) + [f"L={l}" for l in lengths]
-            + ["time growth", "memory growth"])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    fallbacks = []
-    for m in models:
-        cells = []
-        if show_impl:
-            impls = list(dict.fromkeys(by[(m, l)]["impl"] for l in lengths
-                                       if by.get((m, l), {}).get("impl")))
-            if any(i != attention_impl for i in impls):
-                fallbacks.append(m)
-            cells.append("/".join(impls) + ("*" if m in fallbacks else "") if impls else "-")
-        for l in lengths:
-            r, base = by.get((m, l)), by.get(("transformer", l))
-            if r is None or "error" in r:
-                cells.append(f"- ({r['error']})".replace("|", "\\|") if r else "-")
-                continue
-            mib = (r["temp_bytes"] or 0) / 2**20
-            cell = (f"{r['time_s'] * 1e3:.1f} ms, " if r["time_s"] else "") + f"{mib:.1f} MiB"
-            if r.get("device_peak_bytes"):
-                cell += f" (peak {r['device_peak_bytes'] / 2**20:.0f} MiB)"
-            if base and "error" not in base and m != "transformer":
-                ratios = []
-                if r["time_s"] and base["time_s"]:
-                    ratios.append(f"{base['time_s'] / r['time_s']:.2f}x faster")
-                if r["temp_bytes"] and base["temp_bytes"]:
-                    ratios.append(f"{base['temp_bytes'] / r['temp_bytes']:.2f}x less mem")
-                cell += f" ({', '.join(ratios)})" if ratios else ""
-            cells.append(cell)
-        ok = [by.get((m, l)) for l in lengths]
-        tg = growth_exponent(lengths, [r["time_s"] if r and "error" not in r else None for r in ok])
-        mg = growth_exponent(lengths, [r["temp_bytes"] if r and "error" not in r else None
-                                       for r in ok])
-        cells += [f"L^{tg:.2f}" if tg is not None else "-",
-                  f"L^{mg:.2f}" if mg is not None else "-"]
-        lines.append("| " + " | ".join([m] + cells) + " |")
-    if fallbacks:
-        lines += ["", f"impl*: no attention_impl={attention_impl} in {', '.join(fallbacks)}; "
-                      "measured with the variant's own implementation (the impl shown)."]
-    return "\n".join(lines)
 
 
 CSV_FIELDS = ["model", "length", "time_s", "temp_bytes", "device_peak_bytes", "error",
@@ -429,7 +377,7 @@ def check_flags() -> list[int]:
         from lra import tasks
         raise ValueError(f"--task={FLAGS.task}: no task config configs/{FLAGS.task}.py; "
                          f"tasks: {', '.join(tasks.available())}")
-    from lra.console import unwritable
+    from lra.training.console import unwritable
     if FLAGS.csv and unwritable(FLAGS.csv, "--csv"):
         raise ValueError(unwritable(FLAGS.csv, "--csv"))
     return lengths
@@ -516,7 +464,7 @@ def main(argv):
     if FLAGS.mode == "train_step" and 4096 in lengths:
         print("\nAt L=4096 against LRA's Table 2 (speed: steps/s ratio to transformer; "
               "memory: transformer's / the variant's; LRA's on TPU, ours here; "
-              "lra/bench_compare.py says where LRA's numbers come from):\n")
+              "lra/reporting/efficiency.py says where LRA's numbers come from):\n")
         print(lra_comparison(rows))
     if max(lengths) > 4096:
         print(f"\nGrowth from L=4096 to {max(lengths)} of the models measured there (goal: "

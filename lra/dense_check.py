@@ -454,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.dirs and not args.config:
         parser.error("give a directory of runs or --config=configs/<task>.py[:args]")
     from lra.errors import UserError
-    from lra.results import load
+    from lra.runs.results import load
     from models import registry
 
     models = (registry.available() if args.models == "all"

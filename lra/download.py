@@ -43,49 +43,18 @@ the same command; it is verified and unpacked.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import errno
 import fcntl
-import gzip
-import hashlib
-import http.client
-import json
 import os
-import posixpath
-import re
-import shutil
-import socket
 import sys
-import tarfile
-import time
-import urllib.error
 import urllib.parse
-import urllib.request
-import zlib
 from typing import Callable, Iterable, TextIO
 
-from lra.errors import DataError, UserError
+from lra.downloading.transfer import Archive, fetch_archive, mb
+from lra.downloading.unpack import Target, missing_files, place, unpack
+from lra.errors import UserError
 
 MIRROR_ENV = "LRA_DOWNLOAD_MIRROR"
 DOWNLOADS = "downloads"
-CHUNK = 1 << 20
-# Left free on the disk beyond what a download or a file being unpacked needs, so that the
-# disk is never filled to the last byte (logs and checkpoints share it).
-DISK_RESERVE = 64 << 20
-
-
-class DownloadError(UserError):
-    """A server that cannot be reached, answers with an HTTP error, or stops sending."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Archive:
-    filename: str  # also its name under --mirror and in <data_dir>/downloads/
-    url: str
-    size: int | None  # bytes; None: no published size
-    sha256: str | None  # None: no published checksum
-    source: str  # where size and sha256 come from
-
 
 ARCHIVES = {
     "imdb": Archive(
@@ -139,19 +108,6 @@ ARCHIVES.update({
 })
 
 
-@dataclasses.dataclass(frozen=True)
-class Target:
-    """One task's folder: which archive members go into it and what a complete one holds."""
-    task: str
-    archive: str  # key of ARCHIVES
-    folder: str  # below data_dir, '/'-separated; renamed into place when complete
-    member: str  # regex on archive member names; group 1 = the path inside `folder`
-    required: tuple[str, ...]  # paths inside `folder` that a complete folder has
-    data_dir: str  # the task's --config.data_dir, below data_dir
-    # Keys of ARCHIVES that are the task's files themselves (gzipped files its reader reads
-    # as they are): placed into `folder` as downloaded, not unpacked (`archive` unused).
-    files: tuple[str, ...] = ()
-
 
 _RELEASE = r"^(?:.*?/)?"  # the release's files, wherever they sit in lra_release.gz
 TARGETS = {
@@ -200,424 +156,6 @@ def resolve(names: Iterable[str]) -> list[str]:
     return tasks
 
 
-def _mb(n: float) -> str:
-    return f"{n / 1e6:.1f}"
-
-
-def _clock(seconds: float) -> str:
-    seconds = int(seconds)
-    return (f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600
-            else f"{seconds // 60}:{seconds % 60:02d}")
-
-
-class Progress:
-    """Bytes, %, MB/s and ETA on `stream`: one line redrawn on a terminal, else a line per
-    10% (per 500 MB when the total is unknown)."""
-
-    def __init__(self, label: str, total: int | None, done: int = 0,
-                 stream: TextIO | None = None):
-        self.label, self.total, self.start_done = label, total, done
-        self.stream = stream if stream is not None else sys.stderr
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.start = self.last_draw = time.monotonic()
-        self.done = done
-        self.next_step = self._step_of(done) + 1
-        self.printed = -1  # `done` of the last line printed (not on a terminal)
-
-    def _step_of(self, done: int) -> int:
-        return done * 10 // self.total if self.total else done // 500_000_000
-
-    def text(self) -> str:
-        elapsed = max(time.monotonic() - self.start, 1e-9)
-        rate = (self.done - self.start_done) / elapsed
-        if not self.total:
-            return f"{self.label}: {_mb(self.done)} MB, {_mb(rate)} MB/s"
-        eta = _clock((self.total - self.done) / rate) if rate > 0 else "?"
-        bar = "#" * (20 * self.done // self.total)
-        return (f"{self.label} [{bar:<20}] {100 * self.done / self.total:5.1f}% "
-                f"{_mb(self.done)}/{_mb(self.total)} MB {_mb(rate)} MB/s ETA {eta}")
-
-    def update(self, done: int) -> None:
-        self.done = done
-        if self.tty:
-            now = time.monotonic()
-            if now - self.last_draw >= 0.2:
-                self.last_draw = now
-                self.stream.write("\r" + self.text() + "\033[K")
-                self.stream.flush()
-        elif self._step_of(done) >= self.next_step:
-            self.next_step = self._step_of(done) + 1
-            self.printed = done
-            self.stream.write(self.text() + "\n")
-            self.stream.flush()
-
-    def finish(self) -> None:
-        if self.tty:
-            self.stream.write("\r" + self.text() + "\033[K\n")
-        elif self.printed != self.done:
-            self.stream.write(self.text() + "\n")
-        self.stream.flush()
-
-
-def _free_bytes(path: str) -> int:
-    return shutil.disk_usage(path).free
-
-
-def _check_space(folder: str, needed: int, what: str) -> None:
-    free = _free_bytes(folder)
-    if free < needed + DISK_RESERVE:
-        raise UserError(f"not enough disk space in {folder}: {what} needs {_mb(needed)} MB "
-                        f"and {_mb(DISK_RESERVE)} MB are kept free, {_mb(free)} MB are free; "
-                        f"free some space or give a --data_dir on another disk")
-
-
-def _no_space(folder: str, what: str) -> UserError:
-    return UserError(f"the disk holding {folder} is full ({what}); free some space or give a "
-                     f"--data_dir on another disk, then run the same command again")
-
-
-def _write_error(folder: str, path: str, e: OSError) -> UserError:
-    if e.errno == errno.ENOSPC:
-        return _no_space(folder, f"writing {path}")
-    return UserError(f"cannot write {path} ({e.strerror or e}); give a --data_dir you can "
-                     f"write to")
-
-
-# --- download ----------------------------------------------------------------------------
-
-
-def _reason(e: BaseException) -> str:
-    reason = e.reason if isinstance(e, urllib.error.URLError) else e
-    if isinstance(reason, socket.gaierror):
-        return f"host not found: {reason.strerror or reason}"
-    if isinstance(reason, BaseException):
-        return str(reason) or type(reason).__name__
-    return str(reason)
-
-
-def _content_range(value: str | None) -> tuple[int | None, int | None]:
-    """'bytes 100-199/1000' -> (100, 1000); 'bytes */1000' -> (None, 1000)."""
-    m = re.fullmatch(r"\s*bytes\s+(?:(\d+)-\d+|\*)/(\d+|\*)\s*", value or "")
-    if not m:
-        return None, None
-    return (int(m.group(1)) if m.group(1) else None,
-            int(m.group(2)) if m.group(2) != "*" else None)
-
-
-def _read_meta(path: str) -> dict:
-    try:
-        with open(path) as f:
-            meta = json.load(f)
-        return meta if isinstance(meta, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _validator(headers) -> str | None:
-    """What If-Range may carry: a strong ETag, else Last-Modified."""
-    etag = headers.get("ETag")
-    if etag and not etag.startswith("W/"):
-        return etag
-    return headers.get("Last-Modified")
-
-
-def download_file(url: str, part: str, *, size: int | None, timeout: float = 60,
-                  retries: int = 3, backoff: float = 2.0, by_hand: str,
-                  stream: TextIO | None = None, log: Callable[[str], None] = print) -> None:
-    """Downloads `url` into `part`, continuing a partial `part` with an HTTP Range request.
-
-    `size` (if known) must be what the server offers. A dropped connection is resumed up to
-    `retries` times in a row without progress (waiting backoff, 2 backoff, ... seconds; a
-    resumption that brought bytes starts the count again); then, or when the server
-    cannot be reached or answers an HTTP error, a DownloadError tells to run again (which
-    resumes) or to put the file at `by_hand`.
-    """
-    folder = os.path.dirname(part)
-    meta_path = part + ".json"
-    failures = 0
-    while True:
-        have = os.path.getsize(part) if os.path.exists(part) else 0
-        if size is not None and have == size:
-            return
-        if size is not None and have > size:
-            log(f"{part} is longer than the {size} bytes of the file; starting over")
-            os.remove(part)
-            have = 0
-        meta = _read_meta(meta_path)
-        headers = {"Accept-Encoding": "identity", "User-Agent": "lra.download"}
-        if have:
-            headers["Range"] = f"bytes={have}-"
-            # If the file changed on the server since the first part came, If-Range makes it
-            # send the whole new file (200) instead of the rest of another one.
-            if meta.get("url") == url and meta.get("validator"):
-                headers["If-Range"] = meta["validator"]
-        try:
-            response = urllib.request.urlopen(urllib.request.Request(url, headers=headers),
-                                              timeout=timeout)
-        except urllib.error.HTTPError as e:
-            if e.code == 416 and have:
-                _, total = _content_range(e.headers.get("Content-Range"))
-                if total == have:  # the part was already whole
-                    return
-                log(f"{url}: the server refused to continue at byte {have}; starting over")
-                os.remove(part)
-                continue
-            if (e.code >= 500 or e.code == 429) and failures < retries:  # a busy server
-                failures += 1
-                log(f"{url}: HTTP {e.code} {e.reason}; trying again ({failures} of {retries})")
-                time.sleep(backoff * 2 ** (failures - 1))
-                continue
-            raise DownloadError(f"{url} answered HTTP {e.code} {e.reason}; check the address "
-                                f"(--mirror), or download the file by hand to {by_hand} and "
-                                f"run the same command again") from None
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
-            failures += 1
-            if failures <= retries:
-                log(f"{url}: {_reason(e)}; trying again ({failures} of {retries})")
-                time.sleep(backoff * 2 ** (failures - 1))
-                continue
-            raise DownloadError(f"cannot reach {url} ({_reason(e)}); check the network and run "
-                                f"the same command again, or download the file by hand to "
-                                f"{by_hand}") from None
-        with response:
-            if response.status == 206:
-                start, total = _content_range(response.headers.get("Content-Range"))
-                if start != have:
-                    log(f"{url}: the server sent bytes from {start}, not {have}; starting over")
-                    response.close()
-                    os.remove(part)
-                    continue
-            else:
-                if have:
-                    log(f"{url}: the server sends the whole file (it ignored the Range request "
-                        f"or the file changed); starting over")
-                have = 0
-                length = response.headers.get("Content-Length")
-                total = int(length) if length and length.isdigit() else None
-            if size is not None and total is not None and total != size:
-                raise DownloadError(
-                    f"{url} offers {total} bytes, the official file has {size}: it is another "
-                    f"file (check --mirror), or download the official one by hand to {by_hand}")
-            if total is not None:
-                _check_space(folder, total - have, f"downloading {os.path.basename(by_hand)}")
-            progress = Progress(os.path.basename(by_hand), total, have, stream)
-            done = have
-            error: BaseException | None = None
-            try:
-                with open(meta_path, "w") as f:
-                    json.dump({"url": url, "validator": _validator(response.headers),
-                               "total": total}, f)
-                with open(part, "ab" if have else "wb") as out:
-                    while True:
-                        try:
-                            # read1: what has arrived, up to CHUNK. read(CHUNK) waits for
-                            # CHUNK bytes and loses what it had if the connection stalls
-                            # (1000 bytes received, "stopped at 0 bytes").
-                            chunk = response.read1(CHUNK)
-                        except (OSError, http.client.HTTPException) as e:
-                            error = e  # a reset connection, a timeout: the part is kept
-                            break
-                        if not chunk:
-                            break
-                        out.write(chunk)
-                        done += len(chunk)
-                        progress.update(done)
-            except OSError as e:  # writing: a full disk, no permission
-                raise _write_error(folder, part, e) from None
-            progress.finish()
-        if error is None and (total is None or done >= total):
-            if os.path.exists(meta_path):
-                os.remove(meta_path)
-            return
-        reason = _reason(error) if error else "the connection closed early"
-        failures = 1 if done > have else failures + 1
-        if failures <= retries:
-            log(f"{url}: stopped at {done} of {total} bytes ({reason}); resuming "
-                f"({failures} of {retries})")
-            time.sleep(backoff * 2 ** (failures - 1))
-            continue
-        raise DownloadError(f"the download of {url} stopped at {done} of {total} bytes "
-                            f"({reason}); run the same command again to continue it from "
-                            f"{part}")
-
-
-def sha256_of(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def _verify(archive: Archive, path: str, log: Callable[[str], None]) -> None:
-    """Size and sha256 against the official ones; a differing file stays where it is."""
-    what = ("delete it and run the same command again to download it anew (a proxy or "
-            "--mirror may have served another file)")
-    if archive.size is not None and os.path.getsize(path) != archive.size:
-        raise DataError(f"{path} has {os.path.getsize(path)} bytes, the official "
-                        f"{archive.filename} has {archive.size} ({archive.source}); the file "
-                        f"is kept: {what}")
-    actual = sha256_of(path)
-    if archive.sha256 is None:
-        log(f"{archive.filename}: no official checksum to compare with ({archive.source}); "
-            f"its sha256 is {actual}")
-    elif actual != archive.sha256:
-        raise DataError(f"{path}: sha256 {actual} differs from the official {archive.sha256} "
-                        f"({archive.source}); the file is kept: {what}")
-    else:
-        log(f"{archive.filename}: sha256 verified")
-
-
-def fetch_archive(archive: Archive, downloads: str, *, mirror: str = "", timeout: float = 60,
-                  retries: int = 3, backoff: float = 2.0, stream: TextIO | None = None,
-                  log: Callable[[str], None] = print) -> str:
-    """The verified archive in `downloads`: downloaded (or continued) unless already there."""
-    path = os.path.join(downloads, archive.filename)
-    part = path + ".part"
-    if not os.path.exists(path):
-        url = f"{mirror.rstrip('/')}/{archive.filename}" if mirror else archive.url
-        log(f"{archive.filename}: {'continuing' if os.path.exists(part) else 'downloading'} {url}"
-            + (f" ({_mb(archive.size)} MB)" if archive.size else ""))
-        download_file(url, part, size=archive.size, timeout=timeout, retries=retries,
-                      backoff=backoff, by_hand=path, stream=stream, log=log)
-        _verify(archive, part, log)
-        os.replace(part, path)
-    else:
-        _verify(archive, path, log)
-    return path
-
-
-# --- unpacking ----------------------------------------------------------------------------
-
-
-class _Counted:
-    """A read-only file that reports how far it has been read (the unpacking progress)."""
-
-    def __init__(self, f, progress: Progress):
-        self.f, self.progress, self.done = f, progress, 0
-
-    def read(self, n: int = -1) -> bytes:
-        data = self.f.read(n)
-        self.done += len(data)
-        self.progress.update(self.done)
-        return data
-
-
-def _missing(folder: str, target: Target) -> list[str]:
-    """What `folder` lacks of target.required."""
-    return [r for r in target.required if not os.path.exists(os.path.join(folder, r))]
-
-
-def _partial_of(final: str) -> str:
-    return os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.partial")
-
-
-def unpack(archive_path: str, targets: list[Target], data_dir: str, *,
-           stream: TextIO | None = None, log: Callable[[str], None] = print) -> None:
-    """Unpacks each target's members of one .tar.gz in one pass; renames each target's
-    folder into place only when every target is complete."""
-    finals = [os.path.join(data_dir, *t.folder.split("/")) for t in targets]
-    partials = [_partial_of(f) for f in finals]
-    patterns = [re.compile(t.member) for t in targets]
-    written: list[dict[str, int]] = [{} for _ in targets]
-    for p in partials:
-        if os.path.exists(p):  # a stopped run's leftover (runs are serialized by the lock)
-            shutil.rmtree(p)
-        os.makedirs(p)
-    name = os.path.basename(archive_path)
-    try:
-        progress = Progress(f"unpacking {name}", os.path.getsize(archive_path), 0, stream)
-        with open(archive_path, "rb") as raw, gzip.GzipFile(fileobj=_Counted(raw, progress),
-                                                            mode="rb") as gz:
-            with tarfile.open(fileobj=gz, mode="r|") as tar:
-                for member in tar:
-                    member_name = member.name
-                    while member_name.startswith("./"):  # tar run in the folder: ./aclImdb/...
-                        member_name = member_name[2:]
-                    for pattern, partial, seen in zip(patterns, partials, written):
-                        m = pattern.match(member_name)
-                        if m:
-                            _extract(tar, member, m.group(1), partial, seen, name, log)
-            # To the end of the gzip stream: reaching it checks the CRC-32 and length trailer
-            # (the only check lra_release.gz has; tarfile stops at the end-of-archive blocks).
-            while gz.read(CHUNK):
-                pass
-        progress.finish()
-        for target, partial in zip(targets, partials):
-            missing = _missing(partial, target)
-            if missing:
-                raise DataError(f"{archive_path} holds no {', '.join(missing)} for "
-                                f"{target.task} (pattern {target.member}): not the archive "
-                                f"the readers expect; delete it and run the same command again")
-        for partial, final in zip(partials, finals):
-            if os.path.isdir(final):  # empty (checked before): rename cannot replace a folder
-                os.rmdir(final)
-            os.rename(partial, final)
-    except OSError as e:
-        _remove(partials)
-        if isinstance(e, gzip.BadGzipFile) or not e.errno:  # a bad CRC, not a gzip file
-            raise _damaged(archive_path, e) from None
-        raise _write_error(data_dir, f"{data_dir} (unpacking {name})", e) from None
-    except (tarfile.TarError, EOFError, zlib.error) as e:
-        _remove(partials)
-        raise _damaged(archive_path, e) from None
-    except BaseException:
-        _remove(partials)
-        raise
-
-
-def place(paths: list[str], target: Target, data_dir: str, *, keep: bool) -> None:
-    """Copies (moves, unless `keep`) downloaded files into target's folder, through the
-    hidden `.partial` sibling, renamed into place when all are there."""
-    final = os.path.join(data_dir, *target.folder.split("/"))
-    partial = _partial_of(final)
-    try:
-        if os.path.exists(partial):
-            shutil.rmtree(partial)
-        os.makedirs(partial)
-        for path in paths:
-            _check_space(partial, os.path.getsize(path), f"copying {path}")
-            dest = os.path.join(partial, os.path.basename(path))
-            shutil.copyfile(path, dest) if keep else shutil.move(path, dest)
-        if os.path.isdir(final):  # empty (checked before): rename cannot replace a folder
-            os.rmdir(final)
-        os.rename(partial, final)
-    except OSError as e:
-        _remove([partial])
-        raise _write_error(data_dir, f"{final} (placing {target.task}'s files)", e) from None
-
-
-def _damaged(path: str, e: BaseException) -> DataError:
-    return DataError(f"{path} is damaged ({type(e).__name__}: {e}); nothing was unpacked: "
-                     f"delete it and run the same command again to download it anew")
-
-
-def _remove(folders: list[str]) -> None:
-    for folder in folders:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def _extract(tar: tarfile.TarFile, member: tarfile.TarInfo, inside: str, partial: str,
-             seen: dict[str, int], archive: str, log: Callable[[str], None]) -> None:
-    rel = posixpath.normpath(inside)
-    if rel.startswith("/") or rel == ".." or rel.startswith("../"):
-        raise DataError(f"{archive}: member {member.name!r} points outside its folder; "
-                        f"not unpacked (delete the archive: it is not the official one)")
-    dest = os.path.join(partial, *rel.split("/"))
-    if member.isdir():
-        os.makedirs(dest, exist_ok=True)
-        return
-    if not member.isfile():  # links and devices: LRA's archives hold none the readers need
-        return
-    if rel in seen:  # lra_release.gz may hold a file twice (in nested copies of a folder)
-        if seen[rel] != member.size:
-            log(f"{archive}: {member.name} ({member.size} bytes) repeats {rel} with another "
-                f"size ({seen[rel]} bytes); the first one is kept")
-        return
-    _check_space(partial, member.size, f"unpacking {member.name}")
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    source = tar.extractfile(member)
-    with open(dest, "wb") as out:
-        shutil.copyfileobj(source, out, CHUNK)
-    seen[rel] = member.size
-
 
 # --- the command ------------------------------------------------------------------------
 
@@ -658,12 +196,12 @@ def fetch(tasks: Iterable[str], data_dir: str = "data", *, mirror: str = "",
         for task in tasks:
             target = TARGETS[task]
             final = os.path.join(data_dir, *target.folder.split("/"))
-            if os.path.isdir(final) and not _missing(final, target):
+            if os.path.isdir(final) and not missing_files(final, target):
                 log(f"{task}: {final} is already there; skipped")
                 continue
             if os.path.exists(final) and (not os.path.isdir(final) or os.listdir(final)):
                 raise UserError(f"{final} exists but is not a complete {task} folder (it lacks "
-                                f"{', '.join(_missing(final, target))}); move it away and "
+                                f"{', '.join(missing_files(final, target))}); move it away and "
                                 f"run the same command again")
             if target.files:
                 placed.append(target)
@@ -693,7 +231,7 @@ def fetch(tasks: Iterable[str], data_dir: str = "data", *, mirror: str = "",
                 log(f"{target.task}: ready in {os.path.join(data_dir, *target.folder.split('/'))}"
                     f" (--config.data_dir={ready[target.task]})")
             if keep_archives:
-                log(f"{archive.filename}: kept in {downloads} ({_mb(os.path.getsize(path))} "
+                log(f"{archive.filename}: kept in {downloads} ({mb(os.path.getsize(path))} "
                     f"MB; delete it to free the space)")
             else:
                 os.remove(path)

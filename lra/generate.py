@@ -74,7 +74,7 @@ def load_config(workdir: str) -> tuple[Any, str]:
     else (a run still training or interrupted) the config of its newest last checkpoint."""
     import ml_collections
 
-    from lra import checkpoint
+    from lra.training import checkpoint
 
     if not os.path.isdir(workdir):
         raise FlagError(f"--workdir={workdir}: no such folder; give the workdir of a causal_lm "
@@ -142,8 +142,8 @@ def restore(model: Any, workdir: str) -> tuple[int, str]:
     import jax
     from flax import nnx
 
-    from lra import checkpoint
-    from lra.console import warn
+    from lra.training import checkpoint
+    from lra.training.console import warn
 
     ckpts = checkpoint.Checkpoints(workdir)
     best = ckpts.best_steps()
@@ -448,7 +448,7 @@ def generate(workdir: str, *, num_samples: int = 4, max_new_tokens: int | None =
 
     import lra.tasks
     from configs.common import PIXEL_TASKS
-    from lra.console import log, warn
+    from lra.training.console import log, warn
 
     task = lra.tasks.get(config.task)
     pixels = config.task in PIXEL_TASKS

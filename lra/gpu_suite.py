@@ -7,7 +7,7 @@ r"""Everything an accelerator should measure, a call at a time, in order of valu
 A lent GPU gives 15 minutes of device time per session (its 1-2 minute start included)
 and at most 10 minutes per command. So the suite runs in calls: each call plans the stages
 that fit in --budget_minutes (default 7.5: the command ends within 8 minutes, wheels
-installed), in this order, each with the seconds the plan gives it (gpu_common.FULL's
+installed), in this order, each with the seconds the plan gives it (lra.gpu.common.FULL's
 stage_seconds); a stage that does not fit waits for the next call. The next call (the same
 command, the same --out) skips the stages whose file says complete and plans the rest:
 
@@ -68,8 +68,9 @@ need does not import (the wheels `make gpu-wheels` carries).
 The suite's own process never touches the accelerator (the device is probed in a
 subprocess): the commands it starts need all of the device's memory.
 
-This file is the flow (the stage list, main); the stages are in lra/gpu_stages.py, the
-plans, running commands, the device probe and the files' headers in lra/gpu_common.py.
+This file is the flow (the stage list, main); the stages are in lra/gpu/bench_stages.py
+(kernel tests, kernels, efficiency) and lra/gpu/run_stages.py (the ListOps runs), the
+plans, running commands, the device probe and the files' headers in lra/gpu/common.py.
 """
 from __future__ import annotations
 
@@ -84,16 +85,16 @@ import time
 import traceback
 from typing import Callable
 
-from lra.gpu_common import (CALL_MINUTES, DRY, DRY_CALL_MINUTES, FULL, GRACE_S, REPO,
+from lra.gpu.common import (CALL_MINUTES, DRY, DRY_CALL_MINUTES, FULL, GRACE_S, REPO,
                             StageResult, Suite, _log, _stop_group, display, file_status,
                             plan_call, probe_device, stage_limit, write_atomic)
-from lra.gpu_stages import (stage_efficiency, stage_kernel_tests, stage_kernels,
-                            stage_kernels_long, stage_runs, stage_transformer,
-                            start_listops_generator)
+from lra.gpu.bench_stages import (stage_efficiency, stage_kernel_tests, stage_kernels,
+                                  stage_kernels_long)
+from lra.gpu.run_stages import stage_runs, stage_transformer, start_listops_generator
 # Re-exported: tests and users reach these as gpu_suite.X (to stand in for one, patch the
-# module that calls it: gpu_stages.run_command, not gpu_suite.run_command).
-from lra.gpu_common import RUN_ORDER, Outcome, run_command  # noqa: F401
-from lra.gpu_stages import ratio_table, subquadratic  # noqa: F401
+# module that calls it: lra.gpu.bench_stages.run_command, not gpu_suite.run_command).
+from lra.gpu.common import RUN_ORDER, Outcome, run_command  # noqa: F401
+from lra.gpu.bench_stages import ratio_table, subquadratic  # noqa: F401
 
 
 @dataclasses.dataclass(frozen=True)

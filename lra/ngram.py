@@ -5,7 +5,7 @@ scores without a network, on the same tokens, targets and metric as a `pretrain,
 
 reads the config's data (its task, data_dir, max_length and task_options, as lra.train
 does), counts (n-1 previous tokens -> next token) over the training split and scores the
-test split as lra.objectives scores a causal_lm run: the targets are every real token but
+test split as lra.training.objectives scores a causal_lm run: the targets are every real token but
 the first of each row (the output at t predicts token t + 1; with config.start_token, every
 real token), and it prints test bits per token (mean -log2 p of the target) and next-token
 accuracy (argmax of the counts). A context reaching before a row's first token uses a

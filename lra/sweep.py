@@ -29,7 +29,7 @@ seed<s>[-<hash>]`, skipped, resumed and refused like any run; `lra.report` names
 --config_arg (every run the baseline) is refused in one line.
 
 A finished run (results.json present) is skipped if the config it recorded is the one this
-sweep would run (fields that do not change results, lra.results.NON_RESULT_FIELDS, aside);
+sweep would run (fields that do not change results, lra.runs.results.NON_RESULT_FIELDS, aside);
 one that differs (another --config_arg, changed presets, a run started by hand) is not
 run again and not counted as done: the sweep names the differing fields and exits 1.
 Unfinished runs resume from their last checkpoint. A failed run leaves `error.txt` (its
@@ -59,7 +59,6 @@ Then: `python -m lra.report <sweep_dir>`.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import os
 import shlex
@@ -69,6 +68,8 @@ import sys
 import time
 
 from absl import app, flags
+
+from lra.runs import plan
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -122,295 +123,6 @@ def parse_tasks(value: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-# What fills each task's data folder (docs/tasks_and_data.md, "Getting the data"): LRA's archives for the tasks that
-# have no generator, the generators for the others. A mini's folder gets the mini's own
-# generator arguments (configs/<task>.py docstrings).
-DOWNLOADED = ("text", "retrieval", "image", "mnist")
-LISTOPS_MINI_ARGS = ("--num_train_samples=20000 --num_valid_samples=1000 "
-                     "--num_test_samples=1000 --min_length=10 --max_length=60 --max_depth=4")
-
-
-def data_command(task: str, data_dir: str, task_options: dict | None = None) -> str:
-    """The command that puts `task`'s data into `data_dir` (as the config names it)."""
-    options = task_options or {}
-    if task in DOWNLOADED:
-        parent, name = os.path.split(os.path.normpath(data_dir))
-        if name == task:
-            return f"python -m lra.download {task} --data_dir={parent or '.'}"
-        return (f"python -m lra.download {task} --data_dir=DIR, then "
-                f"--override=data_dir=DIR/{task}")
-    if task == "listops":
-        mini = os.path.basename(os.path.normpath(data_dir)) == "listops_mini"
-        return (f"python -m lra.tasks.listops --output_dir={data_dir}"
-                + (f" {LISTOPS_MINI_ARGS}" if mini else ""))
-    if task in ("pathfinder", "pathx"):
-        resolution = options.get("resolution", 32 if task == "pathfinder" else 128)
-        difficulty = options.get("difficulty", "hard")
-        size = ("--num_images=20000" if difficulty == "easy"
-                else "--num_images=200000 --seed=0 --workers=2")
-        return (f"python -m lra.tasks.pathfinder --output_dir={data_dir} "
-                f"--resolution={resolution} --difficulty={difficulty} {size}")
-    return f"put {task}'s data into {data_dir}"
-
-
-def missing_data(task: str, config: dict) -> str | None:
-    """None when `config`'s data folder holds `task`'s data (what the reader opens first:
-    ListOps' and Retrieval's training file, Pathfinder's difficulty folder at the
-    resolution, Text's and Image's unpacked archive or TFDS folder), else one line: the
-    task is skipped, what is missing, and the command that gets it (data_command).
-    Relative data_dirs are taken from the repository, where launch.py runs."""
-    data_dir = str(config.get("data_dir", f"data/{task}"))
-    options = config.get("task_options") or {}
-    path = data_dir if os.path.isabs(data_dir) else os.path.join(REPO, data_dir)
-    if task == "listops":
-        need = os.path.join(path, f"{options.get('task_prefix', 'basic')}_train.tsv")
-        present = os.path.isfile(need)
-    elif task == "retrieval":
-        need = os.path.join(path, "new_aan_pairs.train.tsv")
-        present = os.path.isfile(need)
-    elif task in ("pathfinder", "pathx"):
-        from lra.tasks.pathfinder_generator import DIFFICULTIES
-
-        folder = DIFFICULTIES.get(options.get("difficulty", "hard"), ("?",))[0]
-        need = os.path.join(path, f"pathfinder{options.get('resolution', '?')}", folder)
-        present = os.path.isdir(need)
-    elif task in ("text", "image"):
-        need = path
-        present = os.path.isdir(path) and _archive_or_tfds(task, path)
-    else:
-        need = path
-        present = os.path.isdir(path) and bool(os.listdir(path))
-    if present:
-        return None
-    what = "" if need == path else f": {os.path.relpath(need, path)} not found"
-    return (f"{task}: SKIPPED, no data in {data_dir}{what}; get it with: "
-            f"{data_command(task, data_dir, options)}")
-
-
-def _archive_or_tfds(task: str, path: str) -> bool:
-    """Whether `path` holds what the text / image reader looks for: the unpacked archive
-    (aclImdb/, cifar-10-batches-py/) or a TFDS folder of the dataset (one of another
-    version counts: the run then says what is wrong with it)."""
-    from lra.errors import DataError
-    from lra.tasks import image, text, tfds_folders
-
-    if (text.find_imdb_root(path) if task == "text" else image._find_root(path)):
-        return True
-    try:
-        return tfds_folders.find(path, (text if task == "text" else image).TFDS, "") is not None
-    except DataError:
-        return True
-
-
-def plan_tasks(tasks: list[str], model: str, seed: int, config_arg: str,
-               overrides: list[str]) -> tuple[list[str], list[str]]:
-    """(the tasks whose data is there, one skip line per task whose data is missing: see
-    missing_data), from each task's config for `model` after `config_arg` and
-    `overrides` (the data folder does not depend on the model or seed)."""
-    ready, skipped = [], []
-    for task in tasks:
-        line = missing_data(task, expected_config(task, model, seed, config_arg, overrides))
-        if line:
-            skipped.append(line)
-        else:
-            ready.append(task)
-    return ready, skipped
-
-
-def normalized_overrides(overrides: list[str]) -> list[str]:
-    """`field=value` strings as launch.py applies them: the last value of a field wins;
-    sorted by field, so the order they were given in does not matter."""
-    last = {}
-    for o in overrides:
-        field, _, value = o.strip().partition("=")
-        last[field.strip()] = value
-    return [f"{f}={v}" for f, v in sorted(last.items())]
-
-
-def overrides_hash(overrides: list[str]) -> str:
-    """8 hex digits naming a set of overrides ('' for none)."""
-    norm = normalized_overrides(overrides)
-    if not norm:
-        return ""
-    return hashlib.sha256(json.dumps(norm).encode()).hexdigest()[:8]
-
-
-# --pretrain's two runs per model and seed: the folder suffix of each (beside the
-# from-scratch run's `seed<s>[-<hash>]`), as hand-made runs use them too.
-PRETRAIN, FINE_TUNE = "pretrain", "fine-tune"
-PHASE_SUFFIX = {PRETRAIN: "-pretrain", FINE_TUNE: "-pretrained"}
-
-
-def run_dir(sweep_dir: str, task: str, model: str, seed: int,
-            overrides: list[str] = (), phase: str | None = None) -> str:
-    """`<sweep_dir>/<task>/<model>/seed<seed>`, with `-<overrides_hash>` when overridden,
-    and `-pretrain` / `-pretrained` for --pretrain's phases (PRETRAIN, FINE_TUNE)."""
-    suffix = overrides_hash(list(overrides))
-    name = f"seed{seed}" + (f"-{suffix}" if suffix else "") + PHASE_SUFFIX.get(phase, "")
-    return os.path.join(sweep_dir, task, model, name)
-
-
-# --locality_baseline's runs: a name among the models (outcomes, log lines) and the folder
-# <sweep_dir>/<task>/locality_baseline/, whatever the baseline's mixer is on the task.
-LOCALITY_BASELINE = "locality_baseline"
-LOCALITY_ARG = "locality"
-
-
-def run_spec(task: str, name: str, config_arg: str) -> tuple[str, str, str]:
-    """(registry model, config argument, folder name) of the run the sweep calls `name`: a
-    model is itself; LOCALITY_BASELINE is the task's locality baseline, i.e. its mixer
-    (configs/common.py locality_model: `local`, or `local_2d` on pixels) with the config
-    argument `locality` added, in the folder LOCALITY_BASELINE."""
-    if name != LOCALITY_BASELINE:
-        return name, config_arg, name
-    if REPO not in sys.path:  # task configs import `configs.common`
-        sys.path.insert(0, REPO)
-    from configs import common
-
-    return (common.locality_model(task), ",".join(filter(None, [config_arg, LOCALITY_ARG])),
-            LOCALITY_BASELINE)
-
-
-def model_folder(task: str, model: str, config_arg: str, overrides: list[str]) -> str:
-    """The folder of a model's runs: its name, or where the config argument `hybrid=` or
-    the --override's of config.hybrid / config.layers make a hybrid stack, the hybrid's
-    name (configs/hybrid.py), e.g. `gla+transformer@1,3`."""
-    if "hybrid=" not in config_arg and not any(
-            o.startswith(("hybrid.", "layers=")) for o in overrides):
-        return model
-    from configs import hybrid
-
-    return hybrid.name(expected_config(task, model, 0, config_arg, overrides))
-
-
-def check_locality_args(config_arg: str, pretrain: bool, locality_baseline: bool) -> None:
-    """ValueError (one line) for a sweep that would mix the locality baseline into other
-    runs: `locality` in --config_arg (every model's runs would be the baseline, in the
-    models' folders), or --locality_baseline with --pretrain (the baseline is a
-    from-scratch run; the pretraining protocol is for the models)."""
-    if LOCALITY_ARG in [a.strip().partition("=")[0] for a in config_arg.split(",")]:
-        raise ValueError(f"--config_arg={config_arg}: `{LOCALITY_ARG}` makes every run the "
-                         "locality baseline; use --locality_baseline, which adds its runs "
-                         f"beside the models' (<task>/{LOCALITY_BASELINE}/)")
-    if pretrain and locality_baseline:
-        raise ValueError("--locality_baseline adds from-scratch runs; give it in the same "
-                         "command without --pretrain")
-
-
-def pretrain_plan(config: dict, pretrain_steps: int | None) -> tuple[int, int]:
-    """(pretraining steps, fine-tuning steps) that add up to `config`'s num_train_steps
-    (the from-scratch run's, after the overrides); default: half each. ValueError (one
-    line) for a split that leaves a phase without steps, or one that a cosine_decay
-    schedule cannot take; also for a config that is not a classifier's (the fine-tuning
-    run's arguments are the sweep's, without `pretrain`)."""
-    if config.get("objective", "classify") != "classify":
-        raise ValueError(
-            f"--pretrain with a config that pretrains already (objective="
-            f"{config['objective']}); --pretrain adds the 'pretrain' argument to the "
-            "pretraining runs itself: leave it out of --config_arg and --override")
-    total = config["num_train_steps"]
-    steps = total // 2 if pretrain_steps is None else pretrain_steps
-    if not 0 < steps < total:
-        raise ValueError(
-            f"--pretrain_steps={steps} must be between 1 and {total - 1}: the pretraining "
-            f"and fine-tuning runs share the config's num_train_steps={total} (a from-scratch "
-            "run's steps); give fewer --pretrain_steps or --override=num_train_steps=<more>")
-    parts = {"pretraining": steps, "fine-tuning": total - steps}
-    warmup = config.get("warmup", 0)
-    if "cosine_decay" in config.get("factors", ""):
-        # Each run has its own schedule. With warmup >= its steps the loop's cosine phase
-        # never starts (optim.learning_rate_schedule: the rate only ramps up, never reaching
-        # its peak when warmup > steps, and never decays), unlike the from-scratch run's.
-        short = [f"{name} run has {n}" for name, n in parts.items() if warmup >= n]
-        if short:
-            raise ValueError(
-                f"config.warmup={warmup} is not below each run's steps (the "
-                f"{' and the '.join(short)}), so its cosine_decay schedule would never "
-                f"decay; give --override=warmup=<fewer than {min(parts.values())}> (applies "
-                "to every run, from-scratch ones too), or other --pretrain_steps")
-    return steps, total - steps
-
-
-def config_flags_of(task: str, model: str, seed: int, config_arg: str,
-                    overrides: list[str]) -> list[str]:
-    """launch.py's --config flags for one run."""
-    arg = ",".join(filter(None, [f"model={model}", config_arg]))
-    return [f"--config={os.path.join(REPO, 'configs', task + '.py')}:{arg}",
-            f"--config.random_seed={seed}", *[f"--config.{o}" for o in overrides]]
-
-
-def command(task: str, model: str, seed: int, config_arg: str, workdir: str,
-            overrides: list[str]) -> list[str]:
-    return [sys.executable, os.path.join(REPO, "launch.py"), f"--workdir={workdir}",
-            *config_flags_of(task, model, seed, config_arg, overrides)]
-
-
-def expected_config(task: str, model: str, seed: int, config_arg: str,
-                    overrides: list[str]) -> dict:
-    """The resolved config launch.py builds for this run, as results.json records it
-    (JSON types). Raises what parsing the config raises (a bad override value, ...)."""
-    from ml_collections import config_flags
-
-    if REPO not in sys.path:  # task configs import `configs.common`
-        sys.path.insert(0, REPO)
-    argv = ["launch.py", *config_flags_of(task, model, seed, config_arg, overrides)]
-    values = flags.FlagValues()  # not absl's global FLAGS: no names claimed, none reused
-    config_flags.DEFINE_config_file("config", None, "", flag_values=values,
-                                    lock_config=True, sys_argv=argv)
-    values(argv)
-    return json.loads(json.dumps(values.config.to_dict(), default=str))
-
-
-def config_differences(recorded: dict, expected: dict) -> list[str]:
-    """'field: recorded -> expected' for each field (dotted, nested) whose values differ,
-    fields that do not change results (results.NON_RESULT_FIELDS) aside. A field only one
-    side has is not compared (a field added to the code since the run), unless its
-    absence means a value (results.IMPLIED_WHEN_ABSENT). lra.report groups runs into rows
-    by the same rule."""
-    from lra.results import IMPLIED_WHEN_ABSENT, NON_RESULT_FIELDS, flatten, same_run_folder
-
-    # As lra.report groups runs: a field added since the run with the old behaviour as
-    # its default (IMPLIED_WHEN_ABSENT) is that default when unrecorded.
-    old = {**IMPLIED_WHEN_ABSENT, **flatten(recorded)}
-    new = {**IMPLIED_WHEN_ABSENT, **flatten(expected)}
-
-    def differ(k):
-        if k == "init_from":  # a moved sweep directory moves its pretraining runs too
-            return not same_run_folder(old[k], new[k])
-        return k not in NON_RESULT_FIELDS and old[k] != new[k]
-
-    return [f"{k}: {json.dumps(old[k])} -> {json.dumps(new[k])}"
-            for k in sorted(old.keys() & new.keys()) if differ(k)]
-
-
-# Fields of every config launch.py has recorded in results.json: a recorded config that
-# lacks one of them does not count as a finished run of the sweep's config.
-RUN_DEFINING_FIELDS = ("task", "model", "model_hparams", "data_dir", "max_length",
-                       "batch_size", "learning_rate", "num_train_steps", "random_seed",
-                       "emb_dim", "num_heads", "num_layers", "qkv_dim", "mlp_dim")
-
-
-def _finished_differences(results_path: str, task: str, model: str, seed: int,
-                          config_arg: str, overrides: list[str]) -> list[str]:
-    """Why the finished run in `results_path` is not this sweep's run ([] when it is)."""
-    try:
-        with open(results_path, encoding="utf-8") as f:
-            recorded = json.load(f).get("config")
-    except (OSError, ValueError, AttributeError) as e:
-        return [f"its results.json cannot be read ({type(e).__name__}: {e})"]
-    if not isinstance(recorded, dict):
-        return ["its results.json records no config"]
-    missing = [k for k in RUN_DEFINING_FIELDS if k not in recorded]
-    if missing:
-        # A field added to the code since a run may be missing from its record; these are
-        # not: every run launch.py has recorded has them. A result without them (written
-        # by hand, by another tool) is not shown to be this config's run.
-        return [f"its results.json records no {', '.join(missing)}"]
-    try:
-        expected = expected_config(task, model, seed, config_arg, overrides)
-    except (Exception, SystemExit) as e:  # noqa: BLE001  (bad override, bad config_arg)
-        return [f"this sweep's config cannot be built ({type(e).__name__}: {e})"]
-    return config_differences(recorded, expected)
 
 
 def _last_line(path: str, offset: int) -> str:
@@ -465,7 +177,7 @@ def _run_one(*, tag: str, workdir: str, task: str, model: str, seed: int, config
     'failed' or 'refused' (see sweep)."""
     results = os.path.join(workdir, "results.json")
     if os.path.exists(results):
-        differences = _finished_differences(results, task, model, seed, config_arg,
+        differences = plan.finished_differences(results, task, model, seed, config_arg,
                                             overrides)
         if not differences:
             log(f"{tag}: finished earlier, skipped")
@@ -477,7 +189,7 @@ def _run_one(*, tag: str, workdir: str, task: str, model: str, seed: int, config
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "sweep.json"), "w") as f:
         json.dump(record, f, indent=2)
-    cmd = command(task, model, seed, config_arg, workdir, overrides)
+    cmd = plan.command(task, model, seed, config_arg, workdir, overrides)
     stderr_path = os.path.join(workdir, "stderr.txt")
     start = time.time()
     log(f"{tag}: running in {workdir} ...")
@@ -514,31 +226,32 @@ def sweep(*, task: str, models: list[str], seeds: list[int], config_arg: str, sw
           ) -> dict[str, list]:
     """Runs what is not finished; returns {'done': [...], 'skipped': [...], 'failed': [...],
     'refused': [...], 'blocked': [...]} of (model, seed), or with `pretrain` of
-    (model, seed, PRETRAIN | FINE_TUNE). 'refused': finished earlier with another config;
+    (model, seed, plan.PRETRAIN | plan.FINE_TUNE). 'refused': finished earlier with another
+    config;
     'blocked': fine-tuning runs not started because their pretraining run failed or was
     refused. `locality_baseline`: after the models, the task's locality baseline for each
-    seed, as the model LOCALITY_BASELINE (run_spec). With `pretrain`, a bad split (see
-    pretrain_plan) raises ValueError before anything runs, as do the combinations
-    check_locality_args refuses."""
-    check_locality_args(config_arg, pretrain, locality_baseline)
+    seed, as the model plan.LOCALITY_BASELINE (plan.run_spec). With `pretrain`, a bad split (see
+    plan.pretrain_plan) raises ValueError before anything runs, as do the combinations
+    plan.check_locality_args refuses."""
+    plan.check_locality_args(config_arg, pretrain, locality_baseline)
     seeds = list(dict.fromkeys(seeds))
     # launch.py runs in REPO: a relative workdir (or init_from) would name another folder
     # there than the one this process creates and checks.
     sweep_dir = os.path.abspath(sweep_dir)
     outcome = {"done": [], "skipped": [], "failed": [], "refused": [], "blocked": []}
-    user_overrides = normalized_overrides(overrides)
+    user_overrides = plan.normalized_overrides(overrides)
     if not pretrain:
-        names = [*models, *([LOCALITY_BASELINE] if locality_baseline else [])]
+        names = [*models, *([plan.LOCALITY_BASELINE] if locality_baseline else [])]
         runs = [(m, s) for m in names for s in seeds]
         for n, (name, seed) in enumerate(runs, 1):
             # The baseline is launched (and its finished run recognised) as what it is:
             # its mixer with the `locality` argument; only its folder and name are its own.
-            model, arg, folder = run_spec(task, name, config_arg)
+            model, arg, folder = plan.run_spec(task, name, config_arg)
             if folder == model:  # a hybrid's runs are in a folder of its name
-                folder = model_folder(task, model, arg, overrides)
+                folder = plan.model_folder(task, model, arg, overrides)
             state = _run_one(
                 tag=f"[{n}/{len(runs)}] {task} {name} seed {seed}",
-                workdir=run_dir(sweep_dir, task, folder, seed, overrides), task=task,
+                workdir=plan.run_dir(sweep_dir, task, folder, seed, overrides), task=task,
                 model=model, seed=seed, config_arg=arg, overrides=overrides,
                 record={"task": task, "model": model, "seed": seed, "config_arg": arg,
                         "overrides": user_overrides},
@@ -547,10 +260,11 @@ def sweep(*, task: str, models: list[str], seeds: list[int], config_arg: str, sw
         return outcome
 
     # The split is the config's (num_train_steps, warmup, factors after the overrides),
-    # built in-process as launch.py builds it (expected_config): checked for every model
-    # before the first run starts. The seed does not change steps or schedule.
-    plans = {m: pretrain_plan(expected_config(task, m, seeds[0], config_arg, overrides),
-                              pretrain_steps) for m in models}
+    # built in-process as launch.py builds it (plan.expected_config): checked for every
+    # model before the first run starts. The seed does not change steps or schedule.
+    plans = {m: plan.pretrain_plan(
+                 plan.expected_config(task, m, seeds[0], config_arg, overrides), pretrain_steps)
+             for m in models}
     pretrain_arg = ",".join(filter(None, [config_arg, "pretrain"]))
     total = 2 * len(models) * len(seeds)
     n = 0
@@ -560,34 +274,34 @@ def sweep(*, task: str, models: list[str], seeds: list[int], config_arg: str, sw
             base = f"{task} {model} seed {seed}"
             record = {"task": task, "model": model, "seed": seed, "overrides": user_overrides,
                       "pretrain_steps": steps, "fine_tune_steps": fine_steps}
-            folder = model_folder(task, model, config_arg, overrides)
-            pre_dir = run_dir(sweep_dir, task, folder, seed, overrides, PRETRAIN)
-            pre_overrides = normalized_overrides([*overrides, f"num_train_steps={steps}"])
+            folder = plan.model_folder(task, model, config_arg, overrides)
+            pre_dir = plan.run_dir(sweep_dir, task, folder, seed, overrides, plan.PRETRAIN)
+            pre_overrides = plan.normalized_overrides([*overrides, f"num_train_steps={steps}"])
             n += 1
             state = _run_one(
                 tag=f"[{n}/{total}] {base} pretrain ({steps} steps)", workdir=pre_dir,
                 task=task, model=model, seed=seed, config_arg=pretrain_arg,
                 overrides=pre_overrides,
-                record={**record, "phase": PRETRAIN, "config_arg": pretrain_arg,
+                record={**record, "phase": plan.PRETRAIN, "config_arg": pretrain_arg,
                         "run_overrides": pre_overrides},
                 timeout=timeout, log=log)
-            outcome[state].append((model, seed, PRETRAIN))
+            outcome[state].append((model, seed, plan.PRETRAIN))
             n += 1
-            fine_dir = run_dir(sweep_dir, task, folder, seed, overrides, FINE_TUNE)
+            fine_dir = plan.run_dir(sweep_dir, task, folder, seed, overrides, plan.FINE_TUNE)
             tag = f"[{n}/{total}] {base} fine-tune ({fine_steps} steps)"
             if state in ("failed", "refused"):
-                outcome["blocked"].append((model, seed, FINE_TUNE))
+                outcome["blocked"].append((model, seed, plan.FINE_TUNE))
                 log(f"{tag}: NOT STARTED: its pretraining run in {pre_dir} {state}")
                 continue
-            fine_overrides = normalized_overrides(
+            fine_overrides = plan.normalized_overrides(
                 [*overrides, f"init_from={pre_dir}", f"num_train_steps={fine_steps}"])
             state = _run_one(
                 tag=tag, workdir=fine_dir, task=task, model=model, seed=seed,
                 config_arg=config_arg, overrides=fine_overrides,
-                record={**record, "phase": FINE_TUNE, "config_arg": config_arg,
+                record={**record, "phase": plan.FINE_TUNE, "config_arg": config_arg,
                         "run_overrides": fine_overrides},
                 timeout=timeout, log=log)
-            outcome[state].append((model, seed, FINE_TUNE))
+            outcome[state].append((model, seed, plan.FINE_TUNE))
     return outcome
 
 
@@ -638,7 +352,7 @@ def main(argv):
     if unknown:
         _fail(f"unknown models {unknown}; available: {', '.join(registry.available())}")
     try:
-        check_locality_args(FLAGS.config_arg, FLAGS.pretrain, FLAGS.locality_baseline)
+        plan.check_locality_args(FLAGS.config_arg, FLAGS.pretrain, FLAGS.locality_baseline)
     except ValueError as e:
         _fail(str(e))
     for task in tasks:
@@ -647,11 +361,11 @@ def main(argv):
         # --locality_baseline, also for the baseline's config.
         checked = [(models[0], FLAGS.config_arg, models[0])]
         if FLAGS.locality_baseline:
-            baseline, arg, _ = run_spec(task, LOCALITY_BASELINE, FLAGS.config_arg)
+            baseline, arg, _ = plan.run_spec(task, plan.LOCALITY_BASELINE, FLAGS.config_arg)
             checked.append((baseline, arg, "the locality baseline"))
         for model, arg, name in checked:
             try:
-                expected_config(task, model, seeds[0], arg, FLAGS.override)
+                plan.expected_config(task, model, seeds[0], arg, FLAGS.override)
             except (AttributeError, KeyError) as e:  # --config.<field> the config lacks
                 _fail(f"--override: unknown config field{on} "
                       f"{str(e).strip(chr(39) + chr(34))!r}; the fields are those of "
@@ -669,7 +383,8 @@ def main(argv):
     except OSError as e:
         _fail(f"cannot write {e.filename or FLAGS.sweep_dir}: {e.strerror or e}; give a "
               "--sweep_dir you can write to")
-    ready, missing = plan_tasks(tasks, models[0], seeds[0], FLAGS.config_arg, FLAGS.override)
+    ready, missing = plan.plan_tasks(tasks, models[0], seeds[0], FLAGS.config_arg,
+                                     FLAGS.override)
     for line in missing:
         print(line)
     several = len(tasks) > 1
@@ -707,7 +422,7 @@ def main(argv):
 def _check_pretrain_args(task: str, models: list[str], seed: int) -> None:
     """--pretrain's one-line refusals, before anything runs: overrides that --pretrain
     sets itself, a pretraining config that cannot be built, a split of the steps that
-    leaves a run without steps or a cosine schedule without decay (pretrain_plan)."""
+    leaves a run without steps or a cosine schedule without decay (plan.pretrain_plan)."""
     fixed = sorted({o.partition("=")[0].strip() for o in FLAGS.override}
                    & {"init_from", "objective"})
     if fixed:
@@ -717,12 +432,12 @@ def _check_pretrain_args(task: str, models: list[str], seed: int) -> None:
     pretrain_arg = ",".join(filter(None, [FLAGS.config_arg, "pretrain"]))
     for model in models:
         try:
-            config = expected_config(task, model, seed, FLAGS.config_arg, FLAGS.override)
-            expected_config(task, model, seed, pretrain_arg, FLAGS.override)
+            config = plan.expected_config(task, model, seed, FLAGS.config_arg, FLAGS.override)
+            plan.expected_config(task, model, seed, pretrain_arg, FLAGS.override)
         except Exception as e:  # noqa: BLE001  (e.g. 'causal' with CLS pooling refused)
             _fail(f"the pretraining config for {model} ({pretrain_arg}) cannot be built: {e}")
         try:
-            pretrain_plan(config, FLAGS.pretrain_steps)
+            plan.pretrain_plan(config, FLAGS.pretrain_steps)
         except ValueError as e:
             _fail(str(e))
 

@@ -4,9 +4,9 @@ seeds' spread and ties.
   python -m lra.synthetic_report workdirs/mqar_grid --out=results/cpu/mqar_grid
       # writes results/cpu/mqar_grid.md, .csv and .png
 
-Reads every MQAR run below the directory (`lra.results.load`: any depth, e.g. the sweep
+Reads every MQAR run below the directory (`lra.runs.results.load`: any depth, e.g. the sweep
 folders of scripts/mqar_cpu_grid.sh) and groups them into cells: runs whose recorded
-configs agree in every field but the seed (and lra.results.NON_RESULT_FIELDS) are one
+configs agree in every field but the seed (and lra.runs.results.NON_RESULT_FIELDS) are one
 cell's seeds. A cell is (L, kv pairs, width, model) within a setting (everything else the
 configs record: vocabulary, steps, learning rate, short_conv, ...); a directory with
 several settings gets a section per setting. Written:
@@ -43,7 +43,7 @@ import sys
 
 from absl import app, flags
 
-from lra import results as results_lib
+from lra.runs import results as results_lib
 
 FLAGS = flags.FLAGS
 # Fields that make a cell's coordinates (not its setting), and the ones derived from them

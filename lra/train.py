@@ -11,7 +11,6 @@ uninterrupted run gets. SIGTERM saves a checkpoint, then raises `Preempted`.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -28,16 +27,17 @@ from jax.sharding import PartitionSpec as P
 
 import lra.tasks
 from configs import common, hybrid
-from lra import checkpoint, init_from, input_pipeline, processes, resume, sharding
+from lra.training import (checkpoint, init_from, input_pipeline, processes, record, resume,
+                          sharding)
 # train_and_evaluate looks them up here, so a test can swap the schedule in this module.
-from lra.optim import learning_rate_schedule, make_optimizer
-from lra.results import flatten
-from lra.console import log as _log
-from lra.console import warn as _warn
-from lra.errors import CheckpointError, ConfigError, DataError, UserError
+from lra.training.optim import learning_rate_schedule, make_optimizer
+from lra.runs.results import flatten
+from lra.training.console import log as _log
+from lra.training.console import warn as _warn
+from lra.errors import CheckpointError, ConfigError, UserError
 from models import precision, registry
 from models.encoder import Classifier, DualClassifier
-from lra.objectives import add_eval_masks, macro_accuracy, make_steps
+from lra.training.objectives import add_eval_masks, label_slots, macro_accuracy, make_steps
 from models.autoencoder import SequenceAutoEncoder
 from models.pretrain import TokenPredictor
 
@@ -95,7 +95,8 @@ def build_model(config: ml_collections.ConfigDict, task: lra.tasks.Task) -> Clas
     """The classifier, or for a pretraining objective (mlm, causal_lm) the same encoder
     with a per-position head (models/pretrain.py); retrieval's two documents go through
     that one encoder in turn. config.start_token adds one id, vocab_size, to the
-    embedding table (and the head, whose logit for it the losses drop: lra/objectives.py)."""
+    embedding table (and the head, whose logit for it the losses drop:
+    lra/training/objectives.py)."""
     vocab_size = task.vocab_size
     if config.objective == "sequence_labels" and task.autoencoder:
         model_class, head = SequenceAutoEncoder, {}  # MAD's compression
@@ -122,61 +123,7 @@ def build_model(config: ml_collections.ConfigDict, task: lra.tasks.Task) -> Clas
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _load_data(config, task) -> dict[str, dict[str, np.ndarray]]:
-    """The three splits; unreadable files are a DataError naming the file (and line)."""
-    data_dir = config.data_dir
-    if os.path.exists(data_dir) and not os.path.isdir(data_dir):
-        raise DataError(f"config.data_dir={data_dir} is a file, not a folder; give the folder "
-                        f"that holds the {config.task} data")
-    data = {}
-    for split in ("train", "val", "test"):
-        try:
-            data[split] = task.load(data_dir, split, config.max_length,
-                                    **config.task_options.to_dict())
-        except UnicodeDecodeError as e:
-            raise DataError(_not_utf8(e, data_dir)) from None
-        except OSError as e:  # no permission, a folder where a file should be, I/O error
-            raise DataError(f"cannot read {e.filename or data_dir}: {e.strerror or e}") from None
-    return data
-
-
-def _not_utf8(error: UnicodeDecodeError, data_dir: str) -> str:
-    """'<file>:<line>: byte 0x.. is not UTF-8', the file found in the reader's frames."""
-    path = None
-    tb = error.__traceback__
-    while tb is not None:
-        for name in ("path", "filename", "file_path"):
-            value = tb.tb_frame.f_locals.get(name)
-            if isinstance(value, str) and os.path.isfile(value):
-                path = value
-        tb = tb.tb_next
-    if path is None:
-        return f"a file in {data_dir} is not UTF-8 text ({error.reason}); fix or regenerate it"
-    with open(path, "rb") as f:
-        raw = f.read()
-    try:
-        raw.decode("utf-8")
-        return f"{path} is not UTF-8 text ({error.reason}); fix or regenerate it"
-    except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        return (f"{path}:{line}: byte 0x{raw[e.start]:02x} is not UTF-8 text; fix or "
-                "regenerate the file")
-
-
-def _label_slots(data: dict, config) -> int | None:
-    """sequence_labels: the most labelled positions of any row of any split, when under
-    half the length (the head then runs on those only: lra/objectives.py); else None."""
-    if config.objective != "sequence_labels":
-        return None
-    most = max(int(((d["targets"] != -100) & d["mask"].astype(bool)).sum(1).max())
-               for d in data.values())
-    return max(most, 1) if 2 * most <= config.max_length else None
-
-
-def _to_global(batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
-    return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
+# (the input's: lra/training/input_pipeline.py; what a run records: lra/training/record.py)
 
 
 def _bound_steps_in_flight(pending: list[tuple[int, Any]]) -> None:
@@ -185,60 +132,6 @@ def _bound_steps_in_flight(pending: list[tuple[int, Any]]) -> None:
     their batches), and SIGTERM's checkpoint then waits for all of them."""
     if len(pending) > MAX_STEPS_AHEAD:
         jax.block_until_ready(pending[-1 - MAX_STEPS_AHEAD][1])
-
-
-def _format_duration(seconds: float) -> str:
-    seconds = int(seconds)
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
-
-
-def _input_fraction(loop: dict) -> float:
-    """Share of the timed training time spent waiting for input batches."""
-    seconds = loop["train_seconds"]
-    return min(loop.get("input_seconds", 0.0) / seconds, 1.0) if seconds else 0.0
-
-
-def _write_json(path: str, obj: Any) -> None:
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=True, default=str)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise CheckpointError(f"cannot write {path}: {e.strerror or e}; free space or fix the "
-                              "folder, then re-run the same command") from None
-
-
-def _param_bytes(params: Any) -> tuple[int, int]:
-    """(total bytes of the parameters, the most any one local device holds)."""
-    total, per_device = 0, {}
-    for x in jax.tree.leaves(params):
-        total += x.size * x.dtype.itemsize
-        for shard in x.addressable_shards:
-            per_device[shard.device] = (per_device.get(shard.device, 0)
-                                        + shard.data.size * shard.data.dtype.itemsize)
-    return total, max(per_device.values(), default=0)
-
-
-def _device_peak_bytes() -> int | None:
-    """Peak memory in use on this process's first device (GPU/TPU; None on CPU)."""
-    stats = jax.local_devices()[0].memory_stats() or {}
-    return stats.get("peak_bytes_in_use")
-
-
-def results_table(results: dict) -> str:
-    """A one-row markdown table of a run's results."""
-    header = ("| task | model | params | steps | best val acc | test acc | majority baseline "
-              "| steps/s |\n|---|---|---|---|---|---|---|---|")
-    objective = results.get("objective", "classify")
-    model = results["model"] + ("" if objective == "classify" else f" ({objective})")
-    row = (f"| {results['task']} | {model} | {results['num_params']:,} "
-           f"| {results['steps']} | {results['best_eval_accuracy']:.4f} "
-           f"| {results['test_accuracy']:.4f} | {results['majority_baseline_accuracy']:.4f} "
-           f"| {results['train_steps_per_sec']:.2f} |")
-    return header + "\n" + row
 
 
 def _lock_workdir(workdir: str) -> checkpoint.WorkdirLock:
@@ -309,7 +202,7 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
     # resumed run has its weights in its own checkpoint already.
     source = init_from.find_source(config) if config.init_from and resume_step is None else None
     preemption_sync = processes.preemption_sync_point(resume_step or 0)
-    data = _load_data(config, task)
+    data = input_pipeline.load_data(config, task)
     fingerprint = resume.data_fingerprint(data)
     processes.agree_on(f"the data read from config.data_dir={config.data_dir}",
                        {f"{split} split (hash)": h for split, h in fingerprint.items()})
@@ -342,14 +235,14 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         raise ConfigError(f"cannot build model {hybrid.name(config)!r}: {e}") from None
     num_params = sum(x.size for x in jax.tree.leaves(abstract_state["params"]))
     # A (data, model) mesh; parameters and optimizer state placed by config.sharding's
-    # rules on their logical axis names (lra/sharding.py). Auto axes: XLA propagates
+    # rules on their logical axis names (lra/training/sharding.py). Auto axes: XLA propagates
     # shardings from these inputs (GSPMD), guided by the model's activation constraints.
     mesh = sharding.make_mesh(config)
     replicated = NamedSharding(mesh, P())
     batch_sharding = sharding.batch_sharding(mesh)
     state_shardings = sharding.state_shardings(abstract_state, config.sharding, mesh)
     state = jax.jit(init_state, out_shardings=state_shardings)()
-    param_bytes, param_bytes_per_device = _param_bytes(state["params"])
+    param_bytes, param_bytes_per_device = record.param_bytes(state["params"])
     weights_shardings = {"params": state_shardings["params"], "rest": state_shardings["rest"]}
 
     # 3. Resume from the newest readable `last` checkpoint, if there is one (before
@@ -415,7 +308,7 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
     if restored_step is None and config.init_from:
         state["params"] = init_from.load_encoder(config, state["params"], source)
     train_step, eval_step = make_steps(graphdef, tx, schedule, task.num_classes, config,
-                                       task.vocab_size, label_slots=_label_slots(data, config))
+                                       task.vocab_size, label_slots=label_slots(data, config))
     activation_rules = sharding.activation_rules(config.sharding)
 
     def in_mesh(jitted):
@@ -451,7 +344,7 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         rows = input_pipeline.process_rows(batch_sharding, eval_bs)
         for batch in input_pipeline.eval_batches(data[split], global_batch_size=eval_bs,
                                                  num_batches=num_batches, rows=rows):
-            out = eval_step(weights, _to_global(batch, batch_sharding))
+            out = eval_step(weights, input_pipeline.to_global(batch, batch_sharding))
             sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
         sums = jax.device_get(sums)
         count = max(float(sums["count"]), 1.0)
@@ -517,7 +410,7 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
             ckpts.delete_last(c)
         good = ckpts.last_step()
         if jax.process_index() == 0:
-            _write_json(diverged_path, {"step": step, "loss": loss, "last_good_step": good,
+            record.write_json(diverged_path, {"step": step, "loss": loss, "last_good_step": good,
                                         "learning_rate": config.learning_rate})
         removed = (f" (deleted checkpoint step(s) {bad}: their weights gave this loss)"
                    if bad else "")
@@ -549,8 +442,8 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         eta = (config.num_train_steps - step) / rate if rate else float("nan")
         _log(f"step {step:>6}/{config.num_train_steps} | loss {mean['loss']:.4f} "
              f"| acc {mean['accuracy']:.3f} | lr {mean['learning_rate']:.2e} "
-             f"| {rate:6.2f} steps/s | input {100 * _input_fraction(loop):.0f}% "
-             f"| ETA {_format_duration(eta) if math.isfinite(eta) else '?'}")
+             f"| {rate:6.2f} steps/s | input {100 * record.input_fraction(loop):.0f}% "
+             f"| ETA {record.format_duration(eta) if math.isfinite(eta) else '?'}")
         if writer:
             for k, v in mean.items():
                 writer.add_scalar(f"train/{k}", v, step)
@@ -566,7 +459,7 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
                 jax.profiler.start_trace(profile_dir)
                 tracing = True
             waited = time.perf_counter()
-            batch = _to_global(next(train_iter), batch_sharding)
+            batch = input_pipeline.to_global(next(train_iter), batch_sharding)
             input_since_clock += time.perf_counter() - waited
             state, metrics = train_step(state, batch)
             if tracing and step == profile[1]:
@@ -706,7 +599,7 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
                                 if loop["train_seconds"] else 0.0),
         # Share of the timed training wall time the host spent getting batches (reading,
         # batching, placing on devices): near 1, the run is input-bound.
-        "input_wait_fraction": _input_fraction(loop),
+        "input_wait_fraction": record.input_fraction(loop),
         "eval_history": loop["eval_history"],
         "train_history": loop["train_history"],
         "num_devices": jax.device_count(),
@@ -714,7 +607,7 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         "param_bytes": param_bytes,
         "param_bytes_per_device": param_bytes_per_device,
         "train_step_temp_bytes": train_step_temp_bytes,
-        "device_peak_bytes": _device_peak_bytes(),
+        "device_peak_bytes": record.device_peak_bytes(),
         "num_processes": jax.process_count(),
         "jax_version": jax.__version__,
         "data_fingerprint": fingerprint,
@@ -723,6 +616,6 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
     if hybrid.is_hybrid(config):  # every layer's mixer, hparams, block and groups
         results["layers"] = hybrid.layer_list(config)
     if jax.process_index() == 0:
-        _write_json(os.path.join(workdir, "results.json"), results)
-        _log(results_table(results))
+        record.write_json(os.path.join(workdir, "results.json"), results)
+        _log(record.results_table(results))
     return results

@@ -12,7 +12,7 @@ row back (lra/tasks/mad.py compression: the labels are the inputs).
 Here: the encoder is `Classifier`'s (embeddings with the config's positions, the config's
 block and stack, a final LayerNorm), the code is the output at the last real position
 (the mask's), and the decoder is MAD's. Returns float32 BxLxV logits, as TokenPredictor
-does, so the sequence_labels objective (lra/objectives.py) trains it unchanged.
+does, so the sequence_labels objective (lra/training/objectives.py) trains it unchanged.
 """
 from __future__ import annotations
 

@@ -54,7 +54,7 @@ def param(init: Initializer, names: Names, shape: Sequence[int], *,
           rngs: nnx.Rngs, **metadata: Any) -> nnx.Param:
     """A free-standing Param with logical axis names (one key from the 'params' stream)
     and any further metadata, e.g. the optimiser's `bounds` and `no_weight_decay`
-    (lra.optim.make_optimizer)."""
+    (lra.training.optim.make_optimizer)."""
     if len(names) != len(shape):
         raise ValueError(f"names {tuple(names)} do not match shape {tuple(shape)}")
     return nnx.Param(named(init, names)(rngs.params(), tuple(shape), jnp.float32),

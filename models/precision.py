@@ -7,7 +7,7 @@ their own dtype (float32 by default), as Flax's examples and MaxText do with
 `dtype`/`param_dtype`. What must not be rounded to bfloat16 is computed in float32 by the
 modules themselves whatever the input dtype: softmax and its normaliser, LayerNorm
 statistics (flax's), the linear family's denominators and prefix sums, FAVOR+'s
-stabiliser, SSM/EMA states, losses and metrics (lra/objectives.py casts logits to
+stabiliser, SSM/EMA states, losses and metrics (lra/training/objectives.py casts logits to
 float32); and parameters marked `keep_float32` are not cast at all.
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ Objectives (lra/train.py computes the losses):
              by the [MASK] vector; the head predicts the original tokens there.
   causal_lm  next-token prediction: the encoder is causal; the output at position t
              predicts token t+1.
-  sequence_labels  the task's label of each position (MQAR, MAD; lra/objectives.py).
+  sequence_labels  the task's label of each position (MQAR, MAD; lra/training/objectives.py).
 Heads (`lm_loss`):
   xent       logits over the vocabulary (cross-entropy)
   l1         one value per position, the pixel intensity scaled to [0, 1] (the paper's L1

@@ -4,6 +4,7 @@ import math
 import pytest
 
 from lra import benchmark
+from lra.reporting import efficiency
 
 
 def test_growth_exponent_recovers_power_law():
@@ -21,7 +22,7 @@ def test_measure_and_table():
     rows.append({"model": "other", "length": 16, "time_s": rows[0]["time_s"] / 2,
                  "temp_bytes": rows[0]["temp_bytes"] // 4})
     rows.append({"model": "other", "length": 32, "error": "too long"})
-    text = benchmark.table(rows, [16, 32])
+    text = efficiency.table(rows, [16, 32])
     assert "| transformer |" in text
     assert "(2.00x faster, 4.00x less mem)" in text
     assert "- (too long)" in text
@@ -41,7 +42,7 @@ def test_memory_only_cells():
                                          num_heads=2, num_layers=1, repeats=0)
             for m in ("transformer", "linear")]
     assert all(r["time_s"] is None and r["temp_bytes"] > 0 for r in rows)
-    text = benchmark.table(rows, [64])
+    text = efficiency.table(rows, [64])
     assert "ms" not in text and "x less mem)" in text and "faster" not in text
 
 
@@ -174,7 +175,7 @@ def test_error_messages_are_not_cut_mid_word(monkeypatch):
         a, 1, stdout="", stderr="Traceback ...\nValueError: " + message + "\n"))
     assert benchmark.isolated_cell("linear", 32, [])["error"] == (
         f"process died (exit 1): ValueError: {message}")
-    assert benchmark.table([{"model": "linear", "length": 32, "error": message}], [32]) \
+    assert efficiency.table([{"model": "linear", "length": 32, "error": message}], [32]) \
         .endswith(f"| linear | - ({message}) | - | - |")
 
     words = " ".join(f"word{i}" for i in range(200))
@@ -235,20 +236,18 @@ def test_growth_check_skips_only_the_steep_models():
 
 
 def test_lra_comparison_and_growth_goal_verdicts():
-    from lra import bench_compare
-
     def cell(model, length, time_s, temp):
         return {"model": model, "length": length, "time_s": time_s, "temp_bytes": temp}
     rows = [cell("transformer", 4096, 10.0, 1000), cell("linear", 4096, 1.0, 50),
             cell("performer", 4096, 5.0, 50), cell("local", 4096, 1.0, 50),
             cell("linear", 16384, 4.4, 210), cell("performer", 16384, 40.0, 200),
             {"model": "local", "length": 16384, "error": "skipped: ..."}]
-    text = bench_compare.lra_comparison(rows)
+    text = efficiency.lra_comparison(rows)
     # LRA at 4K: linear 7.8 / 1.4 = 5.6x faster, 9.48 / 1.03 = 9.2x less memory.
     assert "| linear | 5.6x | 10.00x | 9.2x | 20.00x | yes |" in text
     assert "| performer | 5.7x | 2.00x | 8.9x | 20.00x | no (speed) |" in text
     assert "| sinkhorn |" not in text  # not measured
-    goal = bench_compare.growth_goal(rows, [4096, 16384])
+    goal = efficiency.growth_goal(rows, [4096, 16384])
     assert "| linear | L^1.07 | L^1.04 | yes |" in goal
     assert "| performer | L^1.50 | L^1.00 | no (time) |" in goal
     assert "| local |" not in goal  # not measured at the longest length

@@ -78,7 +78,7 @@ def test_validate_rejects_bad_values():
 
 
 def test_mesh_shape_resolves_and_rejects_impossible_shapes():
-    from lra import sharding
+    from lra.training import sharding
 
     assert sharding.mesh_shape((-1, 1), 8) == (8, 1)
     assert sharding.mesh_shape((2, -1), 8) == (2, 4)

@@ -24,6 +24,7 @@ from PIL import Image
 
 import lra.tasks
 from lra import download
+from lra.downloading import transfer
 from lra.errors import DataError, UserError
 from lra.tasks import image, mnist, text
 
@@ -362,7 +363,7 @@ def test_mnist_files_are_placed_gzipped_where_the_reader_reads_them(server, arch
     assert (official.size, official.sha256[:8], official.url) == (
         4542, "f7ae60f9", "https://storage.googleapis.com/cvdf-datasets/mnist/"
                           "t10k-labels-idx1-ubyte.gz")
-    with pytest.raises(download.DownloadError, match=r"offers \d+ bytes, the official file "
+    with pytest.raises(transfer.DownloadError, match=r"offers \d+ bytes, the official file "
                                                      r"has 9912422"):
         run(server, tmp_path / "other", ["mnist"], archives=download.ARCHIVES)
     assert "mnist" not in download.resolve(["all"])  # all: LRA's tasks
@@ -388,7 +389,7 @@ def test_an_interrupted_download_continues_where_it_stopped(server, archives, tm
     data = tmp_path / "data"
     name = "aclImdb_v1.tar.gz"
     server.drop_after[name] = 1000
-    with pytest.raises(download.DownloadError,
+    with pytest.raises(transfer.DownloadError,
                        match=r"stopped at 1000 of \d+ bytes .*run the same command again"):
         run(server, data, ["text"], retries=0)
     part = data / "downloads" / (name + ".part")
@@ -438,7 +439,7 @@ def test_drops_that_bring_bytes_do_not_use_up_the_retries(server, archives, tmp_
 def test_a_server_that_ignores_range_makes_it_start_over(server, archives, tmp_path):
     name = "cifar-10-python.tar.gz"
     server.drop_after[name] = 3000
-    with pytest.raises(download.DownloadError):
+    with pytest.raises(transfer.DownloadError):
         run(server, tmp_path, ["image"], retries=0)
     server.ignore_range = True
     lines = []
@@ -452,7 +453,7 @@ def test_a_server_that_ignores_range_makes_it_start_over(server, archives, tmp_p
 def test_a_file_changed_on_the_server_is_downloaded_anew(server, archives, tmp_path):
     name = "aclImdb_v1.tar.gz"
     server.drop_after[name] = 2000
-    with pytest.raises(download.DownloadError):
+    with pytest.raises(transfer.DownloadError):
         run(server, tmp_path, ["text"], retries=0)
     server.etag = '"v2"'  # If-Range no longer matches: the server sends the whole file
     lines = []
@@ -491,7 +492,7 @@ def test_a_corrupted_archive_is_kept_and_nothing_is_unpacked(server, archives, t
 
 def test_a_mirror_with_another_file_size_is_refused_before_downloading(server, tmp_path):
     official = download.ARCHIVES["imdb"]
-    with pytest.raises(download.DownloadError,
+    with pytest.raises(transfer.DownloadError,
                        match=rf"offers \d+ bytes, the official file has {official.size}"):
         run(server, tmp_path, ["text"], archives=download.ARCHIVES)
     assert not (tmp_path / "downloads" / "aclImdb_v1.tar.gz.part").exists()
@@ -534,7 +535,7 @@ def test_an_archive_without_the_task_files_is_refused(server, tmp_path):
 def test_offline_names_the_url_and_where_to_put_the_file(server, tmp_path):
     url = closed_port_url()
     by_hand = tmp_path / "downloads" / "aclImdb_v1.tar.gz"
-    with pytest.raises(download.DownloadError,
+    with pytest.raises(transfer.DownloadError,
                        match=rf"cannot reach {url}/aclImdb_v1.tar.gz \(.*\); check the network"
                              rf".*by hand to {re.escape(str(by_hand))}$"):
         run(server, tmp_path, ["text"], mirror=url, retries=0)
@@ -543,7 +544,7 @@ def test_offline_names_the_url_and_where_to_put_the_file(server, tmp_path):
 def test_an_http_error_names_the_url_and_the_code(server, tmp_path):
     official = table(server.files)
     del server.files["cifar-10-python.tar.gz"]
-    with pytest.raises(download.DownloadError,
+    with pytest.raises(transfer.DownloadError,
                        match=rf"{server.url}/cifar-10-python.tar.gz answered HTTP 404 Not Found; "
                              r"check the address \(--mirror\), or download the file by hand"):
         run(server, tmp_path, ["image"], archives=official)
@@ -558,7 +559,7 @@ def test_a_file_put_there_by_hand_is_verified_and_unpacked_offline(server, archi
 
 
 def test_not_enough_disk(server, archives, tmp_path, monkeypatch):
-    monkeypatch.setattr(download, "_free_bytes", lambda path: 10 << 20)
+    monkeypatch.setattr(transfer, "free_bytes", lambda path: 10 << 20)
     with pytest.raises(UserError, match=r"not enough disk space in .*downloads: downloading "
                                         r"aclImdb_v1.tar.gz needs 0.0 MB"):
         run(server, tmp_path, ["text"])
@@ -584,7 +585,7 @@ def test_folders_that_are_not_ours(server, tmp_path):
 
 def test_progress_line():
     out = io.StringIO()
-    p = download.Progress("x.tar.gz", 4_000_000, 0, out)
+    p = transfer.Progress("x.tar.gz", 4_000_000, 0, out)
     for done in range(0, 4_000_001, 100_000):
         p.update(done)
     p.finish()
@@ -598,7 +599,7 @@ def test_progress_line():
             return True
 
     out = Tty()
-    p = download.Progress("x", None, 0, out)
+    p = transfer.Progress("x", None, 0, out)
     p.update(2_500_000)
     p.finish()
     assert out.getvalue().startswith("\rx: 2.5 MB, ") and out.getvalue().endswith("\n")

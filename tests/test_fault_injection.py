@@ -14,8 +14,8 @@ before the fault), 3 (the lost-peer line), 143 (SIGTERM: saved and stopped), 130
 the same), -9 / -15 (the process the fault hit; SIGINT before training ends a process as
 SIGTERM does). -6 (SIGABRT: jaxlib aborting a survivor when the coordination
 service declares a peer dead) is counted apart and must not occur: launch.py's watcher
-(lra/supervisor.py) turns it into the lost-peer line and exit 3 (docs/distributed.md,
-"Faults in a multi-process run").
+(lra/training/supervisor.py) turns it into the lost-peer line and exit 3
+(docs/distributed.md, "Faults in a multi-process run").
 """
 import collections
 import json

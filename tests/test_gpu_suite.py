@@ -15,7 +15,8 @@ import zipfile
 
 import pytest
 
-from lra import gpu_common, gpu_stages, gpu_suite
+from lra import gpu_suite
+from lra.gpu import bench_stages, common, run_stages
 
 H100 = {"kind": "NVIDIA H100 80GB HBM3", "platform": "gpu", "count": 1, "jax": "0.11.0",
         "jaxlib": "0.11.0"}
@@ -97,8 +98,8 @@ def test_dry_run_writes_every_stage_and_a_rerun_skips_them(tmp_path, monkeypatch
 
     # Everything complete: nothing runs, the device is not even probed.
     before = {name: (out / name).read_text() for name in STAGE_FILES}
-    monkeypatch.setattr(gpu_stages, "run_command", _no_commands)
-    monkeypatch.setattr(gpu_stages, "launch", _no_commands)
+    monkeypatch.setattr(bench_stages, "run_command", _no_commands)
+    monkeypatch.setattr(run_stages, "launch", _no_commands)
     monkeypatch.setattr(gpu_suite, "probe_device", _no_commands)
     assert gpu_suite.main(["--dry_run", f"--out={out}"]) == 0
     assert {name: (out / name).read_text() for name in STAGE_FILES} == before
@@ -119,7 +120,7 @@ def test_dry_run_writes_every_stage_and_a_rerun_skips_them(tmp_path, monkeypatch
     def fake(cmd, **kwargs):
         ran.append(cmd[2])
         return gpu_suite.Outcome(0, 1.0, BENCH_KERNELS_OUT, "")
-    monkeypatch.setattr(gpu_stages, "run_command", fake)
+    monkeypatch.setattr(bench_stages, "run_command", fake)
     assert gpu_suite.main(["--dry_run", f"--out={out}"]) == 0
     assert ran == ["lra.bench_kernels"]
     assert _status(out / "kernels.md") == "complete"
@@ -138,14 +139,13 @@ def test_first_call_fits_a_lent_gpu(tmp_path, capsys):
     call is the kernel tests, the 4K kernel table and one time-boxed full-size transformer
     run, planned within 8 minutes with the wheels' install and the packing; the next call
     is the efficiency table and more runs."""
-    first = gpu_common.plan_call(gpu_suite.STAGE_NAMES, 60 * gpu_common.CALL_MINUTES,
-                                 gpu_common.FULL)
+    first = common.plan_call(gpu_suite.STAGE_NAMES, 60 * common.CALL_MINUTES, common.FULL)
     assert first == [("kernel_tests", 100), ("kernels", 120), ("transformer", 230)]
     # The efficiency table's rows on a device: LRA's Table 2 (a cell is 30-35 s of an H100).
-    assert gpu_stages.bench_models(gpu_common.FULL) == gpu_common.LRA_VARIANTS
-    assert sum(s for _, s in first) + gpu_common.CALL_OVERHEAD_S <= 8 * 60
+    assert bench_stages.bench_models(common.FULL) == common.LRA_VARIANTS
+    assert sum(s for _, s in first) + common.CALL_OVERHEAD_S <= 8 * 60
     # Each stage's limit as the call goes: early finishes go to the time-boxed run.
-    assert [gpu_common.stage_limit(first, i, left, gpu_common.FULL)
+    assert [common.stage_limit(first, i, left, common.FULL)
             for i, left in ((0, 450), (1, 400), (2, 330))] == [100, 120, 330]
     assert gpu_suite.main([f"--out={tmp_path}", "--plan"]) == 0
     assert capsys.readouterr().out == (
@@ -158,9 +158,9 @@ def test_first_call_fits_a_lent_gpu(tmp_path, capsys):
         f"full, --out={tmp_path}: this call (450 s): efficiency 173 s, runs 277 s; next "
         "call: kernels_long\n")
     # A session's rest after the first call (4 minutes): the efficiency table alone.
-    assert gpu_common.plan_call(["efficiency", "runs", "kernels_long"], 240,
-                                gpu_common.FULL) == [("efficiency", 240)]
-    assert gpu_common.plan_call(["runs"], 100, gpu_common.FULL) == []
+    assert common.plan_call(["efficiency", "runs", "kernels_long"], 240,
+                            common.FULL) == [("efficiency", 240)]
+    assert common.plan_call(["runs"], 100, common.FULL) == []
 
 
 def test_wheels_check(tmp_path, capsys):
@@ -176,13 +176,13 @@ def test_wheels_check(tmp_path, capsys):
           "pytype; extra == \"testing\"")
     wheel("array_record", "0.8.6", "absl-py")
     wheel("portpicker", "1.6.0", "psutil")
-    assert gpu_common.check_wheels(str(tmp_path)) == 0
+    assert common.check_wheels(str(tmp_path)) == 0
     out = capsys.readouterr().out
     assert "array-record 0.8.6, grain 0.2.18, portpicker 1.6.0" in out
     assert "their requirements that the GPU image has: absl-py, etils, psutil\n" in out
     wheel("tensorboardX", "2.6.5", "numpy", "not-in-the-image")
     wheel("portpicker", "1.5.0", "psutil")
-    assert gpu_common.check_wheels(str(tmp_path)) == 1
+    assert common.check_wheels(str(tmp_path)) == 1
     out = capsys.readouterr().out
     assert "error: required but neither carried nor in the GPU image: not-in-the-image" in out
     assert "error: carried in more than one version: portpicker" in out
@@ -196,12 +196,12 @@ def test_launch_stops_a_run_after_its_training_time(tmp_path):
               "time.sleep(0.5); print('Training x: steps 0..5000', flush=True)\n"
               "time.sleep(60)\n")
     start = time.monotonic()
-    code, trained = gpu_stages.launch([sys.executable, "-c", script], str(tmp_path),
+    code, trained = run_stages.launch([sys.executable, "-c", script], str(tmp_path),
                                       deadline=start + 30, max_train_s=1)
     assert code is None and 0.9 < trained < 5 and time.monotonic() - start < 10
     assert "Training x" in (tmp_path / "log.txt").read_text()
     assert "==== " in (tmp_path / "stderr.txt").read_text()
-    code, trained = gpu_stages.launch([sys.executable, "-c", "print('no training')"],
+    code, trained = run_stages.launch([sys.executable, "-c", "print('no training')"],
                                       str(tmp_path), deadline=time.monotonic() + 30)
     assert (code, trained) == (0, None)
 
@@ -217,7 +217,7 @@ def test_failing_stage_is_recorded_and_the_suite_goes_on(tmp_path, monkeypatch):
               for s in gpu_suite.STAGES]
     monkeypatch.setattr(gpu_suite, "STAGES", stages)
     monkeypatch.setattr(gpu_suite, "probe_device", lambda: H100)
-    monkeypatch.setattr(gpu_stages, "run_command", lambda cmd, **kw: gpu_suite.Outcome(
+    monkeypatch.setattr(bench_stages, "run_command", lambda cmd, **kw: gpu_suite.Outcome(
         None, 42.0, BENCH_KERNELS_OUT, ""))
     out = tmp_path / "gpu"
     assert gpu_suite.main([f"--out={out}", "--stages=kernel_tests,kernels"]) == 1
@@ -277,7 +277,7 @@ def test_one_line_refusals(tmp_path, monkeypatch, capsys):
     """Full size on a CPU-only jax, an unknown stage, a bad budget: exit 2, one line."""
     monkeypatch.setattr(gpu_suite, "probe_device", lambda: dict(H100, platform="cpu",
                                                                  kind="cpu"))
-    monkeypatch.setattr(gpu_stages, "run_command", _no_commands)
+    monkeypatch.setattr(bench_stages, "run_command", _no_commands)
     for argv, start in (([], "error: jax sees no accelerator"),
                         (["--stages=kernels,bench"], "error: --stages=kernels,bench: "
                                                      "unknown stage 'bench'"),
@@ -294,7 +294,7 @@ def test_kernel_test_outcomes_with_and_without_xdist():
     out = ("tests/kernels/test_a.py::test_x[triton-float32] PASSED     [ 50%]\n"
            "[gw1] [ 50%] PASSED tests/kernels/test_b.py::test_y[triton-bfloat16-causal] \n"
            "[gw0] [100%] FAILED tests/kernels/test_b.py::test_z[f32] \n")
-    assert gpu_stages.parse_pytest(out) == {
+    assert bench_stages.parse_pytest(out) == {
         "tests/kernels/test_a.py::test_x[triton-float32]": "PASSED",
         "tests/kernels/test_b.py::test_y[triton-bfloat16-causal]": "PASSED",
         "tests/kernels/test_b.py::test_z[f32]": "FAILED"}
@@ -352,7 +352,8 @@ def test_full_plan_with_stand_in_commands(tmp_path, monkeypatch, listops_dir):
     stand-ins for the commands: a float32 pass stopped at its limit keeps its cells and the
     stage goes on; a run stopped at its deadline is tested at its checkpoint's step, one
     stopped before its first checkpoint, one finished and one failed are each reported."""
-    from lra import benchmark, sweep
+    from lra import benchmark
+    from lra.runs import plan
 
     calls, launches = [], []
 
@@ -404,10 +405,10 @@ def test_full_plan_with_stand_in_commands(tmp_path, monkeypatch, listops_dir):
         return 0, 300.0
 
     monkeypatch.setattr(gpu_suite, "probe_device", lambda: H100)
-    monkeypatch.setattr(gpu_stages, "run_command", fake)
-    monkeypatch.setattr(gpu_stages, "launch", fake_launch)
-    monkeypatch.setattr(gpu_stages, "listops_dir", lambda suite: listops_dir)
-    monkeypatch.setattr(sweep, "missing_data", lambda task, config: None)
+    monkeypatch.setattr(bench_stages, "run_command", fake)
+    monkeypatch.setattr(run_stages, "launch", fake_launch)
+    monkeypatch.setattr(run_stages, "listops_dir", lambda suite: listops_dir)
+    monkeypatch.setattr(plan, "missing_data", lambda task, config: None)
     out = tmp_path / "gpu"
     assert gpu_suite.main([f"--out={out}", "--stages=transformer,efficiency,runs",
                            "--budget_minutes=60"]) == 1  # local failed

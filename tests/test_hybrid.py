@@ -19,7 +19,8 @@ from flax import nnx
 
 import lra.tasks
 from configs import common, hybrid, listops
-from lra import optim, resume, train
+from lra import train
+from lra.training import optim, resume
 from lra.errors import ConfigError
 from models import precision
 from tests.models.helpers import apply, randomize_params
@@ -341,7 +342,7 @@ def test_a_hybrid_run_is_named_by_its_layers(run):
     assert [l["model"] for l in results["layers"]] == ["gla", "local"]
     assert results["layers"][1]["model_hparams"] == {"window": 8}
     from lra import report
-    from lra.results import collect
+    from lra.runs.results import collect
 
     assert report.labels(collect(run)) == ["gla+local@1 (causal_lm)"]
 
@@ -408,7 +409,7 @@ def test_dense_and_degeneracy_checks_run_per_layer():
 def test_init_from_copies_the_layers_whose_mixer_agrees(run, capsys):
     """A pure gla classifier from the gla+local@1 run: the embeddings, the final norm and
     layer 0 (gla there too) are copied; layer 1 (local there) starts as initialised."""
-    from lra import checkpoint, init_from
+    from lra.training import checkpoint, init_from
 
     fine = config_of("model=gla,runlocal,causal", num_layers=2, max_length=32)
     fine.init_from = run
@@ -434,13 +435,13 @@ def test_init_from_copies_the_layers_whose_mixer_agrees(run, capsys):
 
 
 def test_a_sweep_puts_a_hybrids_runs_in_a_folder_of_its_name():
-    from lra import sweep
+    from lra.runs import plan
 
-    assert sweep.model_folder("listops", "gla", "runlocal", ["num_layers=4"]) == "gla"
-    assert sweep.model_folder("listops", "gla", "runlocal,hybrid=transformer",
-                              ["num_layers=4", "hybrid.layers=1,3"]) == "gla+transformer@1,3"
-    assert sweep.model_folder("listops", "gla", "runlocal",
-                              ["num_layers=3", "layers=gla,local,gla"]) == "gla+local@1"
+    assert plan.model_folder("listops", "gla", "runlocal", ["num_layers=4"]) == "gla"
+    assert plan.model_folder("listops", "gla", "runlocal,hybrid=transformer",
+                             ["num_layers=4", "hybrid.layers=1,3"]) == "gla+transformer@1,3"
+    assert plan.model_folder("listops", "gla", "runlocal",
+                             ["num_layers=3", "layers=gla,local,gla"]) == "gla+local@1"
 
 
 # ------------------------------------------------ lra.benchmark, bench_generate, cache_memory
@@ -489,7 +490,7 @@ def test_pallas_in_the_layers_that_have_a_kernel_lowered_for_cuda():
     kernel (a forward and two backward calls), s4d's layer its one form; with gla as the
     base, gla's layer adds the decayed kernel's three. Lowered from this CPU for an
     abstract H100 (tests/test_model_lowering.py's way): nothing runs on a GPU."""
-    from lra import objectives
+    from lra.training import objectives
     from tests.kernels import lowering
 
     counts = {}

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from lra import input_pipeline
+from lra.training import input_pipeline
 
 
 def _arrays(n: int, length: int = 5) -> dict[str, np.ndarray]:

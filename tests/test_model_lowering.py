@@ -11,7 +11,8 @@ from flax import nnx
 
 import lra.tasks
 from configs import listops
-from lra import objectives, optim, train
+from lra import train
+from lra.training import objectives, optim
 from tests.kernels import lowering
 
 LENGTH = 64

@@ -473,7 +473,7 @@ def test_a_process_never_registered_is_named_so():
     arrival stopped the run, or no process 0): the status follows the fatal line (the text
     below is jax 0.10.2's, from a duplicate process 1); it said 'another process probably
     died'."""
-    from lra import supervisor
+    from lra.training import supervisor
 
     log = ("process 1 of 2: connecting to the coordinator at 127.0.0.1:1234 and waiting ...\n"
            "F1128 03:24:59.244230   22583 client.h:80] Terminating process because the JAX "

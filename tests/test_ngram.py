@@ -30,7 +30,7 @@ def test_targets_are_the_causal_lm_objectives():
     tokens = np.array([[3, 1, 2, 0], [2, 2, 0, 0]])
     mask = tokens > 0
     contexts, targets = ngram._contexts_and_targets(tokens, mask, order=2, vocab_size=4)
-    # lra.objectives without a start token: tokens[:, 1:] where mask[:, 1:].
+    # lra.training.objectives without a start token: tokens[:, 1:] where mask[:, 1:].
     np.testing.assert_array_equal(targets, tokens[:, 1:][mask[:, 1:]])
     np.testing.assert_array_equal(contexts, [3, 1, 2])  # the previous token
     _, with_start = ngram._contexts_and_targets(tokens, mask, order=2, vocab_size=4,

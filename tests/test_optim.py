@@ -1,4 +1,4 @@
-"""Parameter groups (lra/optim.py, config.param_groups): a group trains as the originals'
+"""Parameter groups (lra/training/optim.py, config.param_groups): a group trains as the originals'
 optax.multi_transform does (Adam at a scaled learning rate, its own weight decay), the
 chain equals AdamW when the groups change nothing, and a config that names a group no
 parameter carries, or a bad setting, is refused in one line."""
@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from configs import common, presets
-from lra import optim
+from lra.training import optim
 from lra.errors import ConfigError
 from models import registry
 
@@ -124,10 +124,10 @@ def test_task_configs_give_the_papers_groups():
 
 
 def test_after_a_divergence_group_values_may_change_but_not_whether_there_are_groups():
-    """Resuming a diverged run (lra/resume.py): a lower lr_scale is a lower learning
+    """Resuming a diverged run (lra/training/resume.py): a lower lr_scale is a lower learning
     rate and is allowed; dropping every group changes the optimizer state's layout."""
     from configs import listops
-    from lra import resume
+    from lra.training import resume
 
     saved = listops.get_config("model=s4d,runlocal").to_dict()
     config = listops.get_config("model=s4d,runlocal")
@@ -144,7 +144,7 @@ def test_a_linear_decay_run_cannot_change_its_length():
     """linear_decay reaches 0 at num_train_steps: a longer resumed run would change the
     schedule of the steps already taken (as cosine_decay over the whole run)."""
     from configs import listops
-    from lra import resume
+    from lra.training import resume
 
     config = listops.get_config("model=transformer,runlocal")
     config.factors = "constant * linear_warmup * linear_decay"

@@ -19,7 +19,8 @@ from flax import nnx
 import lra.tasks
 from configs import common, image
 from configs import mnist as mnist_config
-from lra import generate, objectives, train
+from lra import generate, train
+from lra.training import objectives
 from lra.errors import ConfigError
 from tests.tasks.test_mnist import write_mnist
 

@@ -16,7 +16,8 @@ from flax import nnx
 
 import lra.tasks
 from configs import common
-from lra import checkpoint, init_from, objectives, optim, train
+from lra import train
+from lra.training import checkpoint, init_from, objectives, optim
 from lra.errors import ConfigError
 from tests.test_tasks_train import write_aan, write_cifar, write_imdb
 

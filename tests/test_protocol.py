@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from lra import report, sweep
-from lra.results import collect
+from lra.runs import plan
+from lra.runs.results import collect
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -19,7 +20,7 @@ def _config(task, arg, model="transformer", extra=""):
     `extra` appended to the model's argument, e.g. "paper")."""
     if extra:
         arg = ",".join(a for a in (arg, extra) if a)
-    return sweep.expected_config(task, model, 0, arg, [])
+    return plan.expected_config(task, model, 0, arg, [])
 
 
 def _write(root, folder, task, seed, acc, config, base=0.2, history=None):
@@ -156,12 +157,12 @@ def test_sweep_plans_every_task_and_skips_those_without_data(tmp_path, listops_d
         except ValueError as e:
             assert needle in str(e)
     # Data where the mini config looks: only ListOps has it.
-    ready, skipped = sweep.plan_tasks(["listops"], "transformer", 0, "mini",
-                                      [f"data_dir={listops_dir}"])
+    ready, skipped = plan.plan_tasks(["listops"], "transformer", 0, "mini",
+                                     [f"data_dir={listops_dir}"])
     assert ready == ["listops"] and skipped == []
     empty = str(tmp_path / "empty")
-    ready, skipped = sweep.plan_tasks(list(sweep.TASKS), "transformer", 0, "mini",
-                                      [f"data_dir={empty}"])
+    ready, skipped = plan.plan_tasks(list(sweep.TASKS), "transformer", 0, "mini",
+                                     [f"data_dir={empty}"])
     assert ready == []
     commands = dict(line.split(": ", 1) for line in skipped)
     assert list(commands) == list(sweep.TASKS)
@@ -175,14 +176,14 @@ def test_sweep_plans_every_task_and_skips_those_without_data(tmp_path, listops_d
         "--difficulty=easy --num_images=20000")
     # The configs' own folders get the docs' commands (README.md's example and
     # docs/tasks_and_data.md; mini arguments for a mini).
-    assert sweep.data_command("listops", "data/listops_mini").startswith(
+    assert plan.data_command("listops", "data/listops_mini").startswith(
         "python -m lra.tasks.listops --output_dir=data/listops_mini --num_train_samples=20000")
-    assert sweep.data_command("retrieval", "data/retrieval") == \
+    assert plan.data_command("retrieval", "data/retrieval") == \
         "python -m lra.download retrieval --data_dir=data"
-    assert sweep.data_command("mnist", "data/mnist") == \
+    assert plan.data_command("mnist", "data/mnist") == \
         "python -m lra.download mnist --data_dir=data"
     options = {"resolution": 128, "difficulty": "hard"}
-    assert sweep.data_command("pathx", "data/pathx", options) \
+    assert plan.data_command("pathx", "data/pathx", options) \
         == ("python -m lra.tasks.pathfinder --output_dir=data/pathx --resolution=128 "
             "--difficulty=hard --num_images=200000 --seed=0 --workers=2")
 
@@ -236,7 +237,7 @@ def test_provenance_table_matches_the_full_size_config(task):
     import importlib
     import re
 
-    from lra.results import flatten
+    from lra.runs.results import flatten
 
     module = importlib.import_module(f"configs.{task}")
     doc = module.__doc__

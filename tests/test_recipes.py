@@ -16,7 +16,7 @@ from flax import nnx
 import lra.tasks
 import lra.train
 from configs import common, recipes
-from lra import optim
+from lra.training import optim
 from lra.errors import ConfigError
 from models import registry
 
@@ -203,7 +203,7 @@ def _measured_lr_and_decay(tx, params):
 @pytest.mark.parametrize("task", sorted(S4_LR))
 def test_s4d_recipe_trains_each_parameter_as_s4s_yaml(task):
     """Through the config the user builds (configs/<task>.py `model=s4d,paper`) and the
-    optimiser lra/optim.py makes of it: every parameter's learning rate and weight decay
+    optimiser lra/training/optim.py makes of it: every parameter's learning rate and weight decay
     in the first update are S4's for its counterpart (S4_LR, S4_WD above), and the s4d
     mixer's SSM parameters carry the groups that set them."""
     c = _config(task, "model=s4d,paper")

@@ -13,7 +13,8 @@ import pytest
 
 import launch
 from configs import common, listops
-from lra import checkpoint, train
+from lra import train
+from lra.training import checkpoint
 from lra.errors import CheckpointError, ConfigError, DataError, WorkdirBusy
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -217,7 +218,7 @@ def test_corrupt_best_checkpoint_tests_the_last_weights_in_one_line(
 
 def test_init_from_passes_over_a_corrupt_checkpoint(tiny_listops_config, listops_dir,
                                                     tmp_path, capsys):
-    from lra import init_from
+    from lra.training import init_from
 
     source = str(tmp_path / "source")
     train.train_and_evaluate(tiny_listops_config(listops_dir, num_train_steps=4,
@@ -577,7 +578,7 @@ def test_the_supervisor_dies_of_its_childs_sigkill_without_a_traceback():
 
     child = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
     proc = subprocess.run(
-        [sys.executable, "-c", "from lra import supervisor; supervisor.run_child("
+        [sys.executable, "-c", "from lra.training import supervisor; supervisor.run_child("
          f"['-c', {child!r}], 'process 0', None)"],
         capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == -signal.SIGKILL, (proc.returncode, proc.stderr)

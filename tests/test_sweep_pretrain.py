@@ -9,40 +9,41 @@ import sys
 import pytest
 
 from lra import report, sweep
-from lra.results import collect
+from lra.runs import plan
+from lra.runs.results import collect
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PRE, FINE = sweep.PRETRAIN, sweep.FINE_TUNE
+PRE, FINE = plan.PRETRAIN, plan.FINE_TUNE
 
 
 # --- the split of the steps ----------------------------------------------------------
 
 
 def test_pretrain_plan_splits_the_from_scratch_steps():
-    config = sweep.expected_config("listops", "transformer", 0, "runlocal",
-                                   ["num_train_steps=30"])
-    assert sweep.pretrain_plan(config, None) == (15, 15)  # default: half
-    assert sweep.pretrain_plan(config, 10) == (10, 20)
+    config = plan.expected_config("listops", "transformer", 0, "runlocal",
+                                  ["num_train_steps=30"])
+    assert plan.pretrain_plan(config, None) == (15, 15)  # default: half
+    assert plan.pretrain_plan(config, 10) == (10, 20)
     for bad in (0, -1, 30, 31):
         with pytest.raises(ValueError, match=f"--pretrain_steps={bad} must be between 1 and "
                                              "29") as e:
-            sweep.pretrain_plan(config, bad)
+            plan.pretrain_plan(config, bad)
         assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match="num_train_steps=1"):
-        sweep.pretrain_plan(dict(config, num_train_steps=1), None)
-    pretraining = sweep.expected_config("listops", "transformer", 0, "runlocal,pretrain", [])
+        plan.pretrain_plan(dict(config, num_train_steps=1), None)
+    pretraining = plan.expected_config("listops", "transformer", 0, "runlocal,pretrain", [])
     with pytest.raises(ValueError, match="pretrains already \\(objective=mlm\\)"):
-        sweep.pretrain_plan(pretraining, None)
+        plan.pretrain_plan(pretraining, None)
     # LRA's rsqrt_decay with warmup beyond a part's steps is the schedule the from-scratch
     # run has too (retrieval: warmup 8000 of 5000 steps): allowed.
-    assert config["warmup"] == 5 and sweep.pretrain_plan(config, 4) == (4, 26)
+    assert config["warmup"] == 5 and plan.pretrain_plan(config, 4) == (4, 26)
     # cosine_decay: a part within its warmup would never decay; refused naming the fix.
-    image = sweep.expected_config("image", "transformer", 0, "runlocal", [])
+    image = plan.expected_config("image", "transformer", 0, "runlocal", [])
     assert "cosine_decay" in image["factors"] and image["warmup"] == 5
-    assert sweep.pretrain_plan(image, None) == (10, 10)
+    assert plan.pretrain_plan(image, None) == (10, 10)
     for steps, part in ((5, "pretraining run has 5"), (15, "fine-tuning run has 5")):
         with pytest.raises(ValueError) as e:
-            sweep.pretrain_plan(image, steps)
+            plan.pretrain_plan(image, steps)
         message = str(e.value)
         assert part in message and "--override=warmup=<fewer than 5>" in message
         assert "config.warmup=5" in message and "\n" not in message
@@ -52,11 +53,11 @@ def test_pretrain_plan_splits_the_from_scratch_steps():
 
 
 def _fake_launch(monkeypatch, calls, fail=lambda workdir: False):
-    """sweep.command -> a tiny python process: exits 1 with one stderr line when
+    """plan.command -> a tiny python process: exits 1 with one stderr line when
     fail(workdir), else writes the results.json launch.py would (the expected config)."""
     def command(task, model, seed, config_arg, workdir, overrides):
         calls.append((workdir, config_arg, list(overrides)))
-        config = sweep.expected_config(task, model, seed, config_arg, overrides)
+        config = plan.expected_config(task, model, seed, config_arg, overrides)
         results = {"task": task, "model": model, "objective": config["objective"],
                    "init_from": config["init_from"] or None, "test_accuracy": 0.5,
                    "steps": config["num_train_steps"], "config": config}
@@ -64,7 +65,7 @@ def _fake_launch(monkeypatch, calls, fail=lambda workdir: False):
                   "    print('ValueError: it broke', file=sys.stderr); sys.exit(1)\n"
                   f"json.dump({results!r}, open({workdir!r} + '/results.json', 'w'))\n")
         return [sys.executable, "-c", script]
-    monkeypatch.setattr(sweep, "command", command)
+    monkeypatch.setattr(plan, "command", command)
 
 
 ARGS = dict(task="listops", config_arg="runlocal", seeds=[0])
@@ -80,9 +81,9 @@ def test_sweep_pretrain_runs_both_phases_in_order_and_skips_them(tmp_path, monke
                           pretrain_steps=4, **ARGS)
     assert outcome["done"] == [("transformer", 0, PRE), ("transformer", 0, FINE),
                                ("local", 0, PRE), ("local", 0, FINE)]
-    pre = sweep.run_dir(root, "listops", "transformer", 0, overrides, PRE)
-    fine = sweep.run_dir(root, "listops", "transformer", 0, overrides, FINE)
-    scratch = sweep.run_dir(root, "listops", "transformer", 0, overrides)
+    pre = plan.run_dir(root, "listops", "transformer", 0, overrides, PRE)
+    fine = plan.run_dir(root, "listops", "transformer", 0, overrides, FINE)
+    scratch = plan.run_dir(root, "listops", "transformer", 0, overrides)
     assert (pre, fine) == (scratch + "-pretrain", scratch + "-pretrained")
     assert calls[0] == (pre, "runlocal,pretrain", ["num_train_steps=4"])
     assert calls[1] == (fine, "runlocal", [f"init_from={pre}", "num_train_steps=8"])
@@ -126,8 +127,8 @@ def test_a_failed_pretraining_run_leaves_its_fine_tune_unstarted(tmp_path, monke
     _fake_launch(monkeypatch, calls, fail)
     first = sweep.sweep(models=["transformer"], sweep_dir=root, overrides=[],
                         log=logged.append, pretrain=True, **ARGS)
-    pre = sweep.run_dir(root, "listops", "transformer", 0, [], PRE)
-    fine = sweep.run_dir(root, "listops", "transformer", 0, [], FINE)
+    pre = plan.run_dir(root, "listops", "transformer", 0, [], PRE)
+    fine = plan.run_dir(root, "listops", "transformer", 0, [], FINE)
     assert first["failed"] == [("transformer", 0, PRE)]
     assert first["blocked"] == [("transformer", 0, FINE)]
     assert [c[0] for c in calls] == [pre] and not os.path.exists(fine)
@@ -161,8 +162,8 @@ def test_sweep_pretrain_trains_both_phases(listops_dir, tmp_path):
     outcome = sweep.sweep(models=["transformer"], sweep_dir=str(tmp_path),
                           overrides=overrides, log=lambda _: None, pretrain=True, **ARGS)
     assert outcome["done"] == [("transformer", 0, PRE), ("transformer", 0, FINE)], outcome
-    pre = sweep.run_dir(str(tmp_path), "listops", "transformer", 0, overrides, PRE)
-    fine = sweep.run_dir(str(tmp_path), "listops", "transformer", 0, overrides, FINE)
+    pre = plan.run_dir(str(tmp_path), "listops", "transformer", 0, overrides, PRE)
+    fine = plan.run_dir(str(tmp_path), "listops", "transformer", 0, overrides, FINE)
     pre_results = json.load(open(os.path.join(pre, "results.json")))
     fine_results = json.load(open(os.path.join(fine, "results.json")))
     assert (pre_results["objective"], pre_results["steps"]) == ("mlm", 2)

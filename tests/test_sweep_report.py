@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from lra import report, sweep
-from lra.results import collect
+from lra.reporting import tables
+from lra.runs import plan
+from lra.runs.results import collect
 
 
 def _write(root, task, model, seed, acc, sps=10.0, mem=1000, base=0.2):
@@ -65,10 +67,10 @@ def test_figure_takes_speed_and_memory_from_a_benchmark_csv(tmp_path):
     _write(root, "listops", "linear", 0, 0.20, sps=1.0)  # a run that shared the machine
     _write(root, "listops", "lite", 0, 0.25)  # not benchmarked
     summary = report.summarize(collect(root))
-    assert report.figure_points(summary) == [("transformer", 1.0, 30.0, 1.0),
+    assert tables.figure_points(summary) == [("transformer", 1.0, 30.0, 1.0),
                                              ("linear", 0.1, 20.0, 1.0),
                                              ("lite", 1.0, 25.0, 1.0)]
-    assert report.figure_points(summary, (length, ratios)) == [
+    assert tables.figure_points(summary, (length, ratios)) == [
         ("transformer", 1.0, 30.0, 1.0), ("linear", 8.0, 20.0, 0.125),
         ("lite", None, 25.0, 1.0)]
     paths = report.report(root, out=str(tmp_path / "out"), efficiency_csv=bench)
@@ -87,8 +89,8 @@ def test_sweep_runs_skips_and_records_failures(listops_dir, tmp_path):
                              "num_train_steps=2", "eval_frequency=2"], log=lambda _: None)
     first = sweep.sweep(models=["transformer"], **common)
     assert first["done"] == [("transformer", 0)]
-    results = os.path.join(sweep.run_dir(str(tmp_path), "listops", "transformer", 0,
-                                         common["overrides"]), "results.json")
+    results = os.path.join(plan.run_dir(str(tmp_path), "listops", "transformer", 0,
+                                        common["overrides"]), "results.json")
     assert json.load(open(results))["steps"] == 2
     # The config launch.py recorded is the one the sweep expects: skipped, not refused.
     again = sweep.sweep(models=["transformer"], **common)
@@ -97,8 +99,8 @@ def test_sweep_runs_skips_and_records_failures(listops_dir, tmp_path):
     bad = dict(common, overrides=common["overrides"] + ["learning_rate=oops"])
     failed = sweep.sweep(models=["transformer"], **dict(bad, seeds=[1]))
     assert failed["failed"] == [("transformer", 1)]
-    error = open(os.path.join(sweep.run_dir(str(tmp_path), "listops", "transformer", 1,
-                                            bad["overrides"]), "error.txt")).read()
+    error = open(os.path.join(plan.run_dir(str(tmp_path), "listops", "transformer", 1,
+                                           bad["overrides"]), "error.txt")).read()
     assert "learning_rate" in error
 
 
@@ -135,17 +137,17 @@ SWEEP = dict(task="listops", config_arg="runlocal", models=["transformer"])
 
 
 def _fake_launch(monkeypatch, calls, stderr_lines=(), exit_code=0):
-    """sweep.command -> a tiny python process (no training): prints `stderr_lines`, exits
+    """plan.command -> a tiny python process (no training): prints `stderr_lines`, exits
     with `exit_code`, and on success writes a results.json with the expected config."""
     def command(task, model, seed, config_arg, workdir, overrides):
         calls.append(workdir)
-        config = sweep.expected_config(task, model, seed, config_arg, overrides)
+        config = plan.expected_config(task, model, seed, config_arg, overrides)
         script = ("import json, sys\n"
                   f"for line in {list(stderr_lines)!r}: print(line, file=sys.stderr)\n"
                   f"if {exit_code}: sys.exit({exit_code})\n"
                   f"json.dump({{'config': {config!r}}}, open({workdir!r} + '/results.json', 'w'))\n")
         return [sys.executable, "-c", script]
-    monkeypatch.setattr(sweep, "command", command)
+    monkeypatch.setattr(plan, "command", command)
 
 
 def test_sweep_keeps_the_whole_stderr_of_a_failed_run(tmp_path, monkeypatch):
@@ -156,7 +158,7 @@ def test_sweep_keeps_the_whole_stderr_of_a_failed_run(tmp_path, monkeypatch):
     outcome = sweep.sweep(seeds=[0], sweep_dir=str(tmp_path), overrides=[],
                           log=logged.append, **SWEEP)
     assert outcome["failed"] == [("transformer", 0)]
-    workdir = sweep.run_dir(str(tmp_path), "listops", "transformer", 0)
+    workdir = plan.run_dir(str(tmp_path), "listops", "transformer", 0)
     stderr_path = os.path.join(workdir, "stderr.txt")
     kept = open(stderr_path).read()
     assert all(line in kept for line in lines)  # all of it, beside log.txt
@@ -178,11 +180,11 @@ def test_sweep_keeps_the_whole_stderr_of_a_failed_run(tmp_path, monkeypatch):
 def test_sweep_gives_each_set_of_overrides_its_own_workdirs(tmp_path, monkeypatch):
     root = str(tmp_path)
     a, b = ["num_train_steps=3", "warmup=1"], ["num_train_steps=4", "warmup=1"]
-    assert sweep.run_dir(root, "listops", "transformer", 0) == os.path.join(
+    assert plan.run_dir(root, "listops", "transformer", 0) == os.path.join(
         root, "listops", "transformer", "seed0")  # no overrides: the plain name
-    dir_a = sweep.run_dir(root, "listops", "transformer", 0, a)
-    assert dir_a != sweep.run_dir(root, "listops", "transformer", 0, b)
-    assert dir_a == sweep.run_dir(root, "listops", "transformer", 0, a[::-1])  # order aside
+    dir_a = plan.run_dir(root, "listops", "transformer", 0, a)
+    assert dir_a != plan.run_dir(root, "listops", "transformer", 0, b)
+    assert dir_a == plan.run_dir(root, "listops", "transformer", 0, a[::-1])  # order aside
     assert os.path.basename(dir_a).startswith("seed0-")
     calls = []
     _fake_launch(monkeypatch, calls)
@@ -192,7 +194,7 @@ def test_sweep_gives_each_set_of_overrides_its_own_workdirs(tmp_path, monkeypatc
     # Changed overrides: not counted as done, run again next to the first.
     second = sweep.sweep(seeds=[0], sweep_dir=root, overrides=b, log=lambda _: None, **SWEEP)
     assert second["done"] == [("transformer", 0)] and not second["skipped"]
-    assert calls[-1] == sweep.run_dir(root, "listops", "transformer", 0, b)
+    assert calls[-1] == plan.run_dir(root, "listops", "transformer", 0, b)
     # The same overrides again (another order): finished, skipped.
     third = sweep.sweep(seeds=[0], sweep_dir=root, overrides=a[::-1], log=lambda _: None,
                         **SWEEP)
@@ -206,9 +208,9 @@ def test_sweep_refuses_a_finished_run_of_another_config(tmp_path, monkeypatch):
     root = str(tmp_path)
     calls, logged = [], []
     _fake_launch(monkeypatch, calls)
-    workdir = sweep.run_dir(root, "listops", "transformer", 0)
+    workdir = plan.run_dir(root, "listops", "transformer", 0)
     os.makedirs(workdir)
-    config = sweep.expected_config("listops", "transformer", 0, "runlocal", [])
+    config = plan.expected_config("listops", "transformer", 0, "runlocal", [])
     config.update(num_train_steps=config["num_train_steps"] + 1,
                   log_every_steps=config["log_every_steps"] + 1)  # the latter changes nothing
     config["model_hparams"] = {"unused": 1}
@@ -221,7 +223,7 @@ def test_sweep_refuses_a_finished_run_of_another_config(tmp_path, monkeypatch):
     assert "num_train_steps" in line and workdir in line
     assert "log_every_steps" not in line  # NON_RESULT_FIELDS are not differences
     # Another --config_arg for the same folder: refused too.
-    config = sweep.expected_config("listops", "transformer", 0, "runlocal", [])
+    config = plan.expected_config("listops", "transformer", 0, "runlocal", [])
     json.dump({"task": "listops", "model": "transformer", "config": config},
               open(os.path.join(workdir, "results.json"), "w"))
     logged.clear()
@@ -382,7 +384,7 @@ def test_locality_argument_builds_each_tasks_baseline():
 
     from configs import common
     from lra.errors import ConfigError
-    from lra.results import flatten
+    from lra.runs.results import flatten
 
     expected = {"local": {"window": 4},
                 "local_2d": {"query_height": 1, "query_width": 1, "flange_height": 2,
@@ -484,8 +486,8 @@ def test_sweep_schedules_the_locality_baseline_and_skips_it_when_done(tmp_path, 
     outcome = sweep.sweep(seeds=[0, 1], sweep_dir=root, overrides=[], log=logged.append,
                           locality_baseline=True, **SWEEP)
     assert outcome["done"] == [("transformer", 0), ("transformer", 1),
-                               (sweep.LOCALITY_BASELINE, 0), (sweep.LOCALITY_BASELINE, 1)]
-    workdir = sweep.run_dir(root, "listops", "locality_baseline", 0)
+                               (plan.LOCALITY_BASELINE, 0), (plan.LOCALITY_BASELINE, 1)]
+    workdir = plan.run_dir(root, "listops", "locality_baseline", 0)
     assert calls[2] == workdir and os.path.basename(os.path.dirname(workdir)) == \
         "locality_baseline"
     # Launched as what it is: `local` with the `locality` argument, after config_arg.
@@ -494,16 +496,16 @@ def test_sweep_schedules_the_locality_baseline_and_skips_it_when_done(tmp_path, 
     recorded = json.load(open(os.path.join(workdir, "results.json")))["config"]
     assert recorded["model"] == "local" and recorded["num_layers"] == 1
     assert recorded["locality_baseline"].startswith("9 consecutive tokens")
-    model, arg, _ = sweep.run_spec("listops", "locality_baseline", "runlocal")
-    assert sweep.config_flags_of("listops", model, 0, arg, [])[0].endswith(
+    model, arg, _ = plan.run_spec("listops", "locality_baseline", "runlocal")
+    assert plan.config_flags_of("listops", model, 0, arg, [])[0].endswith(
         "configs/listops.py:model=local,runlocal,locality")
-    assert sweep.run_spec("pathfinder", "locality_baseline", "mini") == \
+    assert plan.run_spec("pathfinder", "locality_baseline", "mini") == \
         ("local_2d", "mini,locality", "locality_baseline")
-    assert sweep.run_spec("pathfinder", "linear", "mini") == ("linear", "mini", "linear")
+    assert plan.run_spec("pathfinder", "linear", "mini") == ("linear", "mini", "linear")
     # Finished: skipped like any run, nothing launched.
     again = sweep.sweep(seeds=[0, 1], sweep_dir=root, overrides=[], log=lambda _: None,
                         locality_baseline=True, **SWEEP)
-    assert (sweep.LOCALITY_BASELINE, 1) in again["skipped"] and len(calls) == 4
+    assert (plan.LOCALITY_BASELINE, 1) in again["skipped"] and len(calls) == 4
     # Without the flag, no baseline run.
     plain = sweep.sweep(seeds=[2], sweep_dir=root, overrides=[], log=lambda _: None, **SWEEP)
     assert plain["done"] == [("transformer", 2)] and len(calls) == 5
@@ -533,7 +535,7 @@ def test_report_names_the_locality_baseline_row_and_says_what_it_sees(tmp_path):
     for folder, (model, arg, accs) in runs.items():
         for seed, acc in enumerate(accs):
             _write_run(root, folder, seed, acc,
-                       sweep.expected_config("listops", model, seed, arg, []))
+                       plan.expected_config("listops", model, seed, arg, []))
     summary = report.summarize(collect(root))
     assert set(summary) == {("listops", "transformer"), ("listops", "local"),
                             ("listops", report.LOCALITY_LABEL)}
@@ -557,9 +559,9 @@ def test_a_run_recorded_before_a_field_existed_shares_the_row_of_its_config(tmp_
     """dtype (added later) absent from an older run's record means float32: the run and a
     new float32 run of the same config are one row of two seeds; a bfloat16 run is not."""
     root = str(tmp_path)
-    new = sweep.expected_config("listops", "transformer", 1, "mini", [])
-    old = {k: v for k, v in sweep.expected_config("listops", "transformer", 0, "mini",
-                                                  []).items() if k != "dtype"}
+    new = plan.expected_config("listops", "transformer", 1, "mini", [])
+    old = {k: v for k, v in plan.expected_config("listops", "transformer", 0, "mini",
+                                                 []).items() if k != "dtype"}
     assert new["dtype"] == "float32"
     _write_run(root, "transformer", 0, 0.38, old)
     _write_run(root, "transformer", 1, 0.40, new)
@@ -637,9 +639,9 @@ def test_older_runs_without_newer_fields_share_the_row_and_the_sweep(tmp_path):
     # bfloat16 one is not a float32 sweep's.
     old = json.load(open(os.path.join(root, "listops", "local", "old", "results.json")))
     new = json.load(open(os.path.join(root, "listops", "local", "new", "results.json")))
-    assert sweep.config_differences(old["config"], {**new["config"], "random_seed": 0}) == []
-    assert sweep.config_differences({**old["config"], "dtype": "bfloat16"},
-                                    old["config"]) == ['dtype: "bfloat16" -> "float32"']
+    assert plan.config_differences(old["config"], {**new["config"], "random_seed": 0}) == []
+    assert plan.config_differences({**old["config"], "dtype": "bfloat16"},
+                                   old["config"]) == ['dtype: "bfloat16" -> "float32"']
 
 
 def test_a_nan_test_accuracy_is_shown_not_a_crash(tmp_path):

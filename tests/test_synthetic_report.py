@@ -7,8 +7,8 @@ import os
 import pytest
 
 from configs import mqar
-from lra import results as results_lib
 from lra import synthetic_report
+from lra.runs import results as results_lib
 
 
 def _write_run(root, model, seed, accuracy, *, length=32, width=0, lr=None, pos=None,

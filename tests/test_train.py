@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lra import optim, train
+from lra import train
+from lra.training import optim
 from lra.errors import ConfigError, DataError
 from models import registry
 

@@ -54,7 +54,7 @@ from flax import nnx
 
 from models import layers, registry
 from models.attention import recurrent
-from models.attention.linear import _pad_to_chunks, delta_write
+from models.attention.linear_scan import _pad_to_chunks, delta_write
 
 DEFAULT_CHUNK = 64  # fla's chunk size
 CONV_SIZE = 4  # fla's short convolutions

@@ -67,7 +67,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models import decoding, layers, registry
-from models.attention.linear import _pad_to_chunks
+from models.attention.linear_scan import _pad_to_chunks
 from models.kernels.decayed_attention import decayed_linear_attention
 
 State = dict[str, jax.Array]

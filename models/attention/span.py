@@ -16,7 +16,7 @@ on both sides); with causal=True the future is masked as well and x = i - j.
 z_h = S * p_h with p_h the parameter `span_fraction`. As in the paper's code
 (facebookresearch/adaptive-span, `clamp_param`), p_h is clamped to [0, 1] after each
 optimiser step and is not weight-decayed: the Param carries the metadata
-`bounds=(0.0, 1.0)` and `no_weight_decay=True`, which `lra.optim.make_optimizer` obeys
+`bounds=(0.0, 1.0)` and `no_weight_decay=True`, which `lra.training.optim.make_optimizer` obeys
 for any parameter. The forward pass also uses clip(p_h, 0, 1) with a straight-through
 gradient, so a value set from outside the range acts clamped, and a span at 0 or S
 still gets the gradient that can move it back (the optimiser's clamp keeps it from
@@ -62,7 +62,7 @@ class AdaptiveSpanAttention(MultiHeadAttention):
         self.ramp = float(ramp)
         self.l1_weight = l1_weight
         # The span as a fraction of max_span, one per head. Param metadata that the
-        # optimiser obeys (lra.optim.make_optimizer): clamped to [0, 1] after each step
+        # optimiser obeys (lra.training.optim.make_optimizer): clamped to [0, 1] after each step
         # (the paper's `clamp_param`) and never weight-decayed.
         self.span_fraction = layers.param(jax.nn.initializers.constant(span_init), ("heads",),
                                           (num_heads,), rngs=rngs, bounds=(0.0, 1.0),

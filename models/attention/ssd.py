@@ -49,7 +49,7 @@ from flax import nnx
 
 from models import decoding, layers, registry
 from models.attention.delta import CONV_SIZE, NORM_EPS, causal_conv, conv_init, dt_bias_init
-from models.attention.linear import _pad_to_chunks
+from models.attention.linear_scan import _pad_to_chunks
 from models.kernels.decayed_attention import decayed_linear_attention
 
 DEFAULT_CHUNK = 256  # mamba_ssm's chunk size

@@ -60,7 +60,7 @@ imdb, aan, pathfinder): Lambda_re, Lambda_im, B, log_step; "BfastandCdecay" (lis
 cifar): Lambda_re, Lambda_im, log_step (B with the rest); "BandCdecay" (pathx): the same,
 B at the ssm rate but decayed; `dt_global=True` (imdb, aan) moves log_step to the rest.
 Here lambda_re and lambda_im carry `param_group="ssm"`, B `param_group="ssm_b"` and
-log_step `param_group="ssm_step"` (lra.optim), so each opt_config is a setting of the
+log_step `param_group="ssm_step"` (lra.training.optim), so each opt_config is a setting of the
 groups (configs/presets.py PARAM_GROUPS, per task): "standard" gives all three lr_scale
 1 / lr_factor and weight_decay 0; "BfastandCdecay" gives ssm_b the config's rate and
 decay; "BandCdecay" gives ssm_b 1 / lr_factor with the config's decay; dt_global leaves

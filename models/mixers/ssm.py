@@ -61,7 +61,7 @@ real position in either direction (right-padded or not). Decoding (the causal fo
 "recurrent_state"): the cache holds the state, H x N/2 (s4d) or N (lru) complex numbers
 per row as float32 (re, im) pairs, at every position; a step is the recurrence above.
 The SSM parameters the papers train apart carry `no_weight_decay=True` and a
-`param_group` (lra.optim; the groups' learning-rate scales are presets,
+`param_group` (lra.training.optim; the groups' learning-rate scales are presets,
 configs/presets.py PARAM_GROUPS, and the `paper` recipes'): s4d's log_a_real and a_imag
 ("ssm"), B ("ssm_b") and log_dt ("ssm_step"), which S4 registers with weight decay 0 and a
 learning rate of their own (`register(name, p, lr_dict[...], wd_dict[...])` with `lr` a

@@ -18,6 +18,8 @@ from tests.kernels import lowering
 
 # The package re-exports the function under the module's name; fetch the module itself.
 bsa = importlib.import_module("models.kernels.block_sparse_attention")
+pallas = importlib.import_module("models.kernels.block_sparse_pallas")
+tiles = importlib.import_module("models.kernels.block_sparse_tiles")
 
 # Relative to the reference's largest magnitude: f32 differs by summation order only; bf16
 # rounds the inputs and the matmul operands (probabilities, dS) to 8 bits of mantissa.
@@ -89,10 +91,10 @@ def _assert_close(actual, expected, dtype, what):
 def _poisoned_run(pattern, platform, q, k, v, do, padding, block):
     """Forward and both backward passes with every output aliased to a NaN buffer; returns
     the padded outputs (all must be written) and the unpadded gradients."""
-    cfg = bsa.make_config(q, k, pattern, block_q=block, block_k=block, platform=platform,
-                          interpret=_interpret(platform))
-    qp, kp, vp = bsa._padded_qkv(q, k, v, cfg)
-    valid = bsa._key_validity(padding, q.shape[0], k.shape[2], cfg)
+    cfg = tiles.make_config(q, k, pattern, block_q=block, block_k=block, platform=platform,
+                            interpret=_interpret(platform))
+    qp, kp, vp = pallas._padded_qkv(q, k, v, cfg)
+    valid = pallas.key_validity(padding, q.shape[0], k.shape[2], cfg)
 
     def nan(x, dim=None, dtype=jnp.float32):
         return jnp.full(x.shape[:3] + (dim or x.shape[3],), jnp.nan, dtype)
@@ -100,10 +102,10 @@ def _poisoned_run(pattern, platform, q, k, v, do, padding, block):
     seed = jnp.array([0, 0, 0, q.shape[1]], jnp.int32)  # seed, offsets, heads
 
     def run(q, k, v, do, valid):
-        out, lse = bsa._fwd_padded(q, k, v, valid, seed, cfg,
-                                   (nan(qp, vp.shape[3], q.dtype), nan(qp, 1)))
-        grads = bsa._bwd_padded(q, k, v, valid, seed, out, lse, do.astype(q.dtype), cfg,
-                                (nan(qp), nan(kp), nan(vp)))
+        out, lse = pallas._fwd_padded(q, k, v, valid, seed, cfg,
+                                      (nan(qp, vp.shape[3], q.dtype), nan(qp, 1)))
+        grads = pallas._bwd_padded(q, k, v, valid, seed, out, lse, do.astype(q.dtype), cfg,
+                                   (nan(qp), nan(kp), nan(vp)))
         return out, lse, grads
 
     return _run_fast(run, q, k, v, do, valid), cfg
@@ -187,7 +189,7 @@ def _dropout_multipliers(seed, b, h, q_len, kv_len, rate):
     bh = (jnp.arange(b)[:, None] * h + jnp.arange(h)[None, :])[:, :, None, None]
     i = jnp.arange(q_len)[None, None, :, None]
     j = jnp.arange(kv_len)[None, None, None, :]
-    return bsa.dropout_multiplier(seed, bh, i, j, rate)
+    return tiles.dropout_multiplier(seed, bh, i, j, rate)
 
 
 @pytest.mark.parametrize("platform", ["gpu", "tpu"], ids=["triton", "mosaic"])
@@ -249,8 +251,8 @@ def test_dropout_multiplier_statistics():
 
 def test_block_lists_are_the_layout_and_its_transpose():
     pattern = masks.per_head([masks.local(20), masks.strided(24)]) & masks.causal()
-    cfg = bsa._Config(pattern, 100, 130, 16, 32, 1.0, "gpu", True)
-    by_q, by_k = bsa._lists(cfg)
+    cfg = tiles._Config(pattern, 100, 130, 16, 32, 1.0, "gpu", True)
+    by_q, by_k = tiles._lists(cfg)
     layout = pattern.blocks(100, 130, 16, 32).layout  # H x Nq x Nk
     for lists, lay in ((by_q, layout), (by_k, layout.transpose(0, 2, 1))):
         rows = lay.shape[1]

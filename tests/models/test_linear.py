@@ -495,7 +495,8 @@ def test_performer_redraws_inside_the_training_loop(tiny_listops_config, listops
     """The jitted train step carries the redrawn features (non-Param state) forward,
     and the checkpoint holds them."""
     import lra.tasks
-    from lra import checkpoint, train
+    from lra import train
+    from lra.training import checkpoint
 
     config, results = _train("performer", tiny_listops_config, listops_dir, tmp_path,
                              num_features=16, redraw_interval=1)

@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 from configs import image, listops, pathx
-from lra import optim
+from lra.training import optim
 from models import decoding, registry
 from tests.models.helpers import f64, normal, randomize_params
 

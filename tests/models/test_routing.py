@@ -157,7 +157,8 @@ def test_commitment_gradient_and_centroids_through_nnx_grad():
 def test_train_step_carries_centroids(tiny_listops_config, listops_dir):
     """The loop's jitted train step returns moved centroids in `rest`; eval leaves them."""
     import lra.tasks
-    from lra import optim, train
+    from lra import train
+    from lra.training import optim
 
     config = tiny_listops_config(listops_dir, model="routing", num_layers=1, emb_dim=16,
                                  qkv_dim=16, mlp_dim=16, num_heads=2, max_length=16,

@@ -121,7 +121,7 @@ def test_rejects_bad_settings():
 
 
 def test_span_parameter_is_marked_bounded_and_not_decayed():
-    """The optimiser (lra.optim.make_optimizer) clamps the span fraction to [0, 1] after
+    """The optimiser (lra.training.optim.make_optimizer) clamps the span fraction to [0, 1] after
     each step and leaves it out of weight decay (tests/test_train.py checks both)."""
     metadata = build().span_fraction.get_metadata()
     assert metadata["bounds"] == (0.0, 1.0) and metadata["no_weight_decay"] is True

@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 from configs import listops
-from lra import optim
+from lra.training import optim
 from models import decoding, registry
 from models.mixers import ssm
 from tests.models.helpers import f64, normal, randomize_params

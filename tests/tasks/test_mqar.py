@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lra import objectives
+from lra.training import objectives
 from lra.errors import ConfigError
 from lra.tasks import mqar
 

@@ -1,4 +1,5 @@
-"""Input pipeline: in-memory task arrays -> grain batches, sharded over processes.
+"""Input pipeline: the task's splits read from config.data_dir (load_data) -> grain
+batches, sharded over processes -> global arrays (to_global).
 
 Training batches come from a grain `MapDataset` of example indices (shuffled afresh every
 epoch, seeded), batched into *global* batches; each process gathers only its own rows of
@@ -10,11 +11,13 @@ Evaluation batches walk a split in order; the last batch is padded with weight-0
 """
 from __future__ import annotations
 
+import os
 from typing import Iterator
 
 import grain
 import jax
 import numpy as np
+from jax.sharding import NamedSharding
 
 from lra.errors import ConfigError, DataError
 
@@ -89,3 +92,50 @@ def eval_batches(arrays: dict[str, np.ndarray], *, global_batch_size: int,
         batch = _gather(arrays, np.minimum(idx, num_examples - 1)[rows])
         batch["weights"] = weights[rows]
         yield batch
+
+
+def load_data(config, task) -> dict[str, dict[str, np.ndarray]]:
+    """The three splits; unreadable files are a DataError naming the file (and line)."""
+    data_dir = config.data_dir
+    if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+        raise DataError(f"config.data_dir={data_dir} is a file, not a folder; give the folder "
+                        f"that holds the {config.task} data")
+    data = {}
+    for split in ("train", "val", "test"):
+        try:
+            data[split] = task.load(data_dir, split, config.max_length,
+                                    **config.task_options.to_dict())
+        except UnicodeDecodeError as e:
+            raise DataError(not_utf8(e, data_dir)) from None
+        except OSError as e:  # no permission, a folder where a file should be, I/O error
+            raise DataError(f"cannot read {e.filename or data_dir}: {e.strerror or e}") from None
+    return data
+
+
+def not_utf8(error: UnicodeDecodeError, data_dir: str) -> str:
+    """'<file>:<line>: byte 0x.. is not UTF-8', the file found in the reader's frames."""
+    path = None
+    tb = error.__traceback__
+    while tb is not None:
+        for name in ("path", "filename", "file_path"):
+            value = tb.tb_frame.f_locals.get(name)
+            if isinstance(value, str) and os.path.isfile(value):
+                path = value
+        tb = tb.tb_next
+    if path is None:
+        return f"a file in {data_dir} is not UTF-8 text ({error.reason}); fix or regenerate it"
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        raw.decode("utf-8")
+        return f"{path} is not UTF-8 text ({error.reason}); fix or regenerate it"
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        return (f"{path}:{line}: byte 0x{raw[e.start]:02x} is not UTF-8 text; fix or "
+                "regenerate the file")
+
+
+def to_global(batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
+    """This process's rows of a global batch as global arrays (the other processes hold
+    the other rows)."""
+    return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}

@@ -18,7 +18,7 @@ NON_RESULT_FIELDS = ("log_every_steps", "checkpoint_freq", "mesh_shape", "shardi
 # one had: it ran before the field existed, i.e. as the default does. lra.report fills
 # them in, so that an older run and a new one of the same config share a row (a missing
 # field is otherwise a difference). Only fields whose default is the old behaviour.
-# Flattened names (lra.results.flatten), as the report compares them.
+# Flattened names (lra.runs.results.flatten), as the report compares them.
 IMPLIED_WHEN_ABSENT = {"dtype": "float32", "param_dtype": "float32", "recipe": "",
                        "profile_steps": "", "block.ffn": True, "start_token": False,
                        # hybrid stacks (configs/hybrid.py): unset = one mixer in every layer

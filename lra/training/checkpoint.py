@@ -44,7 +44,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from lra import console
+from lra.training import console
 from lra.errors import CheckpointError, ConfigError, WorkdirBusy
 
 LAST_TO_KEEP = 2

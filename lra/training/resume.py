@@ -10,9 +10,9 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from lra import checkpoint
+from lra.training import checkpoint
 from lra.errors import CheckpointError, ConfigError
-from lra.results import flatten
+from lra.runs.results import flatten
 
 # Resuming (re-running a workdir): every config field must be as the run has it, except
 # these, which change neither the model, the data order nor the optimisation:

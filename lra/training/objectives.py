@@ -378,3 +378,12 @@ def add_eval_masks(data: dict, config) -> None:
                 real = data[split][mask].astype(bool)
                 data[split][key] = (rng.random(real.shape) < config.mask_ratio) & real
 
+
+def label_slots(data: dict, config) -> int | None:
+    """sequence_labels: the most labelled positions of any row of any split, when under
+    half the length (the head then runs on those only: see make_steps); else None."""
+    if config.objective != "sequence_labels":
+        return None
+    most = max(int(((d["targets"] != -100) & d["mask"].astype(bool)).sum(1).max())
+               for d in data.values())
+    return max(most, 1) if 2 * most <= config.max_length else None

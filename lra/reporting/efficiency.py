@@ -1,6 +1,8 @@
-"""The efficiency table's verdicts: our ratios beside LRA's Table 2, and the growth goals.
+"""The efficiency table (`table`: time and memory per model and length, with ratios to
+`transformer` and growth exponents; lra.benchmark prints it, lra.gpu_suite's efficiency
+stage too) and its verdicts: our ratios beside LRA's Table 2, and the growth goals.
 
-`lra.benchmark` prints these below its table when it measured L=4096 (LRA's longest
+`lra.benchmark` prints the verdicts below its table when it measured L=4096 (LRA's longest
 efficiency length) against `transformer`:
 
 - **Against LRA's Table 2** (Tay et al. 2021, arXiv 2011.04006: one training step of the
@@ -47,6 +49,59 @@ def growth_exponent(lengths: list[int], values: list[float | None]) -> float | N
         return None
     xs, ys = zip(*pts)
     return float(np.polyfit(xs, ys, 1)[0])
+
+
+def table(rows: list[dict], lengths: list[int], attention_impl: str = "dense") -> str:
+    """Markdown: per model and L, time and memory with ratios to transformer.
+
+    With `attention_impl` other than "dense" (or rows measured with another), an impl column
+    gives the attention_impl each model's cells were measured with; `*` and a footnote mark
+    the variants that lack the requested one and ran their own.
+    """
+    by = {(r["model"], r["length"]): r for r in rows}
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    show_impl = attention_impl != "dense" or any(r.get("impl", "dense") != "dense"
+                                                 for r in rows)
+    head = (["model"] + (["impl"] if show_impl else []) + [f"L={l}" for l in lengths]
+            + ["time growth", "memory growth"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    fallbacks = []
+    for m in models:
+        cells = []
+        if show_impl:
+            impls = list(dict.fromkeys(by[(m, l)]["impl"] for l in lengths
+                                       if by.get((m, l), {}).get("impl")))
+            if any(i != attention_impl for i in impls):
+                fallbacks.append(m)
+            cells.append("/".join(impls) + ("*" if m in fallbacks else "") if impls else "-")
+        for l in lengths:
+            r, base = by.get((m, l)), by.get(("transformer", l))
+            if r is None or "error" in r:
+                cells.append(f"- ({r['error']})".replace("|", "\\|") if r else "-")
+                continue
+            mib = (r["temp_bytes"] or 0) / 2**20
+            cell = (f"{r['time_s'] * 1e3:.1f} ms, " if r["time_s"] else "") + f"{mib:.1f} MiB"
+            if r.get("device_peak_bytes"):
+                cell += f" (peak {r['device_peak_bytes'] / 2**20:.0f} MiB)"
+            if base and "error" not in base and m != "transformer":
+                ratios = []
+                if r["time_s"] and base["time_s"]:
+                    ratios.append(f"{base['time_s'] / r['time_s']:.2f}x faster")
+                if r["temp_bytes"] and base["temp_bytes"]:
+                    ratios.append(f"{base['temp_bytes'] / r['temp_bytes']:.2f}x less mem")
+                cell += f" ({', '.join(ratios)})" if ratios else ""
+            cells.append(cell)
+        ok = [by.get((m, l)) for l in lengths]
+        tg = growth_exponent(lengths, [r["time_s"] if r and "error" not in r else None for r in ok])
+        mg = growth_exponent(lengths, [r["temp_bytes"] if r and "error" not in r else None
+                                       for r in ok])
+        cells += [f"L^{tg:.2f}" if tg is not None else "-",
+                  f"L^{mg:.2f}" if mg is not None else "-"]
+        lines.append("| " + " | ".join([m] + cells) + " |")
+    if fallbacks:
+        lines += ["", f"impl*: no attention_impl={attention_impl} in {', '.join(fallbacks)}; "
+                      "measured with the variant's own implementation (the impl shown)."]
+    return "\n".join(lines)
 
 
 def _ratio(base: dict | None, r: dict | None, key: str) -> float | None:

@@ -1,6 +1,6 @@
 """The protocol pieces of `lra.report`: which numbers a reviewer can trust, and why.
 
-- The literature beside our numbers: the published results (lra/published_results.json,
+- The literature beside our numbers: the published results (lra/reporting/published_results.json,
   each with its paper, table and arXiv id), and which cells may be compared with them (only
   runs of the task's full-size config: `size_differences`, `published_cells`).
 - Non-convergence, counted: a run at its majority baseline, or whose training loss never
@@ -26,7 +26,7 @@ import statistics
 import sys
 from collections import defaultdict
 
-from lra.results import SCRATCH, SEED_FIELD, flatten, is_number
+from lra.runs.results import SCRATCH, SEED_FIELD, flatten, is_number
 
 TASK_ORDER = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
 ABSENT = "(absent)"  # a config field a run did not record
@@ -192,8 +192,8 @@ SIZE_FIELDS = ("max_length", "batch_size", "num_train_steps", "emb_dim", "num_he
                "num_layers", "qkv_dim", "mlp_dim")
 PUBLISHED_NOTE = (
     "[published P, ours d]: P is the published test accuracy of the same model "
-    "(lra/published_results.json; `python -m lra.report --published` lists them with their "
-    "sources), d our mean over all seeds minus P, in points; [published FAIL]: the source "
+    "(lra/reporting/published_results.json; `python -m lra.report --published` lists them "
+    "with their sources), d our mean over all seeds minus P, in points; [published FAIL]: the source "
     "reports a failure (chance accuracy). Shown only for a cell whose every run is of the "
     "task's full-size config: its " + ", ".join(SIZE_FIELDS) + " and task_options equal "
     "what configs/<task>.py:model=<model> (LRA's setting, no other argument) builds, or, "
@@ -203,12 +203,12 @@ PUBLISHED_NOTE = (
     "numbers.")
 PUBLISHED_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                               "published_results.json")
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @functools.lru_cache(maxsize=None)
 def published(path: str = PUBLISHED_PATH) -> dict:
-    """The published results file (see lra/published_results.json `about`)."""
+    """The published results file (see lra/reporting/published_results.json `about`)."""
     with open(path, encoding="utf-8") as f:
         return json.load(f)
 

@@ -26,10 +26,10 @@ import jax
 import numpy as np
 
 from configs import hybrid
-from lra import checkpoint
-from lra.resume import same
-from lra.console import log as _log
-from lra.console import warn as _warn
+from lra.training import checkpoint
+from lra.training.resume import same
+from lra.training.console import log as _log
+from lra.training.console import warn as _warn
 from lra.errors import ConfigError
 
 
@@ -56,7 +56,7 @@ def find_source(config) -> tuple[checkpoint.Checkpoints, int, str]:
                           "empty); give the --workdir of a run that trained at least "
                           "checkpoint_freq steps")
     # The best weights, else the newest last state, whose files match their checksums: a
-    # corrupt one is passed over in one line (lra/checkpoint.py, "checksums").
+    # corrupt one is passed over in one line (lra/training/checkpoint.py, "checksums").
     failures = []
     for step, kind in candidates:
         try:

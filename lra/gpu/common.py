@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # LRA's variants (Table 1) first, then the rest of the registry: when time runs out, the
 # rows that can be set beside the paper are the ones measured.
