@@ -7,7 +7,7 @@
 # (finished runs are skipped, unfinished ones resume from their checkpoints).
 #
 #   scripts/mqar_cpu_grid.sh [DIR]          # default workdirs/mqar_grid
-#   python -m lra.mqar_figure DIR           # the figure and the tables (results/cpu/mqar_grid.md)
+#   python -m lra.synthetic_report DIR --out=results/cpu/mqar_grid   # figure, tables
 set -u
 DIR=${1:-workdirs/mqar_grid}
 # The slowest on this CPU last (performer, lru, mega, s5: 4-10 minutes a run at L 64 on
