@@ -51,8 +51,9 @@ def featurize(data: dict[str, np.ndarray], features: str, vocab_size: int) -> np
 
 
 def fit(x_NxF: np.ndarray, y_N: np.ndarray, num_classes: int, *, l2: float,
-        steps: int = 300, lr: float = 0.05, seed: int = 0):
-    """Full-batch Adam on the mean cross-entropy + l2 * |W|^2 (features standardized)."""
+        steps: int = 300, lr: float = 0.05):
+    """Full-batch Adam on the mean cross-entropy + l2 * |W|^2 (features standardized;
+    zeros init and the full batch: deterministic, no seed)."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -75,7 +76,6 @@ def fit(x_NxF: np.ndarray, y_N: np.ndarray, num_classes: int, *, l2: float,
         updates, s = opt.update(g, s)
         return optax.apply_updates(p, updates), s
 
-    del seed  # zeros init and full batch: deterministic
     for _ in range(steps):
         params, state = step(params, state)
     return lambda z: np.asarray(jnp.argmax(
@@ -113,7 +113,12 @@ def main(argv) -> None:
     if config.objective != "classify":
         raise SystemExit("lra.linear_baseline fits a classifier: give a classification "
                          f"config (objective classify, not {config.objective})")
-    s = evaluate_config(config, features=flags.FLAGS.features, steps=flags.FLAGS.steps)
+    from lra.errors import UserError
+
+    try:
+        s = evaluate_config(config, features=flags.FLAGS.features, steps=flags.FLAGS.steps)
+    except UserError as e:  # missing or unreadable data, a bad config: one line
+        raise SystemExit(f"error: {e}") from None
     print(f"{config.task} linear classifier on {s.features} ({s.num_features} features, "
           f"l2 {s.l2:g} chosen on validation): val {100 * s.val_accuracy:.2f}%, test "
           f"{100 * s.test_accuracy:.2f}%; majority label {100 * s.majority_accuracy:.2f}%")

@@ -54,3 +54,9 @@ def test_command_line():
          "--config=configs/enwik8.py:runlocal"], cwd=ROOT, capture_output=True, text=True,
         timeout=300)
     assert out.returncode != 0 and "give a classification config" in out.stderr
+    out = subprocess.run(
+        [sys.executable, "-m", "lra.linear_baseline", "--config=configs/fashion_mnist.py:mini",
+         "--config.data_dir=/nonexistent/fm"], cwd=ROOT, capture_output=True, text=True,
+        timeout=300)
+    assert out.returncode != 0 and out.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert "Traceback" not in out.stderr
