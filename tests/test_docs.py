@@ -13,6 +13,7 @@ README.md and every docs/*.md:
 """
 from __future__ import annotations
 
+import ast
 import functools
 import importlib
 import importlib.util
@@ -111,6 +112,38 @@ def commands() -> list[tuple[str, str]]:
     return out
 
 
+ABSL_FLAGS = {"help", "helpfull", "helpshort", "helpxml", "flagfile"}  # absl's own
+
+
+def _defined_flags(module: str) -> set[str]:
+    """The flag names a command's source defines (flags.DEFINE_*("name", ...),
+    config_flags.DEFINE_config_file("name", ...)): read, not run, since most commands
+    define their absl flags only when run as a program."""
+    path = importlib.util.find_spec(module).origin
+    names = set()
+    for node in ast.walk(ast.parse(Path(path).read_text(encoding="utf-8"))):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr.startswith("DEFINE") and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)):
+            names.add(node.args[0].value)
+            for kw in node.keywords:  # short_name="h"
+                if kw.arg == "short_name" and isinstance(kw.value, ast.Constant):
+                    names.add(kw.value.value)
+    return names
+
+
+def _check_flags(module: str, rest: str) -> None:
+    """Each --flag of a `python -m lra.<module>` line is one that the module defines."""
+    known = _defined_flags(module)
+    if not known:
+        return  # no absl flags of its own (argparse or none): not checked here
+    for name in re.findall(r"(?<![\w.-])--([A-Za-z_]\w*)(?![\w.])", rest):
+        ok = (name in known | ABSL_FLAGS
+              or (name.startswith("no") and name[2:] in known))
+        assert ok, f"python -m {module}: no flag --{name} (it defines {sorted(known)})"
+
+
 def check_command(line: str) -> None:
     matches = list(COMMAND.finditer(line))
     for n, m in enumerate(matches):
@@ -119,6 +152,7 @@ def check_command(line: str) -> None:
         module = m.group(1)
         if module is not None:  # python -m lra.<module>
             assert importlib.util.find_spec(module) is not None, f"no module {module}"
+            _check_flags(module, rest)
         flag = CONFIG_FLAG.search(rest)
         if flag is None:
             # launch.py needs one; a mention (`python launch.py ...`) is not a command.

@@ -148,7 +148,9 @@ def rows(ids: np.ndarray, max_length: int) -> tuple[np.ndarray, np.ndarray]:
 _CACHE: dict[tuple, dict[str, bytes]] = {}
 
 
-def _read(corpus: str, data_dir: str, split: str, max_length: int) -> dict[str, np.ndarray]:
+def split_ids(corpus: str, data_dir: str, split: str) -> np.ndarray:
+    """The split's token ids as one stream (int32), from one read of the file for the three
+    splits (lra.lm_eval evaluates on the stream itself, not on rows)."""
     path = find_source(data_dir, corpus)
     key = (os.path.abspath(path), os.path.getmtime(path), os.path.getsize(path))
     if key not in _CACHE:  # the three splits come from one read of the file
@@ -161,7 +163,11 @@ def _read(corpus: str, data_dir: str, split: str, max_length: int) -> dict[str, 
                             f"{corpus}'s {PUBLISHED_SIZE:,} (truncated?); "
                             f"{HOW_TO_GET[corpus]}")
         _CACHE[key] = split_bytes(data)
-    inputs, mask = rows(encode(_CACHE[key][split], corpus), max_length)
+    return encode(_CACHE[key][split], corpus)
+
+
+def _read(corpus: str, data_dir: str, split: str, max_length: int) -> dict[str, np.ndarray]:
+    inputs, mask = rows(split_ids(corpus, data_dir, split), max_length)
     return {"inputs": inputs, "mask": mask, "targets": np.zeros(len(inputs), np.int32)}
 
 

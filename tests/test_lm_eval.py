@@ -1,0 +1,148 @@
+"""lra.lm_eval: every target of the split scored exactly once under each context; the three
+contexts as forms of one computation (sliding at stride L - 1 is the window rows, the
+stream read token by token over pieces of L tokens is the window rows' parallel forward),
+through a configs/enwik8.py:runlocal run trained on real Wikipedia bytes; which variants
+may stream; one-line errors."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from lra import lm_eval
+from lra.errors import ConfigError
+
+SLICE_DIR = os.path.join(os.path.dirname(__file__), "data", "enwik8_slice")
+
+
+@pytest.mark.parametrize("num_tokens,length,stride", [
+    (1200, 32, 16), (1200, 32, 31), (1200, 32, 1), (33, 32, 16), (20, 32, 16), (2, 32, 7),
+    (1000, 17, 5)])
+def test_sliding_windows_score_every_target_once(num_tokens, length, stride):
+    starts, scored_from, ends = lm_eval.sliding_windows(num_tokens, length, stride)
+    scored = np.concatenate([np.arange(a, e) for a, e in zip(scored_from, ends)])
+    np.testing.assert_array_equal(scored, np.arange(1, num_tokens))
+    assert np.all(ends - starts <= length)
+    # After the first window a target sees at least L - stride tokens before it.
+    assert np.all(scored_from[1:] - starts[1:] == length - stride)
+    ids = np.arange(1, num_tokens + 1)
+    _, _, weight = lm_eval.window_batches(ids, starts, scored_from, ends, length)
+    assert weight.sum() == num_tokens - 1
+
+
+def test_stride_out_of_range_is_one_line():
+    with pytest.raises(lm_eval.FlagError, match="--stride=32"):
+        lm_eval.sliding_windows(100, 32, 32)
+
+
+@pytest.fixture(scope="module")
+def gla_run(tmp_path_factory):
+    from configs import enwik8 as config
+    from lra import train
+
+    workdir = str(tmp_path_factory.mktemp("gla_run"))
+    c = config.get_config("model=gla,runlocal")
+    c.data_dir = SLICE_DIR
+    c.num_train_steps, c.eval_frequency, c.checkpoint_freq = 6, 6, 6
+    train.train_and_evaluate(c, workdir)
+    return workdir
+
+
+def test_contexts_agree_where_they_are_one_computation(gla_run):
+    """The slice's test split: 1,200 bytes, 1,199 targets. Rows of L = 32 overlapping by
+    one are 39; 39 streams read pieces of 32 tokens: the same rows, token by token."""
+    saved = json.load(open(os.path.join(gla_run, "results.json")))
+    window = lm_eval.evaluate_run(gla_run, contexts=("window",), quiet=True)
+    assert window["contexts"]["window"]["targets"] == 1199
+    np.testing.assert_allclose(window["contexts"]["window"]["bits_per_token"],
+                               saved["test_bits_per_token"], rtol=1e-5)
+    same = lm_eval.evaluate_run(gla_run, contexts=("sliding", "stream"), stride=31,
+                                streams=39, quiet=True)["contexts"]
+    assert same["stream"]["piece"] == 32 and same["stream"]["streams"] == 39
+    for context in ("sliding", "stream"):
+        np.testing.assert_allclose(same[context]["bits_per_token"],
+                                   saved["test_bits_per_token"], rtol=1e-5, err_msg=context)
+        np.testing.assert_allclose(same[context]["accuracy"], saved["test_accuracy"],
+                                   atol=1e-6, err_msg=context)
+    # The defaults see more context: a different number, every target still once.
+    longer = lm_eval.evaluate_run(gla_run, contexts=("sliding", "stream"), streams=4,
+                                  quiet=True)["contexts"]
+    assert longer["sliding"]["stride"] == 16 and longer["sliding"]["targets"] == 1199
+    assert longer["stream"]["piece"] == 301 and longer["stream"]["targets"] == 1199
+    assert longer["stream"]["bits_per_token"] != pytest.approx(
+        same["stream"]["bits_per_token"], rel=1e-6)
+    written = json.load(open(os.path.join(gla_run, "lm_eval.json")))
+    assert set(written["test"]) == {"window", "sliding", "stream"}  # merged
+    assert written["model"] == "gla" and written["num_params"] == saved["num_params"]
+
+
+def test_transformer_xl_segment_memory_streams_as_its_parallel_form():
+    """Transformer-XL's memory carried token by token over pieces of L tokens equals its
+    parallel form over the same rows (an untrained model of the runlocal config)."""
+    from configs import enwik8 as config
+    from lra import train
+    from lra.tasks import enwik8
+    import lra.tasks
+
+    c = config.get_config("model=transformer_xl,runlocal")
+    assert lm_eval.can_stream(c) is None
+    model = train.build_model(c, lra.tasks.get("enwik8"))
+    ids = enwik8.split_ids("enwik8", SLICE_DIR, "test")[:400]
+    length = c.max_length
+    streams = -(-(len(ids) - 1) // (length - 1))
+    stream = lm_eval.score_stream(model, ids, streams)
+    assert stream["piece"] == length
+    starts = np.arange(0, len(ids) - 1, length - 1)
+    ends = np.minimum(starts + length, len(ids))
+    windows = lm_eval.score_windows(
+        model, *lm_eval.window_batches(ids, starts, starts + 1, ends, length), batch=8)
+    assert stream["targets"] == windows["targets"] == len(ids) - 1
+    np.testing.assert_allclose(stream["bits"], windows["bits"], rtol=1e-5)
+
+
+@pytest.mark.parametrize("arg,why", [
+    ("model=transformer", "kv_cache"),
+    ("model=linear", "pos_emb 'learned'"),
+    ("model=reformer", "'none'"),
+    ("model=gla,hybrid=transformer", "transformer's decoding form"),
+])
+def test_which_runs_cannot_stream(arg, why):
+    from configs import enwik8 as config
+
+    c = config.get_config(arg + ",runlocal")
+    if "hybrid" in arg:
+        c.num_layers = 2
+        c.hybrid.layers = (1,)
+    assert why in lm_eval.can_stream(c)
+
+
+@pytest.mark.parametrize("arg", ["model=gla", "model=mamba2", "model=retnet", "model=s4d",
+                                 "model=lru", "model=gated_deltanet"])
+def test_recurrent_family_streams(arg):
+    from configs import enwik8 as config
+
+    assert lm_eval.can_stream(config.get_config(arg + ",runlocal")) is None
+
+
+def test_errors_are_one_line(tmp_path, gla_run, capsys):
+    assert lm_eval.main(["lm_eval"]) == 2
+    assert "--workdir is required" in capsys.readouterr().err
+    assert lm_eval.main(["lm_eval", f"--workdir={tmp_path}"]) == 2
+    assert "no run (results.json)" in capsys.readouterr().err
+    assert lm_eval.main(["lm_eval", f"--workdir={gla_run}", "--contexts=ring"]) == 2
+    assert "choose among window, sliding, stream" in capsys.readouterr().err
+    listops = tmp_path / "listops"
+    listops.mkdir()
+    (listops / "results.json").write_text(json.dumps(
+        {"config": {"task": "listops", "objective": "causal_lm", "model": "gla"}}))
+    with pytest.raises(ConfigError, match="evaluates enwik8 / text8 runs"):
+        lm_eval.evaluate_run(str(listops))
+
+
+def test_command_prints_the_table(gla_run, capsys):
+    assert lm_eval.main(["lm_eval", f"--workdir={gla_run}",
+                         "--contexts=window"]) == 0
+    out = capsys.readouterr().out
+    assert "| model | seeds | window | params |" in out and "| gla |" in out
