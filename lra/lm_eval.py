@@ -302,8 +302,13 @@ def evaluate_run(workdir: str, *, contexts=CONTEXTS, stride: int | None = None,
             saved = json.load(f)
     key = split
     saved.setdefault(key, {}).update(out)
+    from lra.reporting import protocol
+
+    differences = protocol.size_differences(
+        {"task": config.task, "model": config.model, "config": config.to_dict()})
     saved.update(step=step, kind=kind, model=config.model, seed=config.get("random_seed", None),
-                 task=config.task, num_params=_num_params(model))
+                 task=config.task, num_params=_num_params(model),
+                 num_layers=int(config.num_layers), size_differences=differences)
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         json.dump(saved, f, indent=1)
     os.replace(path + ".tmp", path)
@@ -335,8 +340,12 @@ def table(results: list[dict], contexts, split: str = "test") -> str:
     by_model: dict[str, list[dict]] = {}
     for r in results:
         by_model.setdefault(r["model"], []).append(r)
-    head = "| model | seeds | " + " | ".join(contexts) + " | params |"
-    lines = [head, "|" + "---|" * (len(contexts) + 3)]
+    from lra.reporting import protocol
+
+    head = ("| model | seeds | " + " | ".join(contexts) +
+            " | params | published (full-size runs only) |")
+    lines = [head, "|" + "---|" * (len(contexts) + 4)]
+    withheld = []
     for model, runs in by_model.items():
         cells = []
         for c in contexts:
@@ -349,8 +358,25 @@ def table(results: list[dict], contexts, split: str = "test") -> str:
             else:
                 cells.append(f"{np.mean(vals):.3f} ± {np.std(vals, ddof=1):.3f}")
         seeds = ",".join(str(r.get("seed")) for r in runs)
+        task = runs[0].get("task", "")
+        entries = protocol.published_lm(task, model, runs[0].get("num_layers"))
+        differences = [d for r in runs for d in r.get("size_differences", ["not recorded"])]
+        if not protocol.published_lm(task, model):
+            published = "-"
+        elif differences or not entries:
+            differences = differences or [f"{runs[0].get('num_layers')} layers: no published "
+                                          "number at that depth"]
+            published = "not compared"
+            withheld.append(f"{model}: {differences[0]}")
+        else:
+            published = "; ".join(f"{e['bits_per_token']:.2f} ({src['short']}, "
+                                  f"{e['num_layers']} layers)" for e, src in entries)
         lines.append(f"| {model} | {seeds} | " + " | ".join(cells) +
-                     f" | {runs[0].get('num_params', 0):,} |")
+                     f" | {runs[0].get('num_params', 0):,} | {published} |")
+    if withheld:
+        lines += ["", "Published numbers are shown beside full-size runs only "
+                  "(python -m lra.report --published lists them); not compared: "
+                  + "; ".join(withheld)]
     return "\n".join(lines)
 
 

@@ -92,7 +92,7 @@ from lra.reporting.protocol import (  # noqa: F401
     LOCALITY_NOTE, PUBLISHED_NOTE, PUBLISHED_PATH, SIZE_FIELDS, TASK_ORDER,
     convergence_rows, convergence_text, locality_note, markdown, model_order,
     not_converged_reason, published, published_cells, published_entries,
-    published_markdown, published_rows, published_text, row_model, run_name, seed_of, show,
+    published_lm_markdown, published_markdown, published_rows, published_text, row_model, run_name, seed_of, show,
     size_differences, tasks_and_models)
 
 DENSE_MARK = "≡ dense"
@@ -269,6 +269,8 @@ def report(root: str, out: str | None = None, efficiency_csv: str | None = None,
 def main(argv):
     if FLAGS.published:
         print(published_markdown())
+        print()
+        print(published_lm_markdown())
         if len(argv) == 1:
             return
         print()

@@ -146,3 +146,37 @@ def test_command_prints_the_table(gla_run, capsys):
                          "--contexts=window"]) == 0
     out = capsys.readouterr().out
     assert "| model | seeds | window | params |" in out and "| gla |" in out
+
+
+def _fake(model, seed, bits, differences, num_layers=12):
+    return {"model": model, "seed": seed, "task": "enwik8", "num_params": 1000,
+            "num_layers": num_layers, "size_differences": differences,
+            "test": {"window": {"bits_per_token": bits}}}
+
+
+def test_published_numbers_beside_full_size_runs_only():
+    full = [_fake("transformer_xl", 0, 1.10, []), _fake("transformer_xl", 1, 1.12, [])]
+    text = lm_eval.table(full, ["window"])
+    assert "| transformer_xl | 0,1 | 1.110 ± 0.014 | 1,000 | 1.06 (Dai et al. 2019, 12 layers) |" \
+        in text
+    mini = [_fake("transformer_xl", 0, 3.1, ["max_length 128 (full size: 512)"], 2)]
+    text = lm_eval.table(mini, ["window"])
+    assert "| not compared |" in text and "transformer_xl: max_length 128 (full size: 512)" in text
+    assert "| - |" in lm_eval.table([_fake("gla", 0, 3.0, [])], ["window"])
+
+
+def test_published_lm_numbers_name_their_sources():
+    from lra.reporting import protocol
+    from models import registry
+
+    data = protocol.published()
+    assert len(data["lm_results"]) >= 8
+    for e in data["lm_results"]:
+        assert e["model"] in registry.available() and e["task"] in ("enwik8", "text8")
+        assert 0.9 < e["bits_per_token"] < 1.2 and e["num_layers"] in (12, 18, 24)
+        assert data["sources"][e["source"]]["checked_against"]
+    assert [e["bits_per_token"] for e, _ in protocol.published_lm("enwik8", "transformer_xl", 12)
+            ] == [1.06]
+    text = protocol.published_lm_markdown()
+    assert "Adaptive-Span (large)" in text and "27b815fee821acce2c2d4104cc0720cb1dc74c37" in text
+    assert "Dai et al." not in protocol.published_markdown()  # the LRA list keeps its sources

@@ -283,6 +283,34 @@ def published_cells(summary, path: str = PUBLISHED_PATH
     return shown, [f"{', '.join(cells)}: {why}" for why, cells in withheld.items()]
 
 
+def published_lm(task: str, model: str, num_layers: int | None = None,
+                 path: str = PUBLISHED_PATH) -> list[tuple[dict, dict]]:
+    """(result, source) for each published bits-per-token number (`lm_results`) of `model`
+    on enwik8 / text8, with `num_layers` layers when given."""
+    data = published(path)
+    return [(e, data["sources"][e["source"]]) for e in data.get("lm_results", [])
+            if e["task"] == task and e.get("model") == model
+            and (num_layers is None or e["num_layers"] == num_layers)]
+
+
+def published_lm_markdown(path: str = PUBLISHED_PATH) -> str:
+    """The published enwik8 / text8 numbers with their sources."""
+    data = published(path)
+    rows = [[e.get("model") or "-", e["name_in_source"], e["task"], str(e["num_layers"]),
+             e["params"], f"{e['bits_per_token']:.2f}",
+             f"{data['sources'][e['source']]['short']}, {data['sources'][e['source']]['table']}"]
+            for e in data.get("lm_results", [])]
+    used = dict.fromkeys(e["source"] for e in data.get("lm_results", []))
+    lines = ["Published enwik8 (bits per byte) and text8 (bits per character), test split",
+             "", markdown(["model (ours)", "in the source", "task", "layers", "params",
+                           "bits", "source"], rows), ""]
+    for key in used:
+        source = data["sources"][key]
+        lines.append(f"- {source['short']}: {source['citation']} arXiv {source['arxiv']}. "
+                     f"{source['setting']}. Checked against {source['checked_against']}.")
+    return "\n".join(lines)
+
+
 def published_text(task: str, s: dict, entry: tuple[dict, dict]) -> str:
     result, _ = entry
     value = result["accuracy"].get(task)
@@ -323,7 +351,10 @@ def published_markdown(path: str = PUBLISHED_PATH) -> str:
     data = published(path)
     lines = ["Published LRA test accuracy (%) (" + os.path.relpath(path, _REPO) + ")", "",
              markdown(*published_rows(path)), ""]
+    lra_sources = {e["source"] for e in data["results"]}
     for key, source in data["sources"].items():
+        if key not in lra_sources:  # enwik8 / text8's: published_lm_markdown
+            continue
         lines.append(f"- {source['short']}: {source['citation']} arXiv {source['arxiv']}, "
                      f"{source['table']}. {source['setting']}. Average: {source['average']}."
                      + (f" Checked against {source['checked_against']}."
