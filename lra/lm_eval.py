@@ -26,6 +26,13 @@ The run's best checkpoint (as lra.generate restores it) scores every target of t
            Transformer-XL's segment memory (its evaluation: the memory of the previous
            segment carried forward, at the trained segment and memory lengths). Others
            (a growing key-value cache, learned positions past L) are skipped, said so.
+Bits per token are the papers': the mean over every target of the split of -log p(target)
+(each target weighted once), divided by ln 2. Transformer-XL's evaluation
+(kimiyoung/transformer-xl pytorch/train.py `evaluate` at 3a0086fa: the test split as
+eval_batch_size = 10 parallel streams with the memory carried, total_loss += seq_len *
+loss.mean(), total_loss / total_len; bpc = loss / ln 2) is the `stream` context here with
+--streams=10 (the default 64 only reads the split in fewer steps; each piece's first
+tokens see less context, 64 of ~300,000 targets on the excerpt).
 Each context's result goes into <run>/lm_eval.json (merged with earlier contexts), with the
 checkpoint, the number of targets and the least and mean context per target.
 
