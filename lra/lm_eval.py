@@ -253,7 +253,7 @@ def evaluate_run(workdir: str, *, contexts=CONTEXTS, stride: int | None = None,
     model = precision.compute_view(model, precision.dtype_of(config.get("dtype", "float32")))
     ids = enwik8.split_ids(config.task, data_dir or config.data_dir, split)
     length = int(config.max_length)
-    name = f"{config.model} seed {config.get('random_seed', '?')}"
+    name = f"{config.model} seed {config.get('random_seed', '?')}"  # progress lines
     out = {}
     for context in contexts:
         start = time.perf_counter()
@@ -313,7 +313,9 @@ def evaluate_run(workdir: str, *, contexts=CONTEXTS, stride: int | None = None,
 
     differences = protocol.size_differences(
         {"task": config.task, "model": config.model, "config": config.to_dict()})
-    saved.update(step=step, kind=kind, model=config.model, seed=config.get("random_seed", None),
+    from configs import hybrid
+
+    saved.update(step=step, kind=kind, model=hybrid.name(config), seed=config.get("random_seed", None),
                  task=config.task, num_params=_num_params(model),
                  num_layers=int(config.num_layers), size_differences=differences)
     with open(path + ".tmp", "w", encoding="utf-8") as f:
