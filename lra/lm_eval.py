@@ -25,7 +25,7 @@ The run's best checkpoint (as lra.generate restores it) scores every target of t
            family's recurrent state (gla, retnet, deltanet, mamba2, s4d, lru, ...) and
            Transformer-XL's segment memory (its evaluation: the memory of the previous
            segment carried forward, at the trained segment and memory lengths). Others
-           (a growing key-value cache, learned positions past L) are skipped, said so.
+           (softmax attention over a key-value cache, learned positions past L) are skipped, said so.
 Bits per token are the papers': the mean over every target of the split of -log p(target)
 (each target weighted once), divided by ln 2. Transformer-XL's evaluation
 (kimiyoung/transformer-xl pytorch/train.py `evaluate` at 3a0086fa: the test split as
@@ -120,8 +120,8 @@ def can_stream(config: Any) -> str | None:
     for name in dict.fromkeys(hybrid.layer_names(config) or [config.model]):
         form = registry.capabilities(name).decode
         if form not in STREAM_FORMS:
-            return (f"{name}'s decoding form is {form or 'none'!r} (a growing key-value cache "
-                    "or none), not a constant-size state")
+            return (f"{name}'s decoding form is {form or 'none'!r}, not a recurrent state "
+                    "or Transformer-XL's segment memory")
     pos = config.get("pos_emb", "none")
     if pos not in POSITION_FREE:
         return (f"pos_emb {pos!r}: absolute positions past max_length "
