@@ -25,7 +25,8 @@ The run's best checkpoint (as lra.generate restores it) scores every target of t
            family's recurrent state (gla, retnet, deltanet, mamba2, s4d, lru, ...) and
            Transformer-XL's segment memory (its evaluation: the memory of the previous
            segment carried forward, at the trained segment and memory lengths). Others
-           (softmax attention over a key-value cache, learned positions past L) are skipped, said so.
+           (softmax attention over a key-value cache, learned positions past L) are
+           skipped, said so.
 Bits per token are the papers': the mean over every target of the split of -log p(target)
 (each target weighted once), divided by ln 2. Transformer-XL's evaluation
 (kimiyoung/transformer-xl pytorch/train.py `evaluate` at 3a0086fa: the test split as
@@ -315,7 +316,8 @@ def evaluate_run(workdir: str, *, contexts=CONTEXTS, stride: int | None = None,
         {"task": config.task, "model": config.model, "config": config.to_dict()})
     from configs import hybrid
 
-    saved.update(step=step, kind=kind, model=hybrid.name(config), seed=config.get("random_seed", None),
+    saved.update(step=step, kind=kind, model=hybrid.name(config),
+                 seed=config.get("random_seed", None),
                  task=config.task, num_params=_num_params(model),
                  num_layers=int(config.num_layers), size_differences=differences)
     with open(path + ".tmp", "w", encoding="utf-8") as f:
