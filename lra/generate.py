@@ -578,18 +578,11 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m lra.generate --workdir=...`: the exit code (0; 2 for a user's mistake,
     said in one line)."""
     fv = define_flags(flags.FlagValues())
-    argv = sys.argv if argv is None else argv
-    try:
-        rest = fv(argv)
-    except flags.Error as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_USER_ERROR
-    if fv.help:
-        print(__doc__ + "\nFlags:\n" + fv.get_help())
-        return 0
-    if len(rest) > 1:
-        print(f"error: unexpected arguments: {' '.join(rest[1:])}", file=sys.stderr)
-        return EXIT_USER_ERROR
+    from lra.training.console import parse_flags
+
+    code = parse_flags(fv, sys.argv if argv is None else argv, __doc__)
+    if code is not None:
+        return code
     if not fv.workdir:
         print("error: --workdir is required: the workdir of a causal_lm run "
               "(python launch.py --config=configs/<task>.py:causal,pretrain --workdir=<dir>)",

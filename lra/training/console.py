@@ -31,3 +31,23 @@ def unwritable(path: str, flag: str) -> str | None:
     if not existed:
         os.remove(path)
     return None
+
+
+def parse_flags(fv, argv: list[str], doc: str) -> int | None:
+    """Parses a command's own absl FlagValues (lra.generate, lra.lm_eval): None to go on,
+    else the exit code: 0 after printing the help (`doc` and the flags), 2 (a user's
+    mistake) after one line `error: ...` on stderr."""
+    from absl import flags
+
+    try:
+        rest = fv(argv)
+    except flags.Error as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if fv.help:
+        print(doc + "\nFlags:\n" + fv.get_help())
+        return 0
+    if len(rest) > 1:
+        print(f"error: unexpected arguments: {' '.join(rest[1:])}", file=sys.stderr)
+        return 2
+    return None
