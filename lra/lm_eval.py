@@ -5,6 +5,8 @@ the long context handled in the ways the variant allows, as the papers evaluate.
       [--stride=N] [--streams=64] [--batch=32] [--split=test] [--data_dir=<dir>]
   python -m lra.lm_eval --workdir=workdirs/real_data/enwik8   # every run below a folder:
       # one line per run, then mean ± std over each model's seeds per context
+  python -m lra.lm_eval --workdir=workdirs/real_data/enwik8 --reuse  # the table again from
+      # each run's lm_eval.json (same checkpoint, every context there): no evaluation
 
 The run's best checkpoint (as lra.generate restores it) scores every target of the split
 (every token but the first) exactly once, under each context:
@@ -326,6 +328,24 @@ def evaluate_run(workdir: str, *, contexts=CONTEXTS, stride: int | None = None,
     return {**saved, "contexts": out}
 
 
+def saved_result(workdir: str, split: str, contexts) -> dict | None:
+    """<workdir>/lm_eval.json if it holds every context of `contexts` on `split` and was
+    made from the run's newest best checkpoint; else None (evaluate again)."""
+    from lra.training import checkpoint
+
+    path = os.path.join(workdir, "lm_eval.json")
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        saved = json.load(f)
+    best = checkpoint.Checkpoints(workdir).best_steps()
+    if saved.get("kind") != "best" or not best or saved.get("step") != best[-1]:
+        return None
+    if not all(c in saved.get(split, {}) for c in contexts):
+        return None
+    return saved
+
+
 def _num_params(model: Any) -> int:
     import jax
     from flax import nnx
@@ -406,6 +426,9 @@ def define_flags(fv: flags.FlagValues) -> flags.FlagValues:
     flags.DEFINE_integer("batch", 32, "Windows per forward call (window, sliding).",
                          flag_values=fv)
     flags.DEFINE_string("split", "test", "test or val.", flag_values=fv)
+    flags.DEFINE_bool("reuse", False, "Take a run's lm_eval.json where it holds every "
+                      "asked context for the run's current best checkpoint (no evaluation).",
+                      flag_values=fv)
     flags.DEFINE_string("data_dir", None, "The corpus (default: each run's config.data_dir).",
                         flag_values=fv)
     flags.DEFINE_bool("help", False, "Show this help.", short_name="h", flag_values=fv)
@@ -434,9 +457,12 @@ def main(argv: list[str] | None = None) -> int:
             if not found:
                 raise FlagError(f"--workdir={folder}: no run (results.json) there or below")
             runs += found
-        results = [evaluate_run(run, contexts=fv.contexts, stride=fv.stride,
-                                streams=fv.streams, batch=fv.batch, split=fv.split,
-                                data_dir=fv.data_dir) for run in runs]
+        results = []
+        for run in runs:
+            saved = saved_result(run, fv.split, fv.contexts) if fv.reuse else None
+            results.append(saved or evaluate_run(
+                run, contexts=fv.contexts, stride=fv.stride, streams=fv.streams,
+                batch=fv.batch, split=fv.split, data_dir=fv.data_dir))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -180,3 +180,13 @@ def test_published_lm_numbers_name_their_sources():
     text = protocol.published_lm_markdown()
     assert "Adaptive-Span (large)" in text and "27b815fee821acce2c2d4104cc0720cb1dc74c37" in text
     assert "Dai et al." not in protocol.published_markdown()  # the LRA list keeps its sources
+
+
+def test_reuse_reads_the_saved_contexts(gla_run, capsys, monkeypatch):
+    lm_eval.evaluate_run(gla_run, contexts=("window",), quiet=True)
+    assert lm_eval.saved_result(gla_run, "test", ["window"])["model"] == "gla"
+    assert lm_eval.saved_result(gla_run, "val", ["window"]) is None  # never evaluated
+    monkeypatch.setattr(lm_eval, "evaluate_run", lambda *a, **k: pytest.fail("evaluated"))
+    assert lm_eval.main(["lm_eval", f"--workdir={gla_run}", "--contexts=window",
+                         "--reuse"]) == 0
+    assert "| gla |" in capsys.readouterr().out
