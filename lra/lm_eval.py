@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 from absl import flags
 
-from lra.errors import ConfigError, UserError
+from lra.errors import ConfigError, DataError, UserError
 
 EXIT_USER_ERROR = 2
 CONTEXTS = ("window", "sliding", "stream")
@@ -255,6 +255,9 @@ def evaluate_run(workdir: str, *, contexts=CONTEXTS, stride: int | None = None,
     step, kind = generate.restore(model, workdir)
     model = precision.compute_view(model, precision.dtype_of(config.get("dtype", "float32")))
     ids = enwik8.split_ids(config.task, data_dir or config.data_dir, split)
+    if len(ids) < 2:
+        raise DataError(f"the {split} split of {data_dir or config.data_dir} holds "
+                        f"{len(ids)} token(s): nothing to predict")
     length = int(config.max_length)
     name = f"{config.model} seed {config.get('random_seed', '?')}"  # progress lines
     out = {}
@@ -321,16 +324,19 @@ def evaluate_run(workdir: str, *, contexts=CONTEXTS, stride: int | None = None,
     saved.update(step=step, kind=kind, model=hybrid.name(config),
                  seed=config.get("random_seed", None),
                  task=config.task, num_params=_num_params(model),
-                 num_layers=int(config.num_layers), size_differences=differences)
+                 num_layers=int(config.num_layers), max_length=length,
+                 size_differences=differences)
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         json.dump(saved, f, indent=1)
     os.replace(path + ".tmp", path)
     return {**saved, "contexts": out}
 
 
-def saved_result(workdir: str, split: str, contexts) -> dict | None:
-    """<workdir>/lm_eval.json if it holds every context of `contexts` on `split` and was
-    made from the run's newest best checkpoint; else None (evaluate again)."""
+def saved_result(workdir: str, split: str, contexts, stride: int | None = None,
+                 streams: int = 64) -> dict | None:
+    """<workdir>/lm_eval.json if it holds every context of `contexts` on `split`, made
+    from the run's newest best checkpoint with the same stride and streams; else None
+    (evaluate again)."""
     from lra.training import checkpoint
 
     path = os.path.join(workdir, "lm_eval.json")
@@ -341,7 +347,15 @@ def saved_result(workdir: str, split: str, contexts) -> dict | None:
     best = checkpoint.Checkpoints(workdir).best_steps()
     if saved.get("kind") != "best" or not best or saved.get("step") != best[-1]:
         return None
-    if not all(c in saved.get(split, {}) for c in contexts):
+    held = saved.get(split, {})
+    if not all(c in held for c in contexts):
+        return None
+    sliding, stream = held.get("sliding", {}), held.get("stream", {})
+    if "sliding" in contexts and "stride" in sliding and sliding["stride"] != (
+            stride or saved.get("max_length", 0) // 2):
+        return None  # another stride than asked
+    if "stream" in contexts and "streams" in stream and stream["streams"] != min(
+            streams, stream.get("targets", streams)):
         return None
     return saved
 
@@ -459,7 +473,8 @@ def main(argv: list[str] | None = None) -> int:
             runs += found
         results = []
         for run in runs:
-            saved = saved_result(run, fv.split, fv.contexts) if fv.reuse else None
+            saved = (saved_result(run, fv.split, fv.contexts, fv.stride, fv.streams)
+                     if fv.reuse else None)
             results.append(saved or evaluate_run(
                 run, contexts=fv.contexts, stride=fv.stride, streams=fv.streams,
                 batch=fv.batch, split=fv.split, data_dir=fv.data_dir))

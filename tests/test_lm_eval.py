@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from lra import lm_eval
-from lra.errors import ConfigError
+from lra.errors import ConfigError, DataError
 
 SLICE_DIR = os.path.join(os.path.dirname(__file__), "data", "enwik8_slice")
 
@@ -139,6 +139,8 @@ def test_errors_are_one_line(tmp_path, gla_run, capsys):
         {"config": {"task": "listops", "objective": "causal_lm", "model": "gla"}}))
     with pytest.raises(ConfigError, match="evaluates enwik8 / text8 runs"):
         lm_eval.evaluate_run(str(listops))
+    with pytest.raises(DataError, match="no enwik8 data in"):
+        lm_eval.evaluate_run(gla_run, data_dir=str(tmp_path))
 
 
 def test_command_prints_the_table(gla_run, capsys):
@@ -186,6 +188,11 @@ def test_reuse_reads_the_saved_contexts(gla_run, capsys, monkeypatch):
     lm_eval.evaluate_run(gla_run, contexts=("window",), quiet=True)
     assert lm_eval.saved_result(gla_run, "test", ["window"])["model"] == "gla"
     assert lm_eval.saved_result(gla_run, "val", ["window"]) is None  # never evaluated
+    lm_eval.evaluate_run(gla_run, contexts=("sliding", "stream"), streams=4, quiet=True)
+    assert lm_eval.saved_result(gla_run, "test", ["sliding", "stream"], None, 4)
+    # Other settings than the saved ones are evaluated again, not read.
+    assert lm_eval.saved_result(gla_run, "test", ["sliding"], stride=8) is None
+    assert lm_eval.saved_result(gla_run, "test", ["stream"], streams=39) is None
     monkeypatch.setattr(lm_eval, "evaluate_run", lambda *a, **k: pytest.fail("evaluated"))
     assert lm_eval.main(["lm_eval", f"--workdir={gla_run}", "--contexts=window",
                          "--reuse"]) == 0
