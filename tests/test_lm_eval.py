@@ -105,7 +105,7 @@ def test_transformer_xl_segment_memory_streams_as_its_parallel_form():
 @pytest.mark.parametrize("arg,why", [
     ("model=transformer", "kv_cache"),
     ("model=linear", "pos_emb 'learned'"),
-    ("model=reformer", "'none'"),
+    ("model=linformer", "'none'"),
     ("model=gla,hybrid=transformer", "transformer's decoding form"),
 ])
 def test_which_runs_cannot_stream(arg, why):

@@ -20,10 +20,21 @@ Rotations: deterministic calls use rotations drawn once at build time (from the
 layer's `dropout` stream, as the paper does (the reversible stack replays that
 stream, so recomputation sees the same buckets).
 
-Causal masking (LSHAttention(causal=True): keys after the query are masked, by
-original position) is not registered as causal: which earlier keys share a chunk
-with a query depends on the buckets of later tokens, so later tokens still change
-earlier outputs (as in trax); the conformance causality check would fail.
+Causal form (`causal=True`, what enwik8 trains): in each round a query attends to itself
+and to the `chunk_len` latest earlier positions of its own bucket, nothing else. The
+paper's causal masking (and trax's LSHSelfAttention(causal=True)) keeps the fixed chunks of
+the sorted order and only masks keys after the query; which earlier keys then share a
+chunk with a query depends on how many later tokens sort before it, so later tokens change
+earlier outputs and the model could not be decoded one token at a time. Here the chunks
+slide with the query inside its bucket (the same sort; own chunk + the one before it hold
+every key a query can reach, so the cost is the non-causal form's), which depends on
+earlier tokens only. It is decoded from a kv cache that also holds every position's
+buckets (`init_cache` / `prefill` / `step`): O(max_len) per token, exact against the
+parallel form. trax decodes its LSH attention in a form close to this one and unlike its
+training form: a new token attends to the latest n_hashes * chunk_len * (1 +
+n_chunks_before) positions that share a bucket with it in some round (google/trax
+trax/layers/research/efficient_attention.py at 8e10d6a8,
+LSHSelfAttention.incremental_forward_unbatched); here one form trains and decodes.
 
 `shared_qk=False` (a separate `key` projection, no key normalisation, no self
 penalty) exists for the dense reduction check: with one chunk covering the input
@@ -41,7 +52,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models import layers, registry
+from models import decoding, layers, registry
 from models.attention.dense import MultiHeadAttention
 
 SELF_LOGIT = -1e5  # trax's self-attention penalty: used only when nothing else is there
@@ -83,6 +94,17 @@ class LSHAttention(MultiHeadAttention):
         both = jnp.concatenate([rotated_BxHxRxLxN, -rotated_BxHxRxLxN], axis=-1)
         return jnp.argmax(both, axis=-1).astype(jnp.int32)
 
+    def qkv(self, x_BxLxD: jax.Array, positions: jax.Array | None = None
+            ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Queries, keys and values, BxHxLxK, rotated at `positions` under rotary."""
+        q_BxHxLxK = self.rotate(self.split_heads(self.query(x_BxLxD)), positions)
+        v_BxHxLxK = self.split_heads(self.value(x_BxLxD))
+        if self.shared_qk:  # a rotation keeps the norm: the key sits at its query's position
+            norm = jnp.sqrt(jnp.sum(jnp.square(q_BxHxLxK), axis=-1, keepdims=True))
+            return q_BxHxLxK, q_BxHxLxK / jnp.maximum(norm, 1e-6), v_BxHxLxK
+        return (q_BxHxLxK, self.rotate(self.split_heads(self.key(x_BxLxD)), positions),
+                v_BxHxLxK)
+
     def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None = None,
                  deterministic: bool = True) -> jax.Array:
         batch, seq_len, _ = x_BxLxD.shape
@@ -90,13 +112,7 @@ class LSHAttention(MultiHeadAttention):
         n_chunks = -(-seq_len // c)
         padded_len = n_chunks * c
         extra = padded_len - seq_len
-        q_BxHxLxK = self.rotate(self.split_heads(self.query(x_BxLxD)))
-        v_BxHxLxK = self.split_heads(self.value(x_BxLxD))
-        if self.shared_qk:  # a rotation keeps the norm: the key sits at its query's position
-            norm = jnp.sqrt(jnp.sum(jnp.square(q_BxHxLxK), axis=-1, keepdims=True))
-            k_BxHxLxK = q_BxHxLxK / jnp.maximum(norm, 1e-6)
-        else:
-            k_BxHxLxK = self.rotate(self.split_heads(self.key(x_BxLxD)))
+        q_BxHxLxK, k_BxHxLxK, v_BxHxLxK = self.qkv(x_BxLxD)
         real_BxL = layers.valid_mask(padding_mask, batch, seq_len)
         pad = ((0, 0), (0, 0), (0, extra), (0, 0))
         q_BxHxPxK, k_BxHxPxK, v_BxHxPxK = (jnp.pad(t, pad) for t in
@@ -123,10 +139,12 @@ class LSHAttention(MultiHeadAttention):
             jnp.broadcast_to(real_BxP[:, None, None, :], order_BxHxRxP.shape),
             order_BxHxRxP, axis=-1).reshape(spos_BxHxRxNxC.shape)
 
-        # Look one chunk back, wrapping around to the last chunk with a real position.
-        real_chunks_B = jnp.maximum(-(-jnp.sum(real_BxP, axis=-1) // c), 1)
         chunk_N = jnp.arange(n_chunks)
-        prev_BxN = jnp.mod(chunk_N[None, :] - 1, real_chunks_B[:, None])
+        if self.causal:  # one chunk back, none before the first
+            prev_BxN = jnp.broadcast_to(jnp.maximum(chunk_N - 1, 0)[None], (batch, n_chunks))
+        else:  # one chunk back, wrapping around to the last chunk with a real position
+            real_chunks_B = jnp.maximum(-(-jnp.sum(real_BxP, axis=-1) // c), 1)
+            prev_BxN = jnp.mod(chunk_N[None, :] - 1, real_chunks_B[:, None])
         is_own_BxN = prev_BxN == chunk_N[None, :]  # a single chunk: do not count it twice
 
         def with_previous(t: jax.Array) -> jax.Array:  # BxHxRxNxC... -> BxHxRxNx2C...
@@ -148,7 +166,16 @@ class LSHAttention(MultiHeadAttention):
         kpos = kpos_BxHxRxNx2C[..., None, :]
         mask = jnp.broadcast_to(kreal_BxHxRxNx2C[..., None, :], logits.shape)
         if self.causal:
-            mask = mask & (kpos <= qpos)
+            # Same bucket, not later, at most chunk_len places back in the sorted order:
+            # sorted by (bucket, position), that is the bucket's chunk_len latest keys.
+            sidx_BxHxRxNxC = jnp.broadcast_to(
+                jnp.arange(padded_len).reshape(n_chunks, c), spos_BxHxRxNxC.shape)
+            sbucket_BxHxRxNxC = jnp.take_along_axis(
+                buckets_BxHxRxP, order_BxHxRxP, axis=-1).reshape(spos_BxHxRxNxC.shape)
+            qidx, kidx = sidx_BxHxRxNxC[..., :, None], with_previous(sidx_BxHxRxNxC)[..., None, :]
+            same = (sbucket_BxHxRxNxC[..., :, None]
+                    == with_previous(sbucket_BxHxRxNxC)[..., None, :])
+            mask = mask & same & (kidx <= qidx) & (kidx >= qidx - c)
         if self.shared_qk:
             logits = jnp.where(kpos == qpos, SELF_LOGIT, logits)
         logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
@@ -172,10 +199,78 @@ class LSHAttention(MultiHeadAttention):
                             axis=2)
         return self.out(self.merge_heads(o_BxHxPxK[:, :, :seq_len]))
 
+    # Decoding the causal form: keys, values and every position's bucket in each round.
+    def init_cache(self, batch: int, max_len: int) -> decoding.Cache:
+        if not self.causal:
+            raise decoding.DecodingError("reformer decodes only its causal form")
+        shape = (batch, self.num_heads, max_len, self.head_dim)
+        return {"pos": jnp.zeros((batch,), jnp.int32), "k": jnp.zeros(shape, jnp.float32),
+                "v": jnp.zeros(shape, jnp.float32),
+                "bucket": jnp.full((batch, self.num_heads, self.n_hashes, max_len), -1,
+                                   jnp.int32)}
+
+    def prefill(self, cache: decoding.Cache, x_BxLxD: jax.Array,
+                padding_mask_BxL: jax.Array | None) -> tuple[jax.Array, decoding.Cache]:
+        batch, length, _ = x_BxLxD.shape
+        pos_B = decoding.lengths_of(padding_mask_BxL, batch, length)
+        y_BxLxD = self(x_BxLxD, padding_mask=padding_mask_BxL, deterministic=True)
+        _, k_BxHxLxK, v_BxHxLxK = self.qkv(x_BxLxD)
+        real_BxL = jnp.arange(length)[None] < pos_B[:, None]
+        bucket_BxHxRxL = jnp.where(real_BxL[:, None, None],
+                                   self.hash(k_BxHxLxK, self.rotations[...]), -1)
+        real_Bx1xLx1 = real_BxL[:, None, :, None]
+        k_BxHxLxK, v_BxHxLxK = (jnp.where(real_Bx1xLx1, t, 0.0).astype(jnp.float32)
+                                for t in (k_BxHxLxK, v_BxHxLxK))
+        return y_BxLxD, {
+            "pos": pos_B,
+            "k": jax.lax.dynamic_update_slice(cache["k"], k_BxHxLxK, (0, 0, 0, 0)),
+            "v": jax.lax.dynamic_update_slice(cache["v"], v_BxHxLxK, (0, 0, 0, 0)),
+            "bucket": jax.lax.dynamic_update_slice(cache["bucket"], bucket_BxHxRxL,
+                                                   (0, 0, 0, 0))}
+
+    def step(self, cache: decoding.Cache, x_BxD: jax.Array
+             ) -> tuple[jax.Array, decoding.Cache]:
+        pos_B = cache["pos"]
+        q_BxHx1xK, k_BxHx1xK, v_BxHx1xK = self.qkv(x_BxD[:, None], pos_B[:, None, None])
+        bucket_BxHxR = self.hash(k_BxHx1xK, self.rotations[...])[..., 0]
+        # write_row's slot axis is axis 1: rows written as BxMx... and transposed back.
+        k_BxHxMxK, v_BxHxMxK = (
+            decoding.write_row(cache[n].transpose(0, 2, 1, 3), pos_B,
+                               t[:, :, 0]).transpose(0, 2, 1, 3)
+            for n, t in (("k", k_BxHx1xK), ("v", v_BxHx1xK)))
+        bucket_BxHxRxM = decoding.write_row(cache["bucket"].transpose(0, 3, 1, 2), pos_B,
+                                            bucket_BxHxR).transpose(0, 2, 3, 1)
+        slot_M = jnp.arange(bucket_BxHxRxM.shape[-1])
+        seen_Bx1x1xM = (slot_M[None] <= pos_B[:, None])[:, None, None]
+        same_BxHxRxM = (bucket_BxHxRxM == bucket_BxHxR[..., None]) & seen_Bx1x1xM
+        # Positions of the bucket after slot m, up to the query: at most chunk_len.
+        count = same_BxHxRxM.astype(jnp.int32)
+        after_BxHxRxM = jnp.cumsum(count[..., ::-1], axis=-1)[..., ::-1] - count
+        mask_BxHxRxM = same_BxHxRxM & (after_BxHxRxM <= self.chunk_len)
+        logits_BxHx1xM = jnp.einsum("bhqk,bhmk->bhqm", q_BxHx1xK,
+                                    k_BxHxMxK.astype(q_BxHx1xK.dtype),
+                                    preferred_element_type=jnp.float32)
+        logits_BxHx1xM = logits_BxHx1xM / math.sqrt(self.head_dim)
+        if self.shared_qk:
+            is_self_Bx1x1xM = (slot_M[None] == pos_B[:, None])[:, None, None]
+            logits_BxHx1xM = jnp.where(is_self_Bx1x1xM, SELF_LOGIT, logits_BxHx1xM)
+        logits_BxHxRxM = jnp.where(mask_BxHxRxM, logits_BxHx1xM,
+                                   jnp.finfo(jnp.float32).min)
+        lse_BxHxR = jax.nn.logsumexp(logits_BxHxRxM, axis=-1)
+        weights = jnp.where(mask_BxHxRxM, jnp.exp(logits_BxHxRxM - lse_BxHxR[..., None]),
+                            0.0)
+        o_BxHxRxK = jnp.einsum("bhrm,bhmk->bhrk", weights, v_BxHxMxK)
+        round_w_BxHxR = jax.nn.softmax(lse_BxHxR, axis=-1)
+        o_BxHxK = jnp.sum(o_BxHxRxK * round_w_BxHxR[..., None], axis=2)
+        y_BxD = self.out(self.merge_heads(o_BxHxK[:, :, None].astype(x_BxD.dtype)))[:, 0]
+        return y_BxD, {"pos": pos_B + 1, "k": k_BxHxMxK, "v": v_BxHxMxK,
+                       "bucket": bucket_BxHxRxM}
+
 
 @registry.register("reformer", capabilities=registry.Capabilities(
     description="Reformer: multi-round LSH attention on shared QK over sorted chunks",
-    causal=False, padding=True, variable_length=True, receptive_field="limited",
+    causal=True, decode="kv_cache", padding=True, variable_length=True,
+    receptive_field="limited",
     dense_form=("shared_qk",),
     dense_equivalent={"n_buckets": 1, "n_hashes": 1, "chunk_len": 16, "shared_qk": False},
     test_hparams={"n_buckets": 4, "n_hashes": 2, "chunk_len": 4},
@@ -186,10 +281,6 @@ def build_reformer(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs
                    shared_qk: bool = True, qkv_dim: int | None = None,
                    attention_dropout: float = 0.1, use_bias: bool = True) -> LSHAttention:
     del max_len  # any length works: it is padded to a multiple of chunk_len inside
-    if causal:  # the registry refuses it already; direct users get the same answer
-        raise registry.RegistryError(
-            "reformer: causal=True is not supported: the chunks a query sees depend on the "
-            "buckets of later tokens (LSHAttention(causal=True) masks later keys only)")
     return LSHAttention(dim=dim, num_heads=num_heads, causal=causal, n_buckets=n_buckets,
                         n_hashes=n_hashes, chunk_len=chunk_len, shared_qk=shared_qk,
                         qkv_dim=qkv_dim, attention_dropout=attention_dropout,
