@@ -351,8 +351,13 @@ def saved_result(workdir: str, split: str, contexts, stride: int | None = None,
     if not all(c in held for c in contexts):
         return None
     sliding, stream = held.get("sliding", {}), held.get("stream", {})
-    if "sliding" in contexts and "stride" in sliding and sliding["stride"] != (
-            stride or saved.get("max_length", 0) // 2):
+    if "sliding" in contexts and "stride" in sliding and not stride:
+        # Files written before lm_eval.json held max_length: the run's config has it.
+        from lra import generate
+
+        stride = int(saved.get("max_length") or generate.load_config(workdir)[0].max_length
+                     ) // 2
+    if "sliding" in contexts and "stride" in sliding and sliding["stride"] != stride:
         return None  # another stride than asked
     if "stream" in contexts and "streams" in stream and stream["streams"] != min(
             streams, stream.get("targets", streams)):

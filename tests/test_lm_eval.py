@@ -193,6 +193,15 @@ def test_reuse_reads_the_saved_contexts(gla_run, capsys, monkeypatch):
     # Other settings than the saved ones are evaluated again, not read.
     assert lm_eval.saved_result(gla_run, "test", ["sliding"], stride=8) is None
     assert lm_eval.saved_result(gla_run, "test", ["stream"], streams=39) is None
+    # A file from before lm_eval.json held max_length: the default stride from the config.
+    path = os.path.join(gla_run, "lm_eval.json")
+    with open(path, encoding="utf-8") as f:
+        saved = json.load(f)
+    saved.pop("max_length")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(saved, f)
+    assert lm_eval.saved_result(gla_run, "test", ["sliding", "stream"], None, 4)
+    assert lm_eval.saved_result(gla_run, "test", ["sliding"], stride=8) is None
     monkeypatch.setattr(lm_eval, "evaluate_run", lambda *a, **k: pytest.fail("evaluated"))
     assert lm_eval.main(["lm_eval", f"--workdir={gla_run}", "--contexts=window",
                          "--reuse"]) == 0
