@@ -20,6 +20,16 @@ Each run is `launch.py --workdir=<workdir> --config=configs/<task>.py:model=<m>,
 hash of them, order aside; the run's `sweep.json` lists them): another set of overrides
 is another set of runs, next to the first.
 
+`--grid=field=v1,v2,...` (repeatable) runs every model and seed at each point of the
+grids' product, each point its own set of overrides (so its own seed<s>-<hash> folders),
+e.g. Zoology's learning-rate sweep per width:
+
+  python -m lra.sweep --task=mqar --models=gla,transformer --config_arg=mini,d_model=128 \
+      --grid=learning_rate=3e-4,1e-3,3e-3 --seeds=0,1 --sweep_dir=workdirs/mqar_lr
+
+`lra.synthetic_report` then keeps, per MQAR cell, the learning rate and weight decay with
+the best validation accuracy. A value that holds a comma cannot be a grid value.
+
 `--locality_baseline` adds, per task and seed, the task's locality baseline after the
 models: its mixer (`local`; `local_2d` on the pixel tasks) with the config argument
 `locality` (configs/common.py apply_locality: one layer whose positions see 9
@@ -59,6 +69,7 @@ Then: `python -m lra.report <sweep_dir>`.
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import os
 import shlex
@@ -88,6 +99,9 @@ def _define_flags() -> None:
     flags.DEFINE_string("sweep_dir", None, "Directory that receives every run.")
     flags.DEFINE_multi_string("override", [], "Config overrides field=value, for every run; "
                               "each set of overrides gets its own workdirs (seed<s>-<hash>).")
+    flags.DEFINE_multi_string("grid", [], "field=v1,v2,...: run every model and seed at each "
+                              "value; several --grid flags: every combination (each its own "
+                              "set of overrides, seed<s>-<hash>).")
     flags.DEFINE_integer("timeout", 0, "Seconds per run before it is stopped (0 = none).")
     flags.DEFINE_bool("pretrain", False, "Per model and seed: a self-pretraining run "
                       "(<config_arg>,pretrain), then a fine-tuning run from it (init_from); "
@@ -305,6 +319,29 @@ def sweep(*, task: str, models: list[str], seeds: list[int], config_arg: str, sw
     return outcome
 
 
+def grid_overrides(overrides: list[str], grid: list[str]) -> list[list[str]]:
+    """The --override list once per point of the --grid product (in the order given, the
+    last field varying fastest); [overrides] without a grid. ValueError (one line) for a
+    grid entry that is not field=v1,..., a field given twice, or one --override sets."""
+    fields: list[tuple[str, list[str]]] = []
+    for entry in grid:
+        field, eq, values = entry.partition("=")
+        field = field.strip()
+        choices = [v.strip() for v in values.split(",")]
+        if not eq or not field or not all(choices):
+            raise ValueError(f"--grid={entry!r} is not field=v1,v2,... (e.g. "
+                             "--grid=learning_rate=1e-3,3e-3)")
+        if field in {f for f, _ in fields}:
+            raise ValueError(f"--grid: {field} is given twice; give its values in one --grid")
+        if field in {o.partition("=")[0].strip() for o in overrides}:
+            raise ValueError(f"--grid={field}=... and --override={field}=...: give one")
+        fields.append((field, list(dict.fromkeys(choices))))
+    points = [list(overrides)]
+    for field, choices in fields:
+        points = [[*p, f"{field}={v}"] for p in points for v in choices]
+    return points
+
+
 def _fail(message: str) -> None:
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
@@ -342,6 +379,12 @@ def main(argv):
     if bad:
         _fail(f"--override={bad[0]!r} is not field=value (e.g. --override=num_train_steps=500)")
     try:
+        points = grid_overrides(FLAGS.override, FLAGS.grid)
+    except ValueError as e:
+        _fail(str(e))
+    if FLAGS.grid and FLAGS.pretrain:
+        _fail("--grid with --pretrain: run one --pretrain sweep per value (--override)")
+    try:
         tasks = parse_tasks(FLAGS.task)
     except ValueError as e:
         _fail(str(e))
@@ -363,9 +406,9 @@ def main(argv):
         if FLAGS.locality_baseline:
             baseline, arg, _ = plan.run_spec(task, plan.LOCALITY_BASELINE, FLAGS.config_arg)
             checked.append((baseline, arg, "the locality baseline"))
-        for model, arg, name in checked:
+        for (model, arg, name), overrides in itertools.product(checked, points):
             try:
-                plan.expected_config(task, model, seeds[0], arg, FLAGS.override)
+                plan.expected_config(task, model, seeds[0], arg, overrides)
             except (AttributeError, KeyError) as e:  # --config.<field> the config lacks
                 _fail(f"--override: unknown config field{on} "
                       f"{str(e).strip(chr(39) + chr(34))!r}; the fields are those of "
@@ -389,11 +432,14 @@ def main(argv):
         print(line)
     several = len(tasks) > 1
     outcome = {"done": [], "skipped": [], "failed": [], "refused": [], "blocked": []}
-    for task in ready:
+    for task, (i, overrides) in itertools.product(ready, enumerate(points, 1)):
+        if FLAGS.grid:
+            print(f"grid point {i}/{len(points)} of {task}: "
+                  + " ".join(overrides[len(FLAGS.override):]))
         try:
             done = sweep(task=task, models=models, seeds=seeds,
                          config_arg=FLAGS.config_arg, sweep_dir=FLAGS.sweep_dir,
-                         overrides=FLAGS.override, timeout=FLAGS.timeout,
+                         overrides=overrides, timeout=FLAGS.timeout,
                          pretrain=FLAGS.pretrain, pretrain_steps=FLAGS.pretrain_steps,
                          locality_baseline=FLAGS.locality_baseline)
         except OSError as e:  # a read-only or full disk under --sweep_dir
@@ -401,8 +447,12 @@ def main(argv):
                   "--sweep_dir you can write to")
         except SweepStopped as e:
             sys.exit(128 + signal.Signals[str(e)].value)  # as the run: 143, or 130 (Ctrl-C)
+        point = " ".join(overrides[len(FLAGS.override):])
         for state, runs in done.items():  # with several tasks, each run names its task
-            outcome[state] += [(task, *run) for run in runs] if several else runs
+            runs = [(task, *run) for run in runs] if several else list(runs)
+            if len(points) > 1:  # and with a grid, its point
+                runs = [(*run, point) for run in runs]
+            outcome[state] += runs
     print(f"{len(outcome['done'])} run, {len(outcome['skipped'])} skipped, "
           f"{len(outcome['failed'])} failed"
           + (f": {outcome['failed']}" if outcome["failed"] else "")
@@ -414,7 +464,9 @@ def main(argv):
              f"{', '.join(line.split(':')[0] for line in missing)} (commands above)"
              if missing else ""))
     if ready:
-        print(f"Report: python -m lra.report {FLAGS.sweep_dir}")
+        synthetic = all(t in ("mqar", "mad") for t in ready)  # Zoology's and MAD's tables
+        print(f"Report: python -m lra.{'synthetic_report' if synthetic else 'report'} "
+              f"{FLAGS.sweep_dir}")
     sys.exit(1 if outcome["failed"] or outcome["refused"] or outcome["blocked"] or not ready
              else 0)
 

@@ -8,8 +8,11 @@ Reads every MQAR run below the directory (`lra.runs.results.load`: any depth, e.
 folders of scripts/mqar_cpu_grid.sh) and groups them into cells: runs whose recorded
 configs agree in every field but the seed (and lra.runs.results.NON_RESULT_FIELDS) are one
 cell's seeds. A cell is (L, kv pairs, width, model) within a setting (everything else the
-configs record: vocabulary, steps, learning rate, short_conv, ...); a directory with
-several settings gets a section per setting. Written:
+configs record: vocabulary, steps, short_conv, ...); a directory with several settings gets
+a section per setting. The learning rate and weight decay are tuned per cell (TUNED): runs
+of a cell at several values (`lra.sweep --grid=learning_rate=...`) are its grid, and the
+values with the best validation accuracy (the seeds' mean of best_eval_accuracy) are the
+cell's, as Zoology picks the best lr per width. Written:
 
   <out>.md   per setting and (L, kv): test accuracy at the queried positions (%), mean ±
              standard deviation over seeds (n), per width; per model its parameter count
@@ -22,7 +25,7 @@ several settings gets a section per setting. Written:
              (`<`), among the models with two seeds or more; a model with one seed is
              not ranked.
   <out>.csv  one line per cell: setting, L, kv, width, model, seeds, mean, std, min, max,
-             params, state_bytes.
+             params, state_bytes, learning_rate, weight_decay (the chosen), tunings.
   <out>.png  Zoology's figure 2: a panel per (L, kv), accuracy against width, a line per
              model (error bars: the seeds' min to max); below, the same points against the
              decoding state's bytes (log scale).
@@ -51,6 +54,10 @@ FLAGS = flags.FLAGS
 # given by hand is therefore not told apart: such runs merge with the config's.
 _COORDS = ("max_length", "task_options.num_kv_pairs", "emb_dim", "qkv_dim", "mlp_dim",
            "model", "batch_size")
+# Tuned per cell (Zoology sweeps the learning rate per width): a cell's runs at several
+# values are a grid, and the values with the best validation accuracy (the seeds' mean of
+# best_eval_accuracy) are the cell's; the test accuracy reported is theirs.
+TUNED = ("learning_rate", "weight_decay")
 _SKIP = (results_lib.SEED_FIELD, *results_lib.NON_RESULT_FIELDS, "workdir", "data_dir")
 # A variant's own presets (configs/presets.py: its hparams, parameter groups, positions,
 # and the block's token counts scaled to the length): they differ between models, or
@@ -67,7 +74,7 @@ def _setting(r: dict) -> tuple:
     pairs (the model's own presets aside: model_hparams differ between variants)."""
     flat = results_lib.flatten(r.get("config") or {})
     return tuple(sorted((k, repr(v)) for k, v in flat.items()
-                        if k not in _COORDS and not k.startswith(_SKIP + _PRESETS)))
+                        if k not in _COORDS + TUNED and not k.startswith(_SKIP + _PRESETS)))
 
 
 def state_bytes(config: dict) -> int | None:
@@ -117,13 +124,22 @@ def cells(results: list[dict]) -> list[dict]:
         groups.setdefault(key, []).append(r)
     out = []
     for (setting, length, kv, width, model), runs in sorted(groups.items()):
-        by_seed = {}
-        for r in runs:  # one run per seed (a rerun of a seed replaces it)
-            by_seed[r["config"].get(results_lib.SEED_FIELD)] = r
+        grid: dict[tuple, dict] = {}
+        for r in runs:  # per tuning, one run per seed (a rerun of a seed replaces it)
+            tuning = tuple(r["config"].get(k) for k in TUNED)
+            grid.setdefault(tuning, {})[r["config"].get(results_lib.SEED_FIELD)] = r
+
+        def validation(tuning):
+            vals = [float(r.get("best_eval_accuracy") or -1.0) for r in grid[tuning].values()]
+            return statistics.fmean(vals)
+
+        tuning = max(sorted(grid, key=repr), key=validation)
+        by_seed = grid[tuning]
         accs = [100 * float(r["test_accuracy"]) for r in by_seed.values()]
         first = next(iter(by_seed.values()))
         out.append({
             "setting": setting, "L": length, "kv": kv, "width": width, "model": model,
+            **dict(zip(TUNED, tuning)), "tunings": len(grid),
             "seeds": sorted(by_seed), "accs": accs, "mean": statistics.fmean(accs),
             "std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
             "min": min(accs), "max": max(accs),
@@ -168,7 +184,9 @@ def markdown(all_cells: list[dict], source: str) -> str:
              "Mean ± standard deviation over seeds (n seeds); `=` tied with the column's "
              "best (its seed range reaches the best model's worst seed), `<` below it "
              "(its best seed under the best's worst), among the models with two seeds or more; "
-             "a model with one seed is not ranked. State: bytes "
+             "a model with one seed is not ranked. `[lr x of n]`: the cell ran n (learning "
+             "rate, weight decay) settings; the one with the best validation accuracy (the "
+             "seeds' mean) is shown, its lr x. State: bytes "
              "of one sequence's decoding cache at L (lra.cache_memory), per width. Chance: "
              "one of the V/2 values.", ""]
     settings = sorted({c["setting"] for c in all_cells})
@@ -198,8 +216,10 @@ def markdown(all_cells: list[dict], source: str) -> str:
                         row.append("-")
                         continue
                     spread = f" ± {c['std']:.1f}" if len(c["accs"]) > 1 else ""
+                    chosen = (f" [lr {c['learning_rate']:g} of {c['tunings']}]"
+                              if c["tunings"] > 1 else "")
                     row.append(f"{c['mean']:.1f}{spread} ({len(c['accs'])}) "
-                               f"{marks[w][model]}".rstrip())
+                               f"{marks[w][model]}".rstrip() + chosen)
                     params.append(f"{c['params']:,}")
                     state.append(_fmt_bytes(c["state_bytes"]))
                 lines.append(f"| {model} | " + " | ".join(row) + " | "
@@ -215,7 +235,7 @@ def markdown(all_cells: list[dict], source: str) -> str:
 
 def write_csv(all_cells: list[dict], path: str) -> None:
     fields = ["setting", "L", "kv", "width", "model", "seeds", "mean", "std", "min", "max",
-              "params", "state_bytes"]
+              "params", "state_bytes", *TUNED, "tunings"]
     settings = sorted({c["setting"] for c in all_cells})
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fields, extrasaction="ignore")

@@ -655,3 +655,45 @@ def test_a_nan_test_accuracy_is_shown_not_a_crash(tmp_path):
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     text = open(os.path.join(root, "results.md"), encoding="utf-8").read()
     assert "| transformer | nan ± nan | nan |" in text and "| linear | 25.00 |" in text
+
+
+def test_grid_is_the_product_of_its_fields_after_the_overrides(tmp_path, monkeypatch):
+    points = sweep.grid_overrides(["warmup=1"], ["learning_rate=1e-3, 3e-3",
+                                                 "weight_decay=0,0.1,0"])
+    assert points == [["warmup=1", "learning_rate=1e-3", "weight_decay=0"],
+                      ["warmup=1", "learning_rate=1e-3", "weight_decay=0.1"],
+                      ["warmup=1", "learning_rate=3e-3", "weight_decay=0"],
+                      ["warmup=1", "learning_rate=3e-3", "weight_decay=0.1"]]
+    assert sweep.grid_overrides(["warmup=1"], []) == [["warmup=1"]]
+    for grid, why in ((["learning_rate"], "not field=v1"), (["learning_rate=1e-3,"], "not"),
+                      (["warmup=2"], "--override=warmup"),
+                      (["learning_rate=1", "learning_rate=2"], "twice")):
+        with pytest.raises(ValueError, match=why):
+            sweep.grid_overrides(["warmup=1"], grid)
+    # Each point is its own set of runs, as main() runs them: distinct workdirs, and a
+    # second pass skips every finished point.
+    calls = []
+    _fake_launch(monkeypatch, calls)
+    for point in points:
+        sweep.sweep(seeds=[0], sweep_dir=str(tmp_path), overrides=point, log=lambda _: None,
+                    **SWEEP)
+    assert len(set(calls)) == 4
+    configs = [json.load(open(os.path.join(d, "results.json")))["config"] for d in calls]
+    assert {(c["learning_rate"], c["weight_decay"]) for c in configs} == {
+        (1e-3, 0.0), (1e-3, 0.1), (3e-3, 0.0), (3e-3, 0.1)}
+    again = [sweep.sweep(seeds=[0], sweep_dir=str(tmp_path), overrides=p,
+                         log=lambda _: None, **SWEEP)["skipped"] for p in points]
+    assert again == [[("transformer", 0)]] * 4 and len(calls) == 4
+
+
+def test_sweep_bad_grid_is_one_line(tmp_path):
+    proc = _cli("lra.sweep", "--grid=learning_rate", f"--sweep_dir={tmp_path}",
+                "--models=transformer", cwd=REPO)
+    _one_line_error(proc, "--grid", "field=v1,v2")
+    proc = _cli("lra.sweep", "--grid=learning_rate=1e-3", "--pretrain",
+                f"--sweep_dir={tmp_path}", "--models=transformer", cwd=REPO)
+    _one_line_error(proc, "--grid", "--pretrain")
+    proc = _cli("lra.sweep", "--grid=no_such_field=1,2", f"--sweep_dir={tmp_path}",
+                "--models=transformer", "--config_arg=runlocal", cwd=REPO)
+    _one_line_error(proc, "no_such_field")
+    assert not os.listdir(tmp_path)  # nothing started

@@ -12,7 +12,7 @@ from lra.runs import results as results_lib
 
 
 def _write_run(root, model, seed, accuracy, *, length=32, width=0, lr=None, pos=None,
-               short_conv=0):
+               short_conv=0, val=None):
     config = mqar.get_config(f"model={model},runlocal").to_dict()
     if pos:
         config["pos_emb"] = pos
@@ -28,6 +28,7 @@ def _write_run(root, model, seed, accuracy, *, length=32, width=0, lr=None, pos=
     os.makedirs(folder)
     with open(os.path.join(folder, "results.json"), "w") as f:
         json.dump({"task": "mqar", "model": model, "test_accuracy": accuracy,
+                   "best_eval_accuracy": accuracy if val is None else val,
                    "majority_baseline_accuracy": 0.03, "num_params": 1000,
                    "objective": "sequence_labels", "config": config}, f)
 
@@ -52,8 +53,15 @@ def test_report_writes_the_table_csv_and_figure(tmp_path):
         _write_run(str(runs), "transformer", seed, t)
         _write_run(str(runs), "linear", seed, lin)
     _write_run(str(runs), "linear", 0, 0.5, width=48)  # another width: another column
-    _write_run(str(runs), "linear", 0, 0.1, lr=0.5)  # another setting: its own section
+    _write_run(str(runs), "linear", 0, 0.1, lr=0.5)  # another lr: the cell's grid
     _write_run(str(runs), "linear", 0, 0.2, length=64)  # another length: the same setting
+    # The lr is chosen on validation, not test: lr 1e-3 (validation 0.85 on average, test
+    # 0.55) over lr 3e-3 (validation 0.7, test 0.95).
+    for seed, (val, test) in enumerate([(0.8, 0.5), (0.9, 0.6)]):
+        _write_run(str(runs), "gla", seed, test, lr=1e-3, val=val)
+        _write_run(str(runs), "gla", seed, 0.95, lr=3e-3, val=0.7)
+    _write_run(str(runs), "linear", 0, 0.9, width=32, short_conv=3, lr=0.5)
+    os.rename(os.path.join(runs, "L32-d32"), os.path.join(runs, "other"))  # any folders
     # Other positions or Zoology's short convolution: rows of their own, named so (the same
     # seed would otherwise replace the default run's).
     _write_run(str(runs), "linear", 0, 0.97, pos="rotary")
@@ -62,23 +70,27 @@ def test_report_writes_the_table_csv_and_figure(tmp_path):
     assert [os.path.basename(p) for p in paths] == ["mqar.md", "mqar.csv", "mqar.png"]
     assert os.path.getsize(paths[2]) > 10_000
     text = open(paths[0]).read()
-    assert "## Setting 1: learning_rate=0.003" in text and "## Setting 2: learning_rate=0.5" in text
-    assert text.count("## Setting") == 2
-    assert text.index("### L = 64") < text.index("## Setting 2")  # L 64 is in setting 1
+    assert "## Setting" not in text  # one setting: the lr is tuned per cell
     # transformer 99.5 +- 0.7 over 2 seeds, the best; linear's best seed (70) is under
     # transformer's worst (99): ranked below. Width 48 has one seed: no ranking.
     row = next(line for line in text.splitlines() if line.startswith("| transformer |"))
     assert "99.5 ± 0.7 (2) =" in row
     row = next(line for line in text.splitlines() if line.startswith("| linear |"))
-    assert "65.0 ± 7.1 (2) <" in row and "50.0 (1) |" in row
+    assert "65.0 ± 7.1 (2) < [lr 0.003 of 2]" in row and "50.0 (1) |" in row
+    row = next(line for line in text.splitlines() if line.startswith("| gla |"))
+    assert "55.0 ± 7.1 (2) < [lr 0.001 of 2]" in row
     assert "| linear [pos_emb=rotary] | 97.0 (1) |" in text
-    assert "| linear [short_conv=3] | 98.0 (1) |" in text
+    # lr 0.5's 90.0 validates lower: not shown
+    assert "| linear [short_conv=3] | 98.0 (1) [lr 0.003 of 2] |" in text
     assert "| majority label | 3.0 |" in text and "| chance | 1.6 |" in text  # V 128
     with open(paths[1]) as f:
         rows = list(csv.DictReader(f))
     transformer = next(r for r in rows if r["model"] == "transformer")
     assert (transformer["L"], transformer["kv"], transformer["width"]) == ("32", "2", "32")
     assert transformer["seeds"] == "0 1" and transformer["mean"] == "99.50"
+    assert transformer["tunings"] == "1" and transformer["learning_rate"] == "0.003"
+    gla = next(r for r in rows if r["model"] == "gla")
+    assert (gla["learning_rate"], gla["tunings"], gla["mean"]) == ("0.001", "2", "55.00")
     # The decoding state: transformer's kv cache at L 32 (2 layers x k and v x 32 x 32
     # float32, and its position index) against linear attention's fixed state.
     assert int(transformer["state_bytes"]) >= 2 * 2 * 32 * 32 * 4
