@@ -2,8 +2,9 @@
 # MAD's six tasks on this CPU (issue 43, section 3): configs/mad.py's mini (a 64-wide
 # 2-layer model on MAD's baseline data, 1,000 steps of batch 64, lr 1e-3 cosine; MAD's
 # baseline difficulty of each task) for the 13 variants below, seeds 0 and 1, one lra.sweep
-# queue per seed (the two CPU cores), a sweep folder per task. About 4 CPU-minutes a run
-# (transformer on in_context_recall), so the 78 runs of a seed take ~5 hours of one core:
+# queue per seed (the two CPU cores), a sweep folder per task. About 4-7 CPU-minutes a run
+# (transformer on in_context_recall: 4 alone, 574 s of wall time beside two other training
+# jobs on the 2 cores), so the 78 runs of a seed take 5-8 hours of one core:
 # the fast variants and the three recall tasks first, so that a stopped grid has the most
 # comparable rows; run it again to continue (finished runs are skipped, unfinished ones
 # resume from their checkpoints).
