@@ -58,6 +58,7 @@ _COORDS = ("max_length", "task_options.num_kv_pairs", "emb_dim", "qkv_dim", "mlp
 # values are a grid, and the values with the best validation accuracy (the seeds' mean of
 # best_eval_accuracy) are the cell's; the test accuracy reported is theirs.
 TUNED = ("learning_rate", "weight_decay")
+SHORT = {"learning_rate": "lr", "weight_decay": "wd"}
 _SKIP = (results_lib.SEED_FIELD, *results_lib.NON_RESULT_FIELDS, "workdir", "data_dir")
 # A variant's own presets (configs/presets.py: its hparams, parameter groups, positions,
 # and the block's token counts scaled to the length): they differ between models, or
@@ -129,17 +130,21 @@ def cells(results: list[dict]) -> list[dict]:
             tuning = tuple(r["config"].get(k) for k in TUNED)
             grid.setdefault(tuning, {})[r["config"].get(results_lib.SEED_FIELD)] = r
 
-        def validation(tuning):
-            vals = [float(r.get("best_eval_accuracy") or -1.0) for r in grid[tuning].values()]
+        def validation(tuning):  # a run without a validation number is never chosen
+            vals = [-1.0 if r.get("best_eval_accuracy") is None
+                    else float(r["best_eval_accuracy"]) for r in grid[tuning].values()]
             return statistics.fmean(vals)
 
         tuning = max(sorted(grid, key=repr), key=validation)
+        # The tuned fields whose values differ within the cell's grid, with the chosen value.
+        chosen = ", ".join(f"{SHORT[k]} {v:g}" for k, v in zip(TUNED, tuning)
+                           if len({t[TUNED.index(k)] for t in grid}) > 1)
         by_seed = grid[tuning]
         accs = [100 * float(r["test_accuracy"]) for r in by_seed.values()]
         first = next(iter(by_seed.values()))
         out.append({
             "setting": setting, "L": length, "kv": kv, "width": width, "model": model,
-            **dict(zip(TUNED, tuning)), "tunings": len(grid),
+            **dict(zip(TUNED, tuning)), "tunings": len(grid), "chosen": chosen,
             "seeds": sorted(by_seed), "accs": accs, "mean": statistics.fmean(accs),
             "std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
             "min": min(accs), "max": max(accs),
@@ -186,7 +191,7 @@ def markdown(all_cells: list[dict], source: str) -> str:
              "(its best seed under the best's worst), among the models with two seeds or more; "
              "a model with one seed is not ranked. `[lr x of n]`: the cell ran n (learning "
              "rate, weight decay) settings; the one with the best validation accuracy (the "
-             "seeds' mean) is shown, its lr x. State: bytes "
+             "seeds' mean) is shown, with the values that differed (lr, wd). State: bytes "
              "of one sequence's decoding cache at L (lra.cache_memory), per width. Chance: "
              "one of the V/2 values.", ""]
     settings = sorted({c["setting"] for c in all_cells})
@@ -216,7 +221,7 @@ def markdown(all_cells: list[dict], source: str) -> str:
                         row.append("-")
                         continue
                     spread = f" ± {c['std']:.1f}" if len(c["accs"]) > 1 else ""
-                    chosen = (f" [lr {c['learning_rate']:g} of {c['tunings']}]"
+                    chosen = (f" [{c['chosen']} of {c['tunings']}]"
                               if c["tunings"] > 1 else "")
                     row.append(f"{c['mean']:.1f}{spread} ({len(c['accs'])}) "
                                f"{marks[w][model]}".rstrip() + chosen)

@@ -12,7 +12,7 @@ from lra.runs import results as results_lib
 
 
 def _write_run(root, model, seed, accuracy, *, length=32, width=0, lr=None, pos=None,
-               short_conv=0, val=None):
+               short_conv=0, val=None, wd=None):
     config = mqar.get_config(f"model={model},runlocal").to_dict()
     if pos:
         config["pos_emb"] = pos
@@ -24,11 +24,15 @@ def _write_run(root, model, seed, accuracy, *, length=32, width=0, lr=None, pos=
         config["emb_dim"] = config["qkv_dim"] = width
     if lr is not None:
         config["learning_rate"] = lr
-    folder = os.path.join(root, f"L{length}-d{width}", model, f"seed{seed}-{lr}-{pos}-{short_conv}")
+    if wd is not None:
+        config["weight_decay"] = wd
+    folder = os.path.join(root, f"L{length}-d{width}", model,
+                          f"seed{seed}-{lr}-{pos}-{short_conv}-{wd}")
     os.makedirs(folder)
     with open(os.path.join(folder, "results.json"), "w") as f:
         json.dump({"task": "mqar", "model": model, "test_accuracy": accuracy,
-                   "best_eval_accuracy": accuracy if val is None else val,
+                   "best_eval_accuracy": (accuracy if val is None
+                                          else None if val == "missing" else val),
                    "majority_baseline_accuracy": 0.03, "num_params": 1000,
                    "objective": "sequence_labels", "config": config}, f)
 
@@ -61,6 +65,9 @@ def test_report_writes_the_table_csv_and_figure(tmp_path):
         _write_run(str(runs), "gla", seed, test, lr=1e-3, val=val)
         _write_run(str(runs), "gla", seed, 0.95, lr=3e-3, val=0.7)
     _write_run(str(runs), "linear", 0, 0.9, width=32, short_conv=3, lr=0.5)
+    # A weight-decay grid names wd; a validation accuracy of 0 is a number, not missing.
+    _write_run(str(runs), "transformer", 0, 0.3, length=64, wd=0.1, val=0.0)
+    _write_run(str(runs), "transformer", 0, 0.4, length=64, wd=0.0, val="missing")
     os.rename(os.path.join(runs, "L32-d32"), os.path.join(runs, "other"))  # any folders
     # Other positions or Zoology's short convolution: rows of their own, named so (the same
     # seed would otherwise replace the default run's).
@@ -77,6 +84,7 @@ def test_report_writes_the_table_csv_and_figure(tmp_path):
     assert "99.5 ± 0.7 (2) =" in row
     row = next(line for line in text.splitlines() if line.startswith("| linear |"))
     assert "65.0 ± 7.1 (2) < [lr 0.003 of 2]" in row and "50.0 (1) |" in row
+    assert "| transformer | 30.0 (1) [wd 0.1 of 2] |" in text
     row = next(line for line in text.splitlines() if line.startswith("| gla |"))
     assert "55.0 ± 7.1 (2) < [lr 0.001 of 2]" in row
     assert "| linear [pos_emb=rotary] | 97.0 (1) |" in text
