@@ -35,6 +35,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 import time
 import uuid
 import warnings
@@ -137,25 +138,67 @@ def _raise_if_storage(what: str, path: str, error: BaseException) -> None:
 
 
 def _silence_failed_writers() -> None:
-    """After a save failed for the disk, orbax's abandoned writer tasks still report the
-    same failure when asyncio collects them, as the process exits ("Task exception was
-    never retrieved", "coroutine ... was never awaited", "Exception ignored in ..."): dozens
-    of tracebacks after the one line that said it. The run is stopping; they are dropped."""
+    """After a save failed for the disk, orbax's abandoned writer threads and tasks still
+    report the same failure until the process exits ("Task exception was never retrieved",
+    "coroutine ... was never awaited", "Exception ignored in ...", absl's "_SignalingThread
+    .run() raised an exception", tensorstore's callbacks into closed event loops: "Event
+    loop is closed"): dozens of tracebacks before or after the one line that says it, 1 run
+    in 6 to 30 on a busy machine. The run is stopping; what threads other than the main one
+    print or log from now on is dropped, and the failed writes' own reports."""
+    if _silenced:
+        return
+
     def not_a_failed_write(record):
         error = record.exc_info[1] if record.exc_info else None
         return not (error is not None and storage_failure(error))
 
-    logging.getLogger("asyncio").addFilter(not_a_failed_write)
-    warnings.filterwarnings("ignore", message="coroutine .* was never awaited",
-                            category=RuntimeWarning)
-    previous = sys.unraisablehook
+    def main_thread_only(record):
+        return threading.current_thread() is threading.main_thread()
+
+    previous_hook, previous_stderr = sys.unraisablehook, sys.stderr
 
     def hook(unraisable):
         if not (storage_failure(unraisable.exc_value)
                 or "serializ" in repr(unraisable.object)):  # orbax's write coroutines
-            previous(unraisable)
+            previous_hook(unraisable)
 
-    sys.unraisablehook = hook
+    asyncio_logger, absl_logger = logging.getLogger("asyncio"), logging.getLogger("absl")
+    asyncio_logger.addFilter(not_a_failed_write)
+    absl_logger.addFilter(main_thread_only)  # orbax logs its threads' exceptions there
+    warnings.filterwarnings("ignore", message="coroutine .* was never awaited",
+                            category=RuntimeWarning)
+    sys.unraisablehook, sys.stderr = hook, _MainThreadOnly(previous_stderr)
+
+    def undo():
+        asyncio_logger.removeFilter(not_a_failed_write)
+        absl_logger.removeFilter(main_thread_only)
+        sys.unraisablehook, sys.stderr = previous_hook, previous_stderr
+    _silenced.append(undo)
+
+
+_silenced: list = []  # the undo of _silence_failed_writers, once it ran (tests call it)
+
+
+def _unsilence() -> None:
+    """Undoes _silence_failed_writers: for tests that fail a save in their own process."""
+    while _silenced:
+        _silenced.pop()()
+
+
+class _MainThreadOnly:
+    """sys.stderr once the disk failed: what the main thread writes passes, what other
+    threads write (tracebacks printed from tensorstore's callbacks) is dropped."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        if threading.current_thread() is threading.main_thread():
+            return self._stream.write(text)
+        return len(text)
+
+    def __getattr__(self, name):  # flush, fileno, encoding, isatty, ...
+        return getattr(self._stream, name)
 
 
 class CorruptCheckpoint(CheckpointError):
