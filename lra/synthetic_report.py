@@ -32,7 +32,10 @@ cell's, as Zoology picks the best lr per width. Written:
 
   <out>_mad.md  MAD's runs (configs/mad.py), MAD's rule (mad_scores): per difficulty
              setting the best (lr, weight decay) by the seeds' mean of MAD's metric, the mean
-             over settings per task, the average over the six; the published rows beside.
+             over settings per task, the average over the six; ties per task by the seeds'
+             scores (as above); the majority label's score under MAD's metric (1 / the
+             number of test label classes, from each setting's regenerated data); the
+             published rows beside.
 
 Per-example accuracy (every query of an example right) is in each run's results.json
 (`test_example_accuracy`); the MQAR table is per position, as Zoology's figure.
@@ -323,11 +326,12 @@ PUBLISHED_MAD = {
 
 
 def mad_scores(results: list[dict]) -> dict[str, dict[str, dict]]:
-    """model -> MAD task -> {score, std, settings, seeds}: MAD's rule, per difficulty
-    setting (the data's options and length) the best (learning rate, weight decay) by the
-    seeds' mean of MAD's metric (macro accuracy, test_macro_accuracy; else per-position
-    accuracy), then the mean over settings; std is the chosen runs' seed std averaged over
-    settings (0 with one seed)."""
+    """model -> MAD task -> {score, std, settings, seeds, accs, min, max, mean}: MAD's rule,
+    per difficulty setting (the data's options and length) the best (learning rate, weight
+    decay) by the seeds' mean of MAD's metric (macro accuracy, test_macro_accuracy; else
+    per-position accuracy), then the mean over settings; std is the chosen runs' seed std
+    averaged over settings (0 with one seed); accs the per-seed scores (a seed's mean over
+    the settings, for the seeds that ran every one), whose range decides ties."""
     cells: dict = {}
     for r in results:
         task = r.get("task", "")
@@ -346,38 +350,75 @@ def mad_scores(results: list[dict]) -> dict[str, dict[str, dict]]:
         for task, settings in tasks.items():
             best = []
             for tunings in settings.values():
-                runs = max(tunings.values(), key=lambda seeds: statistics.fmean(seeds.values()))
-                values = list(runs.values())
-                best.append((statistics.fmean(values),
-                             statistics.stdev(values) if len(values) > 1 else 0.0, len(values)))
+                best.append(max(tunings.values(),
+                                key=lambda seeds: statistics.fmean(seeds.values())))
+            common = set.intersection(*(set(runs) for runs in best))
+            accs = [statistics.fmean(runs[s] for runs in best) for s in sorted(common, key=repr)]
             out.setdefault(model, {})[task] = {
-                "score": statistics.fmean(b[0] for b in best),
-                "std": statistics.fmean(b[1] for b in best),
-                "settings": len(best), "seeds": min(b[2] for b in best)}
+                "model": model,
+                "score": statistics.fmean(statistics.fmean(runs.values()) for runs in best),
+                "std": statistics.fmean(statistics.stdev(runs.values()) if len(runs) > 1
+                                        else 0.0 for runs in best),
+                "settings": len(best), "seeds": min(len(runs) for runs in best),
+                "accs": accs, "mean": statistics.fmean(accs) if accs else 0.0,
+                "min": min(accs, default=0.0), "max": max(accs, default=0.0)}
     return out
 
 
-def mad_markdown(scores: dict[str, dict[str, dict]], source: str) -> str:
+def mad_baselines(results: list[dict]) -> dict[str, float]:
+    """MAD task -> the most frequent label's score under MAD's metric (%), averaged over
+    the task's settings that ran (mad.majority_macro_accuracy: regenerates each setting's
+    data, seconds to a minute a setting)."""
+    from lra.tasks import mad
+
+    settings: dict[str, dict] = {}
+    for r in results:
+        task, c = r.get("task", ""), r.get("config")
+        if task.startswith("mad_") and c:
+            options = dict(c.get("task_options") or {})
+            key = (int(c["max_length"]), repr(sorted(options.items())))
+            settings.setdefault(task[4:], {})[key] = (int(c["max_length"]), options)
+    out = {}
+    for task, found in settings.items():
+        print(f"MAD {task}: the majority label's score on {len(found)} setting(s)...",
+              file=sys.stderr, flush=True)
+        out[task] = statistics.fmean(
+            100 * mad.majority_macro_accuracy(task, length, **options)
+            for length, options in found.values())
+    return out
+
+
+def mad_markdown(scores: dict[str, dict[str, dict]], source: str,
+                 baselines: dict[str, float] | None = None) -> str:
     head = "| model | " + " | ".join(name for _, name in MAD_TASKS) + " | Avg |"
     lines = [f"# MAD: score per task (%), from `{source}`", "",
              "MAD's rule: per difficulty setting the best (lr, weight decay) by the seeds' "
              "mean of MAD's metric (macro accuracy), then the mean over the settings; `± s` "
              "the chosen runs' seed std averaged over settings; `(k/n)` k settings, n seeds. "
-             "Avg only where all six tasks ran. Published rows: as quoted in issue 43 from "
-             "Yang et al.'s DeltaNet blog post (part 1, 2024), MAD's full protocol (dim 128, "
-             "200 epochs, every difficulty setting).", "", head,
-             "|---|" + "---|" * (len(MAD_TASKS) + 1)]
+             "`=` tied with the column's best (its seed range reaches the best model's worst "
+             "seed), `<` below it, among the models with two seeds or more (a seed's score: "
+             "its mean over the settings); a model with one seed is not ranked. "
+             "Avg only where all six tasks ran. `majority label`: always the most frequent "
+             "test label, under MAD's metric (1 / the number of label classes). Published "
+             "rows: as quoted in issue 43 from Yang et al.'s DeltaNet blog post (part 1, "
+             "2024), MAD's full protocol (dim 128, 200 epochs, every difficulty setting).",
+             "", head, "|---|" + "---|" * (len(MAD_TASKS) + 1)]
+    marks = {task: ties([scores[m][task] for m in scores if task in scores[m]])
+             for task, _ in MAD_TASKS}
     for model in _ordered(set(scores)):
         row = []
         for task, _ in MAD_TASKS:
             cell = scores[model].get(task)
-            row.append("-" if cell is None else
-                       f"{cell['score']:.1f}" + (f" ± {cell['std']:.1f}" if cell["seeds"] > 1
-                                                 else "")
-                       + f" ({cell['settings']}/{cell['seeds']})")
+            row.append("-" if cell is None else (
+                f"{cell['score']:.1f}" + (f" ± {cell['std']:.1f}" if cell["seeds"] > 1
+                                          else "")
+                + f" ({cell['settings']}/{cell['seeds']}) {marks[task][model]}").rstrip())
         done = [scores[model][t]["score"] for t, _ in MAD_TASKS if t in scores[model]]
         avg = f"{statistics.fmean(done):.1f}" if len(done) == len(MAD_TASKS) else "-"
         lines.append(f"| {model} | " + " | ".join(row) + f" | {avg} |")
+    if baselines:
+        lines.append("| majority label | " + " | ".join(
+            f"{baselines[t]:.1f}" if t in baselines else "-" for t, _ in MAD_TASKS) + " | |")
     for name, values in PUBLISHED_MAD.items():
         lines.append(f"| {name} (published) | " + " | ".join(
             "-" if v is None else f"{v:.1f}" for v in values) + " |")
@@ -401,7 +442,7 @@ def report(root: str, out: str) -> list[str]:
     if mad:
         paths.append(out + "_mad.md")
         with open(paths[-1], "w", encoding="utf-8") as f:
-            f.write(mad_markdown(mad, root))
+            f.write(mad_markdown(mad, root, mad_baselines(runs)))
     for line in skipped:
         print(f"warning: {line}", file=sys.stderr)
     return paths

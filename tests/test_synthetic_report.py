@@ -147,4 +147,45 @@ def test_mad_table_follows_mads_rule(tmp_path):
     text = open(paths[0]).read()
     row = next(line for line in text.splitlines() if line.startswith("| gla |"))
     assert row == "| gla | - | - | 65.0 ± 14.1 (2/2) | - | - | - | - |"
+    assert "| majority label | - | - | " in text
     assert "| DeltaNet (published) | 42.2 | 35.7 | 100.0 | 52.8 | 100.0 | 100.0 | 71.8 |" in text
+
+
+def test_mad_table_marks_ties_by_the_seeds_scores_and_shows_the_majority_label(tmp_path):
+    """A seed's score is its mean over the settings; a model whose best seed is under the
+    best model's worst seed is ranked below it (`<`), one whose range reaches it is tied
+    (`=`), one with one seed is not ranked; the majority label's macro score is 1 / the
+    number of test label classes of the runs' own data."""
+    import numpy as np
+
+    from configs import mad
+    from lra.tasks import mad as mad_tasks
+
+    runs = str(tmp_path / "runs")
+    for seed, a, b in ((0, 0.9, 0.4), (1, 0.7, 0.6)):  # seed scores 65, 65
+        _write_mad(runs, "gla", "in_context_recall", seed, a)
+        _write_mad(runs, "gla", "in_context_recall", seed, b, vocab=64)
+    for seed, a, b in ((0, 0.95, 0.9), (1, 0.97, 0.92)):  # 92.5, 94.5: the best
+        _write_mad(runs, "deltanet", "in_context_recall", seed, a)
+        _write_mad(runs, "deltanet", "in_context_recall", seed, b, vocab=64)
+    for seed, a in ((0, 0.93), (1, 0.80)):  # one setting: 93, 80, reaches 92.5
+        _write_mad(runs, "linear", "in_context_recall", seed, a)
+    _write_mad(runs, "retnet", "in_context_recall", 0, 0.99)  # one seed: not ranked
+    paths = synthetic_report.report(runs, str(tmp_path / "out" / "grid"))
+    rows = {line.split(" | ")[0][2:]: line.split(" | ")[3]
+            for line in open(paths[0]).read().splitlines() if line.startswith("| ")}
+    assert rows["deltanet"] == "93.5 ± 1.4 (2/2) ="
+    assert rows["gla"] == "65.0 ± 14.1 (2/2) <"
+    assert rows["linear"] == "86.5 ± 9.2 (1/2) ="
+    assert rows["retnet"] == "99.0 (1/1)"
+    config = mad.get_config("task=in_context_recall,model=gla,runlocal")
+    labels = []
+    for vocab in (None, 64):
+        options = config.task_options.to_dict()
+        if vocab:
+            options["vocab_size"] = vocab
+        targets = mad_tasks.read_split("in_context_recall", "test", config.max_length,
+                                       **options)["targets"]
+        labels.append(len(np.unique(targets[targets != -100])))
+    expected = (100 / labels[0] + 100 / labels[1]) / 2
+    assert labels[0] < labels[1] and rows["majority label"] == f"{expected:.1f}"

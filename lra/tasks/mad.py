@@ -504,6 +504,14 @@ def read_split(task: str, split: str, max_length: int, **options: Any) -> dict[s
     return {"inputs": x, "mask": mask, "targets": y}
 
 
+def majority_macro_accuracy(task: str, max_length: int, **options: Any) -> float:
+    """MAD's metric (macro accuracy) of always predicting the most frequent label: 1 / the
+    number of classes among the test labels (its class recalled in full, the others not at
+    all), which is also what a uniform guess over those classes scores on average."""
+    targets = read_split(task, "test", max_length, **options)["targets"]
+    return 1.0 / len(np.unique(targets[targets != IGNORE]))
+
+
 def _reader(task: str):
     b = baseline(task)
     settings = [k for k in PARAMS if k != "seq_len"]
