@@ -4,7 +4,8 @@
 # baseline difficulty of each task) for the 13 variants below, seeds 0 and 1, one lra.sweep
 # queue per seed (the two CPU cores), a sweep folder per task. About 4-7 CPU-minutes a run
 # (transformer on in_context_recall: 4 alone, 574 s of wall time beside two other training
-# jobs on the 2 cores), so the 78 runs of a seed take 5-8 hours of one core:
+# jobs on the 2 cores; mamba2, with mamba_ssm's GPU-tuned d_state 128 / chunk 256: 16-35
+# minutes), so the 78 runs of a seed take 6-9 hours of one core:
 # the fast variants and the three recall tasks first, so that a stopped grid has the most
 # comparable rows; run it again to continue (finished runs are skipped, unfinished ones
 # resume from their checkpoints).
