@@ -331,20 +331,22 @@ def mad_scores(results: list[dict]) -> dict[str, dict[str, dict]]:
     decay) by the seeds' mean of MAD's metric (macro accuracy, test_macro_accuracy; else
     per-position accuracy), then the mean over settings; std is the chosen runs' seed std
     averaged over settings (0 with one seed); accs the per-seed scores (a seed's mean over
-    the settings, for the seeds that ran every one), whose range decides ties."""
+    the settings, for the seeds that ran every one), whose range decides ties; params the
+    model's parameter counts over its runs (they differ between tasks: vocabularies)."""
     cells: dict = {}
+    params: dict = {}
     for r in results:
         task = r.get("task", "")
         c = r.get("config")
         if not task.startswith("mad_") or not c:
             continue
-        options = tuple(sorted((k, repr(v)) for k, v in (c.get("task_options") or {}).items()))
-        setting = (int(c["max_length"]), options)
+        setting = _mad_setting(c)
         tuning = (c.get("learning_rate"), c.get("weight_decay"))
         metric = r.get("test_macro_accuracy")
         acc = 100 * float(metric if metric is not None else r["test_accuracy"])
         (cells.setdefault(r["model"], {}).setdefault(task[4:], {}).setdefault(setting, {})
          .setdefault(tuning, {}))[c.get(results_lib.SEED_FIELD)] = acc
+        params.setdefault(r["model"], set()).add(int(r.get("num_params") or 0))
     out: dict[str, dict[str, dict]] = {}
     for model, tasks in cells.items():
         for task, settings in tasks.items():
@@ -361,8 +363,15 @@ def mad_scores(results: list[dict]) -> dict[str, dict[str, dict]]:
                                         else 0.0 for runs in best),
                 "settings": len(best), "seeds": min(len(runs) for runs in best),
                 "accs": accs, "mean": statistics.fmean(accs) if accs else 0.0,
-                "min": min(accs, default=0.0), "max": max(accs, default=0.0)}
+                "min": min(accs, default=0.0), "max": max(accs, default=0.0),
+                "params": sorted(params[model])}
     return out
+
+
+def _mad_setting(config: dict) -> tuple:
+    """A MAD run's difficulty setting: its length and its data options."""
+    options = config.get("task_options") or {}
+    return int(config["max_length"]), tuple(sorted((k, repr(v)) for k, v in options.items()))
 
 
 def mad_baselines(results: list[dict]) -> dict[str, float]:
@@ -375,9 +384,8 @@ def mad_baselines(results: list[dict]) -> dict[str, float]:
     for r in results:
         task, c = r.get("task", ""), r.get("config")
         if task.startswith("mad_") and c:
-            options = dict(c.get("task_options") or {})
-            key = (int(c["max_length"]), repr(sorted(options.items())))
-            settings.setdefault(task[4:], {})[key] = (int(c["max_length"]), options)
+            settings.setdefault(task[4:], {})[_mad_setting(c)] = (
+                int(c["max_length"]), dict(c.get("task_options") or {}))
     out = {}
     for task, found in settings.items():
         print(f"MAD {task}: the majority label's score on {len(found)} setting(s)...",
@@ -390,7 +398,7 @@ def mad_baselines(results: list[dict]) -> dict[str, float]:
 
 def mad_markdown(scores: dict[str, dict[str, dict]], source: str,
                  baselines: dict[str, float] | None = None) -> str:
-    head = "| model | " + " | ".join(name for _, name in MAD_TASKS) + " | Avg |"
+    head = "| model | " + " | ".join(name for _, name in MAD_TASKS) + " | Avg | params |"
     lines = [f"# MAD: score per task (%), from `{source}`", "",
              "MAD's rule: per difficulty setting the best (lr, weight decay) by the seeds' "
              "mean of MAD's metric (macro accuracy), then the mean over the settings; `± s` "
@@ -402,7 +410,8 @@ def mad_markdown(scores: dict[str, dict[str, dict]], source: str,
              "test label, under MAD's metric (1 / the number of label classes). Published "
              "rows: as quoted in issue 43 from Yang et al.'s DeltaNet blog post (part 1, "
              "2024), MAD's full protocol (dim 128, 200 epochs, every difficulty setting).",
-             "", head, "|---|" + "---|" * (len(MAD_TASKS) + 1)]
+             "params: the model's counts over its runs (the tasks' vocabularies differ).",
+             "", head, "|---|" + "---|" * (len(MAD_TASKS) + 2)]
     marks = {task: ties([scores[m][task] for m in scores if task in scores[m]])
              for task, _ in MAD_TASKS}
     for model in _ordered(set(scores)):
@@ -415,13 +424,16 @@ def mad_markdown(scores: dict[str, dict[str, dict]], source: str,
                 + f" ({cell['settings']}/{cell['seeds']}) {marks[task][model]}").rstrip())
         done = [scores[model][t]["score"] for t, _ in MAD_TASKS if t in scores[model]]
         avg = f"{statistics.fmean(done):.1f}" if len(done) == len(MAD_TASKS) else "-"
-        lines.append(f"| {model} | " + " | ".join(row) + f" | {avg} |")
+        counts = sorted({n for cell in scores[model].values() for n in cell["params"]})
+        span = f"{counts[0]:,}" + (f"-{counts[-1]:,}" if len(counts) > 1 else "")
+        lines.append(f"| {model} | " + " | ".join(row) + f" | {avg} | {span} |")
     if baselines:
         lines.append("| majority label | " + " | ".join(
-            f"{baselines[t]:.1f}" if t in baselines else "-" for t, _ in MAD_TASKS) + " | |")
+            f"{baselines[t]:.1f}" if t in baselines else "-" for t, _ in MAD_TASKS)
+            + " | | |")
     for name, values in PUBLISHED_MAD.items():
         lines.append(f"| {name} (published) | " + " | ".join(
-            "-" if v is None else f"{v:.1f}" for v in values) + " |")
+            "-" if v is None else f"{v:.1f}" for v in values) + " | |")
     return "\n".join(lines) + "\n"
 
 

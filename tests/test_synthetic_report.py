@@ -122,6 +122,7 @@ def _write_mad(root, model, task, seed, macro, *, lr=5e-4, vocab=None):
     os.makedirs(folder)
     with open(os.path.join(folder, "results.json"), "w") as f:
         json.dump({"task": config["task"], "model": model, "test_accuracy": 0.5,
+                   "num_params": 1000 + vocab if vocab else 1000,
                    "test_macro_accuracy": macro, "objective": "sequence_labels",
                    "config": config}, f)
 
@@ -146,7 +147,7 @@ def test_mad_table_follows_mads_rule(tmp_path):
     assert [os.path.basename(p) for p in paths] == ["grid_mad.md"]
     text = open(paths[0]).read()
     row = next(line for line in text.splitlines() if line.startswith("| gla |"))
-    assert row == "| gla | - | - | 65.0 ± 14.1 (2/2) | - | - | - | - |"
+    assert row == "| gla | - | - | 65.0 ± 14.1 (2/2) | - | - | - | - | 1,000-1,064 |"
     assert "| majority label | - | - | " in text
     assert "| DeltaNet (published) | 42.2 | 35.7 | 100.0 | 52.8 | 100.0 | 100.0 | 71.8 |" in text
 
@@ -160,6 +161,7 @@ def test_mad_table_marks_ties_by_the_seeds_scores_and_shows_the_majority_label(t
 
     from configs import mad
     from lra.tasks import mad as mad_tasks
+    from lra.training.objectives import macro_accuracy
 
     runs = str(tmp_path / "runs")
     for seed, a, b in ((0, 0.9, 0.4), (1, 0.7, 0.6)):  # seed scores 65, 65
@@ -187,5 +189,15 @@ def test_mad_table_marks_ties_by_the_seeds_scores_and_shows_the_majority_label(t
         targets = mad_tasks.read_split("in_context_recall", "test", config.max_length,
                                        **options)["targets"]
         labels.append(len(np.unique(targets[targets != -100])))
+        # 1 / K is the loop's own macro accuracy of predicting the majority label everywhere
+        y = targets[targets != -100]
+        majority = np.bincount(y).argmax()
+        per_class = np.bincount(y, minlength=y.max() + 1)
+        predicted = np.zeros_like(per_class)
+        predicted[majority] = len(y)
+        tp = np.where(np.arange(len(per_class)) == majority, per_class, 0)
+        assert abs(macro_accuracy(tp, per_class, predicted)
+                   - mad_tasks.majority_macro_accuracy("in_context_recall",
+                                                       config.max_length, **options)) < 1e-12
     expected = (100 / labels[0] + 100 / labels[1]) / 2
     assert labels[0] < labels[1] and rows["majority label"] == f"{expected:.1f}"
