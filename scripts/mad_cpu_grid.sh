@@ -6,16 +6,19 @@
 # (transformer on in_context_recall: 4 alone, 574 s of wall time beside two other training
 # jobs on the 2 cores; mamba2, with mamba_ssm's GPU-tuned d_state 128 / chunk 256: 16-35
 # minutes), so the 78 runs of a seed take 6-9 hours of one core:
-# the fast variants and the three recall tasks first, so that a stopped grid has the most
-# comparable rows; run it again to continue (finished runs are skipped, unfinished ones
-# resume from their checkpoints).
+# the fast variants first, and the tasks by run time (compression and memorization have
+# L 32, a quarter of the others' tokens; selective copying L 256), so that a stopped grid
+# has the most complete columns; run it again to continue (finished runs are skipped, unfinished ones
+# resume from their checkpoints). SEEDS picks the queues (default "0 1", one per seed).
 #
 #   scripts/mad_cpu_grid.sh [DIR]                                  # default workdirs/mad_grid
+#   SEEDS=2 scripts/mad_cpu_grid.sh                                # a third seed, one queue
 #   python -m lra.synthetic_report DIR --out=results/cpu/mad_grid  # MAD's table (_mad.md)
 set -u
 DIR=${1:-workdirs/mad_grid}
 MODELS=transformer,linear,retnet,gla,deltanet,gated_deltanet,mamba2,local,s4d,s5,mega,lru,performer
-TASKS="in_context_recall noisy_in_context_recall selective_copying fuzzy_in_context_recall compression memorization"
+TASKS="in_context_recall noisy_in_context_recall compression memorization fuzzy_in_context_recall
+       selective_copying"
 PY=${PYTHON:-python}
 mkdir -p "$DIR"
 queue() {  # queue SEED
@@ -24,6 +27,7 @@ queue() {  # queue SEED
             --seeds="$1" --sweep_dir="$DIR/$task"
     done
 }
-queue 0 >"$DIR/queue0.log" 2>&1 &
-queue 1 >"$DIR/queue1.log" 2>&1 &
+for seed in ${SEEDS:-0 1}; do
+    queue "$seed" >>"$DIR/queue$seed.log" 2>&1 &
+done
 wait
