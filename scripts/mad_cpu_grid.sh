@@ -8,8 +8,9 @@
 # minutes), so the 78 runs of a seed take 6-9 hours of one core:
 # the fast variants first, and the tasks by run time (compression and memorization have
 # L 32, a quarter of the others' tokens; selective copying L 256), so that a stopped grid
-# has the most complete columns; run it again to continue (finished runs are skipped, unfinished ones
-# resume from their checkpoints). SEEDS picks the queues (default "0 1", one per seed).
+# has the most complete columns; run it again to continue (finished runs are skipped,
+# unfinished ones resume from their checkpoints). SEEDS picks the queues (default "0 1",
+# one per seed).
 #
 #   scripts/mad_cpu_grid.sh [DIR]                                  # default workdirs/mad_grid
 #   SEEDS=2 scripts/mad_cpu_grid.sh                                # a third seed, one queue
