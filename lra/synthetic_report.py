@@ -346,7 +346,9 @@ def mad_scores(results: list[dict]) -> dict[str, dict[str, dict]]:
         acc = 100 * float(metric if metric is not None else r["test_accuracy"])
         (cells.setdefault(r["model"], {}).setdefault(task[4:], {}).setdefault(setting, {})
          .setdefault(tuning, {}))[c.get(results_lib.SEED_FIELD)] = acc
-        params.setdefault(r["model"], set()).add(int(r.get("num_params") or 0))
+        counts = params.setdefault(r["model"], set())
+        if r.get("num_params"):  # a run without its count adds nothing, not a 0
+            counts.add(int(r["num_params"]))
     out: dict[str, dict[str, dict]] = {}
     for model, tasks in cells.items():
         for task, settings in tasks.items():
@@ -425,7 +427,8 @@ def mad_markdown(scores: dict[str, dict[str, dict]], source: str,
         done = [scores[model][t]["score"] for t, _ in MAD_TASKS if t in scores[model]]
         avg = f"{statistics.fmean(done):.1f}" if len(done) == len(MAD_TASKS) else "-"
         counts = sorted({n for cell in scores[model].values() for n in cell["params"]})
-        span = f"{counts[0]:,}" + (f"-{counts[-1]:,}" if len(counts) > 1 else "")
+        span = ("?" if not counts else f"{counts[0]:,}"
+                + (f"-{counts[-1]:,}" if len(counts) > 1 else ""))
         lines.append(f"| {model} | " + " | ".join(row) + f" | {avg} | {span} |")
     if baselines:
         lines.append("| majority label | " + " | ".join(

@@ -111,7 +111,7 @@ def test_no_mqar_run_is_one_line(tmp_path, capsys):
     assert "no MQAR or MAD run" in capsys.readouterr().err
 
 
-def _write_mad(root, model, task, seed, macro, *, lr=5e-4, vocab=None):
+def _write_mad(root, model, task, seed, macro, *, lr=5e-4, vocab=None, counted=True):
     from configs import mad
 
     config = mad.get_config(f"task={task},model={model},runlocal").to_dict()
@@ -122,7 +122,7 @@ def _write_mad(root, model, task, seed, macro, *, lr=5e-4, vocab=None):
     os.makedirs(folder)
     with open(os.path.join(folder, "results.json"), "w") as f:
         json.dump({"task": config["task"], "model": model, "test_accuracy": 0.5,
-                   "num_params": 1000 + vocab if vocab else 1000,
+                   "num_params": 1000 + (vocab or 0) if counted else None,
                    "test_macro_accuracy": macro, "objective": "sequence_labels",
                    "config": config}, f)
 
@@ -138,6 +138,8 @@ def test_mad_table_follows_mads_rule(tmp_path):
         _write_mad(runs, "gla", "in_context_recall", seed, 0.6, lr=1e-3)
     for seed, macro in ((0, 0.4), (1, 0.6)):
         _write_mad(runs, "gla", "in_context_recall", seed, macro, vocab=64)
+    # a run without its parameter count: '?', not a count of 0
+    _write_mad(runs, "lru", "in_context_recall", 0, 0.3, counted=False)
     scores = synthetic_report.mad_scores(results_lib.load(runs)[0])
     cell = scores["gla"]["in_context_recall"]
     assert cell["settings"] == 2 and cell["seeds"] == 2
@@ -148,6 +150,7 @@ def test_mad_table_follows_mads_rule(tmp_path):
     text = open(paths[0]).read()
     row = next(line for line in text.splitlines() if line.startswith("| gla |"))
     assert row == "| gla | - | - | 65.0 ± 14.1 (2/2) | - | - | - | - | 1,000-1,064 |"
+    assert "| lru | - | - | 30.0 (1/1) | - | - | - | - | ? |" in text
     assert "| majority label | - | - | " in text
     assert "| DeltaNet (published) | 42.2 | 35.7 | 100.0 | 52.8 | 100.0 | 100.0 | 71.8 |" in text
 
