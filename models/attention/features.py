@@ -158,12 +158,19 @@ class RandomFeatures(nnx.Variable):
 
 
 class RedrawCounter(nnx.Variable):
-    """Training calls since the features were last drawn."""
+    """Training calls made with the current features."""
 
 
 class FeatureProjection(nnx.Module):
     """An m x d orthogonal Gaussian projection, redrawn every `redraw_interval` training
-    calls (inside jit, from its own forked RNG stream) and frozen when deterministic."""
+    calls (inside jit, from its own forked RNG stream) and frozen when deterministic.
+
+    A training call redraws BEFORE it uses the projection (performer-pytorch's order), so
+    the stored projection is always the one the weights were last trained with. Redrawing
+    after the interval-th call instead left a run of N x interval steps with a draw it
+    never trained on: the MAD minis (1,000 steps, interval 1,000) then validated at
+    91.7% with the trained-on draw and 16.9% with the fresh one (results/cpu/mad_grid_mad.md);
+    a model adapted to one draw loses recall under another until it trains again."""
 
     def __init__(self, num_features: int, dim: int, *, redraw_interval: int,
                  rngs: nnx.Rngs):
@@ -186,20 +193,20 @@ class FeatureProjection(nnx.Module):
         self.rngs = layers.noise_stream(rngs)
 
     def __call__(self, *, deterministic: bool) -> jax.Array:
-        """The projection for this call; a training call then advances the schedule."""
-        w_MxK = self.features[...]
+        """The projection for this call (a training call first advances the schedule)."""
         if not deterministic and self.redraw_interval > 0:
             self.features[...], self.count[...] = _advance_schedule(
-                w_MxK, self.count[...], self.rngs(), interval=self.redraw_interval)
-        return w_MxK
+                self.features[...], self.count[...], self.rngs(),
+                interval=self.redraw_interval)
+        return self.features[...]
 
 
 @functools.partial(jax.jit, static_argnames=("interval",))
 def _advance_schedule(w_MxK: jax.Array, count: jax.Array, key: jax.Array, *,
                       interval: int) -> tuple[jax.Array, jax.Array]:
-    """One training call: count + 1, and fresh features once it reaches `interval`."""
-    count = count + 1
+    """One training call: fresh features if the current ones have served `interval`
+    calls, then this call counted (`count`: training calls made with the current ones)."""
     redraw = count >= interval
     w_MxK = jax.lax.cond(redraw, lambda: orthogonal_gaussian(key, *w_MxK.shape),
                          lambda: w_MxK)
-    return w_MxK, jnp.where(redraw, 0, count)
+    return w_MxK, jnp.where(redraw, 1, count + 1)

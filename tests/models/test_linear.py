@@ -292,7 +292,9 @@ def features_of(model: nnx.Module) -> np.ndarray:
 def test_performer_redraws_on_schedule_and_freezes_in_eval():
     """Eval calls never redraw. Training calls, as in the loop's train step (jit of
     nnx.grad over Params only), redraw every `redraw_interval` calls and carry the
-    features and the counter out of the differentiated call, into `rest`."""
+    features and the counter out of the differentiated call, into `rest`. A call redraws
+    before it uses the features: the features a call leaves are the ones it trained with
+    (evaluating right after the interval-th call must not meet an untrained draw)."""
     model = build("performer", causal=False, num_features=32, redraw_interval=3)
     x = jnp.asarray(normal(24, (2, 8, 16)))
     w0 = features_of(model)
@@ -309,20 +311,27 @@ def test_performer_redraws_on_schedule_and_freezes_in_eval():
         grad_fn = nnx.grad(lambda m: jnp.sum(m(x, deterministic=False) ** 2),
                            argnums=nnx.DiffState(0, nnx.Param))
         grads = grad_fn(module)
-        return grads, nnx.state(module, nnx.Not(nnx.Param))
+        y = module(x, deterministic=False)  # a second training call: what the first left
+        return grads, y, nnx.state(module, nnx.Not(nnx.Param))
 
-    seen = []
-    for _ in range(6):
-        grads, rest = train_step(params, rest)
+    seen, counts = [], []
+    for _ in range(3):
+        grads, y, rest = train_step(params, rest)
         assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
-        seen.append(features_of(nnx.merge(graphdef, params, rest)))
+        after = nnx.merge(graphdef, params, rest)
+        seen.append(features_of(after))
+        counts.append(int(after.projection.count[...]))
+        # the second call of the step used the features it left behind
+        np.testing.assert_allclose(after(x, deterministic=True), y, rtol=1e-6, atol=1e-6)
+    # two training calls per step: calls 1-3 use w0, call 4 redraws and uses w1 (5, 6 too)
     np.testing.assert_array_equal(seen[0], w0)
-    np.testing.assert_array_equal(seen[1], w0)
-    assert not np.allclose(seen[2], w0)  # the 3rd training call redraws
-    np.testing.assert_array_equal(seen[3], seen[2])
-    np.testing.assert_array_equal(seen[4], seen[2])
-    assert not np.allclose(seen[5], seen[2])  # and the 6th, with fresh randomness
-    assert_orthogonal_gaussian(seen[5], model.head_dim)  # drawn by the jax path
+    assert counts == [2, 1, 3]
+    assert not np.allclose(seen[1], w0)  # the 4th training call redraws
+    np.testing.assert_array_equal(seen[2], seen[1])
+    grads, y, rest = train_step(params, rest)  # calls 7 (redraws) and 8
+    w2 = features_of(nnx.merge(graphdef, params, rest))
+    assert not np.allclose(w2, seen[1])  # fresh randomness
+    assert_orthogonal_gaussian(w2, model.head_dim)  # drawn by the jax path
 
 
 def test_performer_relu_kernel_matches_quadratic():
@@ -514,3 +523,38 @@ def test_performer_redraws_inside_the_training_loop(tiny_listops_config, listops
     for w0, w2 in zip(before, after):
         assert w0.shape == w2.shape == (16, config.qkv_dim // config.num_heads)
         assert not np.allclose(np.asarray(w0), np.asarray(w2))
+
+
+@pytest.mark.slow
+def test_performer_run_of_one_redraw_interval_ends_with_its_trained_draw(
+        tiny_listops_config, listops_dir, tmp_path):
+    """A run of exactly redraw_interval steps keeps the draw it trained with to the end:
+    its last evaluation and checkpoint meet the features of every training step (the
+    MAD minis validated at 16.9% with a draw made after their last step, 91.7% with the
+    trained-on one)."""
+    import lra.tasks
+    from lra import train
+    from lra.training import checkpoint
+
+    config = tiny_listops_config(listops_dir, model="performer", num_train_steps=2,
+                                 eval_frequency=1, num_eval_steps=1)
+    config.model_hparams.update(num_features=16, redraw_interval=2)
+    train.train_and_evaluate(config, str(tmp_path))
+    graphdef, params, rest = nnx.split(train.build_model(config, lra.tasks.get("listops")),
+                                       nnx.Param, ...)
+    tx = train.make_optimizer(config, train.learning_rate_schedule(config))
+    template = {"step": jnp.int32(0), "params": params, "rest": rest,
+                "opt_state": tx.init(params)}
+    ckpts = checkpoint.Checkpoints(str(tmp_path))
+    assert sorted(ckpts.last_steps()) == [1, 2]
+    kept = {}
+    for step in (1, 2):
+        state, _ = ckpts.restore_last(template, step)
+        module = nnx.merge(graphdef, state["params"], state["rest"], copy=True)
+        kept[step] = (
+            [np.array(w) for w in jax.tree.leaves(nnx.state(module, features.RandomFeatures))],
+            [int(c) for c in jax.tree.leaves(nnx.state(module, features.RedrawCounter))])
+    ckpts.close()
+    assert kept[1][1] == [1] * config.num_layers and kept[2][1] == [2] * config.num_layers
+    for w1, w2 in zip(kept[1][0], kept[2][0]):
+        np.testing.assert_array_equal(w1, w2)
