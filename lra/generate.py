@@ -136,7 +136,10 @@ def _param_name(path) -> str:
 
 
 def restore(model: Any, workdir: str) -> tuple[int, str]:
-    """Loads the run's best weights into `model`; (step, 'best'|'last'). A checkpoint whose
+    """Loads the run's best weights into `model`; (step, 'best'|'last'). The weights are
+    the parameters and the model's other saved state but its RNG streams: performer's and
+    rfa's random features, routing's centroids, the fixed synthesizer's logits (without
+    them a model evaluates with another draw than it trained with). A checkpoint whose
     files differ from their checksums, or cannot be read, is passed over in one line to
     the run's last state (as config.init_from does); none usable: CheckpointError."""
     import jax
@@ -152,12 +155,11 @@ def restore(model: Any, workdir: str) -> tuple[int, str]:
     if not candidates:
         raise CheckpointError(f"{workdir} holds no checkpoints ({ckpts.directory} is missing "
                               "or empty); train the run for at least eval_frequency steps")
-    _, params, _ = nnx.split(model, nnx.Param, ...)
-    names = jax.tree_util.tree_leaves_with_path(params.to_pure_dict())
+    _, params, _, state = nnx.split(model, nnx.Param, nnx.RngState, ...)
     failures = []
     for step, kind in candidates:
         try:
-            saved = ckpts.restore_params(step, kind)  # verifies the checksums first
+            saved = ckpts.restore_weights(step, kind)  # verifies the checksums first
         except Exception as e:  # noqa: BLE001  (CorruptCheckpoint, orbax's read errors)
             failures.append(f"{kind} step {step}: {checkpoint._first_line(e, 120)}")
             continue
@@ -167,23 +169,25 @@ def restore(model: Any, workdir: str) -> tuple[int, str]:
                               f"({'; '.join(failures)}); train the run again")
     if failures:
         warn(f"{'; '.join(failures)}; using the {kind} checkpoint of step {step} instead")
-    saved_flat = {_param_name(p): v for p, v in jax.tree_util.tree_leaves_with_path(saved)}
     where = f"{kind} checkpoint step {step} of {workdir}"
-    for path, target in names:
-        name = _param_name(path)
-        if name not in saved_flat or saved_flat[name].shape != target.shape:
-            held = (f"holds it with shape {saved_flat[name].shape}" if name in saved_flat
-                    else "lacks it")
-            raise CheckpointError(f"the {where} {held}, but the model its config builds "
-                                  f"has {name} of shape {target.shape}: the checkpoint is "
-                                  "not this run's")
+    for variables, group in ((params, "params"), (state, "rest")):
+        saved_flat = {_param_name(p): v
+                      for p, v in jax.tree_util.tree_leaves_with_path(saved[group])}
+        for path, target in jax.tree_util.tree_leaves_with_path(variables.to_pure_dict()):
+            name = _param_name(path)
+            if name not in saved_flat or saved_flat[name].shape != target.shape:
+                held = (f"holds it with shape {saved_flat[name].shape}" if name in saved_flat
+                        else "lacks it")
+                raise CheckpointError(f"the {where} {held}, but the model its config builds "
+                                      f"has {name} of shape {target.shape}: the checkpoint "
+                                      "is not this run's")
 
-    def take(path, target):
-        return np.asarray(saved_flat[_param_name(path)], dtype=target.dtype)
+        def take(path, target, saved_flat=saved_flat):
+            return np.asarray(saved_flat[_param_name(path)], dtype=target.dtype)
 
-    nnx.replace_by_pure_dict(params, jax.tree_util.tree_map_with_path(take,
-                                                                       params.to_pure_dict()))
-    nnx.update(model, params)
+        nnx.replace_by_pure_dict(variables, jax.tree_util.tree_map_with_path(
+            take, variables.to_pure_dict()))
+        nnx.update(model, variables)
     return step, kind
 
 

@@ -206,3 +206,25 @@ def test_reuse_reads_the_saved_contexts(gla_run, capsys, monkeypatch):
     assert lm_eval.main(["lm_eval", f"--workdir={gla_run}", "--contexts=window",
                          "--reuse"]) == 0
     assert "| gla |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("arg,override", [
+    ("model=performer", {"redraw_interval": 1}),  # a new draw every step: not the built one
+    ("model=routing", {}),                        # centroids moved by their EMA
+])
+def test_window_scores_the_trained_state_beyond_params(tmp_path, arg, override):
+    """A model whose trained state is more than its parameters (performer's random
+    features, routing's k-means centroids) is scored with that state: the window number
+    equals the training loop's test number, not a fresh draw's."""
+    from configs import enwik8 as config
+    from lra import train
+
+    c = config.get_config(f"{arg},runlocal")
+    c.data_dir = SLICE_DIR
+    c.num_train_steps, c.eval_frequency, c.checkpoint_freq = 4, 4, 4
+    c.model_hparams.update(override)
+    train.train_and_evaluate(c, str(tmp_path))
+    saved = json.load(open(tmp_path / "results.json"))
+    window = lm_eval.evaluate_run(str(tmp_path), contexts=("window",), quiet=True)
+    np.testing.assert_allclose(window["contexts"]["window"]["bits_per_token"],
+                               saved["test_bits_per_token"], rtol=1e-5)

@@ -405,6 +405,13 @@ class Checkpoints:
         """The `params` of a best (`kind='best'`) or last checkpoint as nested dicts of
         numpy arrays, read without a template: another run's weights (config.init_from),
         whatever model that run built."""
+        return self.restore_weights(step, kind)["params"]
+
+    def restore_weights(self, step: int, kind: str) -> dict:
+        """{"params", "rest"} of a best or last checkpoint as nested dicts of numpy arrays
+        (as restore_params): `rest` holds the model's state that is not trained by the
+        optimizer but is part of the model (performer's random features, routing's
+        centroids, the fixed synthesizer's logits) and its RNG streams."""
         self.verify(kind, step)
         item = "weights" if kind == "best" else "state"
         path = os.path.join(self._step_dir(kind, step), item)
@@ -421,7 +428,7 @@ class Checkpoints:
                 restore_args=as_numpy))
         finally:
             quiet.setLevel(level)
-        return restored["params"]
+        return {"params": restored["params"], "rest": restored.get("rest", {})}
 
     def close(self) -> None:
         for manager in self._managers.values():
