@@ -307,6 +307,7 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
 
     if restored_step is None and config.init_from:
         state["params"] = init_from.load_encoder(config, state["params"], source)
+        state["rest"] = init_from.load_encoder_state(config, state["rest"], source)
     train_step, eval_step = make_steps(graphdef, tx, schedule, task.num_classes, config,
                                        task.vocab_size, label_slots=label_slots(data, config))
     activation_rules = sharding.activation_rules(config.sharding)

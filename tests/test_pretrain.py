@@ -177,6 +177,36 @@ def test_init_from_loads_the_encoder_and_leaves_the_head(listops_dir, tmp_path):
     assert results["init_from"] == str(tmp_path / "pre") and results["objective"] == "classify"
 
 
+def test_init_from_carries_the_encoders_random_features(listops_dir, tmp_path):
+    """performer's encoder is fine-tuned with the random features it was pretrained with
+    (state, not parameters): a fresh draw would meet weights adapted to another one."""
+    from models.attention import features
+
+    pre = _config("listops", listops_dir, "model=performer,runlocal,pretrain",
+                  **{"model_hparams.redraw_interval": 1})  # redrawn: not any run's first draw
+    train.train_and_evaluate(pre, str(tmp_path / "pre"))
+    fine = _config("listops", listops_dir, "model=performer,runlocal",
+                   init_from=str(tmp_path / "pre"), num_train_steps=2,
+                   **{"model_hparams.redraw_interval": 1000})  # no redraw while fine-tuning
+    train.train_and_evaluate(fine, str(tmp_path / "fine"))
+    source = init_from.find_source(fine)
+
+    def feature_leaves(run, step, kind):
+        rest = checkpoint.Checkpoints(run).restore_weights(step, kind)["rest"]
+        return {init_from._path_str(p): v for p, v in jax.tree_util.tree_leaves_with_path(rest)
+                if init_from._path_str(p).endswith("projection/features")}
+
+    pretrained = feature_leaves(str(tmp_path / "pre"), source[1], source[2])
+    tuned = feature_leaves(str(tmp_path / "fine"), 2, "last")
+    assert len(pretrained) == fine.num_layers and set(tuned) == set(pretrained)
+    for name, value in pretrained.items():
+        np.testing.assert_array_equal(tuned[name], value)
+    fresh = nnx.state(train.build_model(fine, lra.tasks.get("listops")),
+                      features.RandomFeatures)
+    assert not np.allclose(np.asarray(jax.tree.leaves(fresh)[0]),
+                           next(iter(pretrained.values())))
+
+
 @pytest.fixture(scope="module")
 def pretrained(listops_dir, tmp_path_factory):
     path = tmp_path_factory.mktemp("pretrained")

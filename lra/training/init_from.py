@@ -3,7 +3,8 @@
 The earlier run is usually a self-pretraining run (`configs/<task>.py:pretrain`), whose
 model (models/pretrain.py) has the classifier's `encoder/...` with the same names and
 shapes. Its best weights are used (lowest validation loss for pretraining, best accuracy
-for a classifier), else its last state. Only parameters under `encoder/` are copied; the
+for a classifier), else its last state. Only the parameters under `encoder/` are copied,
+with the encoder's non-RNG state (performer's random features, routing's centroids); the
 classifier head starts as initialised. Everything a user can point at wrongly (a missing
 folder, no checkpoints, another model, other sizes or architecture) is one ConfigError
 line, raised before anything is compiled where the config says enough.
@@ -133,17 +134,49 @@ def _path_str(path) -> str:
     return "/".join(keys[:-1] if keys and keys[-1] == "value" else keys)
 
 
+def _read(config, source: tuple[checkpoint.Checkpoints, int, str]) -> dict:
+    """The earlier run's {"params", "rest"} (numpy); an unreadable file: one line."""
+    ckpts, step, kind = source
+    try:
+        return ckpts.restore_weights(step, kind)
+    except Exception as e:  # noqa: BLE001  (a truncated or unreadable file)
+        raise ConfigError(f"config.init_from={config.init_from}: its {kind} checkpoint of step "
+                          f"{step} cannot be read ({checkpoint._first_line(e, 160)}); point "
+                          "config.init_from at a run whose checkpoints are intact") from None
+
+
+def load_encoder_state(config, rest: Any, source: tuple[checkpoint.Checkpoints, int, str]) -> Any:
+    """`rest` (the model's state that is not a parameter) with the encoder's non-RNG state
+    taken from the earlier run where it holds it, in the layers load_encoder copies:
+    performer's and rfa's random features and their redraw counters, routing's centroids,
+    the fixed synthesizer's logits. The encoder was trained with these; a fresh draw would
+    make its copied weights meet features they never saw. RNG streams stay this run's."""
+    saved = _read(config, source).get("rest") or {}
+    saved_flat = {_path_str(p): v for p, v in jax.tree_util.tree_leaves_with_path(saved)}
+    copied = copied_layers(config, _saved_config(source[0], config.init_from))
+
+    def take(path, target):
+        name = _path_str(path)
+        if not name.startswith("encoder/") or "/rngs/" in f"/{name}/":
+            return target
+        layer = _BLOCK.match(name)
+        if copied is not None and layer and not copied[int(layer.group(1))]:
+            return target
+        value = saved_flat.get(name)
+        if value is None or tuple(value.shape) != tuple(target.shape):
+            return target  # load_encoder has checked the architecture: nothing to copy
+        value = np.asarray(value, dtype=target.dtype)
+        return jax.make_array_from_callback(value.shape, target.sharding, lambda i: value[i])
+
+    return jax.tree_util.tree_map_with_path(take, rest)
+
+
 def load_encoder(config, params: Any, source: tuple[checkpoint.Checkpoints, int, str]) -> Any:
     """`params` with every parameter under `encoder/` taken from the earlier run (the
     embeddings and the stack); the rest (the head) stays as initialised. A parameter the
     earlier run lacks, or holds with another shape: ConfigError naming it."""
     ckpts, step, kind = source
-    try:
-        saved = ckpts.restore_params(step, kind)
-    except Exception as e:  # noqa: BLE001  (a truncated or unreadable file)
-        raise ConfigError(f"config.init_from={config.init_from}: its {kind} checkpoint of step "
-                          f"{step} cannot be read ({checkpoint._first_line(e, 160)}); point "
-                          "config.init_from at a run whose checkpoints are intact") from None
+    saved = _read(config, source)["params"]
     saved_flat = {_path_str(p): v for p, v in jax.tree_util.tree_leaves_with_path(saved)}
     where = f"config.init_from={config.init_from} ({kind} checkpoint, step {step})"
     loaded = 0
