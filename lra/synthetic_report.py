@@ -2,9 +2,12 @@ r"""Zoology's MQAR figure and table, and MAD's table, from a directory of runs, 
 seeds' spread and ties.
 
   python -m lra.synthetic_report workdirs/mqar_grid --out=results/cpu/mqar_grid
-      # writes results/cpu/mqar_grid.md, .csv and .png
+      # writes results/cpu/mqar_grid.md, .csv, .png and _runs.jsonl
+  python -m lra.synthetic_report results/cpu/mqar_grid_runs.jsonl workdirs/mqar_grid \
+      --out=results/cpu/mqar_grid   # the committed runs and today's together
 
-Reads every MQAR run below the directory (`lra.runs.results.load`: any depth, e.g. the sweep
+Sources: directories and `_runs.jsonl` files (below), one or more. Reads every MQAR run below
+a directory (`lra.runs.results.load`: any depth, e.g. the sweep
 folders of scripts/mqar_cpu_grid.sh) and groups them into cells: runs whose recorded
 configs agree in every field but the seed (and lra.runs.results.NON_RESULT_FIELDS) are one
 cell's seeds. A cell is (L, kv pairs, width, model) within a setting (everything else the
@@ -37,12 +40,20 @@ cell's, as Zoology picks the best lr per width. Written:
              number of test label classes, from each setting's regenerated data); the
              published rows beside.
 
+  <out>_runs.jsonl  every run the tables used, one line each: its results.json without
+             the training history (a few KB a run), and `run_dir`, its folder. Committed beside
+             the tables, it is what a later machine regenerates or extends them from, as a
+             source: run folders are not committed (checkpoints) and do not outlive the
+             machine. A run read from several sources counts once: the later source wins
+             (a cell or MAD setting holds one run per seed and tuning).
+
 Per-example accuracy (every query of an example right) is in each run's results.json
 (`test_example_accuracy`); the MQAR table is per position, as Zoology's figure.
 """
 from __future__ import annotations
 
 import csv
+import json
 import os
 import statistics
 import sys
@@ -440,37 +451,114 @@ def mad_markdown(scores: dict[str, dict[str, dict]], source: str,
     return "\n".join(lines) + "\n"
 
 
-def report(root: str, out: str) -> list[str]:
-    runs, skipped = results_lib.load(root)
+RUNS_SUFFIX = "_runs.jsonl"
+# Left out of the runs record: the per-step training history (the bulk of a results.json);
+# the evaluations' history stays (best steps are read from it).
+_NOT_RECORDED = ("train_history",)
+
+
+def load_sources(sources: list[str]) -> tuple[list[dict], list[str]]:
+    """(the usable runs of every source in order, one line per skipped record): a directory
+    is searched for results.json files (lra.runs.results.load), a `.jsonl` file holds one
+    run per line (a runs record written by `report`)."""
+    runs, skipped = [], []
+    for source in sources:
+        if not source.endswith(".jsonl"):
+            if not os.path.isdir(source):
+                raise FileNotFoundError(f"{source}: neither a directory nor a .jsonl file")
+            found, bad = results_lib.load(source)
+            runs += found
+            skipped += bad
+            continue
+        with open(source, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                where = f"{source}:{number}"
+                try:
+                    r = json.loads(line)
+                except ValueError as e:
+                    skipped.append(f"{where}: not valid JSON ({e}); skipped")
+                    continue
+                problem = results_lib.unusable_reason(r)
+                if problem:
+                    skipped.append(f"{where}: {problem}; skipped")
+                    continue
+                r["_path"] = r.get("run_dir") or where
+                runs.append(r)
+    return runs, skipped
+
+
+def _run_key(r: dict) -> str:
+    """What makes two records the same run: task, model and every config field the
+    results compare (a run's folder is not: it moves between machines)."""
+    flat = results_lib.flatten(r.get("config") or {})
+    skip = (*results_lib.NON_RESULT_FIELDS, "workdir", "data_dir")
+    return repr((r.get("task"), r.get("model"),
+                 sorted((k, repr(v)) for k, v in flat.items() if not k.startswith(skip))))
+
+
+def dedupe(runs: list[dict]) -> list[dict]:
+    """One record per run, the last read (a later source's) where several are the same."""
+    latest = {_run_key(r): r for r in runs}
+    return list(latest.values())
+
+
+def write_runs(runs: list[dict], path: str) -> None:
+    """The runs record: one JSON line per run (see the module's docstring)."""
+    with open(path, "w", encoding="utf-8") as f:
+        for r in sorted(runs, key=lambda r: (r.get("task", ""), r.get("model", ""),
+                                             _run_key(r))):
+            line = {k: v for k, v in r.items()
+                    if not k.startswith("_") and k not in _NOT_RECORDED}
+            line["run_dir"] = r.get("run_dir") or r.get("_path")
+            f.write(json.dumps(line, sort_keys=True) + "\n")
+
+
+def report(sources: str | list[str], out: str) -> list[str]:
+    sources = [sources] if isinstance(sources, str) else list(sources)
+    runs, skipped = load_sources(sources)
+    runs = dedupe(runs)
     all_cells = cells(runs)
     mad = mad_scores(runs)
+    where = " + ".join(sources)
     if not all_cells and not mad:
-        raise FileNotFoundError(f"no MQAR or MAD run's results.json under {root}")
+        raise FileNotFoundError(f"no MQAR or MAD run's results.json under {where}")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     paths = []
     if all_cells:
         paths += [out + ".md", out + ".csv", out + ".png"]
         with open(paths[0], "w", encoding="utf-8") as f:
-            f.write(markdown(all_cells, root))
+            f.write(markdown(all_cells, where))
         write_csv(all_cells, paths[1])
         plot(all_cells, paths[2])
     if mad:
         paths.append(out + "_mad.md")
         with open(paths[-1], "w", encoding="utf-8") as f:
-            f.write(mad_markdown(mad, root, mad_baselines(runs)))
+            f.write(mad_markdown(mad, where, mad_baselines(runs)))
+    used = [r for r in runs if (r.get("task") == "mqar" or r.get("task", "").startswith("mad_"))
+            and r.get("config")]
+    paths.append(out + RUNS_SUFFIX)
+    write_runs(used, paths[-1])
     for line in skipped:
         print(f"warning: {line}", file=sys.stderr)
     return paths
 
 
 def main(argv, out: str | None = None):
-    if len(argv) != 2:
-        print("usage: python -m lra.synthetic_report DIR [--out=PATH_WITHOUT_SUFFIX]",
-              file=sys.stderr)
+    if len(argv) < 2:
+        print("usage: python -m lra.synthetic_report DIR_OR_RUNS_JSONL... "
+              "[--out=PATH_WITHOUT_SUFFIX]", file=sys.stderr)
         return 2
-    out = out or os.path.join(argv[1], "mqar")
+    sources = argv[1:]
+    if out is None:
+        if not os.path.isdir(sources[0]):
+            print("error: --out is needed when the first source is not a directory",
+                  file=sys.stderr)
+            return 2
+        out = os.path.join(sources[0], "mqar")
     try:
-        paths = report(argv[1], out)
+        paths = report(sources, out)
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -480,7 +568,7 @@ def main(argv, out: str | None = None):
 
 def run() -> None:
     flags.DEFINE_string("out", None, "Output path without suffix (default DIR/mqar): "
-                        "writes .md, .csv, .png.")
+                        "writes .md, .csv, .png, _mad.md and _runs.jsonl.")
     app.run(lambda argv: sys.exit(main(argv, FLAGS.out)))
 
 

@@ -74,7 +74,8 @@ def test_report_writes_the_table_csv_and_figure(tmp_path):
     _write_run(str(runs), "linear", 0, 0.97, pos="rotary")
     _write_run(str(runs), "linear", 0, 0.98, short_conv=3)
     paths = synthetic_report.report(str(runs), str(tmp_path / "out" / "mqar"))
-    assert [os.path.basename(p) for p in paths] == ["mqar.md", "mqar.csv", "mqar.png"]
+    assert [os.path.basename(p) for p in paths] == ["mqar.md", "mqar.csv", "mqar.png",
+                                                    "mqar_runs.jsonl"]
     assert os.path.getsize(paths[2]) > 10_000
     text = open(paths[0]).read()
     assert "## Setting" not in text  # one setting: the lr is tuned per cell
@@ -146,7 +147,7 @@ def test_mad_table_follows_mads_rule(tmp_path):
     assert abs(cell["score"] - 65.0) < 1e-9
     assert abs(cell["std"] - (14.142135623730951 + 14.142135623730951) / 2) < 1e-6
     paths = synthetic_report.report(runs, str(tmp_path / "out" / "grid"))
-    assert [os.path.basename(p) for p in paths] == ["grid_mad.md"]
+    assert [os.path.basename(p) for p in paths] == ["grid_mad.md", "grid_runs.jsonl"]
     text = open(paths[0]).read()
     row = next(line for line in text.splitlines() if line.startswith("| gla |"))
     assert row == "| gla | - | - | 65.0 ± 14.1 (2/2) | - | - | - | - | 1,000-1,064 |"
@@ -204,3 +205,39 @@ def test_mad_table_marks_ties_by_the_seeds_scores_and_shows_the_majority_label(t
                                                        config.max_length, **options)) < 1e-12
     expected = (100 / labels[0] + 100 / labels[1]) / 2
     assert labels[0] < labels[1] and rows["majority label"] == f"{expected:.1f}"
+
+
+def test_runs_record_regenerates_the_tables_and_merges_with_new_runs(tmp_path, capsys):
+    """The committed runs record stands in for the run folders: the tables from it alone
+    equal the tables from the folders; with a folder of new runs beside it, the new runs
+    join and a rerun of the same run replaces the recorded one."""
+    first = str(tmp_path / "first")
+    for seed, (t, lin) in enumerate([(1.0, 0.60), (0.99, 0.70)]):
+        _write_run(first, "transformer", seed, t)
+        _write_run(first, "linear", seed, lin)
+    for seed, macro in ((0, 0.9), (1, 0.7)):
+        _write_mad(first, "gla", "in_context_recall", seed, macro)
+    paths = synthetic_report.report(first, str(tmp_path / "a" / "grid"))
+    record = paths[-1]
+    lines = open(record).read().splitlines()
+    assert len(lines) == 6
+    assert all("train_history" not in json.loads(line) for line in lines)
+    again = synthetic_report.report(record, str(tmp_path / "b" / "grid"))
+    for one, two in zip(paths[:2] + paths[3:], again[:2] + again[3:]):  # the .png aside
+        if one.endswith(".md"):  # the header names the source
+            assert open(one).read().split("\n", 1)[1] == open(two).read().split("\n", 1)[1]
+        else:
+            assert open(one).read() == open(two).read(), one
+    # New runs beside the record: linear's seed 1 rerun (0.70 -> 0.95) and a third seed.
+    new = str(tmp_path / "new")
+    _write_run(new, "linear", 1, 0.95)
+    _write_run(new, "linear", 2, 0.80)
+    with open(record, "a") as f:
+        f.write("not json\n")
+    merged = synthetic_report.report([record, new], str(tmp_path / "c" / "grid"))
+    text = open(merged[0]).read()
+    row = next(line for line in text.splitlines() if line.startswith("| linear |"))
+    assert "78.3 ± 17.6 (3)" in row  # 60, 95, 80
+    assert len(open(merged[-1]).read().splitlines()) == 7
+    assert "grid_runs.jsonl:7: not valid JSON" in capsys.readouterr().err
+    assert synthetic_report.main(["prog", record]) == 2  # --out needed for a record
