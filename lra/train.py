@@ -306,8 +306,9 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
     start_step = int(state["step"])
 
     if restored_step is None and config.init_from:
-        state["params"] = init_from.load_encoder(config, state["params"], source)
-        state["rest"] = init_from.load_encoder_state(config, state["rest"], source)
+        saved = init_from.read(config, source)  # the earlier run's weights, read once
+        state["params"] = init_from.load_encoder(config, state["params"], source, saved)
+        state["rest"] = init_from.load_encoder_state(config, state["rest"], source, saved)
     train_step, eval_step = make_steps(graphdef, tx, schedule, task.num_classes, config,
                                        task.vocab_size, label_slots=label_slots(data, config))
     activation_rules = sharding.activation_rules(config.sharding)

@@ -134,8 +134,9 @@ def _path_str(path) -> str:
     return "/".join(keys[:-1] if keys and keys[-1] == "value" else keys)
 
 
-def _read(config, source: tuple[checkpoint.Checkpoints, int, str]) -> dict:
-    """The earlier run's {"params", "rest"} (numpy); an unreadable file: one line."""
+def read(config, source: tuple[checkpoint.Checkpoints, int, str]) -> dict:
+    """The earlier run's {"params", "rest"} (numpy), read once and given to load_encoder and
+    load_encoder_state; an unreadable file: one line."""
     ckpts, step, kind = source
     try:
         return ckpts.restore_weights(step, kind)
@@ -145,13 +146,15 @@ def _read(config, source: tuple[checkpoint.Checkpoints, int, str]) -> dict:
                           "config.init_from at a run whose checkpoints are intact") from None
 
 
-def load_encoder_state(config, rest: Any, source: tuple[checkpoint.Checkpoints, int, str]) -> Any:
+def load_encoder_state(config, rest: Any, source: tuple[checkpoint.Checkpoints, int, str],
+                       saved: dict | None = None) -> Any:
     """`rest` (the model's state that is not a parameter) with the encoder's non-RNG state
     taken from the earlier run where it holds it, in the layers load_encoder copies:
     performer's and rfa's random features and their redraw counters, routing's centroids,
     the fixed synthesizer's logits. The encoder was trained with these; a fresh draw would
-    make its copied weights meet features they never saw. RNG streams stay this run's."""
-    saved = _read(config, source).get("rest") or {}
+    make its copied weights meet features they never saw. RNG streams stay this run's.
+    `saved`: read(config, source), when the caller has it."""
+    saved = (saved or read(config, source)).get("rest") or {}
     saved_flat = {_path_str(p): v for p, v in jax.tree_util.tree_leaves_with_path(saved)}
     copied = copied_layers(config, _saved_config(source[0], config.init_from))
 
@@ -171,12 +174,14 @@ def load_encoder_state(config, rest: Any, source: tuple[checkpoint.Checkpoints, 
     return jax.tree_util.tree_map_with_path(take, rest)
 
 
-def load_encoder(config, params: Any, source: tuple[checkpoint.Checkpoints, int, str]) -> Any:
+def load_encoder(config, params: Any, source: tuple[checkpoint.Checkpoints, int, str],
+                 saved: dict | None = None) -> Any:
     """`params` with every parameter under `encoder/` taken from the earlier run (the
     embeddings and the stack); the rest (the head) stays as initialised. A parameter the
-    earlier run lacks, or holds with another shape: ConfigError naming it."""
+    earlier run lacks, or holds with another shape: ConfigError naming it. `saved`:
+    read(config, source), when the caller has it."""
     ckpts, step, kind = source
-    saved = _read(config, source)["params"]
+    saved = (saved or read(config, source))["params"]
     saved_flat = {_path_str(p): v for p, v in jax.tree_util.tree_leaves_with_path(saved)}
     where = f"config.init_from={config.init_from} ({kind} checkpoint, step {step})"
     loaded = 0
