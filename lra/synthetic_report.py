@@ -73,7 +73,9 @@ _COORDS = ("max_length", "task_options.num_kv_pairs", "emb_dim", "qkv_dim", "mlp
 # best_eval_accuracy) are the cell's; the test accuracy reported is theirs.
 TUNED = ("learning_rate", "weight_decay")
 SHORT = {"learning_rate": "lr", "weight_decay": "wd"}
-_SKIP = (results_lib.SEED_FIELD, *results_lib.NON_RESULT_FIELDS, "workdir", "data_dir")
+# Config fields that do not make a run what it is (where it ran, how often it logged).
+_NOT_COMPARED = (*results_lib.NON_RESULT_FIELDS, "workdir", "data_dir")
+_SKIP = (results_lib.SEED_FIELD, *_NOT_COMPARED)
 # A variant's own presets (configs/presets.py: its hparams, parameter groups, positions,
 # and the block's token counts scaled to the length): they differ between models, or
 # between lengths, of one setting by design.
@@ -493,9 +495,8 @@ def _run_key(r: dict) -> str:
     """What makes two records the same run: task, model and every config field the
     results compare (a run's folder is not: it moves between machines)."""
     flat = results_lib.flatten(r.get("config") or {})
-    skip = (*results_lib.NON_RESULT_FIELDS, "workdir", "data_dir")
-    return repr((r.get("task"), r.get("model"),
-                 sorted((k, repr(v)) for k, v in flat.items() if not k.startswith(skip))))
+    return repr((r.get("task"), r.get("model"), sorted(
+        (k, repr(v)) for k, v in flat.items() if not k.startswith(_NOT_COMPARED))))
 
 
 def dedupe(runs: list[dict]) -> list[dict]:
