@@ -241,3 +241,42 @@ def test_runs_record_regenerates_the_tables_and_merges_with_new_runs(tmp_path, c
     assert len(open(merged[-1]).read().splitlines()) == 7
     assert "grid_runs.jsonl:7: not valid JSON" in capsys.readouterr().err
     assert synthetic_report.main(["prog", record]) == 2  # --out needed for a record
+
+
+def test_extend_cells_combines_a_one_seed_old_cell_and_refuses_the_rest(tmp_path):
+    """scripts/mqar_extend_cells.py: a table whose runs are gone (only its .csv) extended
+    by new runs, as results/cpu/mqar_grid.md was."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "mqar_extend_cells", os.path.join(os.path.dirname(__file__), "..", "scripts",
+                                          "mqar_extend_cells.py"))
+    extend_cells = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(extend_cells)
+    old_runs = tmp_path / "old"
+    _write_run(str(old_runs), "transformer", 0, 1.0)
+    _write_run(str(old_runs), "transformer", 1, 0.98)
+    _write_run(str(old_runs), "linear", 0, 0.40)
+    synthetic_report.report(str(old_runs), str(tmp_path / "old_table"))
+    old = extend_cells.old_cells(str(tmp_path / "old_table.csv"))
+    new_runs = tmp_path / "new"
+    _write_run(str(new_runs), "linear", 1, 0.50)  # seed 1 beside the old seed 0
+    _write_run(str(new_runs), "gla", 0, 0.2)  # a cell only in the new runs
+    _write_run(str(new_runs), "gla", 1, 0.3)
+    new = synthetic_report.cells(synthetic_report.load_sources([str(new_runs)])[0])
+    merged, lines = extend_cells.extend(old, new)
+    by = {c["model"]: c for c in merged}
+    assert by["linear"]["seeds"] == [0, 1] and by["linear"]["accs"] == [40.0, 50.0]
+    assert round(by["linear"]["std"], 2) == 7.07 and by["linear"]["mean"] == 45.0
+    assert by["transformer"]["accs"] == [98.0, 100.0]  # kept: its min and max
+    assert by["gla"]["accs"] == [20.0, 30.0]
+    assert len(lines) == 2 and lines[0].startswith("combined")
+    # The full table from the same runs and the extended one agree cell by cell.
+    text = synthetic_report.markdown(merged, "x")
+    assert "| linear | 45.0 ± 7.1 (2) < |" in text and "| gla | 25.0 ± 7.1 (2) < |" in text
+    assert "| transformer | 99.0 ± 1.4 (2) = |" in text
+    # A two-seed old cell cannot take new seeds (its per-seed values are not known).
+    _write_run(str(new_runs), "transformer", 2, 0.9)
+    new = synthetic_report.cells(synthetic_report.load_sources([str(new_runs)])[0])
+    with pytest.raises(SystemExit, match="only a one-seed old cell"):
+        extend_cells.extend(old, new)

@@ -1,0 +1,92 @@
+r"""Extend an MQAR table whose runs are gone: the cells of a committed `<out>.csv` (written by
+`lra.synthetic_report`) plus the cells of new runs, into a new .csv, .png and .md.
+
+results/cpu/mqar_grid.md's cells of 2026-11-28 came from run folders on a machine that is
+gone, before `lra.synthetic_report` wrote a runs record; only their summary (mean, std,
+min, max per cell, in mqar_grid.csv) remains. A new run extends that table here:
+- a cell only in the new runs is the report's own cell (best tuning on validation);
+- a cell in both is combined only where the old cell has one seed (its value is the csv's
+  mean) and the new runs other seeds: mean, sample std, min, max over the seeds together;
+  anything else is refused (the old per-seed values of a cell with 2+ seeds are not known);
+- an old cell keeps its numbers (its seed values for the ranking are its min and max, exact
+  for two seeds; three-seed cells keep their mean and std, ranked by min and max as well).
+
+  PYTHONPATH=. python scripts/mqar_extend_cells.py results/cpu/mqar_grid.csv \
+      results/cpu/mqar_grid_runs.jsonl [workdirs/mqar_grid] --out=/tmp/mqar_grid
+
+The old cells lack the majority label (not in the csv): the .md's majority row shows the
+new runs' value only. Prints one line per new or combined cell.
+"""
+import argparse
+import csv
+import statistics
+
+from lra import synthetic_report as sr
+
+
+def old_cells(path: str) -> list[dict]:
+    out = []
+    for row in csv.DictReader(open(path, encoding="utf-8")):
+        seeds = [int(s) for s in row["seeds"].split()]
+        mean, lo, hi = float(row["mean"]), float(row["min"]), float(row["max"])
+        # Only the count and the range are used for the marks (synthetic_report.ties).
+        accs = [mean] if len(seeds) == 1 else [lo, hi] if len(seeds) == 2 else [lo, mean, hi]
+        out.append({
+            "setting": (), "L": int(row["L"]), "kv": int(row["kv"]),
+            "width": int(row["width"]), "model": row["model"], "seeds": seeds, "accs": accs,
+            "mean": mean, "std": float(row["std"]), "min": lo, "max": hi,
+            "params": int(row["params"]), "tunings": 1, "chosen": "", "majority": 0.0,
+            "vocab": 256,  # configs/mqar.py:mini's V, the only vocabulary of the old cells
+            "state_bytes": int(row["state_bytes"]) if row["state_bytes"] else None})
+    return out
+
+
+def key(c: dict) -> tuple:
+    return (c["L"], c["kv"], c["width"], c["model"])
+
+
+def extend(old: list[dict], new: list[dict]) -> tuple[list[dict], list[str]]:
+    fresh = {key(c): dict(c, setting=()) for c in new}
+    if len({c["setting"] for c in new}) > 1:
+        raise SystemExit("the new runs hold more than one setting; extend one at a time")
+    merged, lines = [], []
+    for c in old:
+        n = fresh.pop(key(c), None)
+        if n is not None:
+            if len(c["seeds"]) != 1 or set(c["seeds"]) & set(n["seeds"]):
+                raise SystemExit(f"{key(c)}: old seeds {c['seeds']}, new {n['seeds']}: only a "
+                                 "one-seed old cell can take new seeds")
+            accs = c["accs"] + n["accs"]
+            c = dict(c, seeds=c["seeds"] + n["seeds"], accs=accs,
+                     mean=statistics.fmean(accs), std=statistics.stdev(accs),
+                     min=min(accs), max=max(accs), majority=n["majority"])
+            lines.append(f"combined {key(c)}: seeds {c['seeds']} -> "
+                         f"{[round(a, 2) for a in accs]}")
+        merged.append(c)
+    for k, n in fresh.items():
+        merged.append(n)
+        lines.append(f"new {k}: seeds {n['seeds']} -> {[round(a, 2) for a in n['accs']]}")
+    merged.sort(key=key)
+    return merged, lines
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("old_csv")
+    p.add_argument("sources", nargs="+", help="runs records (.jsonl) or run folders")
+    p.add_argument("--out", required=True, help="output path without suffix")
+    a = p.parse_args()
+    runs, skipped = sr.load_sources(a.sources)
+    for line in skipped:
+        print(line)
+    merged, lines = extend(old_cells(a.old_csv), sr.cells(sr.dedupe(runs)))
+    sr.write_csv(merged, a.out + ".csv")
+    sr.plot(merged, a.out + ".png")
+    with open(a.out + ".md", "w", encoding="utf-8") as f:
+        f.write(sr.markdown(merged, f"{a.old_csv} + {', '.join(a.sources)}"))
+    print("\n".join(lines))
+    print(f"wrote {a.out}.csv, .png, .md")
+
+
+if __name__ == "__main__":
+    main()
