@@ -8,6 +8,8 @@ min, max per cell, in mqar_grid.csv) remains. A new run extends that table here:
 - a cell in both is combined only where the old cell has one seed (its value is the csv's
   mean) and the new runs other seeds: mean, sample std, min, max over the seeds together;
   anything else is refused (the old per-seed values of a cell with 2+ seeds are not known);
+  new runs whose seeds the csv's cell already holds with their values are skipped, so the
+  extended table's csv and its runs record extend again with later runs;
 - an old cell keeps its numbers (its seed values for the ranking are its min and max, exact
   for two seeds; three-seed cells keep their mean and std, ranked by min and max as well).
 
@@ -37,7 +39,8 @@ def old_cells(path: str) -> list[dict]:
             "mean": mean, "std": float(row["std"]), "min": lo, "max": hi,
             "params": int(row["params"]), "tunings": 1, "chosen": "", "majority": 0.0,
             "vocab": 256,  # configs/mqar.py:mini's V, the only vocabulary of the old cells
-            "state_bytes": int(row["state_bytes"]) if row["state_bytes"] else None})
+            "state_bytes": int(row["state_bytes"]) if row["state_bytes"] else None,
+            **{k: float(row[k]) for k in sr.TUNED if row.get(k)}})
     return out
 
 
@@ -52,6 +55,14 @@ def extend(old: list[dict], new: list[dict]) -> tuple[list[dict], list[str]]:
     merged, lines = [], []
     for c in old:
         n = fresh.pop(key(c), None)
+        if n is not None and set(n["seeds"]) <= set(c["seeds"]):
+            # Already in the csv (an extended table extended again from the same record):
+            # the same runs if their values are the cell's known ones (2 decimals).
+            if any(min(abs(a - k) for k in (c["min"], c["mean"], c["max"])) > 0.006
+                   for a in n["accs"]):
+                raise SystemExit(f"{key(c)}: seeds {n['seeds']} are in the csv with other "
+                                 "values; a rerun of a seed cannot replace a csv cell")
+            n = None
         if n is not None:
             if len(c["seeds"]) != 1 or set(c["seeds"]) & set(n["seeds"]):
                 raise SystemExit(f"{key(c)}: old seeds {c['seeds']}, new {n['seeds']}: only a "

@@ -275,6 +275,15 @@ def test_extend_cells_combines_a_one_seed_old_cell_and_refuses_the_rest(tmp_path
     text = synthetic_report.markdown(merged, "x")
     assert "| linear | 45.0 ± 7.1 (2) < |" in text and "| gla | 25.0 ± 7.1 (2) < |" in text
     assert "| transformer | 99.0 ± 1.4 (2) = |" in text
+    # Extended again from its own csv and the same runs: unchanged (the runs are skipped).
+    extend_cells.sr.write_csv(merged, str(tmp_path / "ext.csv"))
+    again, lines = extend_cells.extend(extend_cells.old_cells(str(tmp_path / "ext.csv")), new)
+    assert lines == [] and [c["accs"] for c in again] == [c["accs"] for c in merged]
+    _write_run(str(tmp_path / "rerun"), "linear", 1, 0.55)  # the same seed, another value
+    with pytest.raises(SystemExit, match="in the csv with other values"):
+        extend_cells.extend(extend_cells.old_cells(str(tmp_path / "ext.csv")),
+                            synthetic_report.cells(synthetic_report.load_sources(
+                                [str(tmp_path / "rerun")])[0]))
     # A two-seed old cell cannot take new seeds (its per-seed values are not known).
     _write_run(str(new_runs), "transformer", 2, 0.9)
     new = synthetic_report.cells(synthetic_report.load_sources([str(new_runs)])[0])
