@@ -156,7 +156,8 @@ def cells(results: list[dict]) -> list[dict]:
         chosen = ", ".join(f"{SHORT[k]} {v:g}" for k, v in zip(TUNED, tuning)
                            if len({t[TUNED.index(k)] for t in grid}) > 1)
         by_seed = grid[tuning]
-        accs = [100 * float(r["test_accuracy"]) for r in by_seed.values()]
+        # accs[i] is seeds[i]'s (scripts/mqar_extend_cells.py matches seeds by value).
+        accs = [100 * float(by_seed[seed]["test_accuracy"]) for seed in sorted(by_seed)]
         first = next(iter(by_seed.values()))
         out.append({
             "setting": setting, "L": length, "kv": kv, "width": width, "model": model,

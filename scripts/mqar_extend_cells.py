@@ -5,11 +5,12 @@ results/cpu/mqar_grid.md's cells of 2026-11-28 came from run folders on a machin
 gone, before `lra.synthetic_report` wrote a runs record; only their summary (mean, std,
 min, max per cell, in mqar_grid.csv) remains. A new run extends that table here:
 - a cell only in the new runs is the report's own cell (best tuning on validation);
-- a cell in both is combined only where the old cell has one seed (its value is the csv's
-  mean) and the new runs other seeds: mean, sample std, min, max over the seeds together;
-  anything else is refused (the old per-seed values of a cell with 2+ seeds are not known);
-  new runs whose seeds the csv's cell already holds with their values are skipped, so the
-  extended table's csv and its runs record extend again with later runs;
+- a cell in both takes the new runs' other seeds where the old cell's per-seed values are
+  known (one seed: the csv's mean; two: its min and max): mean, sample std, min, max over
+  the seeds together; a cell of three seeds or more is refused (its values are not known);
+  new runs whose seeds the csv's cell already holds with their values are skipped (a seed
+  with another value is refused), so the extended table's csv and its runs record extend
+  again with later runs;
 - an old cell keeps its numbers (its seed values for the ranking are its min and max, exact
   for two seeds; three-seed cells keep their mean and std, ranked by min and max as well).
 
@@ -48,6 +49,34 @@ def key(c: dict) -> tuple:
     return (c["L"], c["kv"], c["width"], c["model"])
 
 
+def _combine(c: dict, n: dict, lines: list[str]) -> dict:
+    """Old cell c with new cell n of the same coordinates: n's seeds that c already holds
+    must carry one of c's known values (the same runs, read again); the others are added,
+    which needs c's per-seed values (known for one or two seeds: its mean, or min and max)."""
+    new_by_seed = dict(zip(n["seeds"], n["accs"]))
+    for seed in set(new_by_seed) & set(c["seeds"]):
+        v, tol = new_by_seed[seed], 0.006  # the csv has 2 decimals
+        # Three seeds or more: only min and max are known, the others lie between.
+        differs = (min(abs(v - a) for a in c["accs"]) > tol if len(c["seeds"]) <= 2
+                   else not c["min"] - tol <= v <= c["max"] + tol)
+        if differs:
+            raise SystemExit(f"{key(c)}: seed {seed} is in the csv with another value "
+                             f"({c['accs']}, new {v:.2f}); a rerun of a "
+                             "seed cannot replace a csv cell: give it another seed")
+    added = {s: a for s, a in new_by_seed.items() if s not in c["seeds"]}
+    if not added:
+        return c
+    if len(c["seeds"]) > 2:
+        raise SystemExit(f"{key(c)}: the csv holds seeds {c['seeds']} as mean, std, min and "
+                         f"max only; new seeds {sorted(added)} cannot be added to them")
+    accs = c["accs"] + list(added.values())
+    lines.append(f"combined {key(c)}: seeds {c['seeds'] + list(added)} -> "
+                 f"{[round(a, 2) for a in accs]}")
+    return dict(c, seeds=sorted(c["seeds"] + list(added)), accs=accs,
+                mean=statistics.fmean(accs), std=statistics.stdev(accs), min=min(accs),
+                max=max(accs), majority=n["majority"])
+
+
 def extend(old: list[dict], new: list[dict]) -> tuple[list[dict], list[str]]:
     fresh = {key(c): dict(c, setting=()) for c in new}
     if len({c["setting"] for c in new}) > 1:
@@ -55,24 +84,8 @@ def extend(old: list[dict], new: list[dict]) -> tuple[list[dict], list[str]]:
     merged, lines = [], []
     for c in old:
         n = fresh.pop(key(c), None)
-        if n is not None and set(n["seeds"]) <= set(c["seeds"]):
-            # Already in the csv (an extended table extended again from the same record):
-            # the same runs if their values are the cell's known ones (2 decimals).
-            if any(min(abs(a - k) for k in (c["min"], c["mean"], c["max"])) > 0.006
-                   for a in n["accs"]):
-                raise SystemExit(f"{key(c)}: seeds {n['seeds']} are in the csv with other "
-                                 "values; a rerun of a seed cannot replace a csv cell")
-            n = None
         if n is not None:
-            if len(c["seeds"]) != 1 or set(c["seeds"]) & set(n["seeds"]):
-                raise SystemExit(f"{key(c)}: old seeds {c['seeds']}, new {n['seeds']}: only a "
-                                 "one-seed old cell can take new seeds")
-            accs = c["accs"] + n["accs"]
-            c = dict(c, seeds=c["seeds"] + n["seeds"], accs=accs,
-                     mean=statistics.fmean(accs), std=statistics.stdev(accs),
-                     min=min(accs), max=max(accs), majority=n["majority"])
-            lines.append(f"combined {key(c)}: seeds {c['seeds']} -> "
-                         f"{[round(a, 2) for a in accs]}")
+            c = _combine(c, n, lines)
         merged.append(c)
     for k, n in fresh.items():
         merged.append(n)

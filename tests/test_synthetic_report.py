@@ -280,12 +280,26 @@ def test_extend_cells_combines_a_one_seed_old_cell_and_refuses_the_rest(tmp_path
     again, lines = extend_cells.extend(extend_cells.old_cells(str(tmp_path / "ext.csv")), new)
     assert lines == [] and [c["accs"] for c in again] == [c["accs"] for c in merged]
     _write_run(str(tmp_path / "rerun"), "linear", 1, 0.55)  # the same seed, another value
-    with pytest.raises(SystemExit, match="in the csv with other values"):
+    with pytest.raises(SystemExit, match="seed 1 is in the csv with another value"):
         extend_cells.extend(extend_cells.old_cells(str(tmp_path / "ext.csv")),
                             synthetic_report.cells(synthetic_report.load_sources(
                                 [str(tmp_path / "rerun")])[0]))
-    # A two-seed old cell cannot take new seeds (its per-seed values are not known).
+    # A two-seed cell (its values are its min and max) takes a third seed, given beside
+    # the runs the csv already holds; a three-seed cell's values are not known: refused.
     _write_run(str(new_runs), "transformer", 2, 0.9)
+    _write_run(str(new_runs), "linear", 2, 0.9)
     new = synthetic_report.cells(synthetic_report.load_sources([str(new_runs)])[0])
-    with pytest.raises(SystemExit, match="only a one-seed old cell"):
-        extend_cells.extend(old, new)
+    assert next(c for c in new if c["model"] == "linear")["accs"] == [50.0, 90.0]  # seeds 1, 2
+    merged, lines = extend_cells.extend(extend_cells.old_cells(str(tmp_path / "ext.csv")), new)
+    by = {c["model"]: c for c in merged}
+    assert by["transformer"]["seeds"] == [0, 1, 2] and by["transformer"]["mean"] == 96.0
+    assert by["linear"]["seeds"] == [0, 1, 2] and by["linear"]["accs"] == [40.0, 50.0, 90.0]
+    assert sorted(lines) == ["combined (32, 2, 32, 'linear'): seeds [0, 1, 2] -> "
+                             "[40.0, 50.0, 90.0]",
+                             "combined (32, 2, 32, 'transformer'): seeds [0, 1, 2] -> "
+                             "[98.0, 100.0, 90.0]"]
+    extend_cells.sr.write_csv(merged, str(tmp_path / "ext3.csv"))
+    _write_run(str(new_runs), "linear", 3, 0.7)
+    new = synthetic_report.cells(synthetic_report.load_sources([str(new_runs)])[0])
+    with pytest.raises(SystemExit, match=r"seeds \[0, 1, 2\] as mean, std, min and max"):
+        extend_cells.extend(extend_cells.old_cells(str(tmp_path / "ext3.csv")), new)
