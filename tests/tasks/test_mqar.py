@@ -203,15 +203,64 @@ def jax_one_hot(x, n):
     return jax.nn.one_hot(x, n)
 
 
+def _recall_by_pair():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "mqar_recall_by_pair", os.path.join(os.path.dirname(__file__), "..", "..", "scripts",
+                                            "mqar_recall_by_pair.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_recall_by_pair_counts():
+    """scripts/mqar_recall_by_pair.py's table: a prediction right on the rows' last pair
+    only, another row's value elsewhere, counts as 1 / kv right, all in the last pair,
+    and "in row" only where the predicted value is one of the row's."""
+    recall = _recall_by_pair()
+    kv = 4
+    inputs, labels = mqar.generate(vocab_size=256, seq_len=64, num_kv_pairs=kv,
+                                   num_examples=50, seed=0)
+    predicted = np.zeros_like(labels)
+    rows, positions = np.nonzero(labels != mqar.IGNORE)
+    for r, p in zip(rows, positions):
+        last_key = inputs[r, 2 * (kv - 1)]
+        if inputs[r, p] == last_key:
+            predicted[r, p] = labels[r, p]
+        elif r % 2:  # another pair's value: wrong, but in the row
+            predicted[r, p] = inputs[r, 1] if inputs[r, p] == inputs[r, 2] else inputs[r, 3]
+        else:  # a value of no pair of this row
+            predicted[r, p] = next(v for v in range(128, 256) if v not in inputs[r, 1:8:2])
+    table = recall.recall_table(inputs, labels, predicted, kv)
+    assert table["labels"] == 50 * kv
+    assert table["by_pair"].tolist() == [[50, 0], [50, 0], [50, 0], [50, 50]]
+    assert table["in_row"] == 50 + 25 * (kv - 1)  # the right ones and the odd rows' others
+    assert table["by_distance"][:, 0].sum() == 50 * kv and table["bin_width"] == 8
+    distance = np.array([p - 2 * list(inputs[r, 0:8:2]).index(inputs[r, p])
+                         for r, p in zip(rows, positions)])
+    assert table["by_distance"][0, 0] == int((distance < 8).sum())
+    text = recall.to_markdown([{"model": "m", "seed": 0, "seq_len": 64, "width": 8,
+                                "num_kv_pairs": kv, "test_accuracy": 0.25, "recorded": 0.25,
+                                **table}])
+    assert "| m width 8 seed 0 | 25.00 (25.00) | 62.5 | 0.0 | 0.0 | 0.0 | 100.0 |" in text
+    with pytest.raises(ValueError, match="not one of the row's keys"):
+        recall.recall_table(inputs, labels, predicted, kv - 1)
+
+
 def test_runlocal_trains(tmp_path):
     """configs/mqar.py:runlocal through train_and_evaluate: results.json has both
-    accuracies and the sizes the task options gave."""
+    accuracies and the sizes the task options gave; scripts/mqar_recall_by_pair.py
+    restores the run's best checkpoint and recounts its test accuracy exactly."""
     from configs import mqar as mqar_config
     from lra import train
 
     c = mqar_config.get_config("runlocal")
     c.num_train_steps, c.eval_frequency, c.checkpoint_freq = 8, 8, 8
     results = train.train_and_evaluate(c, str(tmp_path))
+    scored = _recall_by_pair().score_run(str(tmp_path))
+    assert scored["test_accuracy"] == pytest.approx(results["test_accuracy"], abs=1e-6)
+    assert scored["by_pair"][:, 0].sum() == scored["labels"]
     saved = json.load(open(os.path.join(tmp_path, "results.json")))
     assert saved["objective"] == "sequence_labels"
     assert 0.0 <= saved["test_accuracy"] <= 1.0
