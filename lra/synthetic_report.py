@@ -268,6 +268,29 @@ def write_csv(all_cells: list[dict], path: str) -> None:
                         **{k: f"{c[k]:.2f}" for k in ("mean", "std", "min", "max")}})
 
 
+# After tab10's ten: colours far from all of them (13 variants in the MQAR grid).
+EXTRA_COLOURS = ("black", "gold", "navy", "lime", "magenta", "saddlebrown")
+
+
+def _line_style(model: str, models: list[str]) -> dict:
+    """One colour per base variant (tab10's, then EXTRA_COLOURS; cycled past them), so that a
+    hybrid or a changed default shares its variant's colour; the kind is in the line:
+    solid o the variant, dashed s +transformer@n, dotted ^ +local@n (another second
+    mixer: dash-dot v), a bracketed change [..] a diamond."""
+    import matplotlib.pyplot as plt
+
+    base = lambda m: m.split("+")[0].split(" ")[0]  # noqa: E731
+    bases = list(dict.fromkeys(base(m) for m in models))
+    palette = [plt.get_cmap("tab10")(i) for i in range(10)] + list(EXTRA_COLOURS)
+    colour = palette[bases.index(base(model)) % len(palette)]
+    kind = model.split(" ")[0].partition("+")[2]
+    line, marker = (("-", "o") if not kind else ("--", "s") if kind.startswith("transformer")
+                    else (":", "^") if kind.startswith("local") else ("-.", "v"))
+    if " [" in model:
+        marker = "D"
+    return dict(color=colour, linestyle=line, marker=marker)
+
+
 def plot(all_cells: list[dict], path: str) -> None:
     import matplotlib
 
@@ -279,16 +302,15 @@ def plot(all_cells: list[dict], path: str) -> None:
     models = _ordered({c["model"] for c in all_cells})
     fig, axes = plt.subplots(2, len(panels), figsize=(4.2 * len(panels), 7.5),
                              squeeze=False)
-    colors = plt.get_cmap("tab20")
     for j, (length, kv) in enumerate(panels):
-        for i, model in enumerate(models):
+        for model in models:
             pts = sorted((c for c in all_cells if (c["L"], c["kv"], c["model"])
                           == (length, kv, model)), key=lambda c: c["width"])
             if not pts:
                 continue
             ys = [c["mean"] for c in pts]
             err = [[c["mean"] - c["min"] for c in pts], [c["max"] - c["mean"] for c in pts]]
-            style = dict(color=colors(i % 20), marker="o", ms=4, capsize=2, label=model)
+            style = dict(ms=4, capsize=2, label=model, **_line_style(model, models))
             axes[0][j].errorbar([c["width"] for c in pts], ys, yerr=err, **style)
             with_state = [(c["state_bytes"] / 1024, c) for c in pts if c["state_bytes"]]
             if with_state:
@@ -317,7 +339,7 @@ def plot(all_cells: list[dict], path: str) -> None:
             handles.setdefault(label, handle)
     ordered = [m for m in models if m in handles]
     fig.legend([handles[m] for m in ordered], ordered, fontsize=7, loc="center left",
-               bbox_to_anchor=(0.74, 0.5))
+               markerscale=1.4, bbox_to_anchor=(0.74, 0.5))
     fig.tight_layout(rect=(0, 0, 0.74, 1))
     fig.savefig(path, dpi=110, bbox_inches="tight")  # the legend sits outside the axes
     plt.close(fig)

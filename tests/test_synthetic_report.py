@@ -303,3 +303,19 @@ def test_extend_cells_combines_a_one_seed_old_cell_and_refuses_the_rest(tmp_path
     new = synthetic_report.cells(synthetic_report.load_sources([str(new_runs)])[0])
     with pytest.raises(SystemExit, match=r"seeds \[0, 1, 2\] as mean, std, min and max"):
         extend_cells.extend(extend_cells.old_cells(str(tmp_path / "ext3.csv")), new)
+
+
+def test_figure_styles_keep_a_variant_colour_and_mark_the_hybrids():
+    """The MQAR figure's lines: 13 variants in 13 colours (tab20 repeated transformer's blue
+    for mamba2 and linear's orange for a hybrid); a hybrid or a changed default in its
+    variant's colour, told apart by line and marker."""
+    models = synthetic_report._ordered(set(synthetic_report.ORDER[:13]) | {
+        "gla+transformer@1", "gla+local@1", "gla+transformer@1 [pos_emb=learned]"})
+    styles = {m: synthetic_report._line_style(m, models) for m in models}
+    pure = [styles[m]["color"] for m in synthetic_report.ORDER[:13]]
+    assert len({str(c) for c in pure}) == 13
+    assert {str(styles[m]["color"]) for m in models if m.startswith("gla")} == {
+        str(styles["gla"]["color"])}
+    assert [(styles[m]["linestyle"], styles[m]["marker"]) for m in (
+        "gla", "gla+transformer@1", "gla+local@1", "gla+transformer@1 [pos_emb=learned]")] == [
+        ("-", "o"), ("--", "s"), (":", "^"), ("--", "D")]
