@@ -19,7 +19,8 @@ Arguments after the colon (comma separated):
                     others L / 16)
   d_model=<d>       the width (emb_dim = qkv_dim), default 128 (mini: 64); figure 2
                     sweeps 64, 128, 256, 512
-  mini              a CPU-sized setting: L 64 (seq_len=), 4 pairs, V 256 (not 8,192: at
+  mini              a CPU-sized setting: L 64 (seq_len=), 4 pairs, V 256 (512 at L 256,
+                    2 L from there: Zoology asserts V > L; not 8,192: at
                     this budget V 8,192 is unlearnt, transformer 11% test accuracy after
                     1,200 steps; each key is seen too rarely), d_model 64, 20,000 train /
                     500 validation / 1,000 test examples, batch 64, 1,200 steps (about 4
@@ -139,7 +140,9 @@ def get_config(arg: str | None = None):
     c.random_seed = 123
 
     if arg.mini:
-        o.vocab_size = 256
+        # 256, or from L 256 on twice L: Zoology asserts vocab_size > seq_len (the row's
+        # random tokens come from the whole vocabulary), so V 256 cannot hold L 256.
+        o.vocab_size = max(256, 2 * L)
         c.emb_dim = c.qkv_dim = arg.d_model or 64  # d_model= still sets the width
         c.mlp_dim = 4 * c.emb_dim
         o.num_train_examples, o.num_valid_examples, o.num_test_examples = 20_000, 500, 1_000

@@ -140,6 +140,12 @@ def test_config_defaults_and_errors():
     mini = mqar_config.get_config("mini,d_model=128,seq_len=128")
     assert (mini.emb_dim, mini.qkv_dim, mini.max_length, mini.task_options.num_kv_pairs,
             mini.task_options.vocab_size) == (128, 128, 128, 8, 256)
+    # From L 256 on, V is twice L: Zoology's assert (V > L) holds, the run starts.
+    long = mqar_config.get_config("mini,seq_len=256")
+    assert (long.task_options.num_kv_pairs, long.task_options.vocab_size) == (16, 512)
+    split = mqar.read_split("test", 256, **long.task_options.to_dict())
+    assert split["inputs"].shape == (1_000, 256)
+    assert (split["targets"] != mqar.IGNORE).sum(1).tolist() == [16] * 1_000
 
 
 class _Fake:
