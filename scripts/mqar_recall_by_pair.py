@@ -14,7 +14,9 @@ to --out as markdown) per run:
   - accuracy by distance: positions from the query back to its key, in 8 bins of L / 8;
   - "in row": the share of predictions that are one of the row's kv values, right or
     wrong; a model that knows the row's values but not which key each belongs to is right
-    on about 1 / kv of the labels with "in row" near 100;
+    on about 1 / kv of the labels with "in row" near 100; "right of in row", the share of
+    those that are right (every right prediction is in the row): 1 / kv when the model
+    names one of the row's values without regard to the key;
   - the run's recorded test_accuracy beside the recomputed one (they must agree: the same
     checkpoint, split and count).
 
@@ -108,7 +110,7 @@ def to_markdown(scores: list[dict]) -> str:
     for seq_len, kv in sorted({(s["seq_len"], s["num_kv_pairs"]) for s in scores}):
         group = [s for s in scores if (s["seq_len"], s["num_kv_pairs"]) == (seq_len, kv)]
         w = group[0]["bin_width"]
-        head = (["run", "test acc (recorded)", "in row"] + [f"pair {j + 1}" for j in range(kv)]
+        head = (["run", "test acc (recorded)", "in row", "right of in row"] + [f"pair {j + 1}" for j in range(kv)]
                 + [f"dist {b * w}-{b * w + w - 1}" for b in range(DISTANCE_BINS)])
         out += [f"### L {seq_len}, {kv} key-value pairs (1 / kv = {100 / kv:.1f}%)", "",
                 "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -117,7 +119,8 @@ def to_markdown(scores: list[dict]) -> str:
             recorded = "-" if s["recorded"] is None else f"{100 * s['recorded']:.2f}"
             out.append("| " + " | ".join(
                 [name, f"{100 * s['test_accuracy']:.2f} ({recorded})",
-                 pct(s["labels"], s["in_row"])]
+                 pct(s["labels"], s["in_row"]),
+                 pct(s["in_row"], int(s["by_pair"][:, 1].sum()))]
                 + [pct(*s["by_pair"][j]) for j in range(kv)]
                 + [pct(*s["by_distance"][b]) for b in range(DISTANCE_BINS)]) + " |")
         first = group[0]

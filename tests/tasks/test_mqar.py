@@ -249,7 +249,7 @@ def test_recall_by_pair_counts():
     text = recall.to_markdown([{"model": "m", "seed": 0, "seq_len": 64, "width": 8,
                                 "num_kv_pairs": kv, "test_accuracy": 0.25, "recorded": 0.25,
                                 **table}])
-    assert "| m width 8 seed 0 | 25.00 (25.00) | 62.5 | 0.0 | 0.0 | 0.0 | 100.0 |" in text
+    assert "| m width 8 seed 0 | 25.00 (25.00) | 62.5 | 40.0 | 0.0 | 0.0 | 0.0 | 100.0 |" in text
     with pytest.raises(ValueError, match="not one of the row's keys"):
         recall.recall_table(inputs, labels, predicted, kv - 1)
 
