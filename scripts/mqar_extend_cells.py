@@ -11,6 +11,7 @@ min, max per cell, in mqar_grid.csv) remains. A new run extends that table here:
   new runs whose seeds the csv's cell already holds with their values are skipped (a seed
   with another value is refused), so the extended table's csv and its runs record extend
   again with later runs;
+- the new runs share one setting, but for V (configs/mqar.py:mini: 2 L from L 256 on);
 - an old cell keeps its numbers (its seed values for the ranking are its min and max, exact
   for two seeds; three-seed cells keep their mean and std, ranked by min and max as well).
 
@@ -77,9 +78,14 @@ def _combine(c: dict, n: dict, lines: list[str]) -> dict:
                 max=max(accs), majority=n["majority"])
 
 
+# A field that may differ between the new cells: configs/mqar.py:mini's V follows L (256,
+# then 2 L from L 256 on); each cell keeps its own ("vocab", shown per table).
+PER_LENGTH = ("task_options.vocab_size",)
+
+
 def extend(old: list[dict], new: list[dict]) -> tuple[list[dict], list[str]]:
     fresh = {key(c): dict(c, setting=()) for c in new}
-    if len({c["setting"] for c in new}) > 1:
+    if len({tuple(p for p in c["setting"] if p[0] not in PER_LENGTH) for c in new}) > 1:
         raise SystemExit("the new runs hold more than one setting; extend one at a time")
     merged, lines = [], []
     for c in old:

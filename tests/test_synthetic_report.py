@@ -298,6 +298,18 @@ def test_extend_cells_combines_a_one_seed_old_cell_and_refuses_the_rest(tmp_path
                              "[40.0, 50.0, 90.0]",
                              "combined (32, 2, 32, 'transformer'): seeds [0, 1, 2] -> "
                              "[98.0, 100.0, 90.0]"]
+    # A new length's cells may carry their own V (configs/mqar.py:mini: 2 L from L 256);
+    # any other difference of setting between the new cells is refused.
+    def at_64(c, field, value):
+        setting = sorted([p for p in c["setting"] if p[0] != field] + [(field, value)])
+        return dict(c, L=64, setting=tuple(setting))
+
+    old = extend_cells.old_cells(str(tmp_path / "ext.csv"))
+    longer, _ = extend_cells.extend(old, new + [at_64(new[0], "task_options.vocab_size",
+                                                       "512")])
+    assert [c["L"] for c in longer].count(64) == 1
+    with pytest.raises(SystemExit, match="more than one setting"):
+        extend_cells.extend(old, new + [at_64(new[0], "num_train_steps", "3600")])
     extend_cells.sr.write_csv(merged, str(tmp_path / "ext3.csv"))
     _write_run(str(new_runs), "linear", 3, 0.7)
     new = synthetic_report.cells(synthetic_report.load_sources([str(new_runs)])[0])
