@@ -33,6 +33,8 @@ import sys
 
 import numpy as np
 
+from lra.tasks.mqar import IGNORE  # the label of a position not predicted
+
 DISTANCE_BINS = 8  # per table: bins of seq_len / 8 positions
 
 
@@ -40,14 +42,14 @@ def recall_table(inputs_NxL: np.ndarray, labels_NxL: np.ndarray,
                  predicted_NxL: np.ndarray, num_kv_pairs: int) -> dict:
     """Counts of labelled positions and right predictions, by pair (1-based: which of the
     row's kv pairs the query asks for) and by distance bin (query position minus the key's
-    position, in DISTANCE_BINS bins of L / DISTANCE_BINS); and how many predictions are one of the row's values
-    (in_row). The row's first 2 kv positions are key value key value ...
+    position, in DISTANCE_BINS bins of L / DISTANCE_BINS); and how many predictions are
+    one of the row's values (in_row). The row's first 2 kv positions are key value key value ...
     (lra.tasks.mqar.generate), so the queried key is found among the row's keys."""
     by_pair = np.zeros((num_kv_pairs, 2), np.int64)  # (labels, right)
     by_distance = np.zeros((DISTANCE_BINS, 2), np.int64)
     width = max(1, inputs_NxL.shape[1] // DISTANCE_BINS)
     in_row = 0
-    rows, positions = np.nonzero(labels_NxL != -100)
+    rows, positions = np.nonzero(labels_NxL != IGNORE)
     for r, p in zip(rows, positions):
         keys = inputs_NxL[r, 0:2 * num_kv_pairs:2]
         in_row += int(predicted_NxL[r, p] in inputs_NxL[r, 1:2 * num_kv_pairs:2])
@@ -92,11 +94,11 @@ def score_run(workdir: str, batch_size: int = 250) -> dict:
     predicted = np.concatenate([
         np.asarray(predict(model, inputs[i:i + batch_size], mask[i:i + batch_size]))
         for i in range(0, len(inputs), batch_size)])
-    correct = (predicted == labels) & (labels != -100)
+    correct = (predicted == labels) & (labels != IGNORE)
     table = recall_table(inputs, labels, predicted, options["num_kv_pairs"])
     with open(os.path.join(workdir, "results.json"), encoding="utf-8") as f:
         recorded = json.load(f).get("test_accuracy")
-    labelled = int((labels != -100).sum())
+    labelled = int((labels != IGNORE).sum())
     return {"workdir": workdir, "model": config.model, "seed": config.random_seed,
             "seq_len": config.max_length, "width": config.emb_dim,
             "num_kv_pairs": options["num_kv_pairs"], "checkpoint": f"{kind} step {step}",
@@ -110,7 +112,8 @@ def to_markdown(scores: list[dict]) -> str:
     for seq_len, kv in sorted({(s["seq_len"], s["num_kv_pairs"]) for s in scores}):
         group = [s for s in scores if (s["seq_len"], s["num_kv_pairs"]) == (seq_len, kv)]
         w = group[0]["bin_width"]
-        head = (["run", "test acc (recorded)", "in row", "right of in row"] + [f"pair {j + 1}" for j in range(kv)]
+        head = (["run", "test acc (recorded)", "in row", "right of in row"]
+                + [f"pair {j + 1}" for j in range(kv)]
                 + [f"dist {b * w}-{b * w + w - 1}" for b in range(DISTANCE_BINS)])
         out += [f"### L {seq_len}, {kv} key-value pairs (1 / kv = {100 / kv:.1f}%)", "",
                 "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
