@@ -116,6 +116,9 @@ def base_config(*, task: str, model: str) -> ml_collections.ConfigDict:
     c.eval_batch_size = 0  # 0 = batch_size
     c.checkpoint_freq = 500
     c.log_every_steps = 50
+    # Stop after the evaluation whose validation accuracy exceeds this (Zoology's early
+    # stop, 0.99); the learning-rate schedule still spans num_train_steps. 0 = off.
+    c.early_stop_accuracy = 0.0
     c.random_seed = 0
     # "N1,N2": a jax.profiler trace of training steps N1..N2 (process 0) written into
     # <workdir>/profile (TensorBoard's profile plugin; trace.json.gz opens in Perfetto).
@@ -450,6 +453,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
     hybrid.check(config)  # the layer list of a hybrid stack, one line if it cannot run
     parse_profile_steps(config.get("profile_steps", ""))
+    stop = config.get("early_stop_accuracy", 0.0)
+    if isinstance(stop, bool) or not isinstance(stop, (int, float)) or not 0 <= stop < 1:
+        raise ConfigError(f"config.early_stop_accuracy={stop!r}: a validation accuracy in "
+                          "[0, 1) to stop above (Zoology's 0.99), or 0 for no early stop")
     if config.emb_dim % config.num_heads or config.qkv_dim % config.num_heads:
         raise ConfigError(
             f"config.emb_dim ({config.emb_dim}) and config.qkv_dim ({config.qkv_dim}) must be "

@@ -89,7 +89,8 @@ ORDER = ("transformer", "local", "linear", "performer", "s4d", "s5", "lru", "meg
 def _setting(r: dict) -> tuple:
     """What the cell's runs share beyond their coordinates, as sorted (field, value)
     pairs (the model's own presets aside: model_hparams differ between variants)."""
-    flat = results_lib.flatten(r.get("config") or {})
+    # A field added after a run was recorded holds its default there (IMPLIED_WHEN_ABSENT).
+    flat = {**results_lib.IMPLIED_WHEN_ABSENT, **results_lib.flatten(r.get("config") or {})}
     return tuple(sorted((k, repr(v)) for k, v in flat.items()
                         if k not in _COORDS + TUNED and not k.startswith(_SKIP + _PRESETS)))
 

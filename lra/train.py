@@ -396,9 +396,13 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
     clock, steps_since_clock, first_step_of_segment = time.perf_counter(), 0, True
     what = ("" if not token_level else f" (pretraining: {config.objective}, {config.lm_loss})"
             if pretraining else f" ({config.objective})")
+    # A run that stopped early (config.early_stop_accuracy) and is run again resumes at
+    # its stopping step: nothing is left to train.
+    end_step = loop.get("stopped_at_step") or config.num_train_steps
+    stopped = " (stopped early there)" if loop.get("stopped_at_step") else ""
     _log(f"Training {hybrid.describe(config) if hybrid.is_hybrid(config) else config.model} "
          f"on {config.task}{what}: {num_params:,} parameters, "
-         f"steps {start_step}..{config.num_train_steps}, {jax.device_count()} device(s).")
+         f"steps {start_step}..{end_step}{stopped}, {jax.device_count()} device(s).")
     # A fresh model's loss: ln(classes), ln(vocabulary) for token prediction, under 1 for L1.
     loss_scale = (task.num_classes if not token_level
                   else task.vocab_size if config.lm_loss == "xent" else 1)
@@ -456,7 +460,7 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
     tracing = False
     input_since_clock = 0.0  # host time spent waiting for batches in the timed window
     try:
-        for step in range(start_step + 1, config.num_train_steps + 1):
+        for step in range(start_step + 1, end_step + 1):
             if profile and step == profile[0] and jax.process_index() == 0:
                 jax.profiler.start_trace(profile_dir)
                 tracing = True
@@ -513,10 +517,19 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
                     ckpts.save_best(step, weights_of(state),
                                     {"step": step, "eval_accuracy": result["accuracy"],
                                      "eval_loss": result["loss"]})
+                # Zoology's early stop (valid accuracy > 0.99): the schedule still spans
+                # num_train_steps, as Zoology's cosine spans max_epochs.
+                threshold = config.get("early_stop_accuracy", 0.0)
+                if threshold and result["accuracy"] > threshold:
+                    loop["stopped_at_step"] = step
             if do_save:
                 save_last(state, step)
                 clock = time.perf_counter()  # evaluation and saving are not training time
                 input_since_clock = 0.0
+            if loop.get("stopped_at_step") == step:
+                _log(f"val acc {result['accuracy']:.4f} > early_stop_accuracy {threshold}: "
+                     f"stopped at step {step} of {config.num_train_steps}.")
+                break
             if notice:
                 why = "SIGINT (Ctrl-C)" if interrupted() else "SIGTERM"
                 _log(f"{why}: saved step {step} to {ckpts.directory}/last; "
@@ -576,6 +589,8 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         "init_from": config.init_from or None,
         "num_params": int(num_params),
         "steps": int(config.num_train_steps),
+        # The step an early stop ended training at (config.early_stop_accuracy), else None.
+        "stopped_at_step": loop.get("stopped_at_step"),
         "best_eval_accuracy": loop["best_eval_accuracy"],
         # The best step on validation (its accuracy beside it), and the step whose weights
         # were tested: the last one when the best checkpoint could not be read.

@@ -143,6 +143,11 @@ def test_config_defaults_and_errors():
     # From L 256 on, V is twice L: Zoology's assert (V > L) holds, the run starts.
     long = mqar_config.get_config("mini,seq_len=256")
     assert (long.task_options.num_kv_pairs, long.task_options.vocab_size) == (16, 512)
+    # ... and the schedule is 3,600 steps with Zoology's early stop (attention forms the
+    # binding after 1,200 steps there); the shorter lengths keep 1,200 steps, no stop.
+    assert (long.num_train_steps, long.early_stop_accuracy) == (3600, 0.99)
+    assert (mini.num_train_steps, mini.early_stop_accuracy) == (1200, 0.0)
+    assert c.early_stop_accuracy == 0.99  # the full config: zoology/train.py's
     split = mqar.read_split("test", 256, **long.task_options.to_dict())
     assert split["inputs"].shape == (1_000, 256)
     assert (split["targets"] != mqar.IGNORE).sum(1).tolist() == [16] * 1_000
@@ -275,6 +280,45 @@ def test_runlocal_trains(tmp_path):
     assert 0.0 <= saved["test_macro_accuracy"] <= 1.0 and saved["short_conv"] == 0
     assert results["majority_baseline_accuracy"] > 0
     assert saved["config"]["task_options"]["vocab_size"] == 128
+
+
+def test_early_stop_ends_training_and_a_rerun_keeps_it(tmp_path):
+    """config.early_stop_accuracy (Zoology's early stop): training ends after the first
+    evaluation above it, results.json says where, the best checkpoint there is tested, and
+    running the same workdir again trains no further. The threshold is set just under
+    a full run's best validation accuracy, so the stop falls before the last step."""
+    from configs import mqar as mqar_config
+    from lra import train
+
+    def config(stop):
+        c = mqar_config.get_config("runlocal")
+        c.num_train_steps, c.eval_frequency, c.checkpoint_freq = 40, 4, 4
+        c.task_options.num_valid_examples = 256  # 512 labels: an accuracy above 0 early
+        c.early_stop_accuracy = stop
+        return c
+
+    full = train.train_and_evaluate(config(0.0), str(tmp_path / "full"))
+    assert full["stopped_at_step"] is None
+    accs = [(e["accuracy"], e["step"]) for e in full["eval_history"]]
+    best = max(a for a, _ in accs)
+    assert best > 0
+    first = next(step for a, step in accs if a >= best)
+    assert first < 40, "the full run's best came at its last step; nothing to stop before"
+    workdir = str(tmp_path / "stopped")
+    stopped = train.train_and_evaluate(config(best - 1e-6), workdir)
+    assert stopped["stopped_at_step"] == first
+    assert stopped["eval_history"][-1]["step"] == first
+    assert max(h["step"] for h in stopped["train_history"]) <= first
+    assert stopped["best_step"] == stopped["test_step"] == first
+    # The same steps as the full run's until the stop (the schedule spans 40 in both).
+    assert [e["accuracy"] for e in stopped["eval_history"]] == pytest.approx(
+        [a for a, step in accs if step <= first], abs=1e-6)
+    again = train.train_and_evaluate(config(best - 1e-6), workdir)
+    assert again["stopped_at_step"] == first and len(again["eval_history"]) == len(
+        stopped["eval_history"])
+    assert again["test_accuracy"] == stopped["test_accuracy"]
+    with pytest.raises(ConfigError, match="early_stop_accuracy"):
+        train.train_and_evaluate(config(1.0), str(tmp_path / "bad"))
 
 
 def test_objective_must_match_the_task(tmp_path):
