@@ -169,6 +169,8 @@ def cells(results: list[dict]) -> list[dict]:
             "params": int(first.get("num_params") or 0),
             "majority": 100 * float(first.get("majority_baseline_accuracy") or 0.0),
             "vocab": int(first["config"]["task_options"]["vocab_size"]),
+            "steps": int(first["config"]["num_train_steps"]),
+            "early_stop": float(first["config"].get("early_stop_accuracy", 0.0)),
             "state_bytes": state_bytes(first["config"]),
         })
     return out
@@ -224,8 +226,11 @@ def markdown(all_cells: list[dict], source: str) -> str:
             block = [c for c in mine if (c["L"], c["kv"]) == (length, kv)]
             widths = sorted({c["width"] for c in block})
             models = _ordered({c["model"] for c in block})
-            vocab = block[0]["vocab"]
-            lines += [f"### L = {length}, {kv} key-value pairs (V = {vocab})", "",
+            vocab, steps, stop = (block[0][k] for k in ("vocab", "steps", "early_stop"))
+            stop = (f", early stop above {100 * stop:g}% validation accuracy" if stop
+                    else "")
+            lines += [f"### L = {length}, {kv} key-value pairs (V = {vocab}, {steps:,} "
+                      f"steps{stop})", "",
                       "| model | " + " | ".join(f"width {w}" for w in widths)
                       + " | params | state |",
                       "|---|" + "---|" * len(widths) + "---|---|"]
@@ -258,7 +263,7 @@ def markdown(all_cells: list[dict], source: str) -> str:
 
 def write_csv(all_cells: list[dict], path: str) -> None:
     fields = ["setting", "L", "kv", "width", "model", "seeds", "mean", "std", "min", "max",
-              "params", "state_bytes", *TUNED, "tunings"]
+              "params", "state_bytes", *TUNED, "tunings", "vocab", "steps", "early_stop"]
     settings = sorted({c["setting"] for c in all_cells})
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fields, extrasaction="ignore")

@@ -11,7 +11,8 @@ min, max per cell, in mqar_grid.csv) remains. A new run extends that table here:
   new runs whose seeds the csv's cell already holds with their values are skipped (a seed
   with another value is refused), so the extended table's csv and its runs record extend
   again with later runs;
-- the new runs share one setting, but for V (configs/mqar.py:mini: 2 L from L 256 on);
+- the new runs share one setting, but for V, steps and early stop (configs/mqar.py:mini: 2 L
+  from L 256 on, and 3,600 steps with an early stop), which hold one value per length;
 - an old cell keeps its numbers (its seed values for the ranking are its min and max, exact
   for two seeds; three-seed cells keep their mean and std, ranked by min and max as well).
 
@@ -40,7 +41,10 @@ def old_cells(path: str) -> list[dict]:
             "width": int(row["width"]), "model": row["model"], "seeds": seeds, "accs": accs,
             "mean": mean, "std": float(row["std"]), "min": lo, "max": hi,
             "params": int(row["params"]), "tunings": 1, "chosen": "", "majority": 0.0,
-            "vocab": 256,  # configs/mqar.py:mini's V, the only vocabulary of the old cells
+            # Written since 2026-11-29; the csv before holds configs/mqar.py:mini's V,
+            # steps and no early stop in every cell.
+            "vocab": int(row.get("vocab") or 256), "steps": int(row.get("steps") or 1200),
+            "early_stop": float(row.get("early_stop") or 0.0),
             "state_bytes": int(row["state_bytes"]) if row["state_bytes"] else None,
             **{k: float(row[k]) for k in sr.TUNED if row.get(k)}})
     return out
@@ -78,15 +82,28 @@ def _combine(c: dict, n: dict, lines: list[str]) -> dict:
                 max=max(accs), majority=n["majority"])
 
 
-# A field that may differ between the new cells: configs/mqar.py:mini's V follows L (256,
-# then 2 L from L 256 on); each cell keeps its own ("vocab", shown per table).
-PER_LENGTH = ("task_options.vocab_size",)
+# Fields that may differ between lengths, one value per length: configs/mqar.py:mini's V
+# (256, then 2 L from L 256 on), steps and early stop (1,200 steps; 3,600 with Zoology's
+# early stop from L 256); each cell keeps its own (shown per table, checked per length).
+PER_LENGTH = ("task_options.vocab_size", "num_train_steps", "early_stop_accuracy")
+PER_LENGTH_CELL = ("vocab", "steps", "early_stop")  # the cells' names for them
+
+
+def check_lengths(cells: list[dict]) -> None:
+    """One (V, steps, early stop) per length among the cells given, old and new alike."""
+    seen: dict[int, tuple] = {}
+    for c in cells:
+        values = tuple(c[k] for k in PER_LENGTH_CELL)
+        if seen.setdefault(c["L"], values) != values:
+            raise SystemExit(f"L {c['L']}: cells with (V, steps, early stop) {seen[c['L']]} "
+                             f"and {values} ({c['model']}); one setting per length")
 
 
 def extend(old: list[dict], new: list[dict]) -> tuple[list[dict], list[str]]:
     fresh = {key(c): dict(c, setting=()) for c in new}
     if len({tuple(p for p in c["setting"] if p[0] not in PER_LENGTH) for c in new}) > 1:
         raise SystemExit("the new runs hold more than one setting; extend one at a time")
+    check_lengths(old + new)
     merged, lines = [], []
     for c in old:
         n = fresh.pop(key(c), None)

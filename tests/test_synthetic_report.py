@@ -298,18 +298,36 @@ def test_extend_cells_combines_a_one_seed_old_cell_and_refuses_the_rest(tmp_path
                              "[40.0, 50.0, 90.0]",
                              "combined (32, 2, 32, 'transformer'): seeds [0, 1, 2] -> "
                              "[98.0, 100.0, 90.0]"]
-    # A new length's cells may carry their own V (configs/mqar.py:mini: 2 L from L 256);
-    # any other difference of setting between the new cells is refused.
-    def at_64(c, field, value):
-        setting = sorted([p for p in c["setting"] if p[0] != field] + [(field, value)])
-        return dict(c, L=64, setting=tuple(setting))
+    # A new length's cells may carry their own V, steps and early stop (configs/mqar.py:
+    # mini: 2 L, 3,600 steps and a stop from L 256), one of each per length; any other
+    # difference of setting between the new cells is refused.
+    def at_length(c, length, **changes):
+        names = {"vocab": "task_options.vocab_size", "steps": "num_train_steps",
+                 "early_stop": "early_stop_accuracy", "dropout": "dropout_rate"}
+        fields = {names[k]: repr(v) for k, v in changes.items()}
+        setting = sorted([p for p in c["setting"] if p[0] not in fields]
+                         + list(fields.items()))
+        return dict(c, L=length, setting=tuple(setting),
+                    **{k: v for k, v in changes.items() if k != "dropout"})
 
     old = extend_cells.old_cells(str(tmp_path / "ext.csv"))
-    longer, _ = extend_cells.extend(old, new + [at_64(new[0], "task_options.vocab_size",
-                                                       "512")])
+    long_cell = at_length(new[0], 64, vocab=512, steps=3600, early_stop=0.99)
+    longer, _ = extend_cells.extend(old, new + [long_cell])
     assert [c["L"] for c in longer].count(64) == 1
+    # The csv keeps them (vocab, steps, early_stop columns) and gives them back.
+    extend_cells.sr.write_csv(longer, str(tmp_path / "longer.csv"))
+    back = extend_cells.old_cells(str(tmp_path / "longer.csv"))
+    assert [(c["vocab"], c["steps"], c["early_stop"]) for c in back if c["L"] == 64] == [
+        (512, 3600, 0.99)]
+    assert "(V = 512, 3,600 steps, early stop above 99% validation accuracy)" in (
+        extend_cells.sr.markdown(back, "x"))
     with pytest.raises(SystemExit, match="more than one setting"):
-        extend_cells.extend(old, new + [at_64(new[0], "num_train_steps", "3600")])
+        extend_cells.extend(old, new + [at_length(new[0], 64, dropout=0.1)])
+    with pytest.raises(SystemExit, match="one setting per length"):  # 1,200 and 3,600 at L 64
+        extend_cells.extend(back, [at_length(new[0], 64, vocab=512, steps=1200,
+                                             early_stop=0.99)])
+    with pytest.raises(SystemExit, match="one setting per length"):  # against the csv's L 32
+        extend_cells.extend(old, [at_length(new[0], 32, steps=3600)])
     extend_cells.sr.write_csv(merged, str(tmp_path / "ext3.csv"))
     _write_run(str(new_runs), "linear", 3, 0.7)
     new = synthetic_report.cells(synthetic_report.load_sources([str(new_runs)])[0])
