@@ -5,7 +5,8 @@ results/cpu/mqar_grid.md's cells of 2026-11-28 came from run folders on a machin
 gone, before `lra.synthetic_report` wrote a runs record; only their summary (mean, std,
 min, max per cell, in mqar_grid.csv) remains. A new run extends that table here:
 - a cell only in the new runs is the report's own cell (best tuning on validation);
-- a cell in both takes the new runs' other seeds where the old cell's per-seed values are
+- a cell in both is the new runs' cell where they hold all of its seeds (the same runs read
+  again: exact values and the majority label); else it takes the new runs' other seeds where the old cell's per-seed values are
   known (one seed: the csv's mean; two: its min and max): mean, sample std, min, max over
   the seeds together; a cell of three seeds or more is refused (its values are not known);
   new runs whose seeds the csv's cell already holds with their values are skipped (a seed
@@ -68,6 +69,10 @@ def _combine(c: dict, n: dict, lines: list[str]) -> dict:
             raise SystemExit(f"{key(c)}: seed {seed} is in the csv with another value "
                              f"({c['accs']}, new {v:.2f}); a rerun of a "
                              "seed cannot replace a csv cell: give it another seed")
+    if set(c["seeds"]) <= set(new_by_seed):
+        # Every seed of c read again from its runs: the runs' cell is exact (the csv has
+        # 2 decimals, which rounded again made 99.947 show as 100.0) and has the majority.
+        return n
     added = {s: a for s, a in new_by_seed.items() if s not in c["seeds"]}
     if not added:
         return c

@@ -279,6 +279,20 @@ def test_extend_cells_combines_a_one_seed_old_cell_and_refuses_the_rest(tmp_path
     extend_cells.sr.write_csv(merged, str(tmp_path / "ext.csv"))
     again, lines = extend_cells.extend(extend_cells.old_cells(str(tmp_path / "ext.csv")), new)
     assert lines == [] and [c["accs"] for c in again] == [c["accs"] for c in merged]
+    # A cell whose seeds the runs all hold again is the runs' own: exact values (not the
+    # csv's 2 decimals rounded again) and the majority label the csv lacks.
+    _write_run(str(old_runs), "deltanet", 0, 0.9995)
+    _write_run(str(old_runs), "deltanet", 1, 0.99944)
+    full = synthetic_report.cells(synthetic_report.load_sources([str(old_runs)])[0])
+    synthetic_report.write_csv(full, str(tmp_path / "two.csv"))
+    csv_cell = next(c for c in extend_cells.old_cells(str(tmp_path / "two.csv"))
+                    if c["model"] == "deltanet")
+    assert csv_cell["mean"] == 99.95 and csv_cell["majority"] == 0.0
+    reread, lines = extend_cells.extend(extend_cells.old_cells(str(tmp_path / "two.csv")),
+                                        full)
+    cell = next(c for c in reread if c["model"] == "deltanet")
+    assert lines == [] and cell["accs"] == [99.95, 99.944] and cell["majority"] > 0
+    assert "| deltanet | 99.9 ± 0.0 (2)" in synthetic_report.markdown(reread, "x")
     _write_run(str(tmp_path / "rerun"), "linear", 1, 0.55)  # the same seed, another value
     with pytest.raises(SystemExit, match="seed 1 is in the csv with another value"):
         extend_cells.extend(extend_cells.old_cells(str(tmp_path / "ext.csv")),
