@@ -6,9 +6,10 @@ gone, before `lra.synthetic_report` wrote a runs record; only their summary (mea
 min, max per cell, in mqar_grid.csv) remains. A new run extends that table here:
 - a cell only in the new runs is the report's own cell (best tuning on validation);
 - a cell in both is the new runs' cell where they hold all of its seeds (the same runs read
-  again: exact values and the majority label); else it takes the new runs' other seeds where the old cell's per-seed values are
-  known (one seed: the csv's mean; two: its min and max): mean, sample std, min, max over
-  the seeds together; a cell of three seeds or more is refused (its values are not known);
+  again: exact values and the majority label); else it takes the new runs' other seeds
+  where the old cell's per-seed values are known (one seed: the csv's mean; two: its min
+  and max): mean, sample std, min, max over the seeds together; new seeds for a cell of
+  three seeds or more are refused (its values are not known);
   new runs whose seeds the csv's cell already holds with their values are skipped (a seed
   with another value is refused), so the extended table's csv and its runs record extend
   again with later runs;
