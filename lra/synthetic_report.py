@@ -52,6 +52,7 @@ Per-example accuracy (every query of an example right) is in each run's results.
 """
 from __future__ import annotations
 
+import collections
 import csv
 import json
 import os
@@ -211,7 +212,8 @@ def markdown(all_cells: list[dict], source: str) -> str:
              "(its best seed under the best's worst), among the models with two seeds or more; "
              "a model with one seed is not ranked. `[lr x of n]`: the cell ran n (learning "
              "rate, weight decay) settings; the one with the best validation accuracy (the "
-             "seeds' mean) is shown, with the values that differed (lr, wd). State: bytes "
+             "seeds' mean) is shown, with the values that differed (lr, wd); `[lr x]`: the cell "
+             "ran one setting, not the one most cells of its table ran. State: bytes "
              "of one sequence's decoding cache at L (lra.cache_memory), per width. Chance: "
              "one of the V/2 values.", ""]
     settings = sorted({c["setting"] for c in all_cells})
@@ -235,6 +237,12 @@ def markdown(all_cells: list[dict], source: str) -> str:
                       + " | params | state |",
                       "|---|" + "---|" * len(widths) + "---|---|"]
             marks = {w: ties([c for c in block if c["width"] == w]) for w in widths}
+            # A cell run at one (lr, wd) other than most of its table's names its values, so
+            # that a column tuned apart (e.g. another width's lr) does not read as the rest.
+            # (A cell whose values are not recorded, an old csv's, counts for none.)
+            usual = [collections.Counter(c[k] for c in block if c.get(k) is not None)
+                     .most_common(1) for k in TUNED]
+            usual = [u[0][0] if u else None for u in usual]
             for model in models:
                 row, params, state = [], [], []
                 for w in widths:
@@ -244,8 +252,10 @@ def markdown(all_cells: list[dict], source: str) -> str:
                         row.append("-")
                         continue
                     spread = f" ± {c['std']:.1f}" if len(c["accs"]) > 1 else ""
-                    chosen = (f" [{c['chosen']} of {c['tunings']}]"
-                              if c["tunings"] > 1 else "")
+                    own = ", ".join(f"{SHORT[k]} {c[k]:g}" for k, u in zip(TUNED, usual)
+                                    if c.get(k) is not None and u is not None and c[k] != u)
+                    chosen = (f" [{c['chosen']} of {c['tunings']}]" if c["tunings"] > 1
+                              else f" [{own}]" if own else "")
                     row.append(f"{c['mean']:.1f}{spread} ({len(c['accs'])}) "
                                f"{marks[w][model]}".rstrip() + chosen)
                     params.append(f"{c['params']:,}")

@@ -65,6 +65,7 @@ def test_report_writes_the_table_csv_and_figure(tmp_path):
         _write_run(str(runs), "gla", seed, test, lr=1e-3, val=val)
         _write_run(str(runs), "gla", seed, 0.95, lr=3e-3, val=0.7)
     _write_run(str(runs), "linear", 0, 0.9, width=32, short_conv=3, lr=0.5)
+    _write_run(str(runs), "s4d", 0, 0.4, lr=1e-3)  # one lr, not the table's usual 3e-3
     # A weight-decay grid names wd; a validation accuracy of 0 is a number, not missing.
     _write_run(str(runs), "transformer", 0, 0.3, length=64, wd=0.1, val=0.0)
     _write_run(str(runs), "transformer", 0, 0.4, length=64, wd=0.0, val="missing")
@@ -89,6 +90,7 @@ def test_report_writes_the_table_csv_and_figure(tmp_path):
     row = next(line for line in text.splitlines() if line.startswith("| gla |"))
     assert "55.0 ± 7.1 (2) < [lr 0.001 of 2]" in row
     assert "| linear [pos_emb=rotary] | 97.0 (1) |" in text
+    assert "| s4d | 40.0 (1) [lr 0.001] | - |" in text
     # lr 0.5's 90.0 validates lower: not shown
     assert "| linear [short_conv=3] | 98.0 (1) [lr 0.003 of 2] |" in text
     assert "| majority label | 3.0 |" in text and "| chance | 1.6 |" in text  # V 128
