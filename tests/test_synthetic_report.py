@@ -365,3 +365,22 @@ def test_figure_styles_keep_a_variant_colour_and_mark_the_hybrids():
     assert [(styles[m]["linestyle"], styles[m]["marker"]) for m in (
         "gla", "gla+transformer@1", "gla+local@1", "gla+transformer@1 [pos_emb=learned]")] == [
         ("-", "o"), ("--", "s"), (":", "^"), ("--", "D")]
+
+
+def test_a_cell_without_recorded_tuning_is_not_marked():
+    # scripts/mqar_extend_cells.py's old csv cells carry no lr / wd: they count for none, so
+    # the two recorded cells' 3e-3 is the table's usual lr and only the 1e-3 cell is marked.
+    def cell(model, acc, **tuned):
+        return {"setting": (), "L": 64, "kv": 4, "width": 64, "model": model, "accs": [acc],
+                "mean": acc, "std": 0.0, "min": acc, "max": acc, "params": 1,
+                "tunings": 1, "chosen": "", "majority": 0.5, "vocab": 256, "steps": 1200,
+                "early_stop": 0.0, "state_bytes": None, **tuned}
+
+    text = synthetic_report.markdown(
+        [cell("transformer", 99.0), cell("local", 10.0),
+         cell("linear", 60.0, learning_rate=3e-3, weight_decay=0.1),
+         cell("gla", 20.0, learning_rate=3e-3, weight_decay=0.1),
+         cell("s4d", 30.0, learning_rate=1e-3, weight_decay=0.1)], "cells")
+    assert "| transformer | 99.0 (1) |" in text and "| local | 10.0 (1) |" in text
+    assert "| linear | 60.0 (1) |" in text and "| gla | 20.0 (1) |" in text
+    assert "| s4d | 30.0 (1) [lr 0.001] |" in text
