@@ -258,10 +258,14 @@ class ScanDirection(nnx.Module):
     def __init__(self, *, dim: int, num_heads: int, key_dim: int, value_dim: int,
                  conv_size: int, gated: bool, rngs: nnx.Rngs):
         self.num_heads = num_heads
-        conv = conv_init(conv_size)
-        self.conv_q = layers.param(conv, (None, "qkv"), (conv_size, key_dim), rngs=rngs)
-        self.conv_k = layers.param(conv, (None, "qkv"), (conv_size, key_dim), rngs=rngs)
-        self.conv_v = layers.param(conv, (None, "qkv"), (conv_size, value_dim), rngs=rngs)
+        self.widths = (key_dim // num_heads, key_dim // num_heads, value_dim // num_heads)
+        if conv_size:
+            conv = conv_init(conv_size)
+            self.conv_q = layers.param(conv, (None, "qkv"), (conv_size, key_dim), rngs=rngs)
+            self.conv_k = layers.param(conv, (None, "qkv"), (conv_size, key_dim), rngs=rngs)
+            self.conv_v = layers.param(conv, (None, "qkv"), (conv_size, value_dim), rngs=rngs)
+        else:  # fla's use_short_conv=False: no convolution (identity kernels, no parameter)
+            self.conv_q = self.conv_k = self.conv_v = None
         self.beta = layers.dense(dim, num_heads, ("embed", "heads"), use_bias=False, rngs=rngs)
         self.decay = (layers.dense(dim, num_heads, ("embed", "heads"), use_bias=False,
                                    rngs=rngs) if gated else None)
@@ -272,7 +276,11 @@ class ScanDirection(nnx.Module):
                                         no_weight_decay=True, keep_float32=True)
 
     def conv_weights(self) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """The three kernels as WxHxF (channels are heads x features, head-major)."""
+        """The three kernels as WxHxF (channels are heads x features, head-major); without
+        convolutions (conv_size 0), one-tap identity kernels, so that the same code (and a
+        decoding window of width 0) serves both forms."""
+        if self.conv_q is None:
+            return tuple(jnp.ones((1, self.num_heads, f), jnp.float32) for f in self.widths)
         return tuple(w[...].astype(jnp.float32).reshape(w.shape[0], self.num_heads, -1)
                      for w in (self.conv_q, self.conv_k, self.conv_v))
 
@@ -315,9 +323,9 @@ class DeltaNet(nnx.Module, recurrent.RecurrentDecoding):
                              f"({num_heads})")
         if value_dim != key_dim * expand_v:
             raise ValueError(f"qkv_dim * expand_v = {key_dim * expand_v} is not a whole number")
-        if chunk_size <= 0 or conv_size <= 0:
-            raise ValueError(f"chunk_size ({chunk_size}) and conv_size ({conv_size}) must be "
-                             "positive")
+        if chunk_size <= 0 or conv_size < 0:
+            raise ValueError(f"chunk_size ({chunk_size}) must be positive and conv_size "
+                             f"({conv_size}) >= 0 (0: no short convolutions)")
         self.num_heads, self.causal, self.chunk_size = num_heads, causal, chunk_size
         self.head_dim, self.head_v_dim = key_dim // num_heads, value_dim // num_heads
         self.conv_size, self.norm_eps = conv_size, norm_eps
@@ -339,6 +347,11 @@ class DeltaNet(nnx.Module, recurrent.RecurrentDecoding):
         self.gate = layers.dense(dim, value_dim, ("embed", "qkv"), **proj) if use_gate else None
 
     # ------------------------------------------------------------------ pieces
+
+    @property
+    def window(self) -> int:
+        """The inputs a decoding step keeps per convolution: conv_size - 1 (0 without)."""
+        return max(self.conv_size - 1, 0)
 
     def split_heads(self, x_BxLxF: jax.Array) -> jax.Array:
         b, l, f = x_BxLxF.shape
@@ -395,7 +408,7 @@ class DeltaNet(nnx.Module, recurrent.RecurrentDecoding):
 
     def empty_state(self, batch: int) -> recurrent.State:
         """S (BxHxVxK) and each convolution's last conv_size - 1 inputs (BxHx(W-1)xF)."""
-        h, k, v, w = self.num_heads, self.head_dim, self.head_v_dim, self.conv_size - 1
+        h, k, v, w = self.num_heads, self.head_dim, self.head_v_dim, self.window
         zeros = lambda *shape: jnp.zeros((batch, h) + shape, jnp.float32)  # noqa: E731
         return {"s": zeros(v, k), "conv_q": zeros(w, k), "conv_k": zeros(w, k),
                 "conv_v": zeros(w, v)}
@@ -404,7 +417,7 @@ class DeltaNet(nnx.Module, recurrent.RecurrentDecoding):
         o_BxHxLxV, (q, k, v, s_BxHxVxK) = self.attend(q_BxHxLxK, k_BxHxLxK, v_BxHxLxV,
                                                       x_BxLxD, padding_mask)
         b, length = x_BxLxD.shape[:2]
-        w = self.conv_size - 1
+        w = self.window
         # Row b's window: its positions n_b - w .. n_b - 1, zeros before the start (the
         # inputs left-padded by w, so that window starts at n_b).
         lengths_B = jnp.sum(layers.valid_mask(padding_mask, b, length), axis=1)

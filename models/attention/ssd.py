@@ -141,15 +141,25 @@ class SSDDirection(nnx.Module):
     dt_bias, A_log and D (mamba_ssm's names)."""
 
     def __init__(self, *, num_heads: int, channels: int, conv_size: int, rngs: nnx.Rngs):
-        self.conv = layers.param(conv_init(conv_size), (None, None), (conv_size, channels),
-                                 rngs=rngs)
-        self.conv_bias = layers.param(conv_init(conv_size), (None,), (channels,), rngs=rngs)
+        self.channels = channels
+        if conv_size:
+            self.conv = layers.param(conv_init(conv_size), (None, None), (conv_size, channels),
+                                     rngs=rngs)
+            self.conv_bias = layers.param(conv_init(conv_size), (None,), (channels,), rngs=rngs)
+        else:  # no convolution: a one-tap identity kernel and no bias, no parameter
+            self.conv = self.conv_bias = None
         self.dt_bias = layers.param(dt_bias_init, ("heads",), (num_heads,), rngs=rngs,
                                     no_weight_decay=True, keep_float32=True)
         self.a_log = layers.param(a_log_init, ("heads",), (num_heads,), rngs=rngs,
                                   no_weight_decay=True, keep_float32=True)
         self.d = layers.param(layers.ones, ("heads",), (num_heads,), rngs=rngs,
                               no_weight_decay=True, keep_float32=True)
+
+    def conv_kernel(self) -> tuple[jax.Array, jax.Array]:
+        """The convolution's kernel WxC and bias C, float32 (identity and 0 without one)."""
+        if self.conv is None:
+            return jnp.ones((1, self.channels), jnp.float32), jnp.zeros((self.channels,))
+        return self.conv[...].astype(jnp.float32), self.conv_bias[...].astype(jnp.float32)
 
     def steps(self, dt_raw_xH: jax.Array, real_x: jax.Array) -> tuple[jax.Array, jax.Array]:
         """dt = softplus(logits + dt_bias) > 0 and log a = dt A <= 0, ...xH, float32; both 0
@@ -169,9 +179,9 @@ class Mamba2(nnx.Module):
         if num_heads <= 0 or inner % num_heads or state_size <= 0:
             raise ValueError(f"mamba2: expand * dim ({inner}) must be a positive multiple of "
                              f"num_heads ({num_heads}), state_size ({state_size}) positive")
-        if chunk_size <= 0 or conv_size <= 0:
-            raise ValueError(f"chunk_size ({chunk_size}) and conv_size ({conv_size}) must be "
-                             "positive")
+        if chunk_size <= 0 or conv_size < 0:
+            raise ValueError(f"chunk_size ({chunk_size}) must be positive and conv_size "
+                             f"({conv_size}) >= 0 (0: no short convolution)")
         if attention_impl not in IMPLS:
             raise registry.RegistryError(
                 f"attention_impl={attention_impl!r} is not available for mamba2; valid: "
@@ -213,9 +223,9 @@ class Mamba2(nnx.Module):
              with_state: bool = True):
         """One direction: y + D x (BxHxLxP) and h_L. Padded positions get dt = 0. Without
         `with_state`, under attention_impl="pallas", the kernels give y and h_L is None."""
-        w = direction.conv[...].astype(jnp.float32)
+        w, bias = direction.conv_kernel()
         conv_BxLxC = causal_conv(xbc_BxLxC.astype(jnp.float32)[:, None], w[:, None])[:, 0]
-        xbc = jax.nn.silu(conv_BxLxC + direction.conv_bias[...])
+        xbc = jax.nn.silu(conv_BxLxC + bias)
         x, b, c = self.ssd_inputs(xbc)
         dt_BxLxH, log_a_BxLxH = direction.steps(dt_raw_BxLxH, real_BxL)
         dt_BxHxL, log_a_BxHxL = dt_BxLxH.transpose(0, 2, 1), log_a_BxLxH.transpose(0, 2, 1)
@@ -268,7 +278,7 @@ class Mamba2(nnx.Module):
         channels = self.num_heads * self.head_dim + 2 * self.state_size
         return {"pos": jnp.zeros((batch,), jnp.int32),
                 "h": jnp.zeros((batch, self.num_heads, self.head_dim, self.state_size)),
-                "conv": jnp.zeros((batch, self.conv_size - 1, channels))}
+                "conv": jnp.zeros((batch, max(self.conv_size - 1, 0), channels))}
 
     def prefill(self, cache, u_BxLxD, padding_mask):
         """The parallel outputs of a right-padded prompt and the cache after each row's
@@ -277,7 +287,7 @@ class Mamba2(nnx.Module):
         self._check_decodes()
         y_BxLxD, h, xbc_BxLxC = self.forward(u_BxLxD, padding_mask)
         batch, length = u_BxLxD.shape[:2]
-        w = self.conv_size - 1
+        w = max(self.conv_size - 1, 0)
         pos_B = decoding.lengths_of(padding_mask, batch, length)
         # Row b's window, its inputs n_b - w .. n_b - 1 (zeros before the start).
         padded = jnp.pad(xbc_BxLxC.astype(jnp.float32), ((0, 0), (w, 0), (0, 0)))
@@ -289,8 +299,9 @@ class Mamba2(nnx.Module):
         direction = self.forward_scan
         z, xbc, dt_raw = self.conv_inputs(u_BxD[:, None])
         window_BxWxC = jnp.concatenate([cache["conv"], xbc.astype(jnp.float32)], axis=1)
-        conv_BxC = jnp.einsum("bwc,wc->bc", window_BxWxC, direction.conv[...].astype(jnp.float32))
-        xbc = jax.nn.silu(conv_BxC + direction.conv_bias[...])[:, None]
+        w_WxC, bias_C = direction.conv_kernel()
+        conv_BxC = jnp.einsum("bwc,wc->bc", window_BxWxC, w_WxC)
+        xbc = jax.nn.silu(conv_BxC + bias_C)[:, None]
         x, b, c = (t[:, :, 0] for t in self.ssd_inputs(xbc))
         dt_BxH, log_a_BxH = direction.steps(dt_raw[:, 0], jnp.ones(u_BxD.shape[:1], jnp.bool_))
         y_BxHxP, h = ssd_step(cache["h"], x * dt_BxH[..., None], log_a_BxH, b, c)
