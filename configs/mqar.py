@@ -33,11 +33,19 @@ Arguments after the colon (comma separated):
                     with short_conv=3 98.2% (69 s). The seed matters for the fixed-state
                     mixers at this budget: linear with random_seed 0 reaches 46.2%
                     (still rising at step 1,200); scripts/mqar_cpu_grid.sh runs seeds 0-2
-  short_conv=<k>    Zoology's "BASED recipe": a short causal depthwise convolution of
-                    kernel k on the input of every layer's mixer (block.short_conv, any
-                    mixer; zoology/mixers/convolution.py ShortConvolution; Zoology's based
-                    model uses k 3). Default 0 (off); results.json records it
-                    (`short_conv`, and config.block.short_conv)
+  scaffold=<name>   what every mixer shares (configs/scaffold.py): `zoology` (default),
+                    Zoology's MQAR models (models_repo.py at d88d6f5): no positions in any
+                    layer, one shared short convolution of 3 taps before every mixer, the
+                    variants' own short convolutions off, 2 heads (RetNet keeps its 8:
+                    its decays live in its heads), no MLP. `own`: each variant's own
+                    positions, convolutions and the config's 1 head, the setting of the
+                    runs before 2026-12-03 (results/cpu/mqar_grid.md's first tables);
+                    a report does not rank its cells against each other where their
+                    scaffolds differ. Per field: --config.scaffold.short_conv=0 etc.
+  short_conv=<k>    the shared short causal depthwise convolution's taps (block.short_conv,
+                    zoology/mixers/convolution.py ShortConvolution): with scaffold=zoology
+                    its scaffold.short_conv (default 3; 0 = none), with `own` the block's
+                    (default 0); results.json records it (`short_conv`, `scaffold_card`)
   runlocal          a smoke test in seconds: V 128, L 32, 2 pairs, d_model 32, 20 steps of
                     batch 8, 256 / 32 / 32 examples
 
@@ -62,7 +70,10 @@ from zoology/config.py and the loop from zoology/train.py at the same commit), a
            residual branches' together). Zoology's block adds LayerNorm(residual) back
            into the stream through its Identity state mixer and ties the LM head to the
            embedding; ours is the pre-LN block without the feed-forward branch and an
-           untied head.
+           untied head. That model (figure 2's, 1 head, positions for attention only)
+           is `scaffold=own`; the default, `scaffold=zoology`, is the repository's
+           later MQAR models (models_repo.py, configs/scaffold.py ZOOLOGY_MQAR), with
+           the same convolution, positions and heads for every mixer.
   training batch 512 (L 64, 128), 256 (L 256), 128 (L 512); max_epochs 64; lr in
            np.logspace(-4, -2, 4) (1e-4, 4.6e-4, 2.2e-3, 1e-2), the figure plots the best
            of the four; AdamW (torch defaults b1 0.9, b2 0.999, eps 1e-8) weight_decay
@@ -76,7 +87,7 @@ from zoology/config.py and the loop from zoology/train.py at the same commit), a
            of the grid; the sweep of issue 43 section 2 picks per cell), validation on
            the whole split every epoch.
 """
-from configs import common, hybrid
+from configs import common, hybrid, scaffold
 from lra.errors import ConfigError
 
 # Figure 2's (input_seq_len, num_kv_pairs) and batch size per length.
@@ -107,8 +118,12 @@ def refuse_lra_args(arg, task: str) -> None:
 
 def get_config(arg: str | None = None):
     arg = common.parse_arg(arg, model="transformer", seq_len=64, num_kv_pairs=0,
-                           d_model=0, short_conv=0, runlocal=False, mini=False)
+                           d_model=0, short_conv=-1, scaffold="zoology", runlocal=False,
+                           mini=False)
     refuse_lra_args(arg, "MQAR")
+    if arg.scaffold not in SCAFFOLDS:
+        raise ConfigError(f"config argument scaffold={arg.scaffold!r}; choose one of "
+                          f"{', '.join(SCAFFOLDS)} (configs/scaffold.py)")
     c = common.base_config(task="mqar", model=arg.model)
     apply_sequence_labels(c)
     L = arg.seq_len
@@ -127,7 +142,7 @@ def get_config(arg: str | None = None):
     c.mlp_dim = 4 * c.emb_dim  # unused: block.ffn is off
     c.num_layers, c.num_heads = 2, 1
     c.block.ffn = False
-    c.block.short_conv = arg.short_conv
+    c.block.short_conv = max(arg.short_conv, 0)
     c.dropout_rate, c.attention_dropout_rate = 0.0, 0.1
     c.batch_size = FIGURE2_BATCH.get(L, 128)
     epoch = NUM_TRAIN // c.batch_size
@@ -178,4 +193,12 @@ def get_config(arg: str | None = None):
         c.dropout_rate = c.attention_dropout_rate = 0.0
     if arg.hybrid:  # hybrid=<mixer>: that mixer's presets in config.hybrid
         hybrid.apply_arg(c, arg.hybrid)
-    return common.finalize(c)
+    c = common.finalize(c)
+    if SCAFFOLDS[arg.scaffold] is not None:
+        changes = {"short_conv": arg.short_conv} if arg.short_conv >= 0 else {}
+        c = scaffold.declare(c, SCAFFOLDS[arg.scaffold], **changes)
+    return c
+
+
+# The config argument scaffold=: a declared scaffold, or None for each variant's own.
+SCAFFOLDS = {"zoology": scaffold.ZOOLOGY_MQAR, "own": None}

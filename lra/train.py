@@ -26,11 +26,12 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import lra.tasks
-from configs import common, hybrid
+from configs import common, hybrid, scaffold
 from lra.training import (checkpoint, init_from, input_pipeline, processes, record, resume,
                           sharding)
 # train_and_evaluate looks them up here, so a test can swap the schedule in this module.
 from lra.training.optim import learning_rate_schedule, make_optimizer
+from lra.runs import card
 from lra.runs.results import flatten
 from lra.training.console import log as _log
 from lra.training.console import warn as _warn
@@ -164,6 +165,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     # 1. Everything the user can get wrong is checked before anything is written; first,
     # that every process of the run was given the same settings.
     processes.agree_on("the config", flatten(config.to_dict()))
+    # A benchmark's scaffold (configs/scaffold.py) into the fields the model is built
+    # from, after the command line's overrides of it (--config.scaffold.short_conv=0).
+    scaffold.resolve(config)
     common.validate(config)
     # Generated tasks take their vocabulary from their options (MQAR's vocab_size).
     task = lra.tasks.get(config.task).with_options(**config.task_options.to_dict())
@@ -234,6 +238,8 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
     except ValueError as e:  # unknown hparams, impossible combinations (causal + CLS, ...)
         raise ConfigError(f"cannot build model {hybrid.name(config)!r}: {e}") from None
     num_params = sum(x.size for x in jax.tree.leaves(abstract_state["params"]))
+    # What the model shares with the other mixers of a comparison, measured on it.
+    scaffold_card = card.card(config, nnx.eval_shape(lambda: build_model(config, task)))
     # A (data, model) mesh; parameters and optimizer state placed by config.sharding's
     # rules on their logical axis names (lra/training/sharding.py). Auto axes: XLA propagates
     # shardings from these inputs (GSPMD), guided by the model's activation constraints.
@@ -607,6 +613,9 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         # Zoology's BASED recipe: the kernel of the short convolution before every mixer
         # (config.block.short_conv; 0 = none).
         "short_conv": int(config.block.get("short_conv", 0)) if "block" in config else 0,
+        # Positions, convolutions, heads, capacity, params, flops per token, measured on
+        # the model (lra/runs/card.py); the reports rank only cells whose cards agree.
+        "scaffold_card": scaffold_card,
         # sequence_labels: the mean over classes of per-class accuracy, torchmetrics'
         # MulticlassAccuracy(average='macro') as MAD logs it (test_accuracy is micro).
         "test_macro_accuracy": test.get("macro_accuracy"),

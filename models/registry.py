@@ -132,6 +132,11 @@ class Capabilities:
     # How the causal form decodes one token at a time (DECODE_FORMS, see the module
     # docstring and models.decoding); "" for variants without a causal form.
     decode: str = ""
+    # The hparam holding the taps of the variant's own short convolution(s) (fla's
+    # use_short_conv / conv_size, Mamba's d_conv), where it has one; its value 0 builds the
+    # variant without it. A benchmark scaffold (configs/scaffold.py) sets it, so that
+    # every mixer of a comparison has the same short convolution, or none.
+    short_conv_hparam: str = ""
 
 
 # Capabilities.decode values; "segment_memory" is decoded by the segment_recurrent stack.
@@ -197,6 +202,10 @@ def register(name: str, builder: Builder | None = None,
                             f"{DECODE_FORMS}, in Capabilities.decode (and only a causal one); "
                             f"got causal={capabilities.causal}, "
                             f"decode={capabilities.decode!r}")
+    if capabilities.short_conv_hparam and capabilities.short_conv_hparam not in (
+            inspect.signature(builder).parameters):
+        raise RegistryError(f"{name!r}: Capabilities.short_conv_hparam="
+                            f"{capabilities.short_conv_hparam!r} is not a builder argument")
     if name in _REGISTRY:
         raise RegistryError(f"model {name!r} is already registered")
     hparams, open_hparams = _signature_hparams(name, builder)

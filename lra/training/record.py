@@ -65,4 +65,11 @@ def results_table(results: dict) -> str:
            f"| {results['steps']} | {results['best_eval_accuracy']:.4f} "
            f"| {results['test_accuracy']:.4f} | {results['majority_baseline_accuracy']:.4f} "
            f"| {results['train_steps_per_sec']:.2f} |")
-    return header + "\n" + row
+    c = results.get("scaffold_card")
+    if not c:
+        return header + "\n" + row
+    from lra.runs.card import describe
+
+    flops = c.get("flops_per_token")
+    return (header + "\n" + row + f"\nscaffold {c['scaffold']}: {describe(c)}"
+            + (f", {flops / 1e6:.2f} MFLOP per token" if flops else ""))

@@ -465,7 +465,7 @@ _NO_ROTARY = ("its queries and keys meet through a recurrent state whose order g
                 f"et al. 2024); {_BIDIRECTIONAL}",
     causal=True, decode="recurrent_state", padding=True, variable_length=True,
     test_hparams={"chunk_size": 5}, rotary_refusal=_NO_ROTARY,
-    pos_emb="none"))
+    pos_emb="none", short_conv_hparam="conv_size"))
 def build_deltanet(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
                    qkv_dim: int | None = None, chunk_size: int = DEFAULT_CHUNK,
                    conv_size: int = CONV_SIZE, use_gate: bool = False,
@@ -482,7 +482,7 @@ def build_deltanet(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs
                 f"et al. 2025); {_BIDIRECTIONAL}",
     causal=True, decode="recurrent_state", padding=True, variable_length=True,
     test_hparams={"chunk_size": 5}, rotary_refusal=_NO_ROTARY,
-    pos_emb="none"))
+    pos_emb="none", short_conv_hparam="conv_size"))
 def build_gated_deltanet(*, dim: int, num_heads: int, max_len: int, causal: bool,
                          rngs: nnx.Rngs, qkv_dim: int | None = None, expand_v: float = 2.0,
                          chunk_size: int = DEFAULT_CHUNK, conv_size: int = CONV_SIZE,

@@ -320,7 +320,7 @@ class Mamba2(nnx.Module):
     "positions (the paper adds no position embedding)",
     # mamba_ssm's and fla's Mamba-2 models add no position table to the token embeddings
     # (the depthwise convolution, conv_kernel 4 with bias, and the scan give positions).
-    pos_emb="none"))
+    pos_emb="none", short_conv_hparam="conv_size"))
 def build_mamba2(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
                  expand: int = 2, state_size: int = STATE_SIZE, conv_size: int = CONV_SIZE,
                  chunk_size: int = DEFAULT_CHUNK, norm_eps: float = NORM_EPS,

@@ -1,0 +1,193 @@
+"""Benchmark scaffolds (issue 68): what every mixer of one comparison shares, declared once
+per benchmark as its original code builds it, so that a table compares mixers and not the
+positions, short convolutions or heads each variant happens to bring.
+
+A task config that has a scaffold sets `config.scaffold` (`declare`); `resolve` then writes
+it into the fields the model is built from, for config.model and a hybrid's mixer alike:
+
+  pos_emb       every layer's positions: none | learned | sinusoidal | rotary, or `own`
+                (each variant's paper's, Capabilities.pos_emb) -> config.pos_emb
+  short_conv    taps of one short causal depthwise convolution on the input of every
+                layer's mixer (models/blocks.py ShortConv; 0 = none) -> config.block.short_conv
+  builtin_conv  the variants' own short convolutions (deltanet, gated_deltanet, mamba2:
+                Capabilities.short_conv_hparam): 0 = off (fla's use_short_conv=False), -1 =
+                each variant's own (4), k = k taps -> model_hparams.<its hparam>
+  num_heads     heads of every layer (0 = the task config's) -> config.num_heads
+  keep          per variant, a knob its method lives in, kept at its paper's value against
+                the scaffold (KEEP_REASONS says why; the card shows it): RetNet's heads
+                carry its multi-scale decays, gamma_h = 1 - 2^(-5-h)
+  ablate        card fields that a sweep varies on purpose (`lra.sweep --grid=scaffold.
+                short_conv=0,3`): the reports rank across them (configs of a comparison
+                otherwise agree on every card field but the mixer's)
+
+`resolve` runs before a run is built (lra/train.py) and when the sweep computes the config
+it would run (lra/runs/plan.py), so `--config.scaffold.short_conv=0` reaches every layer.
+A field the scaffold sets that was also changed by hand (`--config.block.short_conv=4`) is
+refused in one line naming the scaffold's field: the scaffold is the benchmark's, every
+mixer's. `--config.scaffold.name=` (empty) leaves the fields as they are.
+
+What each run was built with is measured on its model, not read from these fields:
+lra/runs/card.py (results.json `scaffold_card`, a column of the reports).
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+import ml_collections
+
+from lra.errors import ConfigError
+
+POS_EMBS = ("none", "learned", "sinusoidal", "rotary", "own")
+KEEP_FIELDS = ("num_heads", "pos_emb")
+# Why a variant keeps a knob against the scaffold (shown on its card).
+KEEP_REASONS = {
+    ("retnet", "num_heads"): "RetNet's multi-scale decay lives in its heads (gamma_h = "
+                             "1 - 2^(-5-h), h < heads); fla's RetNet and the paper's use 8; "
+                             "the parameters do not depend on the heads",
+    ("retnet", "pos_emb"): "RetNet's retention rotates queries and keys by position (the "
+                           "e^(in theta) of its recurrence; fla's RetNet: rotary)",
+}
+
+# Zoology's MQAR models (HazyResearch/zoology at d88d6f5474f36998d82d5c3bd58a190248d0a669,
+# 2026-01-11: zoology/experiments/models_repo.py, used by mqar_example_configs/
+# original_mqar_configs.py, last changed in dbcb60d): every model has
+# max_position_embeddings=0 (no positions, attention included); MHA, DeltaNet, Gated
+# DeltaNet, GLA, NSA and TTT have num_heads=2; every mixer but Mamba-2 sits behind the
+# shared `conv_mixer`, BaseConv(kernel_size=3) (zoology/mixers/base_conv.py: a depthwise
+# short convolution times a linear projection, plus its input), as layer 0 of 2 (Hybrid
+# picks configs[layer_idx % 2]); the state mixer is Identity (no MLP). Ours: the shared
+# convolution of 3 taps before the mixer in both layers (ShortConv, Zoology's
+# ShortConvolution, without BaseConv's projection gate), so that the two layers stay the
+# variant's; the variants' own convolutions off (Zoology keeps DeltaNet's and Gated
+# DeltaNet's conv_size 4 beside its BaseConv layer, and Mamba-2's d_conv 4 in place of
+# it: there, the scaffold differs between rows, which is what this one removes).
+ZOOLOGY_MQAR = {
+    "name": "zoology_mqar",
+    "source": "HazyResearch/zoology d88d6f5 zoology/experiments/models_repo.py, "
+              "mqar_example_configs/original_mqar_configs.py",
+    "pos_emb": "none",
+    "short_conv": 3,
+    "builtin_conv": 0,
+    "num_heads": 2,
+    "keep": {"retnet": {"num_heads": 8, "pos_emb": "rotary"}},
+    "ablate": (),
+}
+APPLIED = "applied"  # what resolve last wrote (JSON): tells a hand-set field from its own
+
+
+def declare(c: ml_collections.ConfigDict, scaffold: Mapping[str, Any], **changes: Any
+            ) -> ml_collections.ConfigDict:
+    """Sets c.scaffold (the declaration, with `changes` over it) and resolves it."""
+    spec = {**scaffold, **changes}
+    keep = ml_collections.ConfigDict({m: dict(v) for m, v in spec["keep"].items()})
+    c.scaffold = ml_collections.ConfigDict({**spec, "keep": keep, APPLIED: "{}"})
+    return resolve(c)
+
+
+def has_scaffold(config: Any) -> bool:
+    s = config.get("scaffold") if hasattr(config, "get") else None
+    return bool(s) and bool(s.get("name"))
+
+
+def _get(config: Any, dotted: str) -> Any:
+    node = config
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def _set(config: Any, dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    node = config
+    for part in parents:
+        node = node[part]
+    if last in node:
+        node[last] = value
+    else:  # a variant hparam its presets leave out (a locked config takes it too)
+        with node.unlocked():
+            node[last] = value
+
+
+def _targets(config: Any) -> dict[str, Any]:
+    """The fields the scaffold sets, dotted, with their values for this config."""
+    from models import registry  # imports jax; only when a config is resolved
+
+    s = config.scaffold
+    if s.pos_emb not in POS_EMBS:
+        raise ConfigError(f"config.scaffold.pos_emb={s.pos_emb!r}; choose one of {POS_EMBS}")
+    for name, value in (("short_conv", s.short_conv), ("num_heads", s.num_heads)):
+        if not isinstance(value, int) or value < 0:
+            raise ConfigError(f"config.scaffold.{name}={value!r} must be an integer >= 0")
+    if not isinstance(s.builtin_conv, int) or s.builtin_conv < -1:
+        raise ConfigError(f"config.scaffold.builtin_conv={s.builtin_conv!r}: 0 (off), -1 "
+                          "(each variant's own) or the taps")
+    model = config.model
+    keep = dict(s.keep.get(model) or {}) if s.get("keep") else {}
+    bad = sorted(set(keep) - set(KEEP_FIELDS))
+    if bad:
+        raise ConfigError(f"config.scaffold.keep.{model} sets {', '.join(bad)}; a variant may "
+                          f"keep only {', '.join(KEEP_FIELDS)}")
+    out: dict[str, Any] = {}
+    pos_emb = keep.get("pos_emb") or s.pos_emb
+    if pos_emb not in POS_EMBS:
+        raise ConfigError(f"config.scaffold.keep.{model}.pos_emb={pos_emb!r}; choose one of "
+                          f"{POS_EMBS}")
+    if pos_emb != "own":
+        out["pos_emb"] = pos_emb
+    out["block.short_conv"] = int(s.short_conv)
+    heads = int(keep.get("num_heads") or s.num_heads)
+    if heads:
+        out["num_heads"] = heads
+    if s.builtin_conv >= 0:
+        knob = registry.capabilities(model).short_conv_hparam
+        if knob:
+            out[f"model_hparams.{knob}"] = int(s.builtin_conv)
+        mixer = config.get("hybrid", {}).get("mixer") if "hybrid" in config else ""
+        if mixer and mixer in registry.available():
+            knob = registry.capabilities(mixer).short_conv_hparam
+            if knob:
+                out[f"hybrid.model_hparams.{knob}"] = int(s.builtin_conv)
+    return out
+
+
+def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Writes the scaffold into the fields it sets (in place; the config is returned).
+    ConfigError in one line when one of them was set by hand to something else."""
+    if not has_scaffold(config):
+        return config
+    applied = json.loads(config.scaffold.get(APPLIED) or "{}")
+    targets = _targets(config)
+    for field, value in targets.items():
+        try:
+            current = _get(config, field)
+        except (KeyError, AttributeError):
+            if ".model_hparams." not in f".{field}":
+                raise ConfigError(f"the {config.scaffold.name} scaffold sets config.{field}, "
+                                  "which this config lacks") from None
+            current = None  # an hparam the presets leave at the builder's default
+        if current != value and field in applied and current != applied[field]:
+            raise ConfigError(
+                f"config.{field}={current!r} is set by hand, but the {config.scaffold.name} "
+                f"scaffold sets it for every mixer ({value!r}): change its config.scaffold "
+                f"field instead (e.g. --config.scaffold.{_scaffold_field(field)}=...), or "
+                "leave the scaffold with --config.scaffold.name=")
+        _set(config, field, value)
+    config.scaffold[APPLIED] = json.dumps(targets, sort_keys=True)
+    return config
+
+
+def _scaffold_field(field: str) -> str:
+    if field.startswith(("model_hparams.", "hybrid.model_hparams.")):
+        return "builtin_conv"
+    return {"block.short_conv": "short_conv"}.get(field, field)
+
+
+def kept(config: Any) -> dict[str, str]:
+    """{field: why} for the knobs config.model keeps against its scaffold."""
+    if not has_scaffold(config):
+        return {}
+    keep = config.scaffold.get("keep") or {}
+    own = keep.get(config.model) or {}
+    return {f: KEEP_REASONS.get((config.model, f), "the variant's own value")
+            for f in own}
