@@ -464,6 +464,19 @@ def validate(config: ml_collections.ConfigDict) -> None:
         )
 
 
+def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """What a config derives once the command line's overrides are in, before the run is
+    built (lra/train.py) and when a sweep computes the config it would run
+    (lra/runs/plan.py), so that results.json records the values the run used:
+    `data_seed_from_run` (MQAR, MAD: the data's seed is the run's, task_options.seed =
+    random_seed) and the benchmark's scaffold (configs/scaffold.py). In place."""
+    if config.get("data_seed_from_run") and "seed" in config.get("task_options", {}):
+        config.task_options.seed = int(config.random_seed)
+    from configs import scaffold
+
+    return scaffold.resolve(config)
+
+
 def parse_profile_steps(value: str) -> tuple[int, int] | None:
     """config.profile_steps "N1,N2" (or "N": one step) as (N1, N2); None when empty."""
     if not str(value).strip():

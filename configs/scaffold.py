@@ -16,9 +16,10 @@ it into the fields the model is built from, for config.model and a hybrid's mixe
   keep          per variant, a knob its method lives in, kept at its paper's value against
                 the scaffold (KEEP_REASONS says why; the card shows it): RetNet's heads
                 carry its multi-scale decays, gamma_h = 1 - 2^(-5-h)
-  ablate        card fields that a sweep varies on purpose (`lra.sweep --grid=scaffold.
-                short_conv=0,3`): the reports rank across them (configs of a comparison
-                otherwise agree on every card field but the mixer's)
+  ablate        card fields (comma separated) a sweep varies on purpose: `lra.sweep
+                --override=scaffold.short_conv=0 --override=scaffold.ablate=short_conv`;
+                the reports rank such cells with the others (cells whose cards differ in
+                a field nobody declared are shown, not ranked; lra/runs/card.py)
 
 `resolve` runs before a run is built (lra/train.py) and when the sweep computes the config
 it would run (lra/runs/plan.py), so `--config.scaffold.short_conv=0` reaches every layer.
@@ -39,6 +40,9 @@ import ml_collections
 from lra.errors import ConfigError
 
 POS_EMBS = ("none", "learned", "sinusoidal", "rotary", "own")
+# The scaffold card's fields (lra/runs/card.py) two cells of one ranking agree on (the
+# width is a coordinate of the tables: cells of one column share it).
+CARD_FIELDS = ("positions", "short_conv", "builtin_conv", "num_heads", "ffn", "layers")
 KEEP_FIELDS = ("num_heads", "pos_emb")
 # Why a variant keeps a knob against the scaffold (shown on its card).
 KEEP_REASONS = {
@@ -71,7 +75,7 @@ ZOOLOGY_MQAR = {
     "builtin_conv": 0,
     "num_heads": 2,
     "keep": {"retnet": {"num_heads": 8, "pos_emb": "rotary"}},
-    "ablate": (),
+    "ablate": "",
 }
 APPLIED = "applied"  # what resolve last wrote (JSON): tells a hand-set field from its own
 
@@ -122,6 +126,10 @@ def _targets(config: Any) -> dict[str, Any]:
     if not isinstance(s.builtin_conv, int) or s.builtin_conv < -1:
         raise ConfigError(f"config.scaffold.builtin_conv={s.builtin_conv!r}: 0 (off), -1 "
                           "(each variant's own) or the taps")
+    bad = sorted(set(ablated(config)) - set(CARD_FIELDS))
+    if bad:
+        raise ConfigError(f"config.scaffold.ablate names {', '.join(bad)}; an ablation axis "
+                          f"is a scaffold card field: {', '.join(CARD_FIELDS)}")
     model = config.model
     keep = dict(s.keep.get(model) or {}) if s.get("keep") else {}
     bad = sorted(set(keep) - set(KEEP_FIELDS))
@@ -191,3 +199,11 @@ def kept(config: Any) -> dict[str, str]:
     own = keep.get(config.model) or {}
     return {f: KEEP_REASONS.get((config.model, f), "the variant's own value")
             for f in own}
+
+
+def ablated(config: Any) -> tuple[str, ...]:
+    """The card fields config.scaffold.ablate declares varied on purpose."""
+    s = config.get("scaffold") if hasattr(config, "get") else None
+    value = (s or {}).get("ablate") or ""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    return tuple(v.strip() for v in items if v.strip())

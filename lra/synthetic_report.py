@@ -61,6 +61,7 @@ import sys
 
 from absl import app, flags
 
+from lra.runs import card as card_lib
 from lra.runs import results as results_lib
 
 FLAGS = flags.FLAGS
@@ -92,8 +93,11 @@ def _setting(r: dict) -> tuple:
     pairs (the model's own presets aside: model_hparams differ between variants)."""
     # A field added after a run was recorded holds its default there (IMPLIED_WHEN_ABSENT).
     flat = {**results_lib.IMPLIED_WHEN_ABSENT, **results_lib.flatten(r.get("config") or {})}
+    # The data's seed is a seed like random_seed where it follows the run's (MQAR, MAD).
+    seeds = ("task_options.seed",) if flat.get("data_seed_from_run") else ()
     return tuple(sorted((k, repr(v)) for k, v in flat.items()
-                        if k not in _COORDS + TUNED and not k.startswith(_SKIP + _PRESETS)))
+                        if k not in _COORDS + TUNED + seeds
+                        and not k.startswith(_SKIP + _PRESETS)))
 
 
 def state_bytes(config: dict) -> int | None:
@@ -115,34 +119,82 @@ def state_bytes(config: dict) -> int | None:
         return None
 
 
-def row_name(r: dict) -> str:
-    """The run's model, with what it changed of the variant's defaults that the setting
-    does not hold: positions other than the variant's own (for a hybrid, its first
-    mixer's), Zoology's short convolution (block.short_conv)."""
-    from configs import common
+_CARDS: dict[str, dict] = {}
 
-    c = r["config"]
-    base = r["model"].split("+")[0]
-    notes = []
-    if c.get("pos_emb") and c["pos_emb"] != common._default_pos_emb(base):
-        notes.append(f"pos_emb={c['pos_emb']}")
-    if (c.get("block") or {}).get("short_conv"):
-        notes.append(f"short_conv={c['block']['short_conv']}")
-    return r["model"] + (f" [{', '.join(notes)}]" if notes else "")
+
+def card_of(r: dict) -> dict:
+    """The run's scaffold card (lra/runs/card.py): results.json's, or for a run recorded
+    before cards were, measured on its recorded config's model ({} if it cannot be built)."""
+    if r.get("scaffold_card"):
+        return r["scaffold_card"]
+    key = json.dumps(r["config"], sort_keys=True, default=str)
+    if key not in _CARDS:
+        import ml_collections
+
+        from lra.runs import card as card_lib
+
+        try:
+            _CARDS[key] = card_lib.card(ml_collections.ConfigDict(r["config"]))
+        except Exception:  # noqa: BLE001  (a config this code cannot build: no card)
+            _CARDS[key] = {}
+    return _CARDS[key]
+
+
+def reference_cards(results: list[dict]) -> dict[tuple, dict]:
+    """Per setting, the card most of its models share, field by field (one vote per
+    model and width, the base model's layers): what a row's name is told against."""
+    from lra.runs import card as card_lib
+
+    votes: dict[tuple, dict[str, collections.Counter]] = {}
+    seen = set()
+    for r in results:
+        c = card_of(r)
+        key = (_setting(r), r["config"].get("emb_dim"), r["model"])
+        if not c or key in seen:
+            continue
+        seen.add(key)
+        fields = votes.setdefault(key[0], {f: collections.Counter() for f in card_lib.COMPARED})
+        for f in card_lib.COMPARED:
+            fields[f][json.dumps(card_lib._base(c, f))] += 1
+    return {setting: {f: json.loads(counter.most_common(1)[0][0])
+                      for f, counter in fields.items() if counter}
+            for setting, fields in votes.items()}
+
+
+def row_name(r: dict, reference: dict | None = None) -> tuple[str, list[str]]:
+    """The run's model with the scaffold card's fields in which it differs from its
+    setting's reference card (`[conv 0]`, `[pos learned]`, `[own conv 4]`; a field the
+    variant keeps, e.g. RetNet's heads, is not one), and those of them its config does
+    not declare an ablation axis (config.scaffold.ablate): such a row is not ranked."""
+    from configs import scaffold
+    from lra.runs import card as card_lib
+
+    c = card_of(r)
+    if not c or not reference:
+        return r["model"], []
+    differ = card_lib.differences(c, reference)
+    notes = [card_lib.note(f, card_lib._base(c, f)) for f in differ]
+    undeclared = [f for f in differ if f not in scaffold.ablated(r["config"])]
+    return r["model"] + (f" [{', '.join(notes)}]" if notes else ""), undeclared
 
 
 def cells(results: list[dict]) -> list[dict]:
-    """One dict per cell: its coordinates, setting, seeds' accuracies (%), params, state."""
+    """One dict per cell: its coordinates, setting, seeds' accuracies (%), params, state,
+    scaffold card, and the card fields that keep it out of the ranking."""
+    results = [r for r in results if r.get("task") == "mqar" and r.get("config")]
+    references = reference_cards(results)
     groups: dict[tuple, list[dict]] = {}
+    undeclared: dict[tuple, list[str]] = {}
     for r in results:
-        if r.get("task") != "mqar" or not r.get("config"):
-            continue
         c = r["config"]
+        name, fields = row_name(r, references.get(_setting(r)))
         key = (_setting(r), int(c["max_length"]), int(c["task_options"]["num_kv_pairs"]),
-               int(c["emb_dim"]), row_name(r))
+               int(c["emb_dim"]), name)
         groups.setdefault(key, []).append(r)
+        undeclared[key] = fields
     out = []
-    for (setting, length, kv, width, model), runs in sorted(groups.items()):
+    for key, runs in sorted(groups.items()):
+        setting, length, kv, width, model = key
         grid: dict[tuple, dict] = {}
         for r in runs:  # per tuning, one run per seed (a rerun of a seed replaces it)
             tuning = tuple(r["config"].get(k) for k in TUNED)
@@ -173,15 +225,17 @@ def cells(results: list[dict]) -> list[dict]:
             "steps": int(first["config"]["num_train_steps"]),
             "early_stop": float(first["config"].get("early_stop_accuracy", 0.0)),
             "state_bytes": state_bytes(first["config"]),
+            "card": card_of(first), "unranked": undeclared[key],
         })
     return out
 
 
 def ties(column: list[dict]) -> dict[str, str]:
-    """Per model of one (L, kv, width) column: among the models with two seeds or more,
-    '=' tied with the best (by mean), '<' below it (its best seed under the best model's
-    worst); a model with one seed is not ranked ('')."""
-    ranked = [c for c in column if len(c["accs"]) > 1]
+    """Per model of one (L, kv, width) column: among the models with two seeds or more
+    and the setting's scaffold (no undeclared card difference, `unranked`), '=' tied with
+    the best (by mean), '<' below it (its best seed under the best model's worst); the
+    others are not ranked ('')."""
+    ranked = [c for c in column if len(c["accs"]) > 1 and not c.get("unranked")]
     marks = {c["model"]: "" for c in column}
     if len(ranked) < 2:
         return marks
@@ -234,8 +288,8 @@ def markdown(all_cells: list[dict], source: str) -> str:
             lines += [f"### L = {length}, {kv} key-value pairs (V = {vocab}, {steps:,} "
                       f"steps{stop})", "",
                       "| model | " + " | ".join(f"width {w}" for w in widths)
-                      + " | params | state |",
-                      "|---|" + "---|" * len(widths) + "---|---|"]
+                      + " | params | state | scaffold | capacity | MFLOP/token |",
+                      "|---|" + "---|" * len(widths) + "---|---|---|---|---|"]
             marks = {w: ties([c for c in block if c["width"] == w]) for w in widths}
             # A cell run at one (lr, wd) other than most of its table's names its values, so
             # that a column tuned apart (e.g. another width's lr) does not read as the rest.
@@ -243,8 +297,10 @@ def markdown(all_cells: list[dict], source: str) -> str:
             usual = [collections.Counter(c[k] for c in block if c.get(k) is not None)
                      .most_common(1) for k in TUNED]
             usual = [u[0][0] if u else None for u in usual]
+            unranked = []
             for model in models:
-                row, params, state = [], [], []
+                row, params, state, flops = [], [], [], []
+                cards = []
                 for w in widths:
                     c = next((c for c in block if c["width"] == w and c["model"] == model),
                              None)
@@ -260,26 +316,53 @@ def markdown(all_cells: list[dict], source: str) -> str:
                                f"{marks[w][model]}".rstrip() + chosen)
                     params.append(f"{c['params']:,}")
                     state.append(_fmt_bytes(c["state_bytes"]))
+                    card = c.get("card") or {}
+                    cards.append(card)
+                    f = card.get("flops_per_token")
+                    flops.append(f"{f / 1e6:.2f}" if f else "-")
+                    if c.get("unranked") and (model, tuple(c["unranked"])) not in unranked:
+                        unranked.append((model, tuple(c["unranked"])))
+                first = next((k for k in cards if k), {})
                 lines.append(f"| {model} | " + " | ".join(row) + " | "
-                             + " / ".join(params) + " | " + " / ".join(state) + " |")
+                             + " / ".join(params) + " | " + " / ".join(state) + " | "
+                             + (card_lib.describe(first) if first else "-") + " | "
+                             + _capacity(first) + " | " + " / ".join(flops) + " |")
             majority = max(c["majority"] for c in block)
             lines.append("| majority label | " + " | ".join(
-                f"{majority:.1f}" for _ in widths) + " | | |")
+                f"{majority:.1f}" for _ in widths) + " | | | | | |")
             lines.append("| chance | " + " | ".join(
-                f"{100 / (vocab // 2):.1f}" for _ in widths) + " | | |")
+                f"{100 / (vocab // 2):.1f}" for _ in widths) + " | | | | | |")
             lines.append("")
+            if unranked:
+                lines += ["Not ranked (their scaffold differs from the table's in a field no "
+                          "sweep declared an ablation axis, `config.scaffold.ablate`): "
+                          + "; ".join(f"{m} ({', '.join(fs)})" for m, fs in unranked) + ".",
+                          ""]
     return "\n".join(lines) + "\n"
+
+
+def _capacity(card: dict) -> str:
+    """'window 8' / 'num_features 256' from the card's capacity hparams ('-' for none)."""
+    cap = card.get("capacity") or {}
+    cap = cap[0] if isinstance(cap, list) and cap else cap
+    return ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
+                     for k, v in cap.items()) or "-"
 
 
 def write_csv(all_cells: list[dict], path: str) -> None:
     fields = ["setting", "L", "kv", "width", "model", "seeds", "mean", "std", "min", "max",
-              "params", "state_bytes", *TUNED, "tunings", "vocab", "steps", "early_stop"]
+              "params", "state_bytes", *TUNED, "tunings", "vocab", "steps", "early_stop",
+              "scaffold", "flops_per_token", "unranked"]
     settings = sorted({c["setting"] for c in all_cells})
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fields, extrasaction="ignore")
         w.writeheader()
         for c in all_cells:
+            card = c.get("card") or {}
             w.writerow({**c, "setting": settings.index(c["setting"]) + 1,
+                        "scaffold": card_lib.describe(card) if card else "",
+                        "flops_per_token": card.get("flops_per_token") or "",
+                        "unranked": " ".join(c.get("unranked") or ()),
                         "seeds": " ".join(map(str, c["seeds"])),
                         **{k: f"{c[k]:.2f}" for k in ("mean", "std", "min", "max")}})
 
@@ -424,7 +507,9 @@ def mad_scores(results: list[dict]) -> dict[str, dict[str, dict]]:
 
 def _mad_setting(config: dict) -> tuple:
     """A MAD run's difficulty setting: its length and its data options."""
-    options = config.get("task_options") or {}
+    options = dict(config.get("task_options") or {})
+    if config.get("data_seed_from_run"):  # the data's seed is the run's: not a setting
+        options.pop("seed", None)
     return int(config["max_length"]), tuple(sorted((k, repr(v)) for k, v in options.items()))
 
 

@@ -26,7 +26,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import lra.tasks
-from configs import common, hybrid, scaffold
+from configs import common, hybrid
 from lra.training import (checkpoint, init_from, input_pipeline, processes, record, resume,
                           sharding)
 # train_and_evaluate looks them up here, so a test can swap the schedule in this module.
@@ -165,9 +165,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     # 1. Everything the user can get wrong is checked before anything is written; first,
     # that every process of the run was given the same settings.
     processes.agree_on("the config", flatten(config.to_dict()))
-    # A benchmark's scaffold (configs/scaffold.py) into the fields the model is built
-    # from, after the command line's overrides of it (--config.scaffold.short_conv=0).
-    scaffold.resolve(config)
+    # After the command line's overrides: the data's seed where it is the run's, and a
+    # benchmark's scaffold (configs/scaffold.py) into the fields the model is built from
+    # (--config.scaffold.short_conv=0 reaches every layer).
+    common.resolve(config)
     common.validate(config)
     # Generated tasks take their vocabulary from their options (MQAR's vocab_size).
     task = lra.tasks.get(config.task).with_options(**config.task_options.to_dict())

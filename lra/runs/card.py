@@ -26,7 +26,8 @@ from typing import Any
 # Fields two cells of one ranking agree on (a None, a mixer without heads, agrees with
 # any value), unless a sweep declares a field its ablation axis (config.scaffold.ablate),
 # or the variant keeps the field (card `kept`).
-COMPARED = ("positions", "short_conv", "builtin_conv", "num_heads", "ffn", "layers", "width")
+from configs.scaffold import CARD_FIELDS as COMPARED
+
 CAPACITY_HPARAMS = ("window", "state_size", "num_features", "feature_dim", "num_landmarks",
                     "num_clusters", "block_size", "num_random_blocks", "num_global_tokens",
                     "expand", "expand_k", "expand_v", "d_state", "state_dim")
@@ -116,8 +117,12 @@ def card(config: Any, model: Any = None, *, flops: bool = True) -> dict[str, Any
         [config.model_hparams.to_dict()] * len(blocks))
     capacity = [{k: h[k] for k in CAPACITY_HPARAMS if k in h} for h in hparams]
     params = sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    names = [spec["model"] for spec in layers] if layers else [config.model] * len(blocks)
     return {
         "scaffold": config.scaffold.name if scaffold.has_scaffold(config) else "own",
+        # The layers of config.model (a hybrid's other mixers bring their own positions
+        # and heads: the comparison is of the base model's layers).
+        "base_layers": [i for i, n in enumerate(names) if n == config.model],
         "positions": _collapse(positions),
         "short_conv": _collapse([int(b.short_conv.kernel_size) if getattr(
             b, "short_conv", None) is not None else 0 for b in blocks]),
@@ -137,6 +142,15 @@ def _per_layer(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
+def _base(card: dict, field: str) -> Any:
+    """The field at the card's base_layers (all of them without a per-layer list)."""
+    value = card.get(field)
+    base = card.get("base_layers")
+    if not isinstance(value, list) or not base or field in ("layers", "width"):
+        return value
+    return _collapse([value[i] for i in base if i < len(value)])
+
+
 def _agree(a: Any, b: Any) -> bool:
     la, lb = _per_layer(a), _per_layer(b)
     if len(la) == 1 or len(lb) == 1:  # a uniform value against each layer's
@@ -150,7 +164,15 @@ def differences(a: dict, b: dict, allowed: tuple[str, ...] = ()) -> list[str]:
     ablation axis) and those either variant keeps aside."""
     kept = {KEPT_AS.get(f, f) for f in (*(a.get("kept") or {}), *(b.get("kept") or {}))}
     return [f for f in COMPARED if f not in allowed and f not in kept
-            and not _agree(a.get(f), b.get(f))]
+            and not _agree(_base(a, f), _base(b, f))]
+
+
+def note(field: str, value: Any) -> str:
+    """'conv 0', 'pos learned', 'own conv 4', 'heads 1' for a row's name."""
+    label = {"positions": "pos", "short_conv": "conv", "builtin_conv": "own conv",
+             "num_heads": "heads", "ffn": "ffn", "layers": "layers", "width": "width"}[field]
+    shown = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+    return f"{label} {shown}"
 
 
 def describe(c: dict) -> str:

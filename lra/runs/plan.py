@@ -254,9 +254,9 @@ def expected_config(task: str, model: str, seed: int, config_arg: str,
     config_flags.DEFINE_config_file("config", None, "", flag_values=values,
                                     lock_config=True, sys_argv=argv)
     values(argv)
-    from configs import scaffold  # as lra/train.py resolves it before the run is built
+    from configs import common  # as lra/train.py resolves it before the run is built
 
-    config = scaffold.resolve(values.config)
+    config = common.resolve(values.config)
     return json.loads(json.dumps(config.to_dict(), default=str))
 
 
