@@ -24,6 +24,11 @@ Forms, concise first (each field takes a --config.<field>= override; examples on
       ... model=gla --config.num_layers=4 --config.layers=gla,local,gla,transformer
       --config.layers="('gla', {'model': 'local', 'model_hparams': {'window': 4}})"
 
+A hybrid layer's own positions, heads and window (config.hybrid.pos_emb, num_heads,
+window: LAYER_FIELDS; docs/hybrids.md): by default its mixer rotates queries and keys
+(rotary, fla's hybrid attention), with the model's heads and the mixer's preset window.
+      ... model=gla,hybrid=local --config.hybrid.layers=1 --config.hybrid.window=2048
+
 What each layer gets:
   hparams   config.model's layers: config.model_hparams (as a single-mixer model); any
             other mixer: its presets (configs/presets.py, scaled to the max_length the
@@ -64,6 +69,20 @@ from lra.errors import ConfigError
 
 # config.hybrid's fields besides model_hparams, block and param_groups (ConfigDicts).
 FIELDS = {"mixer": "", "layers": (), "period": 0, "offset": 0, "pattern": ()}
+# What the layers of a mixer other than config.model (the hybrid's layers: hybrid.mixer's,
+# or another mixer's in a pattern or full list) get of their own, as fla's hybrid `attn`
+# layers (fla/models/utils.py and the models' `attn` config: rotary, num_heads,
+# window_size):
+#   pos_emb   "rotary" (fla's): a layer whose mixer takes rotary rotates its queries and
+#             keys, whatever the base model's positions (gla and mamba2 have none: their
+#             attention layer would otherwise see no position); "inherit": the base
+#             model's positions only (the hybrids of results/cpu/hybrids.md before
+#             2026-12-03)
+#   num_heads 0: config.num_heads; else that layer's heads
+#   window    0: the mixer's preset (scaled to the length); else its `window` hparam
+#             (sliding-window layers, `local`: Samba's and Gated DeltaNet-H1's are 2,048)
+LAYER_FIELDS = {"pos_emb": "rotary", "num_heads": 0, "window": 0}
+HYBRID_POS_EMBS = ("rotary", "inherit")
 # The max_length the layers' presets are taken at (0: config.max_length). common.finalize
 # records the config's length here, so that `--config.max_length=` after get_config (or a
 # tool that sets it, lra.cache_memory) leaves every layer's presets where it leaves the
@@ -74,7 +93,7 @@ ENTRY_KEYS = ("model", "model_hparams", "block", "param_groups")
 
 def defaults() -> ml_collections.ConfigDict:
     """config.hybrid of a single-mixer model (base_config)."""
-    c = ml_collections.ConfigDict(dict(FIELDS))
+    c = ml_collections.ConfigDict({**FIELDS, **LAYER_FIELDS})
     c.model_hparams = ml_collections.ConfigDict()
     c.block = ml_collections.ConfigDict()
     c.param_groups = ml_collections.ConfigDict()
@@ -108,7 +127,10 @@ def _indices(value: Any) -> tuple[int, ...]:
 
 def _hybrid(config: Any) -> dict[str, Any]:
     h = _plain(config.get("hybrid")) or {}
-    return {**FIELDS, "model_hparams": {}, "block": {}, "param_groups": {}, **h}
+    # A config recorded before LAYER_FIELDS existed ran with the base model's positions.
+    old = {} if "pos_emb" in h else {"pos_emb": "inherit"}
+    return {**FIELDS, **LAYER_FIELDS, **old, "model_hparams": {}, "block": {},
+            "param_groups": {}, **h}
 
 
 def is_hybrid(config: Any) -> bool:
@@ -258,6 +280,7 @@ def layer_list(config: Any) -> list[dict[str, Any]] | None:
                 hp.update(_plain(h["model_hparams"]) or {})
                 block = dict(_plain(h["block"]) or {})
                 groups = _merge_groups(groups, h["param_groups"])
+        extra = {} if name == base else _layer_settings(config, name, h, hp)
         hp.update(_plain(own.get("model_hparams")) or {})
         block.update(_plain(own.get("block")) or {})
         groups = _merge_groups(groups, own.get("param_groups"))
@@ -267,8 +290,37 @@ def layer_list(config: Any) -> list[dict[str, Any]] | None:
                               f"a layer may set only {', '.join(BLOCK_LAYER_KEYS)} (the stack "
                               "and its settings are the model's: config.block)")
         out.append({"model": name, "model_hparams": hp, "block": block,
-                    "param_groups": groups})
+                    "param_groups": groups, **extra})
     return out
+
+
+def _layer_settings(config: Any, name: str, h: dict, hp: dict) -> dict[str, Any]:
+    """A hybrid layer's own positions and heads (LAYER_FIELDS), for the layer spec
+    (models.stacks takes `rotary` and `num_heads`); its window goes into `hp`."""
+    from models import registry
+
+    pos_emb, heads, window = h["pos_emb"], int(h["num_heads"] or 0), int(h["window"] or 0)
+    if pos_emb not in HYBRID_POS_EMBS:
+        raise ConfigError(f"config.hybrid.pos_emb={pos_emb!r}; choose one of "
+                          f"{', '.join(HYBRID_POS_EMBS)}")
+    if heads < 0 or window < 0:
+        raise ConfigError(f"config.hybrid.num_heads={heads} and config.hybrid.window={window} "
+                          "must be >= 0 (0: the model's heads, the mixer's preset window)")
+    if window:
+        if "window" not in registry.accepted_hparams(name):
+            raise ConfigError(f"config.hybrid.window={window}, but {name!r} has no window "
+                              "(a sliding-window layer is `local`)")
+        hp["window"] = window
+    extra: dict[str, Any] = {}
+    if pos_emb == "rotary" and registry.capabilities(name).rotary:
+        extra["rotary"] = True
+    if heads:
+        for field in ("emb_dim", "qkv_dim"):
+            if int(config.get(field)) % heads:
+                raise ConfigError(f"config.hybrid.num_heads={heads} does not divide "
+                                  f"config.{field} ({config.get(field)})")
+        extra["num_heads"] = heads
+    return extra
 
 
 def name_of(names: list[str] | None, base: str) -> str:

@@ -133,6 +133,7 @@ class Encoder(nnx.Module):
         if layers is not None:
             resolved = [{"model": spec["model"],
                          "model_hparams": dict(spec.get("model_hparams") or {}),
+                         **{k: spec[k] for k in ("rotary", "num_heads") if spec.get(k)},
                          "block": stacks.resolve_layer_block(self.block, model, spec["model"],
                                                              spec.get("block"))}
                         for spec in layers]

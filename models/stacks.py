@@ -69,9 +69,14 @@ def per_layer(num_layers: int, block: Mapping[str, Any], block_args: Mapping[str
     if len(layers) != num_layers:
         raise ValueError(f"the layer list has {len(layers)} layers, num_layers is "
                          f"{num_layers}")
+    # A layer's own positions and heads (configs/hybrid.py LAYER_FIELDS): `rotary` on
+    # top of the stack's, `num_heads` instead of the model's.
     return [(dict(spec["block"]),
              layer_args({**block_args, "model": spec["model"],
-                         "model_hparams": dict(spec.get("model_hparams") or {})}, l))
+                         "model_hparams": dict(spec.get("model_hparams") or {}),
+                         **({"rotary": True} if spec.get("rotary") else {}),
+                         **({"num_heads": int(spec["num_heads"])} if spec.get("num_heads")
+                            else {})}, l))
             for l, spec in enumerate(layers)]
 
 
