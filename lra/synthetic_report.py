@@ -81,8 +81,12 @@ _SKIP = (results_lib.SEED_FIELD, *_NOT_COMPARED)
 # A variant's own presets (configs/presets.py: its hparams, parameter groups, positions,
 # and the block's token counts scaled to the length): they differ between models, or
 # between lengths, of one setting by design.
+# The scaffold's fields and what they set (positions, convolutions, heads) are compared
+# on the runs' scaffold cards instead (row_name): a cell whose card differs from its
+# table's is shown, named by the field, and not ranked unless declared an ablation.
 _PRESETS = ("model_hparams", "param_groups", "hybrid", "weight_decay_exempt", "pos_emb",
-            "layers", "block.segment_len", "block.mem_len", "block.short_conv")
+            "layers", "block.segment_len", "block.mem_len", "block.short_conv", "scaffold",
+            "num_heads")
 # Rows in this order (the grid's: attention, then the fixed-state families), others after.
 ORDER = ("transformer", "local", "linear", "performer", "s4d", "s5", "lru", "mega", "retnet",
          "gla", "deltanet", "gated_deltanet", "mamba2")

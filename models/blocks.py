@@ -217,33 +217,72 @@ class EncoderBlock(nnx.Module):
     # ---------------------------------------------------------------- decoding
 
     def _check_decodes(self) -> None:
-        if self.short_conv is not None:
-            raise decoding.DecodingError(
-                "block.short_conv: decoding through the short convolution (a cache of its "
-                "last kernel_size - 1 inputs) is not implemented")
         if not self.decode_form or self.decode_form == "segment_memory":
             raise decoding.DecodingError(
                 "this block's mixer was built without causal=True" if not self.decode_form
                 else "a segment_memory mixer decodes through the segment_recurrent stack")
 
+    # With block.short_conv the cache is {"mixer": the mixer's, "short_conv": the last
+    # kernel_size - 1 inputs of the convolution (BxWxD)}; without, the mixer's alone.
+
     def init_cache(self, batch: int, max_len: int) -> decoding.Cache:
         self._check_decodes()
-        return decoding.init_cache(self.mixer, self.decode_form, batch=batch,
-                                   max_len=max_len, dim=self.dim)
+        cache = decoding.init_cache(self.mixer, self.decode_form, batch=batch,
+                                    max_len=max_len, dim=self.dim)
+        if self.short_conv is None:
+            return cache
+        window = jnp.zeros((batch, self.short_conv.kernel_size - 1, self.dim), jnp.float32)
+        return {"mixer": cache, "short_conv": window}
+
+    def conv_prefill(self, h_BxLxD: jax.Array, padding_mask: jax.Array | None
+                     ) -> tuple[jax.Array, jax.Array | None]:
+        """The convolution on a right-padded prompt, and each row's window: its inputs
+        n_b - W .. n_b - 1 (zeros before the start; causal, so the padded tail reaches no
+        real position). None without a convolution."""
+        if self.short_conv is None:
+            return h_BxLxD, None
+        batch, length = h_BxLxD.shape[:2]
+        w = self.short_conv.kernel_size - 1
+        lengths_B = decoding.lengths_of(padding_mask, batch, length)
+        padded = jnp.pad(h_BxLxD.astype(jnp.float32), ((0, 0), (w, 0), (0, 0)))
+        window = jnp.take_along_axis(padded, (lengths_B[:, None] + jnp.arange(w))[..., None],
+                                     axis=1)
+        return self.short_conv(h_BxLxD), window
+
+    def conv_step(self, window_BxWxD: jax.Array | None, h_BxD: jax.Array
+                  ) -> tuple[jax.Array, jax.Array | None]:
+        """One token through the convolution: its output and the next window."""
+        if self.short_conv is None:
+            return h_BxD, None
+        full = jnp.concatenate([window_BxWxD, h_BxD.astype(jnp.float32)[:, None]], axis=1)
+        y_BxD = self.short_conv(full.astype(h_BxD.dtype))[:, -1]
+        return y_BxD, full[:, 1:]
+
+    def _split_cache(self, cache: decoding.Cache) -> tuple[decoding.Cache, Any]:
+        return (cache, None) if self.short_conv is None else (cache["mixer"],
+                                                               cache["short_conv"])
+
+    def _join_cache(self, cache: decoding.Cache, window: Any) -> decoding.Cache:
+        return cache if self.short_conv is None else {"mixer": cache, "short_conv": window}
 
     def prefill(self, cache: decoding.Cache, x_BxLxD: jax.Array,
                 padding_mask: jax.Array | None) -> tuple[jax.Array, decoding.Cache]:
         """The parallel layer on a right-padded prompt, and the mixer's cache of it."""
-        y_BxLxD, cache = decoding.prefill(self.mixer, self.decode_form, cache,
-                                          self.branch_input(x_BxLxD), padding_mask)
-        return self.combine(x_BxLxD, y_BxLxD, deterministic=True), cache
+        cache, _ = self._split_cache(cache)
+        h_BxLxD, window = self.conv_prefill(self.branch_input(x_BxLxD), padding_mask)
+        y_BxLxD, cache = decoding.prefill(self.mixer, self.decode_form, cache, h_BxLxD,
+                                          padding_mask)
+        return self.combine(x_BxLxD, y_BxLxD, deterministic=True), self._join_cache(cache,
+                                                                                     window)
 
     def step(self, cache: decoding.Cache, x_BxD: jax.Array) -> tuple[jax.Array,
                                                                        decoding.Cache]:
         """One token per row through the layer (each row at its cache position)."""
-        y_BxD, cache = decoding.step(self.mixer, self.decode_form, cache,
-                                     self.branch_input(x_BxD))
-        return self.combine(x_BxD[:, None], y_BxD[:, None], deterministic=True)[:, 0], cache
+        cache, window = self._split_cache(cache)
+        h_BxD, window = self.conv_step(window, self.branch_input(x_BxD))
+        y_BxD, cache = decoding.step(self.mixer, self.decode_form, cache, h_BxD)
+        return (self.combine(x_BxD[:, None], y_BxD[:, None], deterministic=True)[:, 0],
+                self._join_cache(cache, window))
 
 
 class GruGate(nnx.Module):
@@ -347,15 +386,20 @@ class MegaPreLNBlock(EncoderBlock):
     def prefill(self, cache: decoding.Cache, x_BxLxD: jax.Array,
                 padding_mask: jax.Array | None) -> tuple[jax.Array, decoding.Cache]:
         self._check_decodes()
-        y_BxLxD, cache = self.mixer.prefill(cache, self.branch_input(x_BxLxD), padding_mask,
-                                            residual=x_BxLxD)
-        return self.combine(x_BxLxD, y_BxLxD, deterministic=True), cache
+        cache, _ = self._split_cache(cache)
+        h_BxLxD, window = self.conv_prefill(self.branch_input(x_BxLxD), padding_mask)
+        y_BxLxD, cache = self.mixer.prefill(cache, h_BxLxD, padding_mask, residual=x_BxLxD)
+        return self.combine(x_BxLxD, y_BxLxD, deterministic=True), self._join_cache(cache,
+                                                                                     window)
 
     def step(self, cache: decoding.Cache, x_BxD: jax.Array) -> tuple[jax.Array,
                                                                        decoding.Cache]:
         self._check_decodes()
-        y_BxD, cache = self.mixer.step(cache, self.branch_input(x_BxD), residual=x_BxD)
-        return self.combine(x_BxD[:, None], y_BxD[:, None], deterministic=True)[:, 0], cache
+        cache, window = self._split_cache(cache)
+        h_BxD, window = self.conv_step(window, self.branch_input(x_BxD))
+        y_BxD, cache = self.mixer.step(cache, h_BxD, residual=x_BxD)
+        return (self.combine(x_BxD[:, None], y_BxD[:, None], deterministic=True)[:, 0],
+                self._join_cache(cache, window))
 
 
 def mega_pre_ln_refusal(model: str) -> str:

@@ -258,14 +258,22 @@ class ReversibleStack(nnx.Module):
         return (x1 + x2) / 2, new
 
     def prefill(self, cache, x_BxLxD, padding_mask):
-        return self._decode(cache, x_BxLxD, lambda layer, c, h: decoding.prefill(
-            layer.mixer, layer.decode_form, c, h, padding_mask))
+        def mixer_prefill(layer, layer_cache, h_BxLxD):  # block.short_conv's window too
+            layer_cache, _ = layer._split_cache(layer_cache)
+            h_BxLxD, window = layer.conv_prefill(h_BxLxD, padding_mask)
+            y, layer_cache = decoding.prefill(layer.mixer, layer.decode_form, layer_cache,
+                                              h_BxLxD, padding_mask)
+            return y, layer._join_cache(layer_cache, window)
+
+        return self._decode(cache, x_BxLxD, mixer_prefill)
 
     def step(self, cache, x_BxD):
         def mixer_step(layer, layer_cache, h_Bx1xD):
+            layer_cache, window = layer._split_cache(layer_cache)
+            h_BxD, window = layer.conv_step(window, h_Bx1xD[:, 0])
             y_BxD, layer_cache = decoding.step(layer.mixer, layer.decode_form, layer_cache,
-                                               h_Bx1xD[:, 0])
-            return y_BxD[:, None], layer_cache
+                                               h_BxD)
+            return y_BxD[:, None], layer._join_cache(layer_cache, window)
 
         y_Bx1xD, cache = self._decode(cache, x_BxD[:, None], mixer_step)
         return y_Bx1xD[:, 0], cache

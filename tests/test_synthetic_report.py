@@ -6,17 +6,22 @@ import os
 
 import pytest
 
-from configs import mqar
+from configs import common, mqar
 from lra import synthetic_report
 from lra.runs import results as results_lib
 
 
 def _write_run(root, model, seed, accuracy, *, length=32, width=0, lr=None, pos=None,
-               short_conv=0, val=None, wd=None):
-    config = mqar.get_config(f"model={model},runlocal").to_dict()
+               short_conv=None, val=None, wd=None, ablate=""):
+    """A run of configs/mqar.py's runlocal; `pos`, `short_conv`: its scaffold's positions
+    and shared convolution instead of the zoology scaffold's (none, 3)."""
+    c = mqar.get_config(f"model={model},runlocal")
     if pos:
-        config["pos_emb"] = pos
-    config["block"]["short_conv"] = short_conv
+        c.scaffold.pos_emb = pos
+    if short_conv is not None:
+        c.scaffold.short_conv = short_conv
+    c.scaffold.ablate = ablate
+    config = common.resolve(c).to_dict()
     config["random_seed"] = seed
     config["max_length"] = length
     config["block"]["segment_len"] = length // 4  # scaled with the length, as presets do
@@ -64,16 +69,16 @@ def test_report_writes_the_table_csv_and_figure(tmp_path):
     for seed, (val, test) in enumerate([(0.8, 0.5), (0.9, 0.6)]):
         _write_run(str(runs), "gla", seed, test, lr=1e-3, val=val)
         _write_run(str(runs), "gla", seed, 0.95, lr=3e-3, val=0.7)
-    _write_run(str(runs), "linear", 0, 0.9, width=32, short_conv=3, lr=0.5)
+    _write_run(str(runs), "linear", 0, 0.9, width=32, short_conv=0, lr=0.5)
     _write_run(str(runs), "s4d", 0, 0.4, lr=1e-3)  # one lr, not the table's usual 3e-3
     # A weight-decay grid names wd; a validation accuracy of 0 is a number, not missing.
     _write_run(str(runs), "transformer", 0, 0.3, length=64, wd=0.1, val=0.0)
     _write_run(str(runs), "transformer", 0, 0.4, length=64, wd=0.0, val="missing")
     os.rename(os.path.join(runs, "L32-d32"), os.path.join(runs, "other"))  # any folders
-    # Other positions or Zoology's short convolution: rows of their own, named so (the same
-    # seed would otherwise replace the default run's).
+    # Other positions or no shared short convolution: rows of their own, named by the
+    # scaffold card's field (the same seed would otherwise replace the default run's).
     _write_run(str(runs), "linear", 0, 0.97, pos="rotary")
-    _write_run(str(runs), "linear", 0, 0.98, short_conv=3)
+    _write_run(str(runs), "linear", 0, 0.98, short_conv=0)
     paths = synthetic_report.report(str(runs), str(tmp_path / "out" / "mqar"))
     assert [os.path.basename(p) for p in paths] == ["mqar.md", "mqar.csv", "mqar.png",
                                                     "mqar_runs.jsonl"]
@@ -89,10 +94,14 @@ def test_report_writes_the_table_csv_and_figure(tmp_path):
     assert "| transformer | 30.0 (1) [wd 0.1 of 2] |" in text
     row = next(line for line in text.splitlines() if line.startswith("| gla |"))
     assert "55.0 ± 7.1 (2) < [lr 0.001 of 2]" in row
-    assert "| linear [pos_emb=rotary] | 97.0 (1) |" in text
+    assert "| linear [pos rotary] | 97.0 (1) |" in text
     assert "| s4d | 40.0 (1) [lr 0.001] | - |" in text
     # lr 0.5's 90.0 validates lower: not shown
-    assert "| linear [short_conv=3] | 98.0 (1) [lr 0.003 of 2] |" in text
+    assert "| linear [conv 0] | 98.0 (1) [lr 0.003 of 2] |" in text
+    # Their scaffolds differ from the table's in fields no sweep declared: not ranked, named.
+    assert ("Not ranked (their scaffold differs from the table's in a field no sweep "
+            "declared an ablation axis, `config.scaffold.ablate`): linear [pos rotary] "
+            "(positions); linear [conv 0] (short_conv).") in text
     assert "| majority label | 3.0 |" in text and "| chance | 1.6 |" in text  # V 128
     with open(paths[1]) as f:
         rows = list(csv.DictReader(f))

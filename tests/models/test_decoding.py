@@ -135,6 +135,25 @@ def test_decoding_through_the_reversible_stack():
     check_equal(model_for("local", stack="reversible"), lra.tasks.get("listops").vocab_size)
 
 
+@pytest.mark.parametrize("name,stack", [("transformer", None), ("gla", None),
+                                        ("deltanet", None), ("mega", None),
+                                        ("local", "reversible")])
+def test_decoding_through_the_shared_short_convolution(name, stack):
+    """block.short_conv (a benchmark scaffold's shared convolution, configs/scaffold.py):
+    the cache keeps its last kernel_size - 1 inputs beside the mixer's; a kv cache, a
+    recurrent state, mega's pre-LN block and the reversible stack decode as the
+    parallel form."""
+    config = config_for(name)
+    config.block.short_conv = 3
+    if stack:
+        config.block.stack = stack
+    model = randomize_params(train.build_model(config, lra.tasks.get("listops")), seed=5,
+                             scale=0.3)
+    windows = [c["short_conv"] for c in model.init_cache(2)["stack"]]
+    assert [w.shape for w in windows] == [(2, 2, config.emb_dim)] * config.num_layers
+    check_equal(model, lra.tasks.get("listops").vocab_size)
+
+
 def test_the_check_fails_on_a_wrong_cache():
     """Not vacuous: a cache that forgets the first prompt token changes the steps."""
     model = model_for("transformer")

@@ -1,6 +1,6 @@
 """block.short_conv (models/blocks.py ShortConv): Zoology's ShortConvolution before any
 mixer (the BASED recipe, issue 43): its numbers, causality through a model, the settings
-it refuses, and decoding refused in one line."""
+it refuses (decoding through it: tests/models/test_decoding.py)."""
 from __future__ import annotations
 
 import jax
@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from models import decoding
 from models.blocks import ShortConv
 from models.encoder import Classifier
 from models.stacks import resolve_block
@@ -62,14 +61,3 @@ def test_refuses_bad_values(value, match):
         resolve_block("transformer", {"short_conv": value})
     with pytest.raises(ValueError, match="segment_recurrent"):
         resolve_block("transformer_xl", {"short_conv": 3})
-
-
-def test_decoding_refused_in_one_line():
-    from models.pretrain import TokenPredictor
-
-    m = TokenPredictor(vocab_size=11, objective="causal_lm", max_len=12, model="linear",
-                       emb_dim=16, num_heads=2, num_layers=1, qkv_dim=16, mlp_dim=32,
-                       pooling="MEAN", causal=True,
-                       block=resolve_block("linear", {"short_conv": 3}), rngs=nnx.Rngs(0))
-    with pytest.raises(decoding.DecodingError, match="short_conv"):
-        m.init_cache(2)

@@ -126,7 +126,9 @@ def test_config_defaults_and_errors():
 
     c = mqar_config.get_config("seq_len=256,d_model=64")
     assert (c.task_options.vocab_size, c.task_options.num_kv_pairs) == (8192, 16)
-    assert (c.max_length, c.emb_dim, c.num_layers, c.num_heads) == (256, 64, 2, 1)
+    # Heads: Zoology's MQAR models' 2 (configs/scaffold.py); figure 2's 1 under `own`.
+    assert (c.max_length, c.emb_dim, c.num_layers, c.num_heads) == (256, 64, 2, 2)
+    assert mqar_config.get_config("seq_len=256,scaffold=own").num_heads == 1
     assert c.block.ffn is False and c.causal and c.objective == "sequence_labels"
     assert c.batch_size == 256 and c.num_train_steps == 64 * (100_000 // 256)
     assert c.factors == "constant * cosine_decay" and c.weight_decay == 0.1
