@@ -77,6 +77,8 @@ ZOOLOGY_MQAR = {
     "keep": {"retnet": {"num_heads": 8, "pos_emb": "rotary"}},
     "ablate": "",
 }
+# The scaffolds by their names (a card names its run's).
+SCAFFOLDS = {ZOOLOGY_MQAR["name"]: ZOOLOGY_MQAR}
 APPLIED = "applied"  # what resolve last wrote (JSON): tells a hand-set field from its own
 
 
@@ -147,15 +149,14 @@ def _targets(config: Any) -> dict[str, Any]:
     heads = int(keep.get("num_heads") or s.num_heads)
     if heads:
         out["num_heads"] = heads
-    if s.builtin_conv >= 0:
-        knob = registry.capabilities(model).short_conv_hparam
-        if knob:
-            out[f"model_hparams.{knob}"] = int(s.builtin_conv)
-        mixer = config.get("hybrid", {}).get("mixer") if "hybrid" in config else ""
-        if mixer and mixer in registry.available():
-            knob = registry.capabilities(mixer).short_conv_hparam
-            if knob:
-                out[f"hybrid.model_hparams.{knob}"] = int(s.builtin_conv)
+    mixer = config.get("hybrid", {}).get("mixer") if "hybrid" in config else ""
+    for prefix, name in (("model_hparams", model), ("hybrid.model_hparams", mixer)):
+        if not name or name not in registry.available():
+            continue
+        knob = registry.capabilities(name).short_conv_hparam
+        if knob:  # -1: the builder's own default (fla's and mamba_ssm's 4)
+            out[f"{prefix}.{knob}"] = (int(s.builtin_conv) if s.builtin_conv >= 0
+                                       else registry.accepted_hparams(name)[knob])
     return out
 
 
@@ -207,3 +208,19 @@ def ablated(config: Any) -> tuple[str, ...]:
     value = (s or {}).get("ablate") or ""
     items = value.split(",") if isinstance(value, str) else list(value)
     return tuple(v.strip() for v in items if v.strip())
+
+
+def declared_card(name: str) -> dict[str, Any]:
+    """The scaffold card fields the scaffold `name` declares (its defaults, before any
+    override): what a report tells a run's card against. {} for an unknown name."""
+    spec = SCAFFOLDS.get(name)
+    if spec is None:
+        return {}
+    out: dict[str, Any] = {"short_conv": int(spec["short_conv"])}
+    if spec["pos_emb"] != "own":
+        out["positions"] = spec["pos_emb"]
+    if spec["builtin_conv"] >= 0:
+        out["builtin_conv"] = int(spec["builtin_conv"])
+    if spec["num_heads"]:
+        out["num_heads"] = int(spec["num_heads"])
+    return out

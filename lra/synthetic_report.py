@@ -160,9 +160,20 @@ def reference_cards(results: list[dict]) -> dict[tuple, dict]:
         fields = votes.setdefault(key[0], {f: collections.Counter() for f in card_lib.COMPARED})
         for f in card_lib.COMPARED:
             fields[f][json.dumps(card_lib._base(c, f))] += 1
-    return {setting: {f: json.loads(counter.most_common(1)[0][0])
-                      for f, counter in fields.items() if counter}
-            for setting, fields in votes.items()}
+    out = {setting: {f: json.loads(counter.most_common(1)[0][0])
+                     for f, counter in fields.items() if counter}
+           for setting, fields in votes.items()}
+    # A setting whose runs name one scaffold is told against its declaration (a run that
+    # overrode a scaffold field is then the one that differs, however many there are).
+    from configs import scaffold
+
+    names: dict[tuple, set] = {}
+    for r in results:
+        names.setdefault(_setting(r), set()).add(card_of(r).get("scaffold"))
+    for setting, found in names.items():
+        if len(found) == 1 and setting in out:
+            out[setting].update(scaffold.declared_card(next(iter(found)) or ""))
+    return out
 
 
 def row_name(r: dict, reference: dict | None = None) -> tuple[str, list[str]]:

@@ -100,8 +100,8 @@ def test_report_writes_the_table_csv_and_figure(tmp_path):
     assert "| linear [conv 0] | 98.0 (1) [lr 0.003 of 2] |" in text
     # Their scaffolds differ from the table's in fields no sweep declared: not ranked, named.
     assert ("Not ranked (their scaffold differs from the table's in a field no sweep "
-            "declared an ablation axis, `config.scaffold.ablate`): linear [pos rotary] "
-            "(positions); linear [conv 0] (short_conv).") in text
+            "declared an ablation axis, `config.scaffold.ablate`): linear [conv 0] "
+            "(short_conv); linear [pos rotary] (positions).") in text
     assert "| majority label | 3.0 |" in text and "| chance | 1.6 |" in text  # V 128
     with open(paths[1]) as f:
         rows = list(csv.DictReader(f))
@@ -393,3 +393,21 @@ def test_a_cell_without_recorded_tuning_is_not_marked():
     assert "| transformer | 99.0 (1) |" in text and "| local | 10.0 (1) |" in text
     assert "| linear | 60.0 (1) |" in text and "| gla | 20.0 (1) |" in text
     assert "| s4d | 30.0 (1) [lr 0.001] |" in text
+
+
+def test_a_scaffold_difference_is_ranked_only_as_a_declared_ablation(tmp_path):
+    """gla without the shared convolution beside the scaffold's cells: named `[conv 0]`
+    and not ranked; declared an ablation axis (config.scaffold.ablate), ranked."""
+    for ablate, root in (("", "undeclared"), ("short_conv", "declared")):
+        runs = tmp_path / root
+        for seed in (0, 1):
+            _write_run(str(runs), "transformer", seed, 0.99 - 0.01 * seed)
+            _write_run(str(runs), "gla", seed, 0.97 + 0.01 * seed)
+            _write_run(str(runs), "gla", seed, 0.2 + 0.01 * seed, short_conv=0, ablate=ablate)
+        text = open(synthetic_report.report(str(runs), str(tmp_path / root / "mqar"))[0]).read()
+        row = next(line for line in text.splitlines() if line.startswith("| gla [conv 0] |"))
+        assert "20.5 ± 0.7 (2)" in row
+        assert ("20.5 ± 0.7 (2) <" in row) == bool(ablate)
+        assert ("Not ranked" in text and "gla [conv 0] (short_conv)" in text) != bool(ablate)
+        row = next(line for line in text.splitlines() if line.startswith("| gla |"))
+        assert "97.5 ± 0.7 (2) =" in row  # the scaffold's own cells are ranked either way
