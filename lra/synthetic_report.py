@@ -188,9 +188,26 @@ def row_name(r: dict, reference: dict | None = None) -> tuple[str, list[str]]:
     if not c or not reference:
         return r["model"], []
     differ = card_lib.differences(c, reference)
-    notes = [card_lib.note(f, card_lib._base(c, f)) for f in differ]
+    notes = [card_lib.note(f, card_lib._base(c, f)) for f in differ] + _capacity_notes(r, c)
     undeclared = [f for f in differ if f not in scaffold.ablated(r["config"])]
     return r["model"] + (f" [{', '.join(notes)}]" if notes else ""), undeclared
+
+
+def _capacity_notes(r: dict, c: dict) -> list[str]:
+    """'window 128' for a capacity hparam (card `capacity`) the run set away from its
+    variant's presets at its length: the mixer's own knob, named, ranked as a model."""
+    from configs import common, presets
+
+    config, base = r["config"], r["model"].split("+")[0]
+    if "+" in r["model"] or isinstance(c.get("capacity"), list):
+        return []
+    try:
+        preset = presets.model_hparams(base, common.preset_task(config["task"]),
+                                       max_length=int(config["max_length"]))
+    except Exception:  # noqa: BLE001  (a variant this code no longer has: no note)
+        return []
+    return [f"{k} {v}" for k, v in (c.get("capacity") or {}).items()
+            if k in preset and preset[k] != v]
 
 
 def cells(results: list[dict]) -> list[dict]:

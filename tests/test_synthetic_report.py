@@ -12,7 +12,7 @@ from lra.runs import results as results_lib
 
 
 def _write_run(root, model, seed, accuracy, *, length=32, width=0, lr=None, pos=None,
-               short_conv=None, val=None, wd=None, ablate=""):
+               short_conv=None, val=None, wd=None, ablate="", hparams=None):
     """A run of configs/mqar.py's runlocal; `pos`, `short_conv`: its scaffold's positions
     and shared convolution instead of the zoology scaffold's (none, 3)."""
     c = mqar.get_config(f"model={model},runlocal")
@@ -21,6 +21,7 @@ def _write_run(root, model, seed, accuracy, *, length=32, width=0, lr=None, pos=
     if short_conv is not None:
         c.scaffold.short_conv = short_conv
     c.scaffold.ablate = ablate
+    c.model_hparams.update(hparams or {})
     config = common.resolve(c).to_dict()
     config["random_seed"] = seed
     config["max_length"] = length
@@ -32,7 +33,7 @@ def _write_run(root, model, seed, accuracy, *, length=32, width=0, lr=None, pos=
     if wd is not None:
         config["weight_decay"] = wd
     folder = os.path.join(root, f"L{length}-d{width}", model,
-                          f"seed{seed}-{lr}-{pos}-{short_conv}-{wd}")
+                          f"seed{seed}-{lr}-{pos}-{short_conv}-{wd}-{len(hparams or ())}")
     os.makedirs(folder)
     with open(os.path.join(folder, "results.json"), "w") as f:
         json.dump({"task": "mqar", "model": model, "test_accuracy": accuracy,
@@ -411,3 +412,15 @@ def test_a_scaffold_difference_is_ranked_only_as_a_declared_ablation(tmp_path):
         assert ("Not ranked" in text and "gla [conv 0] (short_conv)" in text) != bool(ablate)
         row = next(line for line in text.splitlines() if line.startswith("| gla |"))
         assert "97.5 ± 0.7 (2) =" in row  # the scaffold's own cells are ranked either way
+
+
+def test_a_window_other_than_the_presets_is_named(tmp_path):
+    """local's window is its own knob (a capacity on the card), not the scaffold's: a run
+    at another window than its preset at the length is its own row, named by it."""
+    for seed in (0, 1):
+        _write_run(str(tmp_path / "runs"), "local", seed, 0.1)
+        _write_run(str(tmp_path / "runs"), "local", seed, 0.9, hparams={"window": 32})
+    text = open(synthetic_report.report(str(tmp_path / "runs"), str(tmp_path / "mqar"))[0]
+                ).read()
+    assert "| local | 10.0 ± 0.0 (2) <" in text
+    assert "| local [window 32] | 90.0 ± 0.0 (2) =" in text
