@@ -321,7 +321,8 @@ def evaluate_run(workdir: str, *, contexts=CONTEXTS, stride: int | None = None,
         {"task": config.task, "model": config.model, "config": config.to_dict()})
     from configs import hybrid
 
-    saved.update(step=step, kind=kind, model=hybrid.name(config),
+    saved.update(data=enwik8.data_identity(config.task, data_dir or config.data_dir),
+                 step=step, kind=kind, model=hybrid.name(config),
                  seed=config.get("random_seed", None),
                  task=config.task, num_params=_num_params(model),
                  num_layers=int(config.num_layers), max_length=length,
@@ -385,6 +386,14 @@ def find_runs(folder: str) -> list[str]:
     return found
 
 
+def _not_published(r: dict) -> str:
+    data = r.get("data")
+    if not data:
+        return "its data not recorded (rerun lra.lm_eval on it)"
+    return (f"data {data['file']} ({data['bytes']:,} bytes), not the published "
+            f"{r.get('task')} zip")
+
+
 def table(results: list[dict], contexts, split: str = "test") -> str:
     """Markdown: per model, mean ± std over seeds of each context's bits per token."""
     by_model: dict[str, list[dict]] = {}
@@ -393,7 +402,7 @@ def table(results: list[dict], contexts, split: str = "test") -> str:
     from lra.reporting import protocol
 
     head = ("| model | seeds | " + " | ".join(contexts) +
-            " | params | published (full-size runs only) |")
+            " | params | published (full-size runs on the published data only) |")
     lines = [head, "|" + "---|" * (len(contexts) + 4)]
     withheld = []
     for model, runs in by_model.items():
@@ -411,6 +420,10 @@ def table(results: list[dict], contexts, split: str = "test") -> str:
         task = runs[0].get("task", "")
         entries = protocol.published_lm(task, model, runs[0].get("num_layers"))
         differences = [d for r in runs for d in r.get("size_differences", ["not recorded"])]
+        # Beside the published data only: a full-size config on an excerpt is not the
+        # papers' experiment (enwik8.data_identity).
+        differences += [_not_published(r) for r in runs
+                        if not (r.get("data") or {}).get("published")][:1]
         if not protocol.published_lm(task, model):
             published = "-"
         elif differences or not entries:
@@ -420,11 +433,14 @@ def table(results: list[dict], contexts, split: str = "test") -> str:
             withheld.append(f"{model}: {differences[0]}")
         else:
             published = "; ".join(f"{e['bits_per_token']:.2f} ({src['short']}, "
-                                  f"{e['num_layers']} layers)" for e, src in entries)
+                                  f"{e['num_layers']} layers; evaluated: "
+                                  f"{e.get('eval_setting', src['setting'])})"
+                                  for e, src in entries)
         lines.append(f"| {model} | {seeds} | " + " | ".join(cells) +
                      f" | {runs[0].get('num_params', 0):,} | {published} |")
     if withheld:
-        lines += ["", "Published numbers are shown beside full-size runs only "
+        lines += ["", "Published numbers are shown beside full-size runs on the published "
+                  "data only "
                   "(python -m lra.report --published lists them); not compared: "
                   + "; ".join(withheld)]
     return "\n".join(lines)

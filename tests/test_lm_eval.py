@@ -76,6 +76,8 @@ def test_contexts_agree_where_they_are_one_computation(gla_run):
     written = json.load(open(os.path.join(gla_run, "lm_eval.json")))
     assert set(written["test"]) == {"window", "sliding", "stream"}  # merged
     assert written["model"] == "gla" and written["num_params"] == saved["num_params"]
+    # The data it read, recorded: an excerpt, not the published zip.
+    assert written["data"]["published"] is False and written["data"]["bytes"] < 10**8
 
 
 def test_transformer_xl_segment_memory_streams_as_its_parallel_form():
@@ -150,17 +152,33 @@ def test_command_prints_the_table(gla_run, capsys):
     assert "| model | seeds | window | params |" in out and "| gla |" in out
 
 
-def _fake(model, seed, bits, differences, num_layers=12):
+PUBLISHED_DATA = {"file": "enwik8.zip", "bytes": 10**8, "sha256": "...", "published": True}
+EXCERPT = {"file": "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2",
+           "bytes": 6_089_746, "sha256": "...", "published": False}
+
+
+def _fake(model, seed, bits, differences, num_layers=12, data=PUBLISHED_DATA):
     return {"model": model, "seed": seed, "task": "enwik8", "num_params": 1000,
             "num_layers": num_layers, "size_differences": differences,
-            "test": {"window": {"bits_per_token": bits}}}
+            "test": {"window": {"bits_per_token": bits}}, "data": data}
 
 
 def test_published_numbers_beside_full_size_runs_only():
     full = [_fake("transformer_xl", 0, 1.10, []), _fake("transformer_xl", 1, 1.12, [])]
     text = lm_eval.table(full, ["window"])
-    assert "| transformer_xl | 0,1 | 1.110 ± 0.014 | 1,000 | 1.06 (Dai et al. 2019, 12 layers) |" \
-        in text
+    # Each published row says how its source evaluated it (the 12-layer row: Transformer-XL's
+    # run_enwik8_base.sh eval, not the 24-layer large script's).
+    assert ("| transformer_xl | 0,1 | 1.110 ± 0.014 | 1,000 | 1.06 (Dai et al. 2019, 12 layers; "
+            "evaluated: run_enwik8_base.sh eval (12 layers): tgt_len 80, mem_len 2,100, "
+            "clamp_len 820, same_length) |") in text
+    # The full-size config on the Wikipedia excerpt (gensim's 6 MB file) is not the
+    # papers' experiment: never beside their numbers.
+    excerpt = [_fake("transformer_xl", 0, 1.10, [], data=EXCERPT)]
+    text = lm_eval.table(excerpt, ["window"])
+    assert "| not compared |" in text and "1.06" not in text
+    assert "not the published enwik8 zip" in text
+    assert "| not compared |" in lm_eval.table([_fake("transformer_xl", 0, 1.1, [], data=None)],
+                                               ["window"])
     mini = [_fake("transformer_xl", 0, 3.1, ["max_length 128 (full size: 512)"], 2)]
     text = lm_eval.table(mini, ["window"])
     assert "| not compared |" in text and "transformer_xl: max_length 128 (full size: 512)" in text
@@ -176,7 +194,7 @@ def test_published_lm_numbers_name_their_sources():
     for e in data["lm_results"]:
         assert e["model"] in registry.available() and e["task"] in ("enwik8", "text8")
         assert 0.9 < e["bits_per_token"] < 1.2 and e["num_layers"] in (12, 18, 24)
-        assert data["sources"][e["source"]]["checked_against"]
+        assert data["sources"][e["source"]]["checked_against"] and e["eval_setting"]
     assert [e["bits_per_token"] for e, _ in protocol.published_lm("enwik8", "transformer_xl", 12)
             ] == [1.06]
     text = protocol.published_lm_markdown()

@@ -148,6 +148,30 @@ def rows(ids: np.ndarray, max_length: int) -> tuple[np.ndarray, np.ndarray]:
 _CACHE: dict[tuple, dict[str, bytes]] = {}
 
 
+def data_identity(corpus: str, data_dir: str) -> dict:
+    """Which data a run of `corpus` read: {"file", "bytes" (the corpus's), "sha256" (the
+    file's), "published"}: published only for the zip lra.download fetches, whose size
+    and sha256 are pinned (lra/download.py ARCHIVES), holding 10^8 bytes. An unzipped
+    file, an excerpt or another zip is not shown to be the published data (its sha256
+    is recorded for comparison by hand). lra.lm_eval shows published numbers beside
+    published data only."""
+    import hashlib
+
+    from lra.download import ARCHIVES
+
+    path = find_source(data_dir, corpus)
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    size = len(read_bytes(path, corpus))
+    archive = ARCHIVES[corpus]
+    published = (os.path.basename(path) == archive.filename and size == PUBLISHED_SIZE
+                 and digest.hexdigest() == archive.sha256)
+    return {"file": os.path.basename(path), "bytes": size, "sha256": digest.hexdigest(),
+            "published": published}
+
+
 def split_ids(corpus: str, data_dir: str, split: str) -> np.ndarray:
     """The split's token ids as one stream (int32), from one read of the file for the three
     splits (lra.lm_eval evaluates on the stream itself, not on rows)."""
