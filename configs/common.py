@@ -119,6 +119,14 @@ def base_config(*, task: str, model: str) -> ml_collections.ConfigDict:
     # Stop after the evaluation whose validation accuracy exceeds this (Zoology's early
     # stop, 0.99); the learning-rate schedule still spans num_train_steps. 0 = off.
     c.early_stop_accuracy = 0.0
+    # Which weights the test split is run with: "best" (the best-on-validation
+    # checkpoint) or "last" (the last step's, as MAD's train.py tests its last epoch).
+    c.test_weights = "best"
+    # sequence_labels' macro accuracy (MAD's metric): "pooled", one macro over the whole
+    # split's class counts, or "batch_mean", the mean of each batch's macro weighted by
+    # its examples (mad-lab's Lightning `self.log(..., on_epoch=True)` of torchmetrics'
+    # per-batch MulticlassAccuracy; depends on the eval batch size, the batch's own).
+    c.macro_accuracy = "pooled"
     c.random_seed = 0
     # "N1,N2": a jax.profiler trace of training steps N1..N2 (process 0) written into
     # <workdir>/profile (TensorBoard's profile plugin; trace.json.gz opens in Perfetto).
@@ -453,6 +461,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
     hybrid.check(config)  # the layer list of a hybrid stack, one line if it cannot run
     parse_profile_steps(config.get("profile_steps", ""))
+    for name, choices in (("test_weights", TEST_WEIGHTS), ("macro_accuracy", MACRO_RULES)):
+        if config.get(name, choices[0]) not in choices:
+            raise ConfigError(f"config.{name}={config.get(name)!r}; choose one of "
+                              f"{', '.join(choices)}")
     stop = config.get("early_stop_accuracy", 0.0)
     if isinstance(stop, bool) or not isinstance(stop, (int, float)) or not 0 <= stop < 1:
         raise ConfigError(f"config.early_stop_accuracy={stop!r}: a validation accuracy in "
@@ -493,6 +505,8 @@ def parse_profile_steps(value: str) -> tuple[int, int] | None:
     return steps[0], steps[1]
 
 
+TEST_WEIGHTS = ("best", "last")
+MACRO_RULES = ("pooled", "batch_mean")
 OBJECTIVES = ("classify", "mlm", "causal_lm", "sequence_labels")
 LM_LOSSES = ("xent", "l1")
 

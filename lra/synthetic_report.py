@@ -511,9 +511,10 @@ def mad_scores(results: list[dict]) -> dict[str, dict[str, dict]]:
         tuning = (c.get("learning_rate"), c.get("weight_decay"))
         metric = r.get("test_macro_accuracy")
         acc = 100 * float(metric if metric is not None else r["test_accuracy"])
-        (cells.setdefault(r["model"], {}).setdefault(task[4:], {}).setdefault(setting, {})
+        row = r["model"] + mad_protocol_note(c)
+        (cells.setdefault(row, {}).setdefault(task[4:], {}).setdefault(setting, {})
          .setdefault(tuning, {}))[c.get(results_lib.SEED_FIELD)] = acc
-        counts = params.setdefault(r["model"], set())
+        counts = params.setdefault(row, set())
         if r.get("num_params"):  # a run without its count adds nothing, not a 0
             counts.add(int(r["num_params"]))
     out: dict[str, dict[str, dict]] = {}
@@ -535,6 +536,22 @@ def mad_scores(results: list[dict]) -> dict[str, dict[str, dict]]:
                 "min": min(accs, default=0.0), "max": max(accs, default=0.0),
                 "params": sorted(params[model])}
     return out
+
+
+# MAD's own evaluation (configs/mad.py): mad-lab's batch-weighted mean of per-batch macro
+# accuracies, on the last epoch's weights. A run evaluated otherwise is a row of its own.
+MAD_PROTOCOL = ("batch_mean", "last")
+
+
+def mad_protocol_note(config: dict) -> str:
+    """'' for a run evaluated as MAD evaluates; else ' [pooled macro, best checkpoint]'
+    (the rule it was measured by: the runs before 2026-12-03)."""
+    rule = (config.get("macro_accuracy", "pooled"), config.get("test_weights", "best"))
+    if rule == MAD_PROTOCOL:
+        return ""
+    macro = "pooled macro" if rule[0] == "pooled" else "batch-mean macro"
+    weights = "best checkpoint" if rule[1] == "best" else "last weights"
+    return f" [{macro}, {weights}]"
 
 
 def _mad_setting(config: dict) -> tuple:

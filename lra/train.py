@@ -350,11 +350,18 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
     def evaluate(weights, split: str, num_batches: int = -1) -> dict[str, float]:
         eval_bs = config.eval_batch_size or config.batch_size
         sums = None
+        batch_macros = []  # (macro, examples) per batch: config.macro_accuracy batch_mean
+        per_batch = config.get("macro_accuracy", "pooled") == "batch_mean"
         rows = input_pipeline.process_rows(batch_sharding, eval_bs)
         for batch in input_pipeline.eval_batches(data[split], global_batch_size=eval_bs,
                                                  num_batches=num_batches, rows=rows):
             out = eval_step(weights, input_pipeline.to_global(batch, batch_sharding))
             sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
+            if per_batch and "class_tp" in out:
+                b = jax.device_get(out)
+                batch_macros.append((macro_accuracy(b["class_tp"], b["class_target"],
+                                                    b["class_predicted"]),
+                                     float(b["example_count"])))
         sums = jax.device_get(sums)
         count = max(float(sums["count"]), 1.0)
         out = {"accuracy": float(sums["correct"]) / count,
@@ -367,6 +374,10 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         if "class_tp" in sums:  # sequence_labels: MAD's (torchmetrics') macro accuracy
             out["macro_accuracy"] = macro_accuracy(sums["class_tp"], sums["class_target"],
                                                    sums["class_predicted"])
+            if batch_macros:  # mad-lab's: each batch's macro, weighted by its examples
+                out["pooled_macro_accuracy"] = out["macro_accuracy"]
+                total = max(sum(n for _, n in batch_macros), 1.0)
+                out["macro_accuracy"] = sum(m * n for m, n in batch_macros) / total
         return out
 
     def weights_of(s):
@@ -557,7 +568,11 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
     best_step = loop["best_step"] if loop["best_step"] >= 0 else None
     test_weights = "best"
     try:
-        best_weights, best_info = ckpts.restore_best(weights_of(state), best_step)
+        if config.get("test_weights", "best") == "last":  # MAD's: the last epoch's weights
+            best_weights, best_info = weights_of(state), {"step": int(state["step"])}
+            test_weights = f"last (step {best_info['step']}): config.test_weights"
+        else:
+            best_weights, best_info = ckpts.restore_best(weights_of(state), best_step)
     except Exception as e:  # noqa: BLE001  (CorruptCheckpoint, orbax's read errors)
         best_weights, best_info = weights_of(state), {"step": int(state["step"])}
         test_weights = (f"last (step {best_info['step']}): the best checkpoint (step "
@@ -620,6 +635,10 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         # sequence_labels: the mean over classes of per-class accuracy, torchmetrics'
         # MulticlassAccuracy(average='macro') as MAD logs it (test_accuracy is micro).
         "test_macro_accuracy": test.get("macro_accuracy"),
+        # ... by config.macro_accuracy's rule; with batch_mean, the pooled one beside it.
+        "macro_accuracy_rule": config.get("macro_accuracy", "pooled"),
+        "test_pooled_macro_accuracy": test.get("pooled_macro_accuracy",
+                                               test.get("macro_accuracy")),
         "majority_class": majority,
         "majority_baseline_accuracy": float(np.mean(test_tokens == majority)),
         "train_steps_per_sec": (loop["timed_steps"] / loop["train_seconds"]

@@ -21,7 +21,8 @@ NON_RESULT_FIELDS = ("log_every_steps", "checkpoint_freq", "mesh_shape", "shardi
 # Flattened names (lra.runs.results.flatten), as the report compares them.
 IMPLIED_WHEN_ABSENT = {"dtype": "float32", "param_dtype": "float32", "recipe": "",
                        "profile_steps": "", "block.ffn": True, "start_token": False,
-                       "early_stop_accuracy": 0.0,
+                       "early_stop_accuracy": 0.0, "test_weights": "best",
+                       "macro_accuracy": "pooled", "data_seed_from_run": False,
                        # hybrid stacks (configs/hybrid.py): unset = one mixer in every layer
                        "hybrid.mixer": "", "hybrid.layers": (), "hybrid.period": 0,
                        "hybrid.offset": 0, "hybrid.pattern": (), "layers": ()}

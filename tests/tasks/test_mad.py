@@ -137,6 +137,10 @@ def test_config():
             c.task_options.frac_noise) == (32, 16, 0.2)
     assert c.batch_size == 128 and c.num_train_steps == 200 * 100
     assert c.objective == "sequence_labels" and c.causal
+    # MAD's test and early stop (train.py), and its seed for the data too.
+    assert (c.test_weights, c.macro_accuracy, c.early_stop_accuracy) == (
+        "last", "batch_mean", 0.999)
+    assert c.data_seed_from_run and c.task_options.seed == c.random_seed == 12345
     assert mad_config.get_config("task=compression").task == "mad_compression"
     with pytest.raises(ConfigError, match="MAD's tasks"):
         mad_config.get_config("task=copying")
@@ -155,6 +159,22 @@ def test_runlocal_trains(task, tmp_path):
     r = json.load(open(os.path.join(tmp_path, "results.json")))
     assert r["task"] == f"mad_{task}" and r["objective"] == "sequence_labels"
     assert 0.0 <= r["test_example_accuracy"] <= r["test_accuracy"] <= 1.0
+    # MAD's evaluation: the last weights, the batch mean of per-batch macro accuracies
+    # (two test batches of 8 here), the pooled macro beside it.
+    assert r["test_step"] == 4 and r["test_weights"].startswith("last")
+    assert r["macro_accuracy_rule"] == "batch_mean"
+    assert 0.0 <= r["test_macro_accuracy"] <= 1.0 and 0.0 <= r["test_pooled_macro_accuracy"] <= 1
+
+
+def test_one_test_batch_makes_the_batch_mean_the_pooled_macro(tmp_path):
+    from configs import mad as mad_config
+    from lra import train
+
+    c = mad_config.get_config("task=in_context_recall,runlocal")
+    c.num_train_steps, c.eval_frequency, c.checkpoint_freq = 4, 4, 4
+    c.eval_batch_size = 16  # the whole test split in one batch
+    r = train.train_and_evaluate(c, str(tmp_path))
+    assert r["test_macro_accuracy"] == pytest.approx(r["test_pooled_macro_accuracy"])
 
 
 def test_autoencoder_decodes_from_the_last_position():
