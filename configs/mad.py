@@ -23,8 +23,13 @@ Arguments after the colon (comma separated):
                  (cosine), validation on 8 batches every 250 steps. transformer on
                  in_context_recall (one seed): test accuracy 98.4% (micro), 4 minutes of
                  CPU time (22 minutes of wall time on the 2 cores shared with 5 others)
-  short_conv=<k> a short causal convolution of kernel k before every mixer (Zoology's
-                 BASED recipe, block.short_conv; default 0, off; configs/mqar.py)
+  scaffold=<name> what every mixer shares (configs/scaffold.py): `mad` (default), MAD's
+                 models (mad-lab benchmark.py at 0f49a45): no positions but in the
+                 attention layers (transformer, local: rotary, as mh-attention), no short
+                 convolution (the variants' own off), 16 heads (RetNet keeps 8); `own`:
+                 each variant's own (the runs before 2026-12-03)
+  short_conv=<k> a shared short causal convolution of kernel k before every mixer
+                 (scaffold.short_conv; default 0, none)
   runlocal       a smoke test in seconds: 64 / 16 / 16 examples (memorization: its 256
                  training rows), seq_len 32 (selective copying: 8 tokens to copy, since
                  16 need more than 33), 20 steps of batch 8, a 32-wide 1-layer model
@@ -46,7 +51,7 @@ MAD's training (mad/configs.py MADConfig, mad/model/pl_model_wrapper.py, benchma
            dim_inner null: MAD's default width), a pre-norm residual stack with RMSNorm
            (language_model.py) and no absolute positions. Ours: 2 layers of the variant
            and a GELU feed-forward of 4 x 128 (pre-LN), 16 heads for the variants that
-           take heads, the variant's own positions (transformer: learned).
+           take heads, positions as MAD's layers have them (scaffold `mad`).
   training batch 128, 200 epochs, AdamW lr 5e-4 (the benchmark sweeps lr {1e-4, 5e-4,
            1e-3} x weight_decay {0.0, 0.1}; MADConfig's defaults 5e-4 and 0.0),
            CosineAnnealingLR(T_max=epochs, eta_min=1e-6) stepped per epoch, bf16, an
@@ -60,7 +65,7 @@ MAD's training (mad/configs.py MADConfig, mad/model/pl_model_wrapper.py, benchma
            128 in order, as MAD's loader); test_pooled_macro_accuracy beside it. The
            seed is the data's too (data_seed_from_run), as MAD's.
 """
-from configs import common, hybrid
+from configs import common, hybrid, scaffold
 from configs.mqar import apply_sequence_labels, refuse_lra_args
 from lra.errors import ConfigError
 
@@ -71,8 +76,11 @@ BATCH, EPOCHS = 128, 200
 
 def get_config(arg: str | None = None):
     arg = common.parse_arg(arg, task="in_context_recall", model="transformer",
-                           short_conv=0, runlocal=False, mini=False)
+                           short_conv=-1, scaffold="mad", runlocal=False, mini=False)
     refuse_lra_args(arg, "MAD")
+    if arg.scaffold not in SCAFFOLDS:
+        raise ConfigError(f"config argument scaffold={arg.scaffold!r}; choose one of "
+                          f"{', '.join(SCAFFOLDS)} (configs/scaffold.py)")
     if arg.task not in TASKS:
         raise ConfigError(f"task={arg.task!r}; MAD's tasks here: {', '.join(TASKS)}")
     from lra.tasks import mad  # numpy only
@@ -97,7 +105,7 @@ def get_config(arg: str | None = None):
     c.emb_dim = c.qkv_dim = 128
     c.mlp_dim = 4 * 128
     c.num_layers, c.num_heads = 2, 16
-    c.block.short_conv = arg.short_conv
+    c.block.short_conv = max(arg.short_conv, 0)
     c.dropout_rate = c.attention_dropout_rate = 0.0
     c.batch_size = BATCH
     epoch = max(1, o.num_train_examples // BATCH)
@@ -146,4 +154,15 @@ def get_config(arg: str | None = None):
         c.learning_rate = 1e-3
     if arg.hybrid:  # hybrid=<mixer>: that mixer's presets in config.hybrid
         hybrid.apply_arg(c, arg.hybrid)
-    return common.finalize(c)
+    c = common.finalize(c)
+    if SCAFFOLDS[arg.scaffold] is not None:
+        # The scaffold's heads at MAD's width; the smaller models keep their own.
+        changes = {"num_heads": c.num_heads} if (arg.mini or arg.runlocal) else {}
+        if arg.short_conv >= 0:
+            changes["short_conv"] = arg.short_conv
+        c = scaffold.declare(c, SCAFFOLDS[arg.scaffold], **changes)
+    return c
+
+
+# The config argument scaffold=: a declared scaffold, or None for each variant's own.
+SCAFFOLDS = {"mad": scaffold.MAD, "own": None}

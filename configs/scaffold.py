@@ -51,6 +51,10 @@ KEEP_REASONS = {
                              "the parameters do not depend on the heads",
     ("retnet", "pos_emb"): "RetNet's retention rotates queries and keys by position (the "
                            "e^(in theta) of its recurrence; fla's RetNet: rotary)",
+    ("transformer", "pos_emb"): "MAD's attention layers rotate queries and keys (mad-lab "
+                                "mh-attention: rotary_emb_dim 8, a head's 8 dims)",
+    ("local", "pos_emb"): "MAD's sliding-window attention rotates queries and keys "
+                          "(mad-lab mh-sliding-attention: rotary_emb_dim 8)",
 }
 
 # Zoology's MQAR models (HazyResearch/zoology at d88d6f5474f36998d82d5c3bd58a190248d0a669,
@@ -77,8 +81,26 @@ ZOOLOGY_MQAR = {
     "keep": {"retnet": {"num_heads": 8, "pos_emb": "rotary"}},
     "ablate": "",
 }
+# MAD's models (athms/mad-lab at 0f49a45: benchmark.py's default layers mh-attention,
+# swiglu, mh-attention, swiglu; configs/layers/*.yml): dim 128; mh-attention 16 heads with
+# rotary on all of a head's 8 dims (rotary_emb_dim 8), mh-sliding-attention likewise;
+# the other mixers (mh-linear-attention, mh-hyena, mamba, GLA) no positions; no shared
+# convolution (Mamba keeps its d_conv 4 and Hyena its short filter there: here the
+# variants' own are off, so that none has one); a pre-norm stack (RMSNorm there, LayerNorm
+# here) with a SwiGLU channel mixer after every mixer (a GELU MLP of 4x here).
+MAD = {
+    "name": "mad",
+    "source": "athms/mad-lab 0f49a45 benchmark.py, configs/layers/mh-attention.yml",
+    "pos_emb": "none",
+    "short_conv": 0,
+    "builtin_conv": 0,
+    "num_heads": 16,
+    "keep": {"transformer": {"pos_emb": "rotary"}, "local": {"pos_emb": "rotary"},
+             "retnet": {"num_heads": 8, "pos_emb": "rotary"}},
+    "ablate": "",
+}
 # The scaffolds by their names (a card names its run's).
-SCAFFOLDS = {ZOOLOGY_MQAR["name"]: ZOOLOGY_MQAR}
+SCAFFOLDS = {s["name"]: s for s in (ZOOLOGY_MQAR, MAD)}
 APPLIED = "applied"  # what resolve last wrote (JSON): tells a hand-set field from its own
 
 

@@ -179,3 +179,19 @@ def test_results_record_the_card(tmp_path):
             recorded["builtin_conv"], recorded["num_heads"]) == (
         scaffold.ZOOLOGY_MQAR["name"], "none", 3, 0, 2)
     assert recorded["params"] == results["num_params"] and recorded["flops_per_token"] > 0
+
+
+@pytest.mark.parametrize("name", ["transformer", "local", "gla", "deltanet", "mamba2",
+                                  "retnet", "s5"])
+def test_every_mad_mixer_gets_the_mad_scaffold(name):
+    """configs/mad.py (scaffold mad, mad-lab's benchmark.py): no position table, rotary in
+    the attention layers only (mh-attention's), no convolution shared or own, 16 heads
+    (RetNet 8), a feed-forward branch in every layer."""
+    from configs import mad
+
+    m = _measured(mad.get_config(f"task=in_context_recall,model={name}"))
+    assert not m["position_table"] and m["mlp"]
+    assert m["shared_conv"] == [] and m["own_conv"] == []
+    assert m["rotary"] == [name in ("transformer", "local", "retnet")] * 2
+    want = 8 if name == "retnet" else 16
+    assert all(h in (None, want) for h in m["heads"]), m["heads"]
