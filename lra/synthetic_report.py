@@ -480,16 +480,29 @@ def plot(all_cells: list[dict], path: str) -> None:
 MAD_TASKS = (("compression", "Compress"), ("fuzzy_in_context_recall", "Fuzzy"),
              ("in_context_recall", "ICR"), ("memorization", "Memorize"),
              ("noisy_in_context_recall", "Noisy"), ("selective_copying", "SelCopy"))
-# Published per-architecture MAD scores (%), columns as MAD_TASKS, then the average, as
-# issue 43 quotes them from Yang et al.'s DeltaNet blog post (part 1, 2024); not re-read
-# from the post here (no internet). Hyena: only its average is quoted.
+# Published per-architecture MAD scores (%), columns as MAD_TASKS, then the average: the
+# DeltaNet paper's MAD table (Yang, Wang, Zhang, Shen, Kim, NeurIPS 2024, arXiv 2406.06484;
+# "Table 1. MAD (Poli et al, 2024)" on the authors' poster, sustcsonglin/
+# sustcsonglin.github.io f88d87a assets/pdf/neurips24_poster_deltanet.pdf, and the same six
+# rows in _posts/2024-12-03-deltanet-1.md), row names as it writes them. Its caption (as
+# quoted by others; not read here) says the rows other than DeltaNet are borrowed from
+# Poli et al. 2024 (arXiv 2403.17844), MAD's protocol: dim 128, 200 epochs, every
+# difficulty setting, the best of lr {1e-4, 5e-4, 1e-3} x wd {0, 0.1}; Poli et al.'s own
+# text was not readable here. Its "Mamba" is Mamba-1 (Gu and Dao 2023), not `mamba2`;
+# "Hyena" and "Multihead Hyena" have no row of ours. Every average is its row's mean.
 PUBLISHED_MAD = {
     "Transformer": (51.6, 29.8, 94.1, 85.2, 86.8, 99.6, 74.5),
-    "Mamba": (52.7, 6.7, 90.4, 89.5, 90.1, 86.3, 69.3),
+    "Hyena": (45.2, 7.9, 81.7, 89.5, 78.8, 93.1, 66.0),
+    "Multihead Hyena": (44.8, 14.4, 99.0, 89.4, 98.6, 93.0, 73.2),
+    "Mamba (Mamba-1)": (52.7, 6.7, 90.4, 89.5, 90.1, 86.3, 69.3),
     "GLA": (38.8, 6.9, 80.8, 63.3, 81.6, 88.6, 60.0),
     "DeltaNet": (42.2, 35.7, 100.0, 52.8, 100.0, 100.0, 71.8),
-    "Hyena": (None, None, None, None, None, None, 66.0),
 }
+PUBLISHED_MAD_SOURCE = (
+    "the DeltaNet paper's MAD table (Yang et al. 2024, arXiv 2406.06484: its rows other "
+    "than DeltaNet borrowed from Poli et al. 2024, arXiv 2403.17844), names as it writes "
+    "them; MAD's protocol (dim 128, 200 epochs, every difficulty setting, the best of 6 "
+    "(lr, wd)); its Mamba is Mamba-1, not our mamba2")
 
 
 def mad_scores(results: list[dict]) -> dict[str, dict[str, dict]]:
@@ -596,8 +609,8 @@ def mad_markdown(scores: dict[str, dict[str, dict]], source: str,
              "its mean over the settings); a model with one seed is not ranked. "
              "Avg only where all six tasks ran. `majority label`: always the most frequent "
              "test label, under MAD's metric (1 / the number of label classes). Published "
-             "rows: as quoted in issue 43 from Yang et al.'s DeltaNet blog post (part 1, "
-             "2024), MAD's full protocol (dim 128, 200 epochs, every difficulty setting).",
+             f"rows: {PUBLISHED_MAD_SOURCE}. A row `[pooled macro, best checkpoint]` was "
+             "measured by our old rule, not MAD's (last weights, batch-mean macro).",
              "params: the model's counts over its runs (the tasks' vocabularies differ).",
              "", head, "|---|" + "---|" * (len(MAD_TASKS) + 2)]
     marks = {task: ties([scores[m][task] for m in scores if task in scores[m]])
