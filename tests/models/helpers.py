@@ -56,3 +56,30 @@ def apply(module: nnx.Module, *args, deterministic: bool = True, **kwargs):
         return jax.jit(lambda state, args, kwargs: nnx.merge(graphdef, state)(
             *args, deterministic=deterministic, **kwargs))(state, args, kwargs)
     return _apply(graphdef, state, args, kwargs, deterministic=deterministic)
+
+
+def check_prefill_and_steps(mixer: nnx.Module, run, x_BxLxD: jax.Array, lens_B: jax.Array,
+                            prompt_len: int, **tol) -> None:
+    """A mixer's decoding against its parallel causal form: each row's prompt of lens_B[b]
+    tokens (right-padded to prompt_len) through `prefill`, then one `step` per position to
+    the end, each row at its own position; the outputs equal the parallel form's at every
+    position reached. `run(mixer, method, *args)` calls a method under jit."""
+    from models import decoding
+
+    length = x_BxLxD.shape[1]
+    batch = x_BxLxD.shape[0]
+    parallel = np.asarray(run(mixer, "__call__", x_BxLxD))
+    cache = mixer.init_cache(batch, length)
+    y_prompt, cache = run(mixer, "prefill", cache, x_BxLxD[:, :prompt_len],
+                          jnp.arange(prompt_len)[None] < lens_B[:, None])
+    outputs = np.zeros(parallel.shape)
+    for b, n in enumerate(np.asarray(lens_B)):
+        outputs[b, :n] = np.asarray(y_prompt)[b, :n]
+    graphdef, state = nnx.split(mixer)
+    step = jax.jit(lambda cache, x_BxD: nnx.merge(graphdef, state).step(cache, x_BxD))
+    for i in range(length - prompt_len):
+        y, cache = step(cache, decoding.row_at(x_BxLxD, lens_B + i))
+        for b, n in enumerate(np.asarray(lens_B)):
+            outputs[b, n + i] = np.asarray(y)[b]
+    reached = np.arange(length)[None] < (np.asarray(lens_B) + length - prompt_len)[:, None]
+    np.testing.assert_allclose(outputs[reached], parallel[reached], **tol)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from models import decoding, registry
-from tests.models.helpers import normal, randomize_params
+from models import registry
+from tests.models.helpers import check_prefill_and_steps, normal, randomize_params
 
 NAMES = ("deltanet", "gated_deltanet", "mamba2")
 TOL = dict(rtol=2e-5, atol=2e-5)
@@ -64,22 +64,9 @@ def test_off_decodes_as_the_parallel_form(name):
     """Prompts of 1, 5 and 9 tokens (right-padded to 9), then steps: the parallel causal
     form's outputs at every position; the cache holds no convolution window."""
     mixer = build(name, 0)
-    x = normal(12, (3, 16, 16))
-    lens = jnp.array([1, 5, 9])
-    parallel = np.asarray(run(mixer, "__call__", x))
+    check_prefill_and_steps(mixer, run, normal(12, (3, 16, 16)), jnp.array([1, 5, 9]), 9,
+                            **TOL)
     cache = mixer.init_cache(3, 16)
-    y_prompt, cache = run(mixer, "prefill", cache, x[:, :9], jnp.arange(9)[None] < lens[:, None])
-    outputs = np.zeros(parallel.shape)
-    for b, n in enumerate(np.asarray(lens)):
-        outputs[b, :n] = np.asarray(y_prompt)[b, :n]
-    graphdef, state = nnx.split(mixer)
-    step = jax.jit(lambda cache, x_BxD: nnx.merge(graphdef, state).step(cache, x_BxD))
-    for i in range(16 - 9):
-        y, cache = step(cache, decoding.row_at(x, lens + i))
-        for b, n in enumerate(np.asarray(lens)):
-            outputs[b, n + i] = np.asarray(y)[b]
-    reached = np.arange(16)[None] < (np.asarray(lens) + 16 - 9)[:, None]
-    np.testing.assert_allclose(outputs[reached], parallel[reached], **TOL)
     windows = [v for k, v in jax.tree_util.tree_leaves_with_path(cache) if "conv" in str(k)]
     assert windows and all(w.shape[-2] == 0 for w in windows)
 

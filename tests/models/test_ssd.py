@@ -17,7 +17,7 @@ from flax import nnx
 from models import decoding, registry
 from models.attention import ssd
 
-from tests.models.helpers import normal, randomize_params
+from tests.models.helpers import check_prefill_and_steps, normal, randomize_params
 from tests.models.test_retention import pallas_against_dense
 
 TOL = dict(rtol=1e-4, atol=1e-5)
@@ -181,22 +181,8 @@ def test_prefill_and_steps_equal_the_parallel_form():
     position: the parallel causal form's outputs (chunk 4) at every position; the cache is
     the same size whatever max_len."""
     mixer = build(causal=True, chunk_size=4)
-    x = normal(12, (3, 16, 16))
-    lens = jnp.array([1, 5, 9])
-    parallel = np.asarray(run(mixer, "__call__", x))
-    y_prompt, cache = run(mixer, "prefill", mixer.init_cache(3, 16), x[:, :9],
-                          jnp.arange(9)[None] < lens[:, None])
-    outputs = np.zeros(parallel.shape)
-    for b, n in enumerate(np.asarray(lens)):
-        outputs[b, :n] = np.asarray(y_prompt)[b, :n]
-    graphdef, state = nnx.split(mixer)
-    step = jax.jit(lambda cache, x_BxD: nnx.merge(graphdef, state).step(cache, x_BxD))
-    for i in range(16 - 9):
-        y, cache = step(cache, decoding.row_at(x, lens + i))
-        for b, n in enumerate(np.asarray(lens)):
-            outputs[b, n + i] = np.asarray(y)[b]
-    reached = np.arange(16)[None] < (np.asarray(lens) + 16 - 9)[:, None]
-    assert_close(outputs[reached], parallel[reached])
+    check_prefill_and_steps(mixer, run, normal(12, (3, 16, 16)), jnp.array([1, 5, 9]), 9,
+                            **TOL)
     assert jax.tree.map(jnp.shape, mixer.init_cache(3, 16)) == jax.tree.map(
         jnp.shape, mixer.init_cache(3, 4096))
 
