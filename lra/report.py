@@ -76,6 +76,7 @@ from collections import defaultdict
 
 from absl import app, flags
 
+from lra.reporting.cards import card_tables
 from lra.reporting.summary import (classifiers, labels, repeated_seeds, summarize,
                                    summarize_pretraining)
 from lra.reporting.tables import (PARAMS_NOTE, comparison_rows, efficiency_ratios, plot,
@@ -245,6 +246,9 @@ def report(root: str, out: str | None = None, efficiency_csv: str | None = None,
         for t, (c_header, c_rows, _) in comparisons.items():
             f.write(f"\n### {t}: test accuracy (%) and parameters\n\n"
                     + markdown(c_header, c_rows) + "\n")
+        cards = card_tables(summary)
+        if cards:
+            f.write("\n" + "\n".join(cards))
         if pretraining:
             f.write("\n### Pretraining runs (masked-token or next-token prediction on the "
                     "task's own training inputs; not classification accuracy)\n\n"

@@ -195,3 +195,19 @@ def test_every_mad_mixer_gets_the_mad_scaffold(name):
     assert m["rotary"] == [name in ("transformer", "local", "retnet")] * 2
     want = 8 if name == "retnet" else 16
     assert all(h in (None, want) for h in m["heads"]), m["heads"]
+
+
+def test_the_lra_report_shows_each_rows_card_and_names_a_differing_scaffold():
+    """lra.report's card section (lra/reporting/cards.py) on ListOps, which declares no
+    scaffold: transformer and linear carry learned positions (their papers'), deltanet
+    none but its own 4-tap convolutions; the odd row is named by its fields."""
+    from configs import listops
+    from lra.reporting.cards import card_tables
+
+    summary = {("listops", m): {"runs": [{"scaffold_card": card.card(
+        listops.get_config(f"model={m},runlocal"), flops=False)}]}
+        for m in ("transformer", "linear", "deltanet")}
+    text = "\n".join(card_tables(summary))
+    assert "| transformer | own: pos learned, conv 0, own conv 0, heads 2 |" in text
+    assert "deltanet (pos none, own conv 4)" in text
+    assert card_tables({("listops", "x"): {"runs": [{}]}}) == []
