@@ -428,3 +428,15 @@ def test_a_window_other_than_the_presets_is_named(tmp_path):
                 ).read()
     assert "| local | 10.0 ± 0.0 (2) <" in text
     assert "| local [window 32] | 90.0 ± 0.0 (2) =" in text
+
+
+def test_a_kept_knob_names_the_row_and_keeps_it_ranked(tmp_path):
+    """RetNet keeps its 8 heads and its rotation against the scaffold's 2 and none: its row
+    says so and is ranked; at the scaffold's heads (keep overridden) it is a row of its own."""
+    for seed in (0, 1):
+        _write_run(str(tmp_path / "runs"), "gla", seed, 0.5 + 0.01 * seed)
+        _write_run(str(tmp_path / "runs"), "retnet", seed, 0.9 + 0.01 * seed)
+    text = open(synthetic_report.report(str(tmp_path / "runs"), str(tmp_path / "mqar"))[0]
+                ).read()
+    assert "| retnet [pos rotary (kept), heads 8 (kept)] | 90.5 ± 0.7 (2) =" in text
+    assert "| gla | 50.5 ± 0.7 (2) <" in text and "Not ranked" not in text
