@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# MQAR under the controlled scaffold (issue 68): configs/mqar.py's mini with its default
+# scaffold (configs/scaffold.py ZOOLOGY_MQAR: no positions, one shared 3-tap convolution
+# before every mixer, the variants' own convolutions off, 2 heads, RetNet its 8), the 13
+# variants of results/cpu/mqar_grid.md, and the ablations that show what the scaffold does,
+# in two resumable queues of lra.sweep (the two CPU cores). Seeds vary data and
+# initialisation (data_seed_from_run). A stopped grid resumes: finished runs are skipped,
+# unfinished ones resume from their checkpoints.
+#
+#   scripts/mqar_scaffold_grid.sh [DIR] [STAGE]   # DIR default workdirs/mqar_scaffold
+#   python -m lra.synthetic_report DIR --out=results/cpu/mqar_scaffold_cells
+#
+# STAGE: all (default), or one of the functions below. Order: seed 0 of every cell at the
+# mini's lr (3e-3), the ablations, then seeds 1-2, then lr 1e-3 and 1e-2 (Zoology picks
+# the best lr per cell on validation: logspace(-4, -2, 4) there).
+set -u
+DIR=${1:-workdirs/mqar_scaffold}
+STAGE=${2:-all}
+PY=${PYTHON:-python}
+MODELS=transformer,gla,deltanet,gated_deltanet,mamba2,retnet,linear,local,s4d,mega,s5,performer,lru
+ABLATED=linear,retnet,performer,gla,deltanet
+mkdir -p "$DIR"
+run() {  # run L WIDTH SEEDS MODELS [lra.sweep flags...]
+    local L=$1 W=$2 S=$3 M=$4; shift 4
+    "$PY" -m lra.sweep --task=mqar --models="$M" --config_arg="mini,seq_len=$L,d_model=$W" \
+        --seeds="$S" --sweep_dir="$DIR/L$L-d$W" "$@"
+}
+hybrids() {  # run L WIDTH SEEDS: one attention layer (rotary, fla's) or a window of L / 2
+    local L=$1 W=$2 S=$3
+    "$PY" -m lra.sweep --task=mqar --models=gla,mamba2,gated_deltanet \
+        --config_arg="mini,seq_len=$L,d_model=$W,hybrid=transformer" \
+        --override=hybrid.layers=1 --seeds="$S" --sweep_dir="$DIR/L$L-d$W"
+    "$PY" -m lra.sweep --task=mqar --models=gla,mamba2,gated_deltanet \
+        --config_arg="mini,seq_len=$L,d_model=$W,hybrid=local" --override=hybrid.layers=1 \
+        --override=hybrid.window=$((L / 2)) --seeds="$S" --sweep_dir="$DIR/L$L-d$W"
+}
+ablations() {  # run L WIDTH SEEDS: the shared convolution off; RetNet at 1 head; local's
+    local L=$1 W=$2 S=$3  # window covering every key-query gap
+    run "$L" "$W" "$S" "$ABLATED" --override=scaffold.short_conv=0 \
+        --override=scaffold.ablate=short_conv
+    run "$L" "$W" "$S" retnet --override=scaffold.keep.retnet.num_heads=1
+    run "$L" "$W" "$S" local --override=model_hparams.window="$L"
+}
+queue_a() {
+    run 128 64 0 "$MODELS"; ablations 128 64 0; hybrids 128 64 0
+    run 128 64 1,2 "$MODELS"; ablations 128 64 1,2; hybrids 128 64 1,2
+    run 128 64 0,1,2 "$MODELS" --grid=learning_rate=1e-3,1e-2
+}
+queue_b() {
+    run 256 64 0 "$MODELS"; ablations 256 64 0
+    run 128 128 0,1,2 "$MODELS"; run 256 128 0 "$MODELS"
+    run 256 64 1,2 "$MODELS"; run 256 128 1,2 "$MODELS"
+}
+case "$STAGE" in
+    all) queue_a >"$DIR/queue_a.log" 2>&1 & queue_b >"$DIR/queue_b.log" 2>&1 & wait ;;
+    queue_a|queue_b) "$STAGE" ;;
+    *) echo "unknown stage $STAGE: all, queue_a, queue_b" >&2; exit 2 ;;
+esac
