@@ -321,7 +321,10 @@ def evaluate_run(workdir: str, *, contexts=CONTEXTS, stride: int | None = None,
         {"task": config.task, "model": config.model, "config": config.to_dict()})
     from configs import hybrid
 
-    saved.update(data=enwik8.data_identity(config.task, data_dir or config.data_dir),
+    from lra.download import ARCHIVES  # the published zips' names and sha256
+
+    saved.update(data=enwik8.data_identity(config.task, data_dir or config.data_dir,
+                                           ARCHIVES[config.task]),
                  step=step, kind=kind, model=hybrid.name(config),
                  seed=config.get("random_seed", None),
                  task=config.task, num_params=_num_params(model),

@@ -246,13 +246,13 @@ def report(root: str, out: str | None = None, efficiency_csv: str | None = None,
         for t, (c_header, c_rows, _) in comparisons.items():
             f.write(f"\n### {t}: test accuracy (%) and parameters\n\n"
                     + markdown(c_header, c_rows) + "\n")
-        cards = card_tables(summary)
-        if cards:
-            f.write("\n" + "\n".join(cards))
         if pretraining:
             f.write("\n### Pretraining runs (masked-token or next-token prediction on the "
                     "task's own training inputs; not classification accuracy)\n\n"
                     + markdown(*pretraining_rows(pretraining)) + "\n")
+        cards = card_tables(summary)
+        if cards:
+            f.write("\n" + "\n".join(cards))
         f.write("".join(f"\n{note}\n" for note in notes))
     with open(paths["csv"], "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)

@@ -138,10 +138,22 @@ def card_of(r: dict) -> dict:
         from lra.runs import card as card_lib
 
         try:
-            _CARDS[key] = card_lib.card(ml_collections.ConfigDict(r["config"]))
+            _CARDS[key] = card_of_config(ml_collections.ConfigDict(r["config"]))
         except Exception:  # noqa: BLE001  (a config this code cannot build: no card)
             _CARDS[key] = {}
     return _CARDS[key]
+
+
+def card_of_config(config, *, flops: bool = True) -> dict:
+    """The scaffold card of the model `config` builds (abstractly: shapes only)."""
+    from flax import nnx
+
+    import lra.tasks
+    from lra import train
+
+    task = lra.tasks.get(config.task).with_options(**config.task_options.to_dict())
+    return card_lib.card(config, nnx.eval_shape(lambda: train.build_model(config, task)),
+                         flops=flops)
 
 
 def reference_cards(results: list[dict]) -> dict[tuple, dict]:

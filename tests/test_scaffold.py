@@ -28,6 +28,10 @@ def _model(config):
     return nnx.eval_shape(lambda: train.build_model(config, task))
 
 
+def _card(config) -> dict:
+    return card.card(config, _model(config), flops=False)
+
+
 def _params(model) -> dict[str, tuple]:
     return {"/".join(map(str, p)): tuple(v.shape if hasattr(v, "shape") else v[...].shape)
             for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
@@ -67,11 +71,11 @@ def test_every_mqar_mixer_gets_the_zoology_scaffold(name):
 
 
 def test_the_cards_of_the_mqar_mixers_agree_and_the_own_scaffold_s_do_not():
-    cards = {n: card.card(mqar.get_config(f"model={n},mini"), flops=False) for n in GRID}
+    cards = {n: _card(mqar.get_config(f"model={n},mini")) for n in GRID}
     for a, b in itertools.combinations(GRID, 2):
         assert card.differences(cards[a], cards[b]) == [], (a, b)
     assert cards["retnet"]["kept"].keys() == {"num_heads", "pos_emb"}
-    own = {n: card.card(mqar.get_config(f"model={n},mini,scaffold=own"), flops=False)
+    own = {n: _card(mqar.get_config(f"model={n},mini,scaffold=own"))
            for n in ("transformer", "gla", "deltanet", "mamba2")}
     # Before the scaffold: transformer alone had positions, deltanet and mamba2 their
     # own 4-tap convolutions; gla neither.
@@ -139,7 +143,7 @@ def test_the_hybrid_attention_layer_rotates_by_default_with_its_own_heads_and_wi
     c = card.card(config, model, flops=False)
     assert c["positions"] == ["none", "rotary"] and c["base_layers"] == [0]
     # The hybrid's own layer does not make its scaffold another one: the base layers agree.
-    pure = card.card(mqar.get_config("model=gla,mini"), flops=False)
+    pure = _card(mqar.get_config("model=gla,mini"))
     assert card.differences(c, pure) == []
     config.hybrid.pos_emb = "inherit"
     assert [getattr(b.mixer, "rotary", None) is True
@@ -204,8 +208,8 @@ def test_the_lra_report_shows_each_rows_card_and_names_a_differing_scaffold():
     from configs import listops
     from lra.reporting.cards import card_tables
 
-    summary = {("listops", m): {"runs": [{"scaffold_card": card.card(
-        listops.get_config(f"model={m},runlocal"), flops=False)}]}
+    summary = {("listops", m): {"runs": [{"scaffold_card": _card(
+        listops.get_config(f"model={m},runlocal"))}]}
         for m in ("transformer", "linear", "deltanet")}
     text = "\n".join(card_tables(summary))
     assert "| transformer | own: pos learned, conv 0, own conv 0, heads 2 |" in text

@@ -32,7 +32,7 @@ def card_tables(summary: dict) -> list[str]:
         votes = {f: collections.Counter(json.dumps(card_lib._base(c, f)) for _, c in rows)
                  for f in card_lib.COMPARED}
         reference = {f: json.loads(v.most_common(1)[0][0]) for f, v in votes.items()}
-        lines += [f"### {task}: scaffold cards (measured on each row's model)", "",
+        lines += [f"### Scaffold cards: {task} (measured on each row's model)", "",
                   "| row | scaffold | capacity | params | MFLOP/token |", "|---|---|---|---|---|"]
         differing = []
         for label, c in rows:

@@ -91,20 +91,14 @@ def flops_per_token(model: Any, length: int) -> float | None:
     return float(flops) / length if flops else None
 
 
-def card(config: Any, model: Any = None, *, flops: bool = True) -> dict[str, Any]:
-    """The card of the run `config` describes; `model` (built, or from nnx.eval_shape) is
-    built abstractly when not given."""
+def card(config: Any, model: Any, *, flops: bool = True) -> dict[str, Any]:
+    """The card of the run `config` describes, measured on `model`, built from it (or its
+    shapes, nnx.eval_shape(lambda: lra.train.build_model(config, task)))."""
     import jax
     from flax import nnx
 
     from configs import hybrid, scaffold
 
-    if model is None:
-        import lra.tasks
-        from lra import train
-
-        task = lra.tasks.get(config.task).with_options(**config.task_options.to_dict())
-        model = nnx.eval_shape(lambda: train.build_model(config, task))
     blocks = _blocks(model)
     table = config.pos_emb if config.pos_emb in ("learned", "sinusoidal") else None
     positions = []

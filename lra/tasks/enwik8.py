@@ -51,6 +51,7 @@ import bz2
 import glob
 import os
 import zipfile
+from typing import Any
 
 import numpy as np
 
@@ -148,16 +149,14 @@ def rows(ids: np.ndarray, max_length: int) -> tuple[np.ndarray, np.ndarray]:
 _CACHE: dict[tuple, dict[str, bytes]] = {}
 
 
-def data_identity(corpus: str, data_dir: str) -> dict:
+def data_identity(corpus: str, data_dir: str, archive: Any) -> dict:
     """Which data a run of `corpus` read: {"file", "bytes" (the corpus's), "sha256" (the
-    file's), "published"}: published only for the zip lra.download fetches, whose size
-    and sha256 are pinned (lra/download.py ARCHIVES), holding 10^8 bytes. An unzipped
-    file, an excerpt or another zip is not shown to be the published data (its sha256
-    is recorded for comparison by hand). lra.lm_eval shows published numbers beside
-    published data only."""
+    file's), "published"}: published only for the published zip, `archive` (its
+    `filename` and pinned `sha256`: lra/download.py ARCHIVES[corpus]), holding 10^8
+    bytes. An unzipped file, an excerpt or another zip is not shown to be the published
+    data (its sha256 is recorded for comparison by hand). lra.lm_eval shows published
+    numbers beside published data only."""
     import hashlib
-
-    from lra.download import ARCHIVES
 
     path = find_source(data_dir, corpus)
     digest = hashlib.sha256()
@@ -165,7 +164,6 @@ def data_identity(corpus: str, data_dir: str) -> dict:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     size = len(read_bytes(path, corpus))
-    archive = ARCHIVES[corpus]
     published = (os.path.basename(path) == archive.filename and size == PUBLISHED_SIZE
                  and digest.hexdigest() == archive.sha256)
     return {"file": os.path.basename(path), "bytes": size, "sha256": digest.hexdigest(),
