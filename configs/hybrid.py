@@ -311,6 +311,12 @@ def _layer_settings(config: Any, name: str, h: dict, hp: dict) -> dict[str, Any]
             raise ConfigError(f"config.hybrid.window={window}, but {name!r} has no window "
                               "(a sliding-window layer is `local`)")
         hp["window"] = window
+    # A benchmark's scaffold switches every layer's own short convolution, whichever form
+    # made the list (configs/scaffold.py builtin_conv; a dict entry's own hparams win).
+    s = config.get("scaffold") or {}
+    knob = registry.capabilities(name).short_conv_hparam
+    if s.get("name") and knob and int(s.get("builtin_conv", -1)) >= 0:
+        hp[knob] = int(s["builtin_conv"])
     extra: dict[str, Any] = {}
     if pos_emb == "rotary" and registry.capabilities(name).rotary:
         extra["rotary"] = True

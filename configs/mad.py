@@ -21,7 +21,8 @@ Arguments after the colon (comma separated):
   model=<name>   any causal variant of models.registry.available() (default transformer)
   mini           a 64-wide model on MAD's baseline data, 1,000 steps of batch 64, lr 1e-3
                  (cosine), validation on 8 batches every 250 steps. transformer on
-                 in_context_recall (one seed): test accuracy 98.4% (micro), 4 minutes of
+                 in_context_recall (one seed, scaffold=own and our old evaluation,
+                 before 2026-12-03): test accuracy 98.4% (micro), 4 minutes of
                  CPU time (22 minutes of wall time on the 2 cores shared with 5 others)
   scaffold=<name> what every mixer shares (configs/scaffold.py): `mad` (default), MAD's
                  models (mad-lab benchmark.py at 0f49a45): no positions but in the

@@ -26,13 +26,15 @@ Arguments after the colon (comma separated):
                     500 validation / 1,000 test examples, batch 64, 1,200 steps (about 4
                     epochs; from L 256 on 3,600 with Zoology's early stop at 99%
                     validation accuracy, as transformer needs more steps there), lr 3e-3
-                    (cosine), validation every 300 steps. Test accuracy
-                    (random_seed 123, the default, results.json): transformer 99.9% (val
-                    99.9% at step 600), 56 s of CPU time (3 minutes of wall time on the
-                    shared 2 cores); linear 83.3% (66 s; reproduced 2026-11-28); linear
-                    with short_conv=3 98.2% (69 s). The seed matters for the fixed-state
-                    mixers at this budget: linear with random_seed 0 reaches 46.2%
-                    (still rising at step 1,200); scripts/mqar_cpu_grid.sh runs seeds 0-2
+                    (cosine), validation every 300 steps. Test accuracy under
+                    scaffold=own (measured before 2026-12-03; under the default scaffold:
+                    results/cpu/mqar_scaffold.md) at random_seed 123, the default:
+                    transformer 99.9% (val 99.9% at step 600), 56 s of CPU time (3
+                    minutes of wall time on the shared 2 cores); linear 83.3% (66 s;
+                    reproduced 2026-11-28); linear with short_conv=3 98.2% (69 s). The
+                    seed matters for the fixed-state mixers at this budget: linear with
+                    random_seed 0 reaches 46.2% (still rising at step 1,200);
+                    scripts/mqar_scaffold_grid.sh runs the controlled grid
   scaffold=<name>   what every mixer shares (configs/scaffold.py): `zoology` (default),
                     Zoology's MQAR models (models_repo.py at d88d6f5): no positions in any
                     layer, one shared short convolution of 3 taps before every mixer, the

@@ -171,14 +171,12 @@ def _targets(config: Any) -> dict[str, Any]:
     heads = int(keep.get("num_heads") or s.num_heads)
     if heads:
         out["num_heads"] = heads
-    mixer = config.get("hybrid", {}).get("mixer") if "hybrid" in config else ""
-    for prefix, name in (("model_hparams", model), ("hybrid.model_hparams", mixer)):
-        if not name or name not in registry.available():
-            continue
-        knob = registry.capabilities(name).short_conv_hparam
-        if knob:  # -1: the builder's own default (fla's and mamba_ssm's 4)
-            out[f"{prefix}.{knob}"] = (int(s.builtin_conv) if s.builtin_conv >= 0
-                                       else registry.accepted_hparams(name)[knob])
+    # config.model's own convolutions; a hybrid's other layers take builtin_conv in
+    # configs/hybrid.py's layer_list, whichever form made the list.
+    knob = registry.capabilities(model).short_conv_hparam
+    if knob:  # -1: the builder's own default (fla's and mamba_ssm's 4)
+        out[f"model_hparams.{knob}"] = (int(s.builtin_conv) if s.builtin_conv >= 0
+                                        else registry.accepted_hparams(model)[knob])
     return out
 
 
@@ -209,7 +207,7 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 
 def _scaffold_field(field: str) -> str:
-    if field.startswith(("model_hparams.", "hybrid.model_hparams.")):
+    if field.startswith("model_hparams."):
         return "builtin_conv"
     return {"block.short_conv": "short_conv"}.get(field, field)
 

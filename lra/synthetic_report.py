@@ -171,7 +171,7 @@ def reference_cards(results: list[dict]) -> dict[tuple, dict]:
         seen.add(key)
         fields = votes.setdefault(key[0], {f: collections.Counter() for f in card_lib.COMPARED})
         for f in card_lib.COMPARED:
-            fields[f][json.dumps(card_lib._base(c, f))] += 1
+            fields[f][json.dumps(card_lib.base_value(c, f))] += 1
     out = {setting: {f: json.loads(counter.most_common(1)[0][0])
                      for f, counter in fields.items() if counter}
            for setting, fields in votes.items()}
@@ -200,13 +200,13 @@ def row_name(r: dict, reference: dict | None = None) -> tuple[str, list[str]]:
     if not c or not reference:
         return r["model"], []
     differ = card_lib.differences(c, reference)
-    notes = [card_lib.note(f, card_lib._base(c, f)) for f in differ]
+    notes = [card_lib.note(f, card_lib.base_value(c, f)) for f in differ]
     # A knob the variant keeps against the scaffold (RetNet's heads) names the row too,
     # where it differs (`heads 8 (kept)`); it does not keep the row out of the ranking.
     kept = {card_lib.KEPT_AS.get(f, f) for f in c.get("kept") or {}}
-    notes += [card_lib.note(f, card_lib._base(c, f)) + " (kept)" for f in card_lib.COMPARED
-              if f in kept and f in reference and not card_lib._agree(
-                  card_lib._base(c, f), reference[f])]
+    notes += [card_lib.note(f, card_lib.base_value(c, f)) + " (kept)"
+              for f in card_lib.COMPARED if f in kept and f in reference
+              and not card_lib.agree(card_lib.base_value(c, f), reference[f])]
     notes += _capacity_notes(r, c)
     undeclared = [f for f in differ if f not in scaffold.ablated(r["config"])]
     return r["model"] + (f" [{', '.join(notes)}]" if notes else ""), undeclared

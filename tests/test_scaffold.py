@@ -215,3 +215,20 @@ def test_the_lra_report_shows_each_rows_card_and_names_a_differing_scaffold():
     assert "| transformer | own: pos learned, conv 0, own conv 0, heads 2 |" in text
     assert "deltanet (pos none, own conv 4)" in text
     assert card_tables({("listops", "x"): {"runs": [{}]}}) == []
+
+
+@pytest.mark.parametrize("form", ["mixer", "pattern"])
+def test_a_hybrid_layers_own_convolution_follows_the_scaffold(form):
+    """gla with a mamba2 layer from configs/mqar.py, as hybrid.mixer or a pattern: the mamba2
+    layer has no convolution of its own under the zoology scaffold, its 4 taps with
+    builtin_conv -1; the shared convolution sits before both layers."""
+    config = mqar.get_config("model=gla,mini" + (",hybrid=mamba2" if form == "mixer" else ""))
+    if form == "mixer":
+        config.hybrid.layers = (1,)
+    else:
+        config.hybrid.pattern = ("gla", "mamba2")
+    assert _measured(config)["own_conv"] == []
+    assert _card(config)["builtin_conv"] == 0
+    config.scaffold.builtin_conv = -1
+    common.resolve(config)
+    assert _card(config)["builtin_conv"] == [0, 4]

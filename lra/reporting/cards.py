@@ -29,7 +29,7 @@ def card_tables(summary: dict) -> list[str]:
             by_task[task].append((label, cards[0]))
     lines: list[str] = []
     for task, rows in by_task.items():
-        votes = {f: collections.Counter(json.dumps(card_lib._base(c, f)) for _, c in rows)
+        votes = {f: collections.Counter(json.dumps(card_lib.base_value(c, f)) for _, c in rows)
                  for f in card_lib.COMPARED}
         reference = {f: json.loads(v.most_common(1)[0][0]) for f, v in votes.items()}
         lines += [f"### Scaffold cards: {task} (measured on each row's model)", "",
@@ -43,7 +43,7 @@ def card_tables(summary: dict) -> list[str]:
             fields = card_lib.differences(c, reference)
             if fields:
                 differing.append(f"{label} (" + ", ".join(
-                    card_lib.note(f, card_lib._base(c, f)) for f in fields) + ")")
+                    card_lib.note(f, card_lib.base_value(c, f)) for f in fields) + ")")
         lines.append("")
         if differing:
             lines += ["Rows whose scaffold differs from the task's most common one (their "

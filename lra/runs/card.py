@@ -136,7 +136,7 @@ def _per_layer(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
-def _base(card: dict, field: str) -> Any:
+def base_value(card: dict, field: str) -> Any:
     """The field at the card's base_layers (all of them without a per-layer list)."""
     value = card.get(field)
     base = card.get("base_layers")
@@ -145,7 +145,7 @@ def _base(card: dict, field: str) -> Any:
     return _collapse([value[i] for i in base if i < len(value)])
 
 
-def _agree(a: Any, b: Any) -> bool:
+def agree(a: Any, b: Any) -> bool:
     la, lb = _per_layer(a), _per_layer(b)
     if len(la) == 1 or len(lb) == 1:  # a uniform value against each layer's
         la, lb = la * max(len(lb), 1), lb * max(len(la), 1)
@@ -158,7 +158,7 @@ def differences(a: dict, b: dict, allowed: tuple[str, ...] = ()) -> list[str]:
     ablation axis) and those either variant keeps aside."""
     kept = {KEPT_AS.get(f, f) for f in (*(a.get("kept") or {}), *(b.get("kept") or {}))}
     return [f for f in COMPARED if f not in allowed and f not in kept
-            and not _agree(_base(a, f), _base(b, f))]
+            and not agree(base_value(a, f), base_value(b, f))]
 
 
 def note(field: str, value: Any) -> str:
