@@ -13,14 +13,14 @@ import ml_collections
 from configs import presets, recipes
 from lra.errors import ConfigError
 
-ATTENTION_IMPLS = ("dense", "blocksparse", "pallas")
+ATTENTION_IMPLS = ("dense", "blocksparse", "pallas", "flash")
 
 
 # Config arguments every task config takes besides its own (`defaults` of parse_arg),
 # applied by apply_objective_args: `locality`, the task's locality baseline (see
 # apply_locality); `paper`, the variant's own published recipe (configs/recipes.py);
 # `hybrid=<mixer>`, the other mixer of a hybrid stack with its presets (configs/hybrid.py).
-SHARED_ARGS = {"locality": False, "paper": False, "hybrid": ""}
+SHARED_ARGS = {"locality": False, "paper": False, "hybrid": "", "attention_impl": ""}
 
 
 def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
@@ -280,9 +280,19 @@ def apply_generation(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDic
     c.pooling = "MEAN"
 
 
+def apply_attention_impl(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> None:
+    """The config argument `attention_impl=<dense|blocksparse|pallas|flash>` (every task
+    config's): config.attention_impl, checked here so a typo fails at once."""
+    if arg.get("attention_impl"):
+        if arg.attention_impl not in ATTENTION_IMPLS:
+            raise ConfigError(f"config argument attention_impl={arg.attention_impl!r}; choose "
+                              f"one of {', '.join(ATTENTION_IMPLS)}")
+        c.attention_impl = arg.attention_impl
+
+
 def apply_objective_args(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> None:
     """The config arguments shared by every task config: `paper`, `locality`, `causal`,
-    `pretrain`, `hybrid`.
+    `pretrain`, `hybrid`, `attention_impl` (apply_attention_impl).
 
     `paper`: the variant's own published recipe for the task (configs/recipes.py), a
     full-size one: refused with `mini`, `runlocal` or `locality`.
@@ -314,6 +324,7 @@ def apply_objective_args(c: ml_collections.ConfigDict, arg: ml_collections.Confi
             c.pooling = "MEAN"
     if arg.pretrain:
         c.objective = "causal_lm" if c.causal else "mlm"
+    apply_attention_impl(c, arg)
     if arg.get("hybrid"):
         if arg.locality:
             raise ConfigError("config argument 'locality' is a one-layer baseline of its own; "

@@ -70,6 +70,7 @@ def get_config(arg: str | None = None, corpus: str = CORPUS):
         common.apply_runlocal(c)
         c.max_length = 32
         c.emb_dim, c.num_heads, c.num_layers, c.qkv_dim, c.mlp_dim = 32, 2, 1, 32, 64
+    common.apply_attention_impl(c, arg)
     if arg.get("hybrid"):  # hybrid=<mixer>: that mixer's presets in config.hybrid
         hybrid.apply_arg(c, arg.hybrid)
     return common.finalize(c)

@@ -153,6 +153,7 @@ def get_config(arg: str | None = None):
         c.mlp_dim, c.num_heads, c.num_layers = 64, 2, 1
         c.warmup = 0
         c.learning_rate = 1e-3
+    common.apply_attention_impl(c, arg)
     if arg.hybrid:  # hybrid=<mixer>: that mixer's presets in config.hybrid
         hybrid.apply_arg(c, arg.hybrid)
     c = common.finalize(c)

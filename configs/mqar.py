@@ -198,6 +198,7 @@ def get_config(arg: str | None = None):
         c.learning_rate = 3e-3
         c.warmup = 0
         c.dropout_rate = c.attention_dropout_rate = 0.0
+    common.apply_attention_impl(c, arg)
     if arg.hybrid:  # hybrid=<mixer>: that mixer's presets in config.hybrid
         hybrid.apply_arg(c, arg.hybrid)
     c = common.finalize(c)

@@ -2,9 +2,11 @@
 
 `PatternAttention` is `MultiHeadAttention` (same query/key/value/out) whose softmax
 is restricted to a pattern, computed either densely (`attention_impl="dense"`: the
-full masked L x L softmax) or block-sparsely (`"blocksparse"`: only the non-empty
+full masked L x L softmax), block-sparsely (`"blocksparse"`: only the non-empty
 blocks, `models.kernels.block_sparse_attention`; `"pallas"`: the same blocks through its
-flash-attention kernels, interpreted on CPU; attention dropout by a hashed mask). The builders
+flash-attention kernels, interpreted on CPU; attention dropout by a hashed mask), or by the
+platform's fused attention (`"flash"`: cuDNN on GPU, splash on TPU, an O(L)-memory chunked
+form on CPU; `models.kernels.flash_attention`). The builders
 below turn each paper's hyperparameters into a pattern; only `global` with extra
 learned tokens, `longformer`'s global projections and `axial` in its two-pass form need
 code of their own.
@@ -25,8 +27,9 @@ from flax import nnx
 from models import layers, masks, registry
 from models.attention.dense import MultiHeadAttention, dot_product_attention
 from models.kernels import block_sparse_attention
+from models.kernels.flash_attention import flash_attention
 
-IMPLS = ("dense", "blocksparse", "pallas")
+IMPLS = ("dense", "blocksparse", "pallas", "flash")
 
 
 class PatternAttention(MultiHeadAttention):
@@ -56,6 +59,12 @@ class PatternAttention(MultiHeadAttention):
                v_BxHxLxK: jax.Array, padding_mask: jax.Array | None,
                deterministic: bool) -> jax.Array:
         dropout_fn = self.dropout_fn(deterministic)
+        if self.attention_impl == "flash":
+            rate = 0.0 if deterministic else self.attention_dropout.rate
+            seed = self.dropout_seed() if rate > 0 else None
+            return flash_attention(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, pattern,
+                                   padding_mask=padding_mask, dropout_rate=rate,
+                                   dropout_seed=seed)
         if self.attention_impl == "pallas":
             # The kernels hash their own keep mask from one seed per call.
             rate = 0.0 if deterministic else self.attention_dropout.rate
@@ -213,8 +222,9 @@ def build_transformer(*, dim: int, num_heads: int, max_len: int, causal: bool,
                       attention_dropout: float = 0.1, use_bias: bool = True,
                       attention_impl: str = "dense") -> MultiHeadAttention:
     del max_len  # any length works
-    if attention_impl in ("blocksparse", "pallas"):  # the full pattern, block by block
-        # pallas: the kernel's own default tile (64 on GPU, 128 on TPU).
+    if attention_impl in ("blocksparse", "pallas", "flash"):  # the full pattern
+        # pallas: the kernel's own default tile (64 on GPU, 128 on TPU); flash: the fused
+        # attention of the platform (models/kernels/flash_attention.py).
         return PatternAttention(pattern=masks.all_(), dim=dim, num_heads=num_heads,
                                 causal=causal, qkv_dim=qkv_dim,
                                 attention_dropout=attention_dropout, use_bias=use_bias,
@@ -224,7 +234,7 @@ def build_transformer(*, dim: int, num_heads: int, max_len: int, causal: bool,
     if attention_impl != "dense":
         raise registry.RegistryError(
             f"transformer: attention_impl={attention_impl!r} is not available; use 'dense', "
-            "'blocksparse' or 'pallas'")
+            "'blocksparse', 'pallas' or 'flash'")
     return MultiHeadAttention(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
                               attention_dropout=attention_dropout, use_bias=use_bias,
                               rotary=rotary, rngs=rngs)

@@ -20,7 +20,10 @@ def for_cuda(fn, *args) -> str:
 
 
 def for_tpu(fn, *args) -> str:
-    return jax.export.export(jax.jit(fn), platforms=["tpu"])(*args).mlir_module()
+    # keep_unused: jax.export (JAX 0.10.2) unflattens the arguments that jit pruned (an
+    # unused rng stream without dropout) against the full tree, and fails.
+    return jax.export.export(jax.jit(fn, keep_unused=True), platforms=["tpu"])(
+        *args).mlir_module()
 
 
 def custom_calls(text: str) -> list[str]:
