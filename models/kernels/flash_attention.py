@@ -25,8 +25,9 @@ for another platform holds that platform's form:
 
 Attention dropout: the chunked form takes it (the hashed keep mask of the Pallas kernels).
 cuDNN's dropout is not exposed by `jax.nn.dot_product_attention` (and its private form
-takes a static seed, the same mask every step) and splash has none: a program that
-could run on a GPU or TPU with dropout > 0 is refused there in one line, when lowered.
+takes a static seed, the same mask every step) and splash has none: with dropout > 0 a
+run on a GPU (bf16, cuDNN) or a TPU is refused in one line, and a program lowered for one
+from elsewhere has no branch for it (JAX refuses to lower it).
 `backend=` fixes one form everywhere ("chunked", "cudnn", "splash").
 """
 from __future__ import annotations
@@ -91,12 +92,14 @@ def flash_attention(q_BxHxQxK: jax.Array, k_BxHxKvxK: jax.Array, v_BxHxKvxD: jax
         return _FORMS[backend](*args, **common)
     forms = {"cpu": "chunked", "rocm": "chunked", "cuda": _cuda_form(q_BxHxQxK.dtype),
              "tpu": "splash"}
-    if dropout_rate > 0:  # neither cuDNN (here) nor splash drops weights
-        forms.update(cuda="refuse:cudnn", tpu="refuse:splash")
-    fns = {name: functools.partial(_FORMS[name] if not name.startswith("refuse:")
-                                   else _refuse, **common, form=name)
-           for name in set(forms.values())}
-    if len(fns) == 1:
+    if dropout_rate > 0:  # neither cuDNN (as JAX exposes it) nor splash drops weights
+        here = {"gpu": "cuda", "tpu": "tpu"}.get(jax.default_backend())
+        if here and forms[here] != "chunked":
+            _refuse(forms[here], dropout_rate)
+        # Lowered for such a platform from elsewhere: no branch, JAX refuses to lower.
+        forms = {p: f for p, f in forms.items() if f == "chunked"}
+    fns = {name: functools.partial(_FORMS[name], **common) for name in set(forms.values())}
+    if len(fns) == 1 and len(forms) == 4:
         return next(iter(fns.values()))(*args)
     return lax.platform_dependent(*args, **{p: fns[f] for p, f in forms.items()})
 
@@ -117,17 +120,14 @@ def _cuda_form(dtype) -> str:
     return "cudnn"
 
 
-def _refuse(*args, form: str, dropout_rate: float, **_):
-    del args
-    name = form.split(":", 1)[1]
+def _refuse(form: str, dropout_rate: float):
     raise FlashError(
-        f"attention_impl=flash: {'cuDNN' if name == 'cudnn' else 'splash'} attention has no "
-        f"attention-weight dropout (attention_dropout={dropout_rate}); set "
-        "--config.attention_dropout_rate=0 or use attention_impl=dense or blocksparse")
+        f"attention_impl=flash: {'cuDNN' if form == 'cudnn' else 'splash'} attention has no "
+        f"attention-weight dropout (attention_dropout_rate={dropout_rate}); set "
+        "--config.attention_dropout_rate=0, or use attention_impl=dense or blocksparse")
 
 
-def _chunked(q, k, v, *, pattern, padding_mask, dropout_rate, dropout_seed, form=None):
-    del form
+def _chunked(q, k, v, *, pattern, padding_mask, dropout_rate, dropout_seed):
     return chunked_attention(q, k, v, pattern, valid_BxKv=padding_mask,
                              dropout_rate=dropout_rate, dropout_seed=dropout_seed)
 
@@ -154,10 +154,10 @@ def cudnn_mask(pattern: masks.Pattern) -> tuple[bool, int | None] | None:
     return None
 
 
-def _cudnn(q, k, v, *, pattern, padding_mask, dropout_rate, dropout_seed, form=None):
-    del form, dropout_seed
+def _cudnn(q, k, v, *, pattern, padding_mask, dropout_rate, dropout_seed):
+    del dropout_seed
     if dropout_rate > 0:
-        _refuse(form="refuse:cudnn", dropout_rate=dropout_rate)
+        _refuse("cudnn", dropout_rate)
     b, _, q_len, _ = q.shape
     kv_len = k.shape[2]
     # JAX's cuDNN training rule counts a bias as present even when there is none, and
@@ -222,11 +222,11 @@ def _splash_kernel(pattern: masks.Pattern, length: int, num_heads: int, interpre
                               q_seq_shards=1, interpret=interpret)
 
 
-def _splash(q, k, v, *, pattern, padding_mask, dropout_rate, dropout_seed, form=None,
+def _splash(q, k, v, *, pattern, padding_mask, dropout_rate, dropout_seed,
             interpret: bool = False):
-    del form, dropout_seed
+    del dropout_seed
     if dropout_rate > 0:
-        _refuse(form="refuse:splash", dropout_rate=dropout_rate)
+        _refuse("splash", dropout_rate)
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
 
     b, h, q_len, dk = q.shape
