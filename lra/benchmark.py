@@ -1,4 +1,8 @@
-r"""Efficiency table: training steps/s and memory of every variant against `transformer`.
+r"""Efficiency table: training steps/s and memory of every variant against two references:
+`transformer[flash]` (transformer with attention_impl=flash: cuDNN's fused attention on a
+GPU, splash on a TPU, the O(L)-memory chunked form on CPU; models/kernels/flash_attention.py)
+and `transformer` (under --attention_impl, dense by default: the L x L logits materialised,
+as LRA's Table 2 measured it). Both are measured in every run.
 
   python -m lra.benchmark --models=all --lengths=1024,2048,3072,4096        (make bench)
   python -m lra.benchmark --mode=mixer --models=linear --lengths=1024,4096 --dim=64
@@ -17,8 +21,9 @@ batch 32) on random tokens of length L. --mode=mixer: one token mixer's forward 
            reproducible, independent of the allocator; on a GPU or TPU also the device's
            peak (`memory_stats`), each cell then measured in a fresh process (--isolate)
            because that peak is a high-water mark of the whole process;
-and, per model, the ratios to `transformer` at the same L (measured in the same run) and
-the growth exponent in L (slope of log time / log memory against log L).
+and, per model, the ratios to both references at the same L (measured in the same run),
+the growth exponent in L (slope of log time / log memory against log L), and the length
+from which it is faster than the fused transformer (the break-even column).
 Markdown goes to stdout; progress goes to stderr. `--csv` receives each cell as it is
 measured, with its settings; running again with the same --csv and settings measures only
 the cells it lacks (a stopped run resumes; delete the file to measure afresh).
@@ -40,7 +45,8 @@ from absl import app, flags, logging
 from flax import nnx
 
 from configs import common, hybrid, presets
-from lra.reporting.efficiency import growth_exponent, growth_goal, lra_comparison, table
+from lra.reporting.efficiency import (FUSED, growth_exponent, growth_goal, lra_comparison,
+                                      table)
 from models import registry
 
 FLAGS = flags.FLAGS
@@ -110,7 +116,10 @@ def measure(model: str, length: int, *, batch_size: int, dim: int, num_heads: in
     if hybrid.is_name(model):
         raise ValueError(f"{model} is a stack of layers, not one mixer: time it with "
                          "--mode=train_step")
+    name, model = model, "transformer" if model == FUSED else model
     hparams = presets.model_hparams(model, common.preset_task(task))
+    if name == FUSED:
+        hparams["attention_impl"] = "flash"
     mixer = registry.build(model, dim=dim, num_heads=num_heads, max_len=length,
                            rngs=nnx.Rngs(0), **hparams)
     graphdef, params, rest = nnx.split(mixer, nnx.Param, ...)
@@ -130,7 +139,7 @@ def measure(model: str, length: int, *, batch_size: int, dim: int, num_heads: in
     compiled = step.lower(params, x).compile(_MEMORY_ONLY_OPTIONS if repeats == 0 else None)
     analysis = compiled.memory_analysis()
     temp = getattr(analysis, "temp_size_in_bytes", None) if analysis is not None else None
-    row = {"model": model, "length": length, "time_s": None, "temp_bytes": temp}
+    row = {"model": name, "length": length, "time_s": None, "temp_bytes": temp}
     if repeats == 0:
         return row
     jax.block_until_ready(compiled(params, x))  # warm-up
@@ -306,11 +315,14 @@ def measure_cell(model: str, length: int) -> dict:
     row saying why instead of raising."""
     try:
         if FLAGS.mode == "train_step":
-            return measure_train_step(
-                model, length, task=FLAGS.task, batch_size=FLAGS.batch_size,
-                dim=FLAGS.dim, num_heads=FLAGS.num_heads, num_layers=FLAGS.num_layers,
-                repeats=FLAGS.repeats, attention_impl=FLAGS.attention_impl,
+            fused = model == FUSED  # the reference: transformer, attention_impl=flash
+            row = measure_train_step(
+                "transformer" if fused else model, length, task=FLAGS.task,
+                batch_size=FLAGS.batch_size, dim=FLAGS.dim, num_heads=FLAGS.num_heads,
+                num_layers=FLAGS.num_layers, repeats=FLAGS.repeats,
+                attention_impl="flash" if fused else FLAGS.attention_impl,
                 config_arg=FLAGS.config_arg, dtype=FLAGS.dtype)
+            return {**row, "model": model}
         return measure(model, length, batch_size=FLAGS.batch_size or 1,
                        dim=FLAGS.dim or 256, num_heads=FLAGS.num_heads or 4,
                        repeats=FLAGS.repeats, task=FLAGS.task)
@@ -365,8 +377,8 @@ def check_flags() -> list[int]:
     from lra.errors import UserError
 
     try:
-        unknown = [m for m in hybrid.split_models(FLAGS.models) if m != "all" and not
-                   set(mixers_of(m)) <= set(registry.available())]
+        unknown = [m for m in hybrid.split_models(FLAGS.models) if m not in ("all", FUSED)
+                   and not set(mixers_of(m)) <= set(registry.available())]
     except UserError as e:  # a malformed hybrid name
         raise ValueError(str(e)) from None
     if unknown:  # else only a table cell said so, and the run exited 0
@@ -406,8 +418,9 @@ def main(argv):
         isolate = FLAGS.isolate == "true" or platform != "cpu"
     models = (registry.available() if FLAGS.models == ["all"]
               else hybrid.split_models(FLAGS.models))
-    if "transformer" not in models:
-        models = ["transformer", *models]  # ratios need the reference in the same run
+    # Ratios need both references in the same run: the fused transformer and the
+    # materialised one (under --attention_impl, dense by default).
+    models = ["transformer", FUSED, *(m for m in models if m not in ("transformer", FUSED))]
     settings = {"mode": FLAGS.mode, "task": FLAGS.task, "batch_size": FLAGS.batch_size,
                 "dim": FLAGS.dim, "num_heads": FLAGS.num_heads, "num_layers": FLAGS.num_layers,
                 "attention_impl": FLAGS.attention_impl, "repeats": FLAGS.repeats,
@@ -459,7 +472,9 @@ def main(argv):
     if FLAGS.mode == "train_step" and FLAGS.dtype != "float32":
         what += f", computing in {FLAGS.dtype}"
     print(f"{what}; {sizes}; {platform}, jax {jax.__version__}. "
-          f"Cells: time per step, XLA temporary memory (ratios to transformer).\n")
+          f"Cells: time per step, XLA temporary memory (ratios to {FUSED}, the fused "
+          "reference: cuDNN on GPU, splash on TPU, the O(L)-memory chunked form on CPU; "
+          "and to transformer, the L x L logits materialised as LRA measured it).\n")
     print(table(rows, lengths, attention_impl))
     if FLAGS.mode == "train_step" and 4096 in lengths:
         print("\nAt L=4096 against LRA's Table 2 (speed: steps/s ratio to transformer; "

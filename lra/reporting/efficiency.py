@@ -40,6 +40,12 @@ LRA_TABLE2_4K = {
     "performer": (8.0, 1.06),
 }
 GOAL_GROWTH = 1.15
+# The two references every ratio is given against, the fused one first: `transformer` as
+# a 2026 Transformer runs it (attention_impl=flash: cuDNN, splash, or the O(L)-memory
+# chunked form on CPU) and as LRA measured it (the L x L logits materialised).
+FUSED = "transformer[flash]"
+MATERIALISED = "transformer"
+REFERENCES = (FUSED, MATERIALISED)
 
 
 def growth_exponent(lengths: list[int], values: list[float | None]) -> float | None:
@@ -51,8 +57,43 @@ def growth_exponent(lengths: list[int], values: list[float | None]) -> float | N
     return float(np.polyfit(xs, ys, 1)[0])
 
 
+def _vs(base: dict | None, r: dict) -> str | None:
+    """'1.20x faster, 3.00x less mem' of `r` against `base`, or None."""
+    if not base or "error" in base:
+        return None
+    ratios = []
+    if r.get("time_s") and base.get("time_s"):
+        ratios.append(f"{base['time_s'] / r['time_s']:.2f}x faster")
+    if r.get("temp_bytes") and base.get("temp_bytes"):
+        ratios.append(f"{base['temp_bytes'] / r['temp_bytes']:.2f}x less mem")
+    return ", ".join(ratios) or None
+
+
+def break_even(rows: list[dict], lengths: list[int], model: str,
+               reference: str = FUSED) -> str:
+    """The shortest measured L from which `model` is faster than `reference` at every
+    longer measured L where both ran: "<= L0" when faster at all of them, "not up to
+    <longest>" when slower at the longest, "-" without shared cells."""
+    by = {(r["model"], r["length"]): r for r in rows}
+    both = [l for l in sorted(lengths)
+            if all((by.get((m, l)) or {}).get("time_s") and "error" not in by[(m, l)]
+                   for m in (model, reference))]
+    if not both:
+        return "-"
+    faster = [by[(model, l)]["time_s"] < by[(reference, l)]["time_s"] for l in both]
+    if not faster[-1]:
+        return f"not up to {both[-1]}"
+    start = len(faster)
+    while start > 0 and faster[start - 1]:
+        start -= 1
+    # Faster at every length measured: from the shortest one, or before.
+    return f"<= {both[0]}" if start == 0 else str(both[start])
+
+
 def table(rows: list[dict], lengths: list[int], attention_impl: str = "dense") -> str:
-    """Markdown: per model and L, time and memory with ratios to transformer.
+    """Markdown: per model and L, time and memory with ratios to the references (the
+    fused transformer first, then the materialised one, each where measured), and the
+    length from which the model is faster than the fused transformer.
 
     With `attention_impl` other than "dense" (or rows measured with another), an impl column
     gives the attention_impl each model's cells were measured with; `*` and a footnote mark
@@ -60,10 +101,15 @@ def table(rows: list[dict], lengths: list[int], attention_impl: str = "dense") -
     """
     by = {(r["model"], r["length"]): r for r in rows}
     models = list(dict.fromkeys(r["model"] for r in rows))
+    models = [m for m in REFERENCES if m in models] + [m for m in models
+                                                       if m not in REFERENCES]
+    refs = [m for m in REFERENCES if m in models]
     show_impl = attention_impl != "dense" or any(r.get("impl", "dense") != "dense"
-                                                 for r in rows)
+                                                 for r in rows if r["model"] != FUSED)
+    even = FUSED in models
     head = (["model"] + (["impl"] if show_impl else []) + [f"L={l}" for l in lengths]
-            + ["time growth", "memory growth"])
+            + ["time growth", "memory growth"]
+            + (["faster than transformer[flash] from L"] if even else []))
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     fallbacks = []
     for m in models:
@@ -71,11 +117,11 @@ def table(rows: list[dict], lengths: list[int], attention_impl: str = "dense") -
         if show_impl:
             impls = list(dict.fromkeys(by[(m, l)]["impl"] for l in lengths
                                        if by.get((m, l), {}).get("impl")))
-            if any(i != attention_impl for i in impls):
+            if m != FUSED and any(i != attention_impl for i in impls):
                 fallbacks.append(m)
             cells.append("/".join(impls) + ("*" if m in fallbacks else "") if impls else "-")
         for l in lengths:
-            r, base = by.get((m, l)), by.get(("transformer", l))
+            r = by.get((m, l))
             if r is None or "error" in r:
                 cells.append(f"- ({r['error']})".replace("|", "\\|") if r else "-")
                 continue
@@ -83,13 +129,10 @@ def table(rows: list[dict], lengths: list[int], attention_impl: str = "dense") -
             cell = (f"{r['time_s'] * 1e3:.1f} ms, " if r["time_s"] else "") + f"{mib:.1f} MiB"
             if r.get("device_peak_bytes"):
                 cell += f" (peak {r['device_peak_bytes'] / 2**20:.0f} MiB)"
-            if base and "error" not in base and m != "transformer":
-                ratios = []
-                if r["time_s"] and base["time_s"]:
-                    ratios.append(f"{base['time_s'] / r['time_s']:.2f}x faster")
-                if r["temp_bytes"] and base["temp_bytes"]:
-                    ratios.append(f"{base['temp_bytes'] / r['temp_bytes']:.2f}x less mem")
-                cell += f" ({', '.join(ratios)})" if ratios else ""
+            ratios = [f"vs {'fused' if ref == FUSED else 'materialised'}: {text}"
+                      for ref in refs if ref != m
+                      for text in [_vs(by.get((ref, l)), r)] if text]
+            cell += f" ({'; '.join(ratios)})" if ratios else ""
             cells.append(cell)
         ok = [by.get((m, l)) for l in lengths]
         tg = growth_exponent(lengths, [r["time_s"] if r and "error" not in r else None for r in ok])
@@ -97,6 +140,8 @@ def table(rows: list[dict], lengths: list[int], attention_impl: str = "dense") -
                                        for r in ok])
         cells += [f"L^{tg:.2f}" if tg is not None else "-",
                   f"L^{mg:.2f}" if mg is not None else "-"]
+        if even:
+            cells.append("(reference)" if m == FUSED else break_even(rows, lengths, m))
         lines.append("| " + " | ".join([m] + cells) + " |")
     if fallbacks:
         lines += ["", f"impl*: no attention_impl={attention_impl} in {', '.join(fallbacks)}; "
@@ -112,12 +157,14 @@ def _ratio(base: dict | None, r: dict | None, key: str) -> float | None:
 
 
 def lra_comparison(rows: list[dict], length: int = 4096) -> str:
-    """Markdown: per Table 2 variant, LRA's speed and memory ratios at 4K beside ours."""
+    """Markdown: per Table 2 variant, LRA's speed and memory ratios at 4K beside ours
+    (against the materialised transformer, as LRA's), and ours against the fused one."""
     by = {(r["model"], r["length"]): r for r in rows}
-    base = by.get(("transformer", length))
+    base, fused = by.get((MATERIALISED, length)), by.get((FUSED, length))
     t_steps, t_mem = LRA_TABLE2_4K["transformer"]
-    lines = ["| model | LRA speed (TPU) | ours | LRA memory (TPU) | ours | at least LRA's |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| model | LRA speed (TPU) | ours | LRA memory (TPU) | ours | at least LRA's | "
+             "ours vs fused: speed, memory |", "|---|---|---|---|---|---|---|"]
+    fmt = lambda x: f"{x:.2f}x" if x else "-"
     for model, (steps, mem) in LRA_TABLE2_4K.items():
         if model == "transformer" or (model, length) not in by:
             continue
@@ -129,9 +176,10 @@ def lra_comparison(rows: list[dict], length: int = 4096) -> str:
                    "no (" + ", ".join(w for w, ok in (("speed", speed >= lra_speed),
                                                        ("memory", memory >= lra_memory))
                                       if not ok) + ")")
-        lines.append(f"| {model} | {lra_speed:.1f}x | "
-                     + (f"{speed:.2f}x" if speed else "-") + f" | {lra_memory:.1f}x | "
-                     + (f"{memory:.2f}x" if memory else "-") + f" | {verdict} |")
+        f_speed, f_memory = (_ratio(fused, by[(model, length)], k)
+                             for k in ("time_s", "temp_bytes"))
+        lines.append(f"| {model} | {lra_speed:.1f}x | {fmt(speed)} | {lra_memory:.1f}x | "
+                     f"{fmt(memory)} | {verdict} | {fmt(f_speed)}, {fmt(f_memory)} |")
     return "\n".join(lines)
 
 
