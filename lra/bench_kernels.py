@@ -12,8 +12,9 @@ forward and of the forward+backward (`jax.vjp` with a random cotangent, under `j
 the achieved
 TFLOP/s of the Pallas kernels, and the speed ratios (other time / Pallas time, so > 1
 means the kernel is faster) to `backend="xla"` (the same chunked algorithm under
-`lax.scan`) and to dense softmax attention (`jax.nn.dot_product_attention`, cuDNN where
-it takes the shape, else XLA) at the same shape.
+`lax.scan`) and to dense softmax attention at the same shape, fused: the first of cuDNN
+(GPU), tokamax (where installed), ours (`attention_impl=flash`), tokamax's xla_chunked and
+XLA's materialised softmax that runs (every one that runs is timed, in the last column).
 
 FLOPs are those of the chunked algorithm (the masked C x C products counted in full):
 per position 2C(K + V) + 4KV causal, 4KV non-causal, forward; forward+backward counted as
@@ -29,7 +30,7 @@ Block-sparse attention: for each L and pattern density (`--densities`: the fract
 (tile x tile) blocks kept, a random block pattern, so every kept block is full; 1.0 is the
 full pattern through the kernel), the same timings of the Pallas flash-attention kernel,
 ratios to the XLA block-sparse backend (`backend="xla"`, same pattern and tile) and to
-`jax.nn.dot_product_attention` over all L x L pairs. FLOPs count the kept blocks only:
+fused dense softmax attention over all L x L pairs (the reference above). FLOPs count the kept blocks only:
 4 B H D (tile^2) per block forward (two matmuls); forward+backward is 3.5x forward (the
 backward recomputes the scores and does five matmuls in all).
 
@@ -53,6 +54,7 @@ from models.attention.retention import chunked_retention
 from models.kernels.block_sparse_attention import block_sparse_attention
 from models.kernels.block_sparse_tiles import make_config as block_sparse_config
 from models.kernels.decayed_attention import decayed_linear_attention
+from models.kernels.flash_attention import flash_attention
 from models.kernels.linear_attention import linear_attention, make_config
 
 FLAGS = flags.FLAGS
@@ -108,19 +110,43 @@ def _fwd_and_fwd_bwd(attn):
 
 
 def _dense(causal: bool):
-    """Softmax attention in its own [B, L, H, D] layout: cuDNN if it takes it, else XLA."""
-    def attn(q, k, v, implementation):
+    """Softmax attention over all L x L pairs, fused where the platform has it, in the
+    order the reference is taken: cuDNN (GPU), tokamax's own choice (where installed: its
+    Mosaic GPU / Triton / TPU kernels), ours (`attention_impl=flash`: cuDNN in bf16 on a
+    GPU, splash on a TPU, the O(L)-memory chunked form on CPU), tokamax's xla_chunked, and
+    XLA with the logits materialised."""
+    def jax_nn(q, k, v, implementation):
         out = jax.nn.dot_product_attention(*(x.swapaxes(1, 2) for x in (q, k, v)),
                                            is_causal=causal, implementation=implementation)
         return out.swapaxes(1, 2)
 
-    impls = ["cudnn", "xla"] if jax.default_backend() == "gpu" else ["xla"]
-    return [(impl, functools.partial(attn, implementation=impl)) for impl in impls]
+    def ours(q, k, v):
+        return flash_attention(q, k, v, masks.causal() if causal else None)
+
+    impls = [("cudnn", functools.partial(jax_nn, implementation="cudnn"))] \
+        if jax.default_backend() == "gpu" else []
+    try:
+        import tokamax
+    except ImportError:
+        tokamax = None
+    if tokamax is not None:
+        def tk(q, k, v, implementation):
+            out = tokamax.dot_product_attention(*(x.swapaxes(1, 2) for x in (q, k, v)),
+                                                is_causal=causal,
+                                                implementation=implementation)
+            return out.swapaxes(1, 2)
+        if jax.default_backend() != "cpu":
+            impls.append(("tokamax", functools.partial(tk, implementation=None)))
+    impls.append(("flash", ours))
+    if tokamax is not None:
+        impls.append(("tokamax xla_chunked", functools.partial(tk, implementation="xla_chunked")))
+    impls.append(("xla", functools.partial(jax_nn, implementation="xla")))
+    return impls
 
 
 def _time_dense(causal: bool, q, k, v, g):
     """((fwd s, fwd+bwd s) of the first dense implementation that runs, its name, every
-    implementation's "name fwd / fwd+bwd ms"): on a GPU both cuDNN and XLA are timed."""
+    implementation's "name fwd / fwd+bwd ms"): every one of `_dense` is timed."""
     best, best_impl, every = (None, None), "none", []
     for impl, attn in (_dense(causal) if FLAGS.dense else []):
         fwd, fwd_bwd = _fwd_and_fwd_bwd(attn)
@@ -168,8 +194,9 @@ def _linear_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> None:
     print("### Linear attention\n")
     print("| L | mode | Pallas fwd ms | Pallas fwd+bwd ms | TFLOP/s fwd | TFLOP/s fwd+bwd "
           "| XLA fwd ms | XLA fwd+bwd ms | vs XLA fwd | vs XLA fwd+bwd | dense fwd+bwd ms "
-          "| vs dense fwd | vs dense fwd+bwd | every dense impl: fwd / fwd+bwd ms |")
-    print("|" + "---|" * 14)
+          "| vs dense fwd | vs dense fwd+bwd | XLA vs dense fwd+bwd "
+          "| every dense impl: fwd / fwd+bwd ms |")
+    print("|" + "---|" * 15)
     rng = np.random.default_rng(0)
     for length in map(int, FLAGS.lengths):
         shape = (b, h, length, d)
@@ -275,8 +302,9 @@ def _block_sparse_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> No
           f"attention dropout {FLAGS.dropout_rate} (Pallas, XLA)\n")
     print("| L | density | Pallas fwd ms | Pallas fwd+bwd ms | TFLOP/s fwd | TFLOP/s fwd+bwd "
           "| XLA fwd ms | XLA fwd+bwd ms | vs XLA fwd | vs XLA fwd+bwd | dense fwd+bwd ms "
-          "| vs dense fwd | vs dense fwd+bwd | every dense impl: fwd / fwd+bwd ms |")
-    print("|" + "---|" * 14)
+          "| vs dense fwd | vs dense fwd+bwd | XLA vs dense fwd+bwd "
+          "| every dense impl: fwd / fwd+bwd ms |")
+    print("|" + "---|" * 15)
     rng = np.random.default_rng(0)
     for length in map(int, FLAGS.lengths):
         shape = (b, h, length, d)
@@ -312,7 +340,8 @@ def _block_sparse_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> No
                   f"{_fmt(tf_fb, '.1f')} | {ms(times['xla'][0])} | {ms(times['xla'][1])} | "
                   f"{_ratio(times['xla'][0], pf)} | {_ratio(times['xla'][1], pfb)} | "
                   f"{ms(times_dense[1])} ({dense_impl}) | {_ratio(times_dense[0], pf)} | "
-                  f"{_ratio(times_dense[1], pfb)} | {every_dense} |", flush=True)
+                  f"{_ratio(times_dense[1], pfb)} | {_ratio(times_dense[1], times['xla'][1])} "
+                  f"| {every_dense} |", flush=True)
     print()
 
 

@@ -101,9 +101,14 @@ def kernel(name: str) -> str:
 
     try:
         build("blocksparse")
-        return "block-sparse (`blocksparse`, `pallas`)"
     except (ValueError, TypeError):
         pass
+    else:
+        try:
+            build("flash")
+        except (ValueError, TypeError):
+            return "block-sparse (`blocksparse`, `pallas`)"
+        return "block-sparse (`blocksparse`, `pallas`), fused (`flash`)"
     module = type(build("pallas")).__module__
     if module not in _KERNEL_OF_MODULE:
         raise SystemExit(f"{name}: attention_impl='pallas' built {module}; name its kernel "

@@ -24,8 +24,33 @@ def test_measure_and_table():
     rows.append({"model": "other", "length": 32, "error": "too long"})
     text = efficiency.table(rows, [16, 32])
     assert "| transformer |" in text
-    assert "(2.00x faster, 4.00x less mem)" in text
+    assert "(vs materialised: 2.00x faster, 4.00x less mem)" in text
     assert "- (too long)" in text
+    assert "faster than transformer[flash]" not in text  # no fused row measured
+
+
+def test_fused_reference_row_ratios_and_break_even():
+    """transformer[flash] (attention_impl=flash) is measured as a mixer, comes first, and
+    every other row gets ratios against it before those against the materialised one; the
+    break-even column is the length from which a row stays faster than the fused one."""
+    fused = benchmark.measure(efficiency.FUSED, 32, batch_size=1, dim=16, num_heads=2,
+                              repeats=1)
+    assert fused["model"] == efficiency.FUSED and fused["time_s"] > 0
+    rows = [dict(fused, length=l, time_s=t) for l, t in ((16, 1.0), (32, 2.0), (64, 4.0))]
+    rows += [{"model": "transformer", "length": l, "time_s": t, "temp_bytes": 100}
+             for l, t in ((16, 3.0), (32, 1.0), (64, 2.0))]
+    rows += [{"model": "slow", "length": l, "time_s": 10.0, "temp_bytes": 10}
+             for l in (16, 32, 64)]
+    rows += [{"model": "quick", "length": l, "time_s": 0.1, "temp_bytes": 10}
+             for l in (16, 32, 64)]
+    text = efficiency.table(rows, [16, 32, 64])
+    lines = text.splitlines()
+    assert lines[2].startswith("| transformer[flash] |") and "(reference)" in lines[2]
+    assert efficiency.break_even(rows, [16, 32, 64], "transformer") == "32"
+    assert efficiency.break_even(rows, [16, 32, 64], "slow") == "not up to 64"
+    assert efficiency.break_even(rows, [16, 32, 64], "quick") == "<= 16"
+    quick = next(l for l in lines if l.startswith("| quick |"))
+    assert "(vs fused: 10.00x faster" in quick and "; vs materialised: 30.00x faster" in quick
 
 
 def test_measure_train_step_with_task_model():
@@ -86,7 +111,7 @@ def test_program_resumes_from_its_csv(tmp_path):
     assert "| linear |" in first.stdout and "x less mem" in first.stdout
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stderr[-2000:]
-    assert "reusing 2 cells" in second.stderr and "L=32" not in second.stderr  # no progress
+    assert "reusing 3 cells" in second.stderr and "L=32" not in second.stderr  # no progress
     assert second.stdout.split("\n", 1)[1] == first.stdout.split("\n", 1)[1]
 
 
@@ -146,14 +171,14 @@ def test_attention_impl_a_variant_lacks_runs_its_own(monkeypatch, capsys, tmp_pa
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
             for line in out.splitlines() if line.startswith("| ") and "L=32" not in line}
     assert {m: cells[0] for m, cells in rows.items()} == {
-        "transformer": "blocksparse", "local": "blocksparse", "linear": "dense*",
-        "fnet": "dense*"}
+        "transformer": "blocksparse", "transformer[flash]": "flash", "local": "blocksparse",
+        "linear": "dense*", "fnet": "dense*"}
     assert all("ms" in cells[1] and "MiB" in cells[1] for cells in rows.values()), out
     assert "impl*: no attention_impl=blocksparse in linear, fnet;" in out
     done = benchmark.read_csv(path, {"attention_impl": "blocksparse"})
     assert {m: r["impl"] for (m, _), r in done.items()} == {
-        "transformer": "blocksparse", "local": "blocksparse", "linear": "dense",
-        "fnet": "dense"}
+        "transformer": "blocksparse", "transformer[flash]": "flash", "local": "blocksparse",
+        "linear": "dense", "fnet": "dense"}
     benchmark.main([])  # resumed from the CSV: nothing measured, the same table
     assert capsys.readouterr().out.split("\n", 1)[1] == out.split("\n", 1)[1]
 

@@ -70,7 +70,8 @@ def test_dry_run_writes_every_stage_and_a_rerun_skips_them(tmp_path, monkeypatch
     assert "### Linear attention" in kernels and "### Block-sparse" in kernels
     assert "| 64 | causal |" in kernels
     # Every dense implementation is timed in its own column (on CPU, XLA only).
-    assert re.search(r"\| xla [\d.]+ / [\d.]+ \|\n", kernels), kernels
+    # Every dense implementation timed, ours (flash) and XLA's last.
+    assert re.search(r"\| flash [\d.]+ / [\d.]+; (.*; )?xla [\d.]+ / [\d.]+ \|\n", kernels), kernels
     assert "| 32 | causal |" in (out / "kernels_long.md").read_text()
     # The time-boxed run: stopped after its training time, tested at the step it reached.
     transformer = (out / "transformer.md").read_text()
@@ -312,8 +313,8 @@ def test_ratio_table_and_subquadratic_choice():
             {"model": "local", "length": 1024, "error": "out of memory"}]
     text = gpu_suite.ratio_table(rows, [1024, 8192])
     assert "| transformer | 10.00 steps/s, 8.00 GiB | - |" in text
-    assert ("| linear | 20.00 steps/s (2.00x), 2.00 GiB (0.25x) | 5.00 steps/s, 3.0 MiB "
-            "temp |") in text
+    assert ("| linear | 20.00 steps/s (2.00x materialised), 2.00 GiB (0.25x materialised) "
+            "| 5.00 steps/s, 3.0 MiB temp |") in text
     assert "| local | error | - |" in text
     growth = gpu_suite.subquadratic(
         [{"model": m, "length": l, "time_s": 1.0, "temp_bytes": l ** e}
