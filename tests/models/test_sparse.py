@@ -469,7 +469,7 @@ def test_transformer_blocksparse_equals_dense():
 
 def test_bad_hparams_are_clear_errors():
     with pytest.raises(registry.RegistryError, match="attention_impl"):
-        build("local", attention_impl="flash")
+        build("local", attention_impl="flashy")
     with pytest.raises(registry.RegistryError, match="heads"):
         build("strided", heads="both")
     with pytest.raises(registry.RegistryError, match="causal"):
