@@ -154,6 +154,22 @@ def test_decoding_through_the_shared_short_convolution(name, stack):
     check_equal(model, lra.tasks.get("listops").vocab_size)
 
 
+@pytest.mark.parametrize("name", ["transformer", "local"])
+def test_decoding_after_a_fused_prefill(name):
+    """attention_impl=flash (issue 69): the prompt goes through the fused path (on CPU its
+    chunked form), the steps through the kv cache; together they equal the parallel
+    dense forward of the same weights."""
+    config = config_for(name, attention_impl="flash")
+    fused = train.build_model(config, lra.tasks.get("listops"))
+    dense = model_for(name)
+    nnx.update(fused, nnx.state(dense))
+    vocab = lra.tasks.get("listops").vocab_size
+    toks = tokens(len(PROMPT_LENS), MAX_LEN, vocab)
+    parallel = np.asarray(apply(dense, toks, None))
+    stepped, reached = decode(fused, toks, PROMPT_LENS)
+    np.testing.assert_allclose(stepped[reached], parallel[reached], rtol=RTOL, atol=ATOL)
+
+
 def test_the_check_fails_on_a_wrong_cache():
     """Not vacuous: a cache that forgets the first prompt token changes the steps."""
     model = model_for("transformer")
