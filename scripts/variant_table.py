@@ -75,6 +75,7 @@ PAPERS = {
     "gla": "GLA (Yang et al. 2024)",
     "deltanet": "DeltaNet (Yang et al. 2024)",
     "gated_deltanet": "Gated DeltaNet (Yang et al. 2025)",
+    "kda": "Kimi Delta Attention (Kimi Linear 2025)",
     "mamba2": "Mamba-2 / SSD (Dao and Gu 2024)",
 }
 

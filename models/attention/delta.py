@@ -121,9 +121,11 @@ def delta_rule_step(s_BxHxVxK: jax.Array, q_BxHxK: jax.Array, k_BxHxK: jax.Array
     """One token: S <- alpha S (I - beta k k^T) + beta v k^T, o = S q scale (BxHxV).
 
     alpha S (I - beta k k^T) + beta v k^T = S' + beta (v - S' k) k^T with S' = alpha S:
-    fast_weight's delta write on the decayed memory."""
-    s_BxHxVxK = delta_write(jnp.exp(log_alpha_BxH)[..., None, None] * s_BxHxVxK,
-                            k_BxHxK, v_BxHxV, beta_BxH)
+    fast_weight's delta write on the decayed memory. log_alpha is BxH (a scalar decay per
+    head) or BxHxK (one per key channel, kda's: S' = S Diag(alpha))."""
+    alpha = jnp.exp(log_alpha_BxH)
+    alpha = alpha[..., None, None] if alpha.ndim == beta_BxH.ndim else alpha[..., None, :]
+    s_BxHxVxK = delta_write(alpha * s_BxHxVxK, k_BxHxK, v_BxHxV, beta_BxH)
     return jnp.einsum("bhvk,bhk->bhv", s_BxHxVxK, q_BxHxK * scale), s_BxHxVxK
 
 
@@ -304,13 +306,18 @@ class ScanDirection(nnx.Module):
         beta_BxLxH, g_BxLxH = self.gates(x_BxLxD)
         real_BxLx1 = real_BxL[..., None]
         beta_BxHxL = jnp.where(real_BxLx1, beta_BxLxH, 0.0).transpose(0, 2, 1)
-        g_BxHxL = jnp.where(real_BxLx1, g_BxLxH, 0.0).transpose(0, 2, 1)
+        # g is BxLxH, or BxLxHxK for a gate per key channel (kda): heads before length.
+        real = real_BxL.reshape(real_BxL.shape + (1,) * (g_BxLxH.ndim - 2))
+        g_BxHxL = jnp.moveaxis(jnp.where(real, g_BxLxH, 0.0), 1, 2)
         return q, k, v, beta_BxHxL, g_BxHxL
 
 
 class DeltaNet(nnx.Module, recurrent.RecurrentDecoding):
     """DeltaNet / Gated DeltaNet layer (module docstring); `query`, `key`, `value`, `out`
-    as in `transformer`, bias-free as fla's."""
+    as in `transformer`, bias-free as fla's. `Direction`: what a scan direction owns (kda's
+    subclass gives it a per-channel gate)."""
+
+    Direction = ScanDirection
 
     def __init__(self, *, dim: int, num_heads: int, causal: bool, qkv_dim: int | None,
                  expand_v: float, chunk_size: int, conv_size: int, gated: bool,
@@ -336,13 +343,13 @@ class DeltaNet(nnx.Module, recurrent.RecurrentDecoding):
         self.out = layers.dense(value_dim, dim, ("qkv", "embed"), **proj)
         direction = dict(dim=dim, num_heads=num_heads, key_dim=key_dim, value_dim=value_dim,
                          conv_size=conv_size, gated=gated, rngs=rngs)
-        self.forward_scan = ScanDirection(**direction)
+        self.forward_scan = self.Direction(**direction)
         # The backward scan is the causal layer read from the end, with its own
         # convolutions: a key's convolution then mixes the tokens the backward scan has
         # just read (those after it), as the forward scan's mixes those before it. One
         # centred convolution shared by both would hand each scan its future tokens too,
         # and make the backward form something other than the causal layer reversed.
-        self.backward_scan = None if causal else ScanDirection(**direction)
+        self.backward_scan = None if causal else self.Direction(**direction)
         self.norm_scale = layers.param(layers.ones, (None,), (self.head_v_dim,), rngs=rngs)
         self.gate = layers.dense(dim, value_dim, ("embed", "qkv"), **proj) if use_gate else None
 

@@ -1,4 +1,4 @@
-"""conv_size=0: deltanet, gated_deltanet and mamba2 without their own short convolutions
+"""conv_size=0: deltanet, gated_deltanet, kda and mamba2 without their own short convolutions
 (fla's use_short_conv=False), so that a benchmark scaffold can give every mixer one
 shared convolution, or none (configs/scaffold.py). Off is the identity: the same layer as
 a one-tap convolution of weight 1 (and bias 0), with no convolution parameter; it
@@ -14,7 +14,7 @@ from flax import nnx
 from models import registry
 from tests.models.helpers import check_prefill_and_steps, normal, randomize_params
 
-NAMES = ("deltanet", "gated_deltanet", "mamba2")
+NAMES = ("deltanet", "gated_deltanet", "kda", "mamba2")
 TOL = dict(rtol=2e-5, atol=2e-5)
 
 
