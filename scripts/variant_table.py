@@ -76,6 +76,7 @@ PAPERS = {
     "deltanet": "DeltaNet (Yang et al. 2024)",
     "gated_deltanet": "Gated DeltaNet (Yang et al. 2025)",
     "kda": "Kimi Delta Attention (Kimi Linear 2025)",
+    "fox": "Forgetting Transformer (Lin et al. 2025)",
     "mamba2": "Mamba-2 / SSD (Dao and Gu 2024)",
 }
 
