@@ -21,6 +21,13 @@ real position. causal=False (LRA's classifiers; FoX itself is causal) decays in 
 directions by the gates between the two positions: D_ij = -|c_i - c_j| (the causal bias
 for j <= i, its mirror for j > i); ours, not the paper's.
 
+attention_impl='flash' (the config argument every task config takes): the O(L)-memory
+chunked softmax of models/kernels/chunked_attention.py with the forget bias computed per
+tile (FlashAttention-2's backward, the bias's gradient in the same pass), on every
+platform: cuDNN's and splash's fused kernels take no data-dependent bias (FoX's own Triton
+kernel is the GPU analogue, not ported). 'dense' (the default) materialises the L x L
+logits; the two are tested equal (tests/models/test_fox.py).
+
 Decoding: a kv cache that also holds each cached key's c_j and the running c of the
 newest position, so a step costs O(position), as softmax attention's.
 """
@@ -32,8 +39,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models import decoding, layers, registry
+from models import decoding, layers, masks, registry
 from models.attention import dense
+from models.kernels.chunked_attention import chunked_attention
+
+IMPLS = ("dense", "flash")
 
 
 def forget_bias(c_BxHxQ: jax.Array, c_BxHxKv: jax.Array, *, causal: bool) -> jax.Array:
@@ -49,11 +59,12 @@ class ForgettingAttention(dense.MultiHeadAttention):
 
     def __init__(self, *, dim: int, num_heads: int, causal: bool, qkv_dim: int | None,
                  attention_dropout: float, use_bias: bool, rotary: bool, forget_gate: bool,
-                 output_gate: bool, rngs: nnx.Rngs):
+                 output_gate: bool, attention_impl: str, rngs: nnx.Rngs):
         super().__init__(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
                          attention_dropout=attention_dropout, use_bias=use_bias,
                          rotary=rotary, rngs=rngs)
         qkv_dim = self.num_heads * self.head_dim
+        self.attention_impl = attention_impl
         self.forget = (layers.dense(dim, num_heads, ("embed", "heads"), rngs=rngs)
                        if forget_gate else None)
         self.gate = (layers.dense(dim, qkv_dim, ("embed", "qkv"), use_bias=False, rngs=rngs)
@@ -79,8 +90,16 @@ class ForgettingAttention(dense.MultiHeadAttention):
                  deterministic: bool = True) -> jax.Array:
         b, length = x_BxLxD.shape[:2]
         q_BxHxLxK, k_BxHxLxK, v_BxHxLxK = self.project_qkv(x_BxLxD)
-        c_BxHxL = jnp.cumsum(self.log_forget(x_BxLxD, layers.valid_mask(padding_mask, b,
-                                                                       length)), axis=-1)
+        real_BxL = layers.valid_mask(padding_mask, b, length)
+        c_BxHxL = jnp.cumsum(self.log_forget(x_BxLxD, real_BxL), axis=-1)
+        if self.attention_impl == "flash":
+            rate = 0.0 if deterministic else self.attention_dropout.rate
+            o_BxHxLxK = chunked_attention(
+                q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, masks.causal() if self.causal else None,
+                valid_BxKv=real_BxL, dropout_rate=rate,
+                dropout_seed=self.dropout_seed() if rate > 0 else None,
+                forget=(c_BxHxL, c_BxHxL), forget_both_ways=not self.causal)
+            return self.finish(o_BxHxLxK, x_BxLxD)
         logits = jnp.einsum("bhqk,bhsk->bhqs", q_BxHxLxK, k_BxHxLxK,
                             preferred_element_type=jnp.float32) / math.sqrt(self.head_dim)
         logits = logits + forget_bias(c_BxHxL, c_BxHxL, causal=self.causal)
@@ -161,12 +180,18 @@ class ForgettingAttention(dense.MultiHeadAttention):
     receptive_field="limited"))
 def build_fox(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
               rotary: bool = False, qkv_dim: int | None = None, attention_dropout: float = 0.1,
-              use_bias: bool = False, forget_gate: bool = True,
-              output_gate: bool = False) -> ForgettingAttention:
+              use_bias: bool = False, forget_gate: bool = True, output_gate: bool = False,
+              attention_impl: str = "dense") -> ForgettingAttention:
     """fla's ForgettingAttention defaults: no biases in q/k/v/o, the forget gate on, no
-    output gate."""
+    output gate. attention_impl: 'dense' or 'flash' (module docstring)."""
     del max_len  # any length
+    if attention_impl not in IMPLS:
+        raise registry.RegistryError(
+            f"fox: attention_impl={attention_impl!r} is not available; use 'dense' or 'flash' "
+            "(the chunked O(L)-memory form with the forget bias; its logits are not a mask, "
+            "so the block-sparse forms do not apply)")
     return ForgettingAttention(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
                                attention_dropout=attention_dropout, use_bias=use_bias,
                                rotary=rotary, forget_gate=forget_gate,
-                               output_gate=output_gate, rngs=rngs)
+                               output_gate=output_gate, attention_impl=attention_impl,
+                               rngs=rngs)

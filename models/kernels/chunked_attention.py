@@ -17,6 +17,12 @@ gradients). Attention dropout: the counter-based hash of the Pallas kernels
 (`block_sparse_tiles.dropout_multiplier`, per (batch * heads + head, query, key)),
 recomputed tile by tile in the forward and backward passes; the normaliser sums the
 undropped weights, so the output is softmax(...) * keep / (1 - rate) @ v exactly.
+
+A forget-gate bias (fox, models/attention/forgetting.py): `forget=(c_BxHxQ, c_BxHxKv)`
+adds c_i - c_j to the logits (the cumulative log forget gates of query i and key j), or
+-|c_i - c_j| with `forget_both_ways`, computed per tile from the two vectors, so the
+O(L) memory holds; its gradient is the logits' summed over keys (for c_i) and over
+queries (for c_j), accumulated in the same backward pass.
 """
 from __future__ import annotations
 
@@ -41,9 +47,12 @@ def chunked_attention(q_BxHxQxK: jax.Array, k_BxHxKvxK: jax.Array, v_BxHxKvxD: j
                       pattern: masks.Pattern | None = None, *,
                       valid_BxKv: jax.Array | None = None, dropout_rate: float = 0.0,
                       dropout_seed: jax.Array | None = None, chunk_q: int = CHUNK_Q,
-                      chunk_k: int = CHUNK_K) -> jax.Array:
-    """softmax(q k^T / sqrt(K)) v restricted to `pattern` (None: every key) and to the keys
-    with `valid_BxKv` True; BxHxQxD in v's dtype. O(L) memory, forward and backward."""
+                      chunk_k: int = CHUNK_K,
+                      forget: tuple[jax.Array, jax.Array] | None = None,
+                      forget_both_ways: bool = False) -> jax.Array:
+    """softmax(q k^T / sqrt(K) [+ the forget bias]) v restricted to `pattern` (None: every
+    key) and to the keys with `valid_BxKv` True; BxHxQxD in v's dtype. O(L) memory,
+    forward and backward. `forget`: (c_BxHxQ, c_BxHxKv), module docstring."""
     b, h, q_len, _ = q_BxHxQxK.shape
     kv_len = k_BxHxKvxK.shape[2]
     if k_BxHxKvxK.shape[:2] != (b, h) or v_BxHxKvxD.shape[:3] != (b, h, kv_len):
@@ -62,19 +71,28 @@ def chunked_attention(q_BxHxQxK: jax.Array, k_BxHxKvxK: jax.Array, v_BxHxKvxD: j
              else valid_BxKv.astype(jnp.bool_))
     seed = jnp.zeros((), jnp.int32) if dropout_seed is None else jnp.asarray(
         dropout_seed, jnp.int32)
+    if forget is None:
+        bias = None
+        c_q, c_k = jnp.zeros((b, h, q_len), jnp.float32), jnp.zeros((b, h, kv_len), jnp.float32)
+    else:
+        bias = "abs" if forget_both_ways else "diff"
+        c_q, c_k = (c.astype(jnp.float32) for c in forget)
+        if c_q.shape != (b, h, q_len) or c_k.shape != (b, h, kv_len):
+            raise ValueError(f"forget vectors {c_q.shape}, {c_k.shape}: want {(b, h, q_len)} "
+                             f"and {(b, h, kv_len)}")
     cfg = _Config(pattern, q_len, kv_len, h, min(chunk_q, q_len), min(chunk_k, kv_len),
-                  float(dropout_rate))
-    return _attention(cfg, q_BxHxQxK, k_BxHxKvxK, v_BxHxKvxD, valid, seed)
+                  float(dropout_rate), bias)
+    return _attention(cfg, q_BxHxQxK, k_BxHxKvxK, v_BxHxKvxD, valid, seed, c_q, c_k)
 
 
 class _Config:
     """The static part of a call (hashable: the custom VJP's non-differentiable argument)."""
 
-    def __init__(self, pattern, q_len, kv_len, heads, cq, ck, rate):
+    def __init__(self, pattern, q_len, kv_len, heads, cq, ck, rate, bias=None):
         self.pattern, self.q_len, self.kv_len, self.heads = pattern, q_len, kv_len, heads
-        self.cq, self.ck, self.rate = cq, ck, rate
+        self.cq, self.ck, self.rate, self.bias = cq, ck, rate, bias
         self.nq, self.nk = -(-q_len // cq), -(-kv_len // ck)
-        self.key = (pattern, q_len, kv_len, heads, cq, ck, rate)
+        self.key = (pattern, q_len, kv_len, heads, cq, ck, rate, bias)
 
     def __hash__(self):
         return hash(self.key)
@@ -95,6 +113,21 @@ class _Config:
         keys = lax.dynamic_slice_in_dim(valid_BxKv, kj * self.ck, self.ck, axis=1)
         mask = allowed & keys[:, None, None, :]
         return mask, jnp.any(mask)
+
+    def logits(self, q_c, k_c, scale, cq_c, ck_c):
+        """A tile's logits (f32 B x H x cq x ck), the forget bias added."""
+        s = _scores(q_c, k_c, scale)
+        if self.bias is None:
+            return s
+        diff = cq_c[..., :, None] - ck_c[..., None, :]
+        return s + (diff if self.bias == "diff" else -jnp.abs(diff))
+
+    def bias_grads(self, ds, cq_c, ck_c):
+        """(dc_q B x H x cq, dc_k B x H x ck) of a tile from the logits' gradient ds."""
+        if self.bias == "diff":
+            return ds.sum(-1), -ds.sum(-2)
+        sign = jnp.sign(cq_c[..., :, None] - ck_c[..., None, :])  # d(-|x|)/dx = -sign(x)
+        return -(ds * sign).sum(-1), (ds * sign).sum(-2)
 
     def multiplier(self, seed, qi, kj, batch):
         """f32 B x H x cq x ck dropout multipliers of tile (qi, kj)."""
@@ -131,13 +164,15 @@ def _scores(q_BxHxCxK, k_BxHxCxK, scale):
                       preferred_element_type=jnp.float32) * scale
 
 
-def _forward(cfg, q, k, v, valid, seed):
+def _forward(cfg, q, k, v, valid, seed, c_q, c_k):
     """(o BxHxQxD in v's dtype, lse BxHxQ f32; +inf on rows with no key)."""
     b, h, _, dk = q.shape
     dv = v.shape[-1]
     scale = 1.0 / math.sqrt(dk)
     q_n, k_n, v_n = _chunks(q, cfg.nq, cfg.cq), _chunks(k, cfg.nk, cfg.ck), _chunks(
         v, cfg.nk, cfg.ck)
+    cq_n, ck_n = _chunks(c_q[..., None], cfg.nq, cfg.cq)[..., 0], _chunks(
+        c_k[..., None], cfg.nk, cfg.ck)[..., 0]
     valid = _pad_to(valid, 1, cfg.nk * cfg.ck, False)
 
     def query_chunk(qi):
@@ -148,7 +183,8 @@ def _forward(cfg, q, k, v, valid, seed):
 
             def tile(carry):
                 m, l, acc = carry
-                s = jnp.where(mask, _scores(q_c, k_n[kj], scale), -jnp.inf)
+                s = jnp.where(mask, cfg.logits(q_c, k_n[kj], scale, cq_n[qi], ck_n[kj]),
+                              -jnp.inf)
                 m_new = jnp.maximum(m, s.max(-1))
                 m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
                 p = jnp.where(mask, jnp.exp(s - m_safe[..., None]), 0.0)
@@ -176,19 +212,19 @@ def _forward(cfg, q, k, v, valid, seed):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attention(cfg, q, k, v, valid, seed):
-    return _forward(cfg, q, k, v, valid, seed)[0]
+def _attention(cfg, q, k, v, valid, seed, c_q, c_k):
+    return _forward(cfg, q, k, v, valid, seed, c_q, c_k)[0]
 
 
-def _attention_fwd(cfg, q, k, v, valid, seed):
-    o, lse = _forward(cfg, q, k, v, valid, seed)
-    return o, (q, k, v, valid, seed, o, lse)
+def _attention_fwd(cfg, q, k, v, valid, seed, c_q, c_k):
+    o, lse = _forward(cfg, q, k, v, valid, seed, c_q, c_k)
+    return o, (q, k, v, valid, seed, c_q, c_k, o, lse)
 
 
 def _attention_bwd(cfg, res, do):
     """One pass over the key chunks (dk, dv of the chunk accumulated over the query
     chunks; dq accumulated over the key chunks), probabilities recomputed from lse."""
-    q, k, v, valid, seed, o, lse = res
+    q, k, v, valid, seed, c_q, c_k, o, lse = res
     b, h, _, dk = q.shape
     scale = 1.0 / math.sqrt(dk)
     d_rows = jnp.einsum("bhqd,bhqd->bhq", do.astype(jnp.float32), o.astype(jnp.float32))
@@ -196,18 +232,20 @@ def _attention_bwd(cfg, res, do):
     k_n, v_n = _chunks(k, cfg.nk, cfg.ck), _chunks(v, cfg.nk, cfg.ck)
     lse_n = _chunks(lse[..., None], cfg.nq, cfg.cq)[..., 0]
     d_n = _chunks(d_rows[..., None], cfg.nq, cfg.cq)[..., 0]
+    cq_n, ck_n = _chunks(c_q[..., None], cfg.nq, cfg.cq)[..., 0], _chunks(
+        c_k[..., None], cfg.nk, cfg.ck)[..., 0]
     valid_p = _pad_to(valid, 1, cfg.nk * cfg.ck, False)
 
-    def key_chunk(dq_n, kj):
+    def key_chunk(carry_n, kj):
         k_c, v_c = k_n[kj], v_n[kj]
 
         def query_step(carry, qi):
             mask, any_key = cfg.tile_mask(qi, kj, valid_p)
 
             def tile(carry):
-                dk_c, dv_c = carry
+                dk_c, dv_c, dck_c = carry
                 q_c, do_c = q_n[qi], do_n[qi]
-                s = _scores(q_c, k_c, scale)
+                s = cfg.logits(q_c, k_c, scale, cq_n[qi], ck_n[kj])
                 p = jnp.where(mask, jnp.exp(s - lse_n[qi][..., None]), 0.0)
                 dp = jnp.einsum("bhqd,bhsd->bhqs", do_c, v_c,
                                 preferred_element_type=jnp.float32)
@@ -222,26 +260,38 @@ def _attention_bwd(cfg, res, do):
                                                  preferred_element_type=jnp.float32)
                 dq_c = scale * jnp.einsum("bhqs,bhsk->bhqk", ds.astype(k.dtype), k_c,
                                           preferred_element_type=jnp.float32)
-                return (dk_c, dv_c), dq_c
+                if cfg.bias is None:
+                    dcq_c = jnp.zeros((b, h, cfg.cq), jnp.float32)
+                else:
+                    dcq_c, dck_tile = cfg.bias_grads(ds, cq_n[qi], ck_n[kj])
+                    dck_c = dck_c + dck_tile
+                return (dk_c, dv_c, dck_c), (dq_c, dcq_c)
 
             def skip(carry):
-                return carry, jnp.zeros((b, h, cfg.cq, dk), jnp.float32)
+                return carry, (jnp.zeros((b, h, cfg.cq, dk), jnp.float32),
+                               jnp.zeros((b, h, cfg.cq), jnp.float32))
 
             return lax.cond(any_key, tile, skip, carry)
 
+        dq_n, dcq_n = carry_n
         init = (jnp.zeros((b, h, cfg.ck, dk), jnp.float32),
-                jnp.zeros((b, h, cfg.ck, v.shape[-1]), jnp.float32))
-        (dk_c, dv_c), dq_parts = lax.scan(query_step, init, jnp.arange(cfg.nq))
-        return dq_n + dq_parts, (dk_c, dv_c)
+                jnp.zeros((b, h, cfg.ck, v.shape[-1]), jnp.float32),
+                jnp.zeros((b, h, cfg.ck), jnp.float32))
+        (dk_c, dv_c, dck_c), (dq_parts, dcq_parts) = lax.scan(query_step, init,
+                                                              jnp.arange(cfg.nq))
+        return (dq_n + dq_parts, dcq_n + dcq_parts), (dk_c, dv_c, dck_c)
 
-    dq_n, (dk_n, dv_n) = lax.scan(key_chunk, jnp.zeros((cfg.nq, b, h, cfg.cq, dk), jnp.float32),
-                                  jnp.arange(cfg.nk))
+    (dq_n, dcq_n), (dk_n, dv_n, dck_n) = lax.scan(
+        key_chunk, (jnp.zeros((cfg.nq, b, h, cfg.cq, dk), jnp.float32),
+                    jnp.zeros((cfg.nq, b, h, cfg.cq), jnp.float32)), jnp.arange(cfg.nk))
     dq = _unchunk(dq_n, cfg.q_len).astype(q.dtype)
     dk_ = _unchunk(dk_n, cfg.kv_len).astype(k.dtype)
     dv_ = _unchunk(dv_n, cfg.kv_len).astype(v.dtype)
+    dc_q = _unchunk(dcq_n[..., None], cfg.q_len)[..., 0]
+    dc_k = _unchunk(dck_n[..., None], cfg.kv_len)[..., 0]
     # valid (bool) and seed (int) have no cotangent: float0 zeros.
     return (dq, dk_, dv_, np.zeros(valid.shape, jax.dtypes.float0),
-            np.zeros(seed.shape, jax.dtypes.float0))
+            np.zeros(seed.shape, jax.dtypes.float0), dc_q, dc_k)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)

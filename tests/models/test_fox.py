@@ -78,6 +78,40 @@ def test_prefill_and_steps_equal_the_parallel_form(hparams):
                             rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_flash_is_the_dense_form(causal, monkeypatch):
+    """attention_impl=flash (chunked, tiles of 4: several per row) equals the materialised
+    form, outputs and every gradient, with padding; dropout off."""
+    import functools
+
+    from models.attention import forgetting
+    from models.kernels.chunked_attention import chunked_attention
+
+    monkeypatch.setattr(forgetting, "chunked_attention",
+                        functools.partial(chunked_attention, chunk_q=4, chunk_k=4))
+    dense_form = build(causal=causal)
+    flash_form = build(causal=causal, attention_impl="flash")
+    x = normal(4, (2, 13, 16))
+    mask = jnp.arange(13)[None] < jnp.array([[13], [9]])
+    w = normal(5, (2, 13, 16)) * np.asarray(mask)[..., None]
+
+    def loss(mixer, x):
+        return jnp.sum(mixer(x, padding_mask=mask) * w)
+
+    l_flash, g_flash = nnx.value_and_grad(loss, argnums=(0, 1))(flash_form, x)
+    l_dense, g_dense = nnx.value_and_grad(loss, argnums=(0, 1))(dense_form, x)
+    assert_close(l_flash, l_dense, rtol=1e-5, atol=1e-5)
+    leaves = jax.tree.leaves(g_flash)
+    assert len(leaves) == len(jax.tree.leaves(g_dense)) > 4
+    for a, b in zip(leaves, jax.tree.leaves(g_dense)):
+        assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_block_sparse_forms_are_refused():
+    with pytest.raises(registry.RegistryError, match="attention_impl"):
+        build(causal=True, attention_impl="blocksparse")
+
+
 def test_parameters_are_flas_forgetting_attention():
     """fla's ForgettingAttention(hidden_size=D, num_heads=H): q/k/v/o D x D bias-free,
     f_proj D x H with a bias (zero here at initialisation)."""

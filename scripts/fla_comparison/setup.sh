@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Prepare the fla comparison: a torch venv outside the repo and verbatim copies of the fla
+# files the comparison reads, taken from a bare mirror of flash-linear-attention at one commit.
+#   FLA_MIRROR   bare git dir of fla-org/flash-linear-attention (default below)
+#   FLA_COMMIT   bc3b101dcb713ddc5bd8924b66754eb68b5ccf89 (the commit kda.py ports)
+#   CMP_DIR      scratch dir (default /tmp/fla_cmp): fla_src/ (the copies), *.npz (results)
+#   TORCH_VENV   default /tmp/torchvenv; TORCH_SPEC default torch==2.13.0
+set -euo pipefail
+FLA_MIRROR=${FLA_MIRROR:-/work/.mirror/fla-org+flash-linear-attention/repo}
+FLA_COMMIT=${FLA_COMMIT:-bc3b101dcb713ddc5bd8924b66754eb68b5ccf89}
+CMP_DIR=${CMP_DIR:-/tmp/fla_cmp}
+TORCH_VENV=${TORCH_VENV:-/tmp/torchvenv}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+
+FILES=(
+  fla/ops/kda/naive.py           # naive_recurrent_kda, naive_chunk_kda (torch + einops)
+  fla/ops/kda/gate.py            # naive_kda_gate (the file imports triton: kda_fla.py execs that function only)
+  fla/layers/kda.py              # KimiDeltaAttention (Triton kernels: re-written in kda_fla.py)
+  fla/ops/kda/chunk.py           # chunk_kda's flags (l2norm in kernel, beta sigmoid, gate in kernel)
+  fla/modules/fused_norm_gate.py # FusedRMSNormGated: rmsnorm(x) * w * sigmoid(g)
+  fla/modules/convolution.py
+  fla/modules/conv/short_conv.py # ShortConvolution: nn.Conv1d(groups=C, padding=W-1), weight C x 1 x W
+  fla/modules/conv/triton/kernels.py  # causal_conv1d: weight[:, W-1] weighs the current token
+  fla/modules/l2norm.py          # l2norm: x / sqrt(sum x^2 + 1e-6)
+  LICENSE
+)
+mkdir -p "$CMP_DIR/fla_src"
+resolved=$(git -C "$FLA_MIRROR" rev-parse "$FLA_COMMIT^{commit}")
+for f in "${FILES[@]}"; do
+  mkdir -p "$CMP_DIR/fla_src/$(dirname "$f")"
+  git -C "$FLA_MIRROR" show "$resolved:$f" > "$CMP_DIR/fla_src/$f"
+done
+echo "$resolved" > "$CMP_DIR/fla_src/COMMIT"
+echo "fla files at $resolved -> $CMP_DIR/fla_src"
+
+if [ ! -x "$TORCH_VENV/bin/python" ]; then
+  python3 -m venv "$TORCH_VENV"
+fi
+"$TORCH_VENV/bin/python" -c "import torch, einops, numpy" 2>/dev/null \
+  || "$TORCH_VENV/bin/pip" install "$TORCH_SPEC" einops numpy
+"$TORCH_VENV/bin/python" -c "import torch, einops, numpy; print('torch', torch.__version__, 'einops', einops.__version__, 'numpy', numpy.__version__)"
