@@ -76,6 +76,7 @@ PAPERS = {
     "deltanet": "DeltaNet (Yang et al. 2024)",
     "gated_deltanet": "Gated DeltaNet (Yang et al. 2025)",
     "kda": "Kimi Delta Attention (Kimi Linear 2025)",
+    "gated_deltaproduct": "Gated DeltaProduct (Siems et al. 2025)",
     "fox": "Forgetting Transformer (Lin et al. 2025)",
     "mamba2": "Mamba-2 / SSD (Dao and Gu 2024)",
 }
@@ -111,6 +112,11 @@ def kernel(name: str) -> str:
         except (ValueError, TypeError):
             return "block-sparse (`blocksparse`, `pallas`)"
         return "block-sparse (`blocksparse`, `pallas`), fused (`flash`)"
+    try:
+        build("pallas")
+    except (ValueError, TypeError):  # fox: only its chunked form besides dense
+        build("flash")
+        return "chunked, O(L) memory (`flash`)"
     module = type(build("pallas")).__module__
     if module not in _KERNEL_OF_MODULE:
         raise SystemExit(f"{name}: attention_impl='pallas' built {module}; name its kernel "

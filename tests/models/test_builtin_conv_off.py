@@ -14,7 +14,7 @@ from flax import nnx
 from models import registry
 from tests.models.helpers import check_prefill_and_steps, normal, randomize_params
 
-NAMES = ("deltanet", "gated_deltanet", "kda", "mamba2")
+NAMES = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct", "mamba2")
 TOL = dict(rtol=2e-5, atol=2e-5)
 
 
