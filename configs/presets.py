@@ -90,6 +90,9 @@ PRESETS: dict[str, dict[str, Any]] = {
                  "flange_width": 8},  # width defaults to ceil(sqrt(max_len))
     "longformer": {"window": 256, "num_global": 1},
     "bigbird": {"block": 64, "num_random_blocks": 3, "num_global_blocks": 2},
+    # MoBA (models/attention/moba.py): blocks of 64, top 3 (own block included): about
+    # 10% of the keys at LRA's 2K, the fraction kept at other lengths.
+    "moba": {"block_size": 64, "top_k": 3},
     "axial": {"mode": "sum"},
     "star": {"cycles": 2},
     "bp_transformer": {"k": 4},  # max_level defaults to ceil(log2(max_len))
@@ -230,6 +233,7 @@ LENGTH_SCALED: dict[str, dict[str, str]] = {
                  "flange_width": "sqrt"},
     "longformer": {"window": "linear"},  # num_global: a count of tokens
     "bigbird": {"block": "linear"},  # random/global blocks: counts of blocks
+    "moba": {"block_size": "linear"},  # top_k: a count of blocks
     "sinkhorn": {"block_size": "linear"},
     "reformer": {"chunk_len": "linear"},  # n_buckets: derived, see _scaled
     # SAC's k: the edges (keys) a node's softmax weighs; k = 1 is a hard gather whose q.k

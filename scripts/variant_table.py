@@ -78,6 +78,7 @@ PAPERS = {
     "kda": "Kimi Delta Attention (Kimi Linear 2025)",
     "gated_deltaproduct": "Gated DeltaProduct (Siems et al. 2025)",
     "fox": "Forgetting Transformer (Lin et al. 2025)",
+    "moba": "MoBA, mixture of block attention (Lu et al. 2025)",
     "mamba2": "Mamba-2 / SSD (Dao and Gu 2024)",
 }
 

@@ -21,5 +21,6 @@ from models.attention import delta  # noqa: F401  (registers "deltanet", "gated_
 from models.attention import kda  # noqa: F401  (registers "kda")
 from models.attention import deltaproduct  # noqa: F401  (registers "gated_deltaproduct")
 from models.attention import forgetting  # noqa: F401  (registers "fox")
+from models.attention import moba  # noqa: F401  (registers "moba")
 from models.attention import retention  # noqa: F401  (registers "retnet", "gla")
 from models.attention import ssd  # noqa: F401  (registers "mamba2")
