@@ -79,6 +79,7 @@ PAPERS = {
     "gated_deltaproduct": "Gated DeltaProduct (Siems et al. 2025)",
     "fox": "Forgetting Transformer (Lin et al. 2025)",
     "moba": "MoBA, mixture of block attention (Lu et al. 2025)",
+    "based": "Based linear attention (Arora et al. 2024)",
     "mamba2": "Mamba-2 / SSD (Dao and Gu 2024)",
 }
 

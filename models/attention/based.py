@@ -1,0 +1,102 @@
+"""Based's linear attention (`based`; Arora et al. 2024, "Simple linear attention language
+models balance the recall-throughput tradeoff"): linear attention whose feature map is the
+2nd-order Taylor expansion of exp, on small projected queries and keys,
+
+    phi(x) = [1, x / d^(1/4), vec(x x^T) / (sqrt(2) sqrt(d))]      (1 + d + d^2 features)
+    phi(q) . phi(k) = 1 + q.k / sqrt(d) + (q.k)^2 / (2 d),          d = feature_dim
+    o_i = sum_{j<=i} phi(q_i).phi(k_j) v_j / (sum_{j<=i} phi(q_i).phi(k_j) + eps)
+
+As Zoology's `Based` mixer (zoology/mixers/based.py and feature_maps/taylor.py at d88d6f5,
+the row its MQAR table names "based"): bias-free q and k projections to feature_dim per head
+(16), v to the head width, no positions of its own, eps 1e-12 (the Taylor kernel is at
+least 1/2, so the denominator never vanishes), bias-free output projection. The Based
+*architecture* interleaves these layers with sliding-window softmax layers and short
+convolutions: here that is a hybrid stack (`hybrid=local`, docs/hybrids.md) and the
+scaffold's `block.short_conv`; Zoology's MQAR runs put the scaffold's convolution before
+this mixer too (models_repo.py `add_based`).
+
+Forms as `linear`'s (models/attention/linear.py): the chunked causal sums of linear_scan,
+the bidirectional sums, the recurrent decoding of S (F x K) and z (F), F = 1 + d + d^2.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models import layers, registry
+from models.attention import recurrent
+from models.attention.linear import DEFAULT_CHUNK, _KernelAttention
+from models.attention.linear_scan import linear_attention
+
+EPS = 1e-12  # Zoology's Based
+
+
+def taylor_features(x_BxHxLxF: jax.Array) -> jax.Array:
+    """Zoology's TaylorExp.forward: [1, x / d^(1/4), (x x^T).flatten / (sqrt(2) sqrt(d))]
+    over the last axis (d of it), float32."""
+    x = x_BxHxLxF.astype(jnp.float32)
+    d = x.shape[-1]
+    x2 = (x[..., :, None] * x[..., None, :]).reshape(x.shape[:-1] + (d * d,)) / math.sqrt(2)
+    return jnp.concatenate([jnp.ones(x.shape[:-1] + (1,), jnp.float32),
+                            x / math.sqrt(math.sqrt(d)), x2 / math.sqrt(d)], axis=-1)
+
+
+class BasedLinearAttention(_KernelAttention):
+    """Zoology's Based (module docstring); `query`, `key` project to feature_dim per head."""
+
+    def __init__(self, *, feature_dim: int, eps: float, dim: int, num_heads: int, rngs,
+                 **kwargs):
+        if feature_dim < 1:
+            raise ValueError(f"feature_dim must be positive, got {feature_dim}")
+        super().__init__(dim=dim, num_heads=num_heads, rngs=rngs, **kwargs)
+        self.feature_dim, self.eps = feature_dim, eps
+        width = num_heads * feature_dim
+        self.query = layers.dense(dim, width, ("embed", "qkv"), use_bias=False, rngs=rngs)
+        self.key = layers.dense(dim, width, ("embed", "qkv"), use_bias=False, rngs=rngs)
+
+    def qkv(self, x_BxLxD: jax.Array, positions: jax.Array | None = None):
+        del positions  # no positions of its own
+        b, l, _ = x_BxLxD.shape
+        heads = lambda t: t.reshape(b, l, self.num_heads, -1).transpose(0, 2, 1, 3)  # noqa: E731
+        return heads(self.query(x_BxLxD)), heads(self.key(x_BxLxD)), heads(self.value(x_BxLxD))
+
+    def attend(self, q_BxHxLxF, k_BxHxLxF, v_BxHxLxK, x_BxLxD, padding_mask, deterministic):
+        phi_k, v = self.drop_padded(taylor_features(k_BxHxLxF), v_BxHxLxK, padding_mask)
+        return linear_attention(taylor_features(q_BxHxLxF), phi_k, v, causal=self.causal,
+                                chunk_size=self.chunk_size, eps=self.eps)
+
+    def empty_state(self, batch: int) -> recurrent.State:
+        d = self.feature_dim
+        return recurrent.zero_sums(batch, self.num_heads, 1 + d + d * d, self.head_dim)
+
+    def prompt(self, q_BxHxLxF, k_BxHxLxF, v_BxHxLxK, x_BxLxD, padding_mask):
+        o = self.attend(q_BxHxLxF, k_BxHxLxF, v_BxHxLxK, x_BxLxD, padding_mask, True)
+        phi_k, v = self.drop_padded(taylor_features(k_BxHxLxF), v_BxHxLxK, padding_mask)
+        return o, recurrent.prompt_sums(phi_k, phi_k, v)
+
+    def recur(self, state, q_BxHx1xF, k_BxHx1xF, v_BxHx1xK, x_BxD, pos_B):
+        del pos_B
+        phi_q, phi_k = taylor_features(q_BxHx1xF)[:, :, 0], taylor_features(k_BxHx1xF)[:, :, 0]
+        state = recurrent.add_token(state, phi_k, phi_k, v_BxHx1xK[:, :, 0])
+        num_BxHxK, den_BxH = recurrent.read(state, phi_q, phi_q)
+        return num_BxHxK / (den_BxH[..., None] + self.eps), state
+
+
+@registry.register("based", capabilities=registry.Capabilities(
+    description="Based: linear attention with 2nd-order Taylor features of small projected "
+                "q, k (Arora et al. 2024; Zoology's mixer); chunked causal form",
+    causal=True, decode="recurrent_state", padding=True, variable_length=True,
+    test_hparams={"chunk_size": 5, "feature_dim": 4},
+    rotary_refusal="its Taylor features of q and k do not commute with a rotation, and "
+                   "Zoology's Based adds none (apply_rotary=False)"))
+def build_based(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
+                qkv_dim: int | None = None, feature_dim: int = 16, eps: float = EPS,
+                chunk_size: int = DEFAULT_CHUNK) -> BasedLinearAttention:
+    """Zoology's Based defaults: feature_dim 16, Taylor features, eps 1e-12, no biases."""
+    del max_len  # any length
+    return BasedLinearAttention(feature_dim=feature_dim, eps=eps, dim=dim,
+                                num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
+                                use_bias=False, chunk_size=chunk_size, rngs=rngs)
