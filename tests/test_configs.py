@@ -106,7 +106,7 @@ FULL_SIZE = {
     "longformer": {"window": 256}, "bigbird": {"block": 64}, "sinkhorn": {"block_size": 64},
     "reformer": {"n_buckets": 32, "n_hashes": 2, "chunk_len": 64},
     "sac": {"k": 32}, "clustered": {"num_clusters": 100, "topk": 32},
-    "adaptive_span": {"ramp": 32.0},
+    "adaptive_span": {"ramp": 32.0}, "moba": {"block_size": 64, "top_k": 3},
     # truncation 1024 (4096 on Path-X): task-dependent, checked against the presets above.
     "mega": {"ndim": 16},
 }
