@@ -89,7 +89,9 @@ _PRESETS = ("model_hparams", "param_groups", "hybrid", "weight_decay_exempt", "p
             "num_heads")
 # Rows in this order (the grid's: attention, then the fixed-state families), others after.
 ORDER = ("transformer", "local", "linear", "performer", "s4d", "s5", "lru", "mega", "retnet",
-         "gla", "deltanet", "gated_deltanet", "mamba2")
+         "gla", "deltanet", "gated_deltanet", "mamba2",
+         # the 2025 rows (issue 71), Zoology's two
+         "fox", "moba", "kda", "gated_deltaproduct", "based", "hyena")
 
 
 def _setting(r: dict) -> tuple:
