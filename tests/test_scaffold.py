@@ -21,7 +21,7 @@ from lra.runs import card, plan
 # The MQAR grid's variants (results/cpu/mqar_grid.md).
 GRID = ("transformer", "local", "linear", "performer", "s4d", "s5", "lru", "mega", "retnet",
         "gla", "deltanet", "gated_deltanet", "mamba2",
-        "fox", "moba", "kda", "gated_deltaproduct", "based", "hyena")
+        "fox", "moba", "path", "kda", "gated_deltaproduct", "based", "hyena")
 
 
 def _model(config):

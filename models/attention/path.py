@@ -1,0 +1,235 @@
+"""PaTH attention (`path`; Yang et al. 2025, "PaTH Attention: Position Encoding via
+Accumulating Householder Transformations"): softmax attention whose position encoding is
+a data-dependent product of Householder-like transforms between query and key,
+
+    logit_ij = q_i^T (H_i H_{i-1} ... H_{j+1}) k_j / sqrt(d),   H_s = I - beta_s w_s w_s^T
+
+with w_s L2-normalised and beta_s = 2 sigmoid(.) in (0, 2) (negative eigenvalues allowed),
+one (w, beta) per head and position; H = I everywhere is softmax attention. As fla's
+`PaTHAttention` (fla/layers/path_attn.py at bc3b101) with its defaults: bias-free q/k/v/o
+projections, w from a low-rank projection (D -> 32 -> D) through a 3-tap short convolution
+and SiLU then L2-normalised per head, beta = 2 sigmoid(W_b x + b), no qk norm, no forget
+gate (`forget_gate=True` adds fla's use_forget_gate: FoX's c_i - c_j on the logits), no
+position embedding (pos_emb 'none': the transforms are the positions).
+
+Computed as fla's decoding does it: a running copy of every key, each new position s
+applying H_s to the keys before it (k~ <- k~ - beta_s (k~ . w_s) w_s) and appending its own
+key untransformed, so at query i, k~_j = H_i ... H_{j+1} k_j. A scan over positions
+(chunks of `chunk_size` steps rematerialised in the backward pass): O(L^2 d) time and
+O(L^2) logits, the dense form; fla's chunked UT-transform kernel is not ported.
+Padded positions transform nothing (beta = 0) and are masked as keys. causal=False
+(ours) adds the mirror for keys after the query: logit_ij = q_i^T (H_i ... H_{j-1}) k_j,
+from the same scan run from the end, one softmax over both.
+
+Decoding: the cache holds the transformed keys, values and the short convolution's last 2
+inputs; a step applies the new H to every cached key, as fla's `rank_one_update`.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models import decoding, layers, registry
+from models.attention import dense
+from models.attention.delta import causal_conv, conv_init, l2_normalise
+
+W_RANK = 32  # fla: w_proj = Linear(D, 32) -> Linear(32, D)
+CONV_SIZE = 3  # fla: w_conv1d, kernel 3, no bias, SiLU
+DEFAULT_CHUNK = 16
+
+
+def transform(k_BxHxSxK: jax.Array, w_BxHxK: jax.Array, beta_BxH: jax.Array) -> jax.Array:
+    """H k for every key: k - beta (k . w) w."""
+    return k_BxHxSxK - (beta_BxH[..., None, None] * jnp.einsum("bhsk,bhk->bhs", k_BxHxSxK,
+                                                             w_BxHxK)[..., None]
+                        * w_BxHxK[:, :, None])
+
+
+def path_logits(q_BxHxLxK, k_BxHxLxK, w_BxHxLxK, beta_BxHxL, *, chunk_size: int):
+    """q_i . H_i ... H_{j+1} k_j for j <= i (BxHxLxL, float32; j > i: 0)."""
+    b, h, length, d = k_BxHxLxK.shape
+    f32 = jnp.float32
+    q, k, w, beta = (t.astype(f32) for t in (q_BxHxLxK, k_BxHxLxK, w_BxHxLxK, beta_BxHxL))
+    c = max(1, min(chunk_size, length))
+    n = -(-length // c)
+    pad = n * c - length
+    pad_t = lambda t: jnp.pad(t, [(0, 0), (0, 0), (0, pad)] + [(0, 0)] * (t.ndim - 3))  # noqa: E731
+    steps = [jnp.moveaxis(pad_t(t), 2, 0).reshape((n, c) + t.shape[:2] + t.shape[3:])
+             for t in (q, k, w, beta)]
+    index = jnp.arange(n * c).reshape(n, c)
+
+    def step(keys_BxHxLxK, xs):
+        q_i, k_i, w_i, beta_i, i = xs
+        keys = transform(keys_BxHxLxK, w_i, beta_i)  # H_i on the keys before i
+        keys = jnp.where((jnp.arange(length) == i)[None, None, :, None], k_i[:, :, None], keys)
+        return keys, jnp.einsum("bhk,bhsk->bhs", q_i, keys)
+
+    @jax.checkpoint
+    def chunk(keys, xs):
+        return jax.lax.scan(step, keys, xs)
+
+    _, rows_NxCxBxHxL = jax.lax.scan(chunk, jnp.zeros((b, h, length, d), f32),
+                                     (*steps, index))
+    rows = rows_NxCxBxHxL.reshape((n * c, b, h, length))[:length]
+    return jnp.moveaxis(rows, 0, 2) * jnp.tril(jnp.ones((length, length), f32))
+
+
+class PaTHAttention(dense.MultiHeadAttention):
+    """fla's PaTHAttention (module docstring); `query`, `key`, `value`, `out` bias-free."""
+
+    def __init__(self, *, dim: int, num_heads: int, causal: bool, qkv_dim: int | None,
+                 attention_dropout: float, conv_size: int, forget_gate: bool,
+                 chunk_size: int, rngs: nnx.Rngs):
+        super().__init__(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
+                         attention_dropout=attention_dropout, use_bias=False, rngs=rngs)
+        width = self.num_heads * self.head_dim
+        self.conv_size, self.chunk_size = conv_size, chunk_size
+        self.w_down = layers.dense(dim, W_RANK, ("embed", None), use_bias=False, rngs=rngs)
+        self.w_up = layers.dense(W_RANK, width, (None, "qkv"), use_bias=False, rngs=rngs)
+        self.w_conv = (layers.param(conv_init(conv_size), (None, "qkv"), (conv_size, width),
+                                    rngs=rngs) if conv_size else None)
+        self.beta = layers.dense(dim, num_heads, ("embed", "heads"), rngs=rngs)
+        self.forget = (layers.dense(dim, num_heads, ("embed", "heads"), rngs=rngs)
+                       if forget_gate else None)
+
+    def w_raw(self, x_BxLxD: jax.Array) -> jax.Array:
+        """The convolution's input BxHxLxK."""
+        return self.split_heads(self.w_up(self.w_down(x_BxLxD))).astype(jnp.float32)
+
+    def w_of(self, raw_BxHxLxK: jax.Array) -> jax.Array:
+        if self.w_conv is not None:
+            kernel = self.w_conv[...].astype(jnp.float32).reshape(self.conv_size,
+                                                                   self.num_heads, -1)
+            raw_BxHxLxK = causal_conv(raw_BxHxLxK, kernel)
+        return l2_normalise(jax.nn.silu(raw_BxHxLxK))
+
+    def gates(self, x_BxLxD: jax.Array, real_BxL: jax.Array):
+        """beta BxHxL in (0, 2), 0 where padded; log f BxHxL (0 without the gate)."""
+        beta = 2.0 * jax.nn.sigmoid(self.beta(x_BxLxD).astype(jnp.float32))
+        beta = jnp.where(real_BxL[..., None], beta, 0.0).transpose(0, 2, 1)
+        if self.forget is None:
+            return beta, jnp.zeros_like(beta)
+        log_f = jax.nn.log_sigmoid(self.forget(x_BxLxD).astype(jnp.float32))
+        return beta, jnp.where(real_BxL[..., None], log_f, 0.0).transpose(0, 2, 1)
+
+    def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None = None,
+                 deterministic: bool = True) -> jax.Array:
+        b, length = x_BxLxD.shape[:2]
+        real_BxL = layers.valid_mask(padding_mask, b, length)
+        q, k, v = self.project_qkv(x_BxLxD)
+        raw = jnp.where(real_BxL[:, None, :, None], self.w_raw(x_BxLxD), 0.0)
+        w = self.w_of(raw)
+        beta, log_f = self.gates(x_BxLxD, real_BxL)
+        logits = path_logits(q, k, w, beta, chunk_size=self.chunk_size)
+        if not self.causal:
+            # The mirror: the same scan from the end gives q_i . H_i ... H_{j-1} k_j, j >= i;
+            # the reversed scan's convolution reads the later positions (its own order).
+            flip = lambda t: jnp.flip(t, axis=2)  # noqa: E731
+            w_back = self.w_of(flip(raw))
+            back = flip(flip(path_logits(flip(q), flip(k), w_back, flip(beta),
+                                         chunk_size=self.chunk_size)).swapaxes(2, 3)
+                        ).swapaxes(2, 3)
+            strict_upper = jnp.triu(jnp.ones((length, length), jnp.bool_), 1)
+            logits = jnp.where(strict_upper, back, logits)
+        c = jnp.cumsum(log_f, axis=-1)
+        diff = c[..., :, None] - c[..., None, :]
+        logits = logits / math.sqrt(self.head_dim) + (diff if self.causal else -jnp.abs(diff))
+        mask = dense.make_attention_mask(padding_mask, causal=self.causal, q_len=length,
+                                         kv_len=length)
+        o = dense.attend_logits(logits, v, mask=mask, dropout_fn=self.dropout_fn(deterministic))
+        return self.out(self.merge_heads(o))
+
+    # ------------------------------------------------------------------ decoding
+
+    def _check_decodes(self) -> None:
+        if not self.causal:
+            raise decoding.DecodingError("path was built with causal=False; only the causal "
+                                         "form decodes token by token")
+
+    def init_cache(self, batch: int, max_len: int) -> decoding.Cache:
+        self._check_decodes()
+        h, d, w = self.num_heads, self.head_dim, max(self.conv_size - 1, 0)
+        zeros = lambda *s: jnp.zeros((batch, h) + s, jnp.float32)  # noqa: E731
+        return {"pos": jnp.zeros((batch,), jnp.int32), "k": zeros(max_len, d),
+                "v": zeros(max_len, d), "c": zeros(max_len), "c_now": zeros(),
+                "w_window": zeros(w, d)}
+
+    def prefill(self, cache: decoding.Cache, x_BxLxD: jax.Array,
+                padding_mask: jax.Array | None) -> tuple[jax.Array, decoding.Cache]:
+        """The parallel outputs, and the keys as the last real position sees them (the
+        padded positions' beta is 0: H = I after the row's end)."""
+        self._check_decodes()
+        b, length = x_BxLxD.shape[:2]
+        y = self(x_BxLxD, padding_mask=padding_mask, deterministic=True)
+        real_BxL = layers.valid_mask(padding_mask, b, length)
+        _, k, v = self.project_qkv(x_BxLxD)
+        raw = jnp.where(real_BxL[:, None, :, None], self.w_raw(x_BxLxD), 0.0)
+        w = self.w_of(raw)
+        beta, log_f = self.gates(x_BxLxD, real_BxL)
+
+        def apply(keys, xs):  # the keys after every position's transform
+            k_i, w_i, beta_i, i = xs
+            keys = transform(keys, w_i, beta_i)
+            return jnp.where((jnp.arange(length) == i)[None, None, :, None], k_i[:, :, None],
+                             keys), None
+
+        keys, _ = jax.lax.scan(apply, jnp.zeros(k.shape, jnp.float32),
+                               (jnp.moveaxis(k.astype(jnp.float32), 2, 0), jnp.moveaxis(w, 2, 0),
+                                jnp.moveaxis(beta, 2, 0), jnp.arange(length)))
+        keys = jnp.where(real_BxL[:, None, :, None], keys, 0.0)
+        lengths_B = decoding.lengths_of(padding_mask, b, length)
+        nw = max(self.conv_size - 1, 0)
+        index = (lengths_B[:, None] + jnp.arange(nw)[None])[:, None, :, None]
+        window = jnp.take_along_axis(jnp.pad(raw, ((0, 0), (0, 0), (nw, 0), (0, 0))), index,
+                                     axis=2)
+        c = jnp.cumsum(log_f, axis=-1)
+        put = lambda buf, t: jax.lax.dynamic_update_slice(  # noqa: E731
+            buf, t.astype(jnp.float32), (0,) * buf.ndim)
+        return y, {"pos": lengths_B, "k": put(cache["k"], keys),
+                   "v": put(cache["v"], jnp.where(real_BxL[:, None, :, None], v, 0.0)),
+                   "c": put(cache["c"], c), "c_now": c[..., -1], "w_window": window}
+
+    def step(self, cache: decoding.Cache, x_BxD: jax.Array) -> tuple[jax.Array, decoding.Cache]:
+        self._check_decodes()
+        pos_B = cache["pos"]
+        x_Bx1xD = x_BxD[:, None]
+        q, k, v = (self.split_heads(p(x_Bx1xD)) for p in (self.query, self.key, self.value))
+        raw_BxHx1xK = self.w_raw(x_Bx1xD)
+        window = jnp.concatenate([cache["w_window"], raw_BxHx1xK], axis=2)
+        w = self.w_of(window)[:, :, -1]
+        beta, log_f = self.gates(x_Bx1xD, jnp.ones((x_BxD.shape[0], 1), jnp.bool_))
+        beta, log_f = beta[..., 0], log_f[..., 0]
+        write = lambda buf, t: decoding.write_row(  # noqa: E731
+            jnp.moveaxis(buf, 2, 1), pos_B, t).swapaxes(1, 2)
+        keys = write(transform(cache["k"], w, beta), k[:, :, 0].astype(jnp.float32))
+        values = write(cache["v"], v[:, :, 0].astype(jnp.float32))
+        c_now = cache["c_now"] + log_f
+        c = write(cache["c"], c_now)
+        logits = (jnp.einsum("bhk,bhsk->bhs", q[:, :, 0].astype(jnp.float32), keys)
+                  / math.sqrt(self.head_dim) + c_now[..., None] - c)
+        seen = (jnp.arange(keys.shape[2])[None] <= pos_B[:, None])[:, None, None]
+        o = dense.attend_logits(logits[:, :, None], values.astype(x_BxD.dtype), mask=seen)
+        y = self.out(self.merge_heads(o))[:, 0]
+        return y, {"pos": pos_B + 1, "k": keys, "v": values, "c": c, "c_now": c_now,
+                   "w_window": window[:, :, 1:]}
+
+
+@registry.register("path", capabilities=registry.Capabilities(
+    description="PaTH: softmax attention with data-dependent Householder products between "
+                "query and key as positions (Yang et al. 2025); causal=False mirrors them",
+    causal=True, decode="kv_cache", padding=True, variable_length=True,
+    test_hparams={"chunk_size": 4}, pos_emb="none", short_conv_hparam="conv_size",
+    rotary_refusal="its Householder products between query and key are its positions"))
+def build_path(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
+               qkv_dim: int | None = None, attention_dropout: float = 0.1,
+               conv_size: int = CONV_SIZE, forget_gate: bool = False,
+               chunk_size: int = DEFAULT_CHUNK) -> PaTHAttention:
+    """fla's PaTHAttention defaults: low-rank w (32) through a 3-tap convolution, beta in
+    (0, 2), no forget gate, no qk norm, no biases but beta's."""
+    del max_len  # any length
+    return PaTHAttention(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
+                         attention_dropout=attention_dropout, conv_size=conv_size,
+                         forget_gate=forget_gate, chunk_size=chunk_size, rngs=rngs)

@@ -1,0 +1,101 @@
+"""path (models/attention/path.py) against the paper's formula.
+
+The conformance and decoding suites check padding, causality and decoding through the
+configs; here: the logits are q_i^T H_i ... H_{j+1} k_j with the products formed
+explicitly in numpy (and the mirror for causal=False); beta = 0 is q.k; the whole causal
+layer equals the formula from its weights; decoding with the forget gate and without the
+convolution; the parameters are fla's PaTHAttention's.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from models import registry
+from models.attention import delta, path
+
+from tests.models.helpers import check_prefill_and_steps, normal, randomize_params
+from tests.models.test_delta import assert_close, run
+
+
+def build(*, causal: bool, dim: int = 16, heads: int = 2, **hparams):
+    mixer = registry.build("path", dim=dim, num_heads=heads, max_len=64, causal=causal,
+                           rngs=nnx.Rngs(0), attention_dropout=0.0,
+                           **{"chunk_size": 4, **hparams})
+    return randomize_params(mixer, seed=3, scale=0.4)
+
+
+def products(q, k, w, beta, mirror=False):
+    """logit_ij = q_i^T P_ij k_j in float64: P = H_i ... H_{j+1} for j <= i, or with
+    mirror P = H_i ... H_{j-1} for j >= i (0 elsewhere); the rightmost H acts first."""
+    q, k, w, beta = (np.asarray(t, np.float64) for t in (q, k, w, beta))
+    b, h, length, d = q.shape
+    out = np.zeros((b, h, length, length))
+    for bi in range(b):
+        for hi in range(h):
+            hs = [np.eye(d) - beta[bi, hi, s] * np.outer(w[bi, hi, s], w[bi, hi, s])
+                  for s in range(length)]
+            for i in range(length):
+                for j in (range(i, length) if mirror else range(i + 1)):
+                    p = np.eye(d)
+                    for s in (range(j - 1, i - 1, -1) if mirror else range(j + 1, i + 1)):
+                        p = hs[s] @ p
+                    out[bi, hi, i, j] = q[bi, hi, i] @ p @ k[bi, hi, j]
+    return out
+
+
+def test_logits_are_householder_products():
+    q, k = normal(0, (1, 2, 9, 4)), normal(1, (1, 2, 9, 4))
+    w = delta.l2_normalise(normal(2, (1, 2, 9, 4)))
+    beta = 2 * jax.nn.sigmoid(normal(3, (1, 2, 9)))
+    got = path.path_logits(q, k, w, beta, chunk_size=4)
+    assert_close(got, products(q, k, w, beta), rtol=1e-5, atol=1e-5)
+    none = path.path_logits(q, k, w, jnp.zeros_like(beta), chunk_size=4)
+    assert_close(none, np.tril(np.einsum("bhik,bhjk->bhij", q, k)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_layer_is_the_formula(causal):
+    mixer = build(causal=causal)
+    x = normal(4, (2, 10, 16))
+    y = np.asarray(run(mixer, "__call__", x))
+
+    @nnx.jit
+    def pieces(m, x):
+        q, k, v = m.project_qkv(x)
+        raw = m.w_raw(x)
+        beta, _ = m.gates(x, jnp.ones(x.shape[:2], bool))
+        return q, k, v, m.w_of(raw), m.w_of(jnp.flip(raw, 2)), beta
+
+    q, k, v, w, w_back, beta = (np.asarray(t, np.float64) for t in pieces(mixer, x))
+    logits = products(q, k, w, beta)
+    if not causal:  # the mirror's w: the convolution run over the reversed order
+        upper = products(q, k, np.flip(w_back, 2), beta, mirror=True)
+        logits = np.where(np.triu(np.ones((10, 10), bool), 1), upper, logits)
+    logits = logits / np.sqrt(8)
+    if causal:
+        logits = np.where(np.tril(np.ones((10, 10), bool)), logits, -np.inf)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    o = (p / p.sum(-1, keepdims=True)) @ v
+    want = o.transpose(0, 2, 1, 3).reshape(2, 10, 16) @ np.asarray(mixer.out.kernel[...])
+    assert_close(y, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("hparams", [{"forget_gate": True}, {"conv_size": 0}])
+def test_prefill_and_steps_equal_the_parallel_form(hparams):
+    mixer = build(causal=True, **hparams)
+    check_prefill_and_steps(mixer, run, normal(5, (3, 14, 16)), jnp.array([1, 5, 9]), 9,
+                            rtol=1e-5, atol=1e-5)
+
+
+def test_parameters_are_flas_path_attention():
+    """fla's PaTHAttention(hidden_size=D, num_heads=H): q/k/v/o D x D bias-free, w_proj
+    D x 32 + 32 x D, w_conv1d 3 x D, bt_proj D x H + H."""
+    dim, heads = 24, 3
+    mixer = registry.build("path", dim=dim, num_heads=heads, max_len=16, causal=True,
+                           rngs=nnx.Rngs(0))
+    count = sum(p.size for p in jax.tree.leaves(nnx.state(mixer, nnx.Param)))
+    assert count == 4 * dim * dim + 2 * 32 * dim + 3 * dim + dim * heads + heads
