@@ -62,6 +62,14 @@ class DecodingError(ValueError):
     """A model or mixer that cannot decode, said in one line."""
 
 
+def require_causal(mixer: Any, name: str) -> None:
+    """A mixer's own decoding methods (fox, moba, path) start here: only the causal form
+    reads one token at a time."""
+    if not mixer.causal:
+        raise DecodingError(f"{name} was built with causal=False; only the causal form "
+                            "decodes token by token")
+
+
 def lengths_of(padding_mask_BxL: jax.Array | None, batch: int, length: int) -> jax.Array:
     """Real tokens per row of a right-padded prompt (all of them without a mask)."""
     if padding_mask_BxL is None:

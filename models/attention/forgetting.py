@@ -111,14 +111,9 @@ class ForgettingAttention(dense.MultiHeadAttention):
 
     # ------------------------------------------------------------------ decoding
 
-    def _check_decodes(self) -> None:
-        if not self.causal:
-            raise decoding.DecodingError("fox was built with causal=False; only the causal "
-                                         "form decodes token by token")
-
     def init_cache(self, batch: int, max_len: int) -> decoding.Cache:
         """k, v (BxHxMxK) and c (BxHxM) of every position, and c of the newest ("c_now")."""
-        self._check_decodes()
+        decoding.require_causal(self, "fox")
         shape = (batch, self.num_heads, max_len, self.head_dim)
         return {"pos": jnp.zeros((batch,), jnp.int32), "k": jnp.zeros(shape, jnp.float32),
                 "v": jnp.zeros(shape, jnp.float32),
@@ -129,7 +124,7 @@ class ForgettingAttention(dense.MultiHeadAttention):
                 padding_mask: jax.Array | None) -> tuple[jax.Array, decoding.Cache]:
         """A right-padded prompt: the parallel causal outputs and its keys, values and c
         (padded positions forget nothing, so c_now is c at the last position)."""
-        self._check_decodes()
+        decoding.require_causal(self, "fox")
         b, length = x_BxLxD.shape[:2]
         y_BxLxD = self(x_BxLxD, padding_mask=padding_mask, deterministic=True)
         _, k_BxHxLxK, v_BxHxLxK = self.project_qkv(x_BxLxD)
@@ -143,7 +138,7 @@ class ForgettingAttention(dense.MultiHeadAttention):
 
     def step(self, cache: decoding.Cache, x_BxD: jax.Array) -> tuple[jax.Array, decoding.Cache]:
         """One token per row at its own position cache["pos"]."""
-        self._check_decodes()
+        decoding.require_causal(self, "fox")
         pos_B = cache["pos"]
         x_Bx1xD = x_BxD[:, None]
         q_BxHx1xK, k_BxHx1xK, v_BxHx1xK = (self.split_heads(p(x_Bx1xD)) for p in

@@ -102,20 +102,15 @@ class MixtureOfBlockAttention(dense.MultiHeadAttention):
 
     # ------------------------------------------------------------------ decoding
 
-    def _check_decodes(self) -> None:
-        if not self.causal:
-            raise decoding.DecodingError("moba was built with causal=False; only the causal "
-                                         "form decodes token by token")
-
     def init_cache(self, batch: int, max_len: int) -> decoding.Cache:
-        self._check_decodes()
+        decoding.require_causal(self, "moba")
         shape = (batch, self.num_heads, max_len, self.head_dim)
         return {"pos": jnp.zeros((batch,), jnp.int32), "k": jnp.zeros(shape, jnp.float32),
                 "v": jnp.zeros(shape, jnp.float32)}
 
     def prefill(self, cache: decoding.Cache, x_BxLxD: jax.Array,
                 padding_mask: jax.Array | None) -> tuple[jax.Array, decoding.Cache]:
-        self._check_decodes()
+        decoding.require_causal(self, "moba")
         b, length = x_BxLxD.shape[:2]
         y_BxLxD = self(x_BxLxD, padding_mask=padding_mask, deterministic=True)
         _, k, v = self.project_qkv(x_BxLxD)
@@ -126,7 +121,7 @@ class MixtureOfBlockAttention(dense.MultiHeadAttention):
                          "k": put(cache["k"], k), "v": put(cache["v"], v)}
 
     def step(self, cache: decoding.Cache, x_BxD: jax.Array) -> tuple[jax.Array, decoding.Cache]:
-        self._check_decodes()
+        decoding.require_causal(self, "moba")
         pos_B = cache["pos"]
         x_Bx1xD = x_BxD[:, None]
         q, k, v = (self.split_heads(p(x_Bx1xD)) for p in (self.query, self.key, self.value))

@@ -144,13 +144,8 @@ class PaTHAttention(dense.MultiHeadAttention):
 
     # ------------------------------------------------------------------ decoding
 
-    def _check_decodes(self) -> None:
-        if not self.causal:
-            raise decoding.DecodingError("path was built with causal=False; only the causal "
-                                         "form decodes token by token")
-
     def init_cache(self, batch: int, max_len: int) -> decoding.Cache:
-        self._check_decodes()
+        decoding.require_causal(self, "path")
         h, d, w = self.num_heads, self.head_dim, max(self.conv_size - 1, 0)
         zeros = lambda *s: jnp.zeros((batch, h) + s, jnp.float32)  # noqa: E731
         return {"pos": jnp.zeros((batch,), jnp.int32), "k": zeros(max_len, d),
@@ -161,7 +156,7 @@ class PaTHAttention(dense.MultiHeadAttention):
                 padding_mask: jax.Array | None) -> tuple[jax.Array, decoding.Cache]:
         """The parallel outputs, and the keys as the last real position sees them (the
         padded positions' beta is 0: H = I after the row's end)."""
-        self._check_decodes()
+        decoding.require_causal(self, "path")
         b, length = x_BxLxD.shape[:2]
         y = self(x_BxLxD, padding_mask=padding_mask, deterministic=True)
         real_BxL = layers.valid_mask(padding_mask, b, length)
@@ -193,7 +188,7 @@ class PaTHAttention(dense.MultiHeadAttention):
                    "c": put(cache["c"], c), "c_now": c[..., -1], "w_window": window}
 
     def step(self, cache: decoding.Cache, x_BxD: jax.Array) -> tuple[jax.Array, decoding.Cache]:
-        self._check_decodes()
+        decoding.require_causal(self, "path")
         pos_B = cache["pos"]
         x_Bx1xD = x_BxD[:, None]
         q, k, v = (self.split_heads(p(x_Bx1xD)) for p in (self.query, self.key, self.value))

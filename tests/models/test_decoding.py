@@ -219,3 +219,11 @@ def test_a_model_that_cannot_decode_says_why():
     classifier = train.build_model(config, lra.tasks.get("listops"))
     with pytest.raises(decoding.DecodingError, match="causal=False"):
         classifier.encoder.init_cache(1)
+
+
+@pytest.mark.parametrize("name", ["fox", "moba", "path"])
+def test_own_decoding_refuses_the_bidirectional_form(name):
+    mixer = registry.build(name, dim=16, num_heads=2, max_len=16, causal=False,
+                           rngs=nnx.Rngs(0))
+    with pytest.raises(decoding.DecodingError, match=f"{name} was built with causal=False"):
+        mixer.init_cache(1, 8)
