@@ -714,3 +714,27 @@ def test_a_seed_beyond_31_bits_is_a_config_error():
     config.random_seed = 10**20
     with pytest.raises(ConfigError, match="random_seed=.* must be >= 0 and < 2147483648"):
         common.validate(config)
+
+
+def test_a_child_that_exits_3_during_jaxlibs_abort_shows_only_its_own_line():
+    """CI (2026-12-04): a failed Gloo collective made launch.py's child exit 3 with its
+    one-line error while jaxlib, in another thread, had already logged its fatal line and
+    check-failure stack but not yet aborted; the supervisor showed that stack. Now the
+    child's own line is all that shows, with exit 3."""
+    child = ("import sys, os\n"
+             "sys.stderr.write('I1204 step 3\\n')\n"
+             "sys.stderr.write('F1204 client.cc:1] Terminating process because the JAX "
+             "distributed service detected fatal errors.\\n')\n"
+             "sys.stderr.write('*** Check failure stack trace: ***\\n    @ 0x1 SetError()\\n')\n"
+             "sys.stderr.write('error: process 1 of 2 stopped: a collective with the other "
+             "processes failed; another process probably died\\n')\n"
+             "sys.stderr.flush(); os._exit(3)\n")
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys; from lra.training import supervisor; sys.exit("
+         f"supervisor.run_child(['-c', {child!r}], 'process 1 of 2', None))"],
+        capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 3, (proc.returncode, proc.stderr)
+    assert "Check failure stack trace" not in proc.stderr, proc.stderr
+    errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+    assert len(errors) == 1 and "another process probably died" in errors[0], proc.stderr
+    assert "step 3" in proc.stderr

@@ -18,7 +18,9 @@ out, so `launch.py` runs a multi-process run's work in a child process and this 
 - exits with the child's code (or dies of its signal), except after jaxlib's abort: then one line says what
   happened, where the last complete checkpoint is, and how to resume, with exit 3
   (EXIT_LOST_PEER, as a failed collective gives). An abort without that fatal line is
-  shown whole (its held-back text included) with the child's own code.
+  shown whole (its held-back text included) with the child's own code. A child that exits
+  3 on its own (a failed collective) after jaxlib's fatal line, before the abort landed,
+  keeps its own one-line error; the stack after the fatal line stays held back.
 
 The child is the same command with LRA_SUPERVISED=1 in its environment; setting that
 variable yourself runs without the parent (jaxlib's abort is then what you see).
@@ -130,6 +132,17 @@ def run_child(argv: list[str], who: str, workdir: str | None) -> int:
         # jaxlib's status (which call failed) comes after its fatal line: held back.
         print(abort_message(who, "".join(seen + held), workdir), file=sys.stderr,
               flush=True)
+        return EXIT_LOST_PEER
+    if code == EXIT_LOST_PEER and fatal.is_set():
+        # A race: the child's failed collective gave its own one-line error and exit 3
+        # (launch.py's os._exit) while jaxlib, in another thread, had logged its fatal line
+        # and check-failure stack but not yet aborted. The child's line says it all; the
+        # stack is held back as after an abort (seen in CI, issue 35 item 9's test).
+        own = [l for l in held if l.startswith("error:")]
+        sys.stdout.flush()
+        sys.stderr.write("".join(own) if own else
+                         abort_message(who, "".join(seen + held), workdir) + "\n")
+        sys.stderr.flush()
         return EXIT_LOST_PEER
     if held:  # not jaxlib's abort after all: show everything
         sys.stderr.write("".join(held))
