@@ -15,8 +15,11 @@ by SiLU, q and k L2-normalised (after the SiLU), beta_t = sigmoid(W_beta x_t) pe
 an RMSNorm per head on the output (weight shared by the heads, eps 1e-5), times
 SiLU(W_g x_t) when use_gate (gated_deltanet's default, deltanet's is off), and a
 bias-free output projection. gated_deltanet's value heads are expand_v = 2 times the key
-heads (fla's default). Not ported: fla's options besides the defaults (qk_activation,
-qk_norm='sum', allow_neg_eigval, num_v_heads), and fla's model-level re-initialisation
+heads (fla's default). allow_neg_eigval (fla's option, off by default as there; Grazzi
+et al. 2025's sigmoid_scale 2.0, automl/unlocking_state_tracking parity_delta_net_2.yaml):
+beta = 2 sigmoid(.) in (0, 2), so the transition's eigenvalue along k, 1 - beta, spans
+(-1, 1): what parity and permutation tracking need. Not ported: fla's other options
+(qk_activation, qk_norm='sum', num_v_heads), and fla's model-level re-initialisation
 (normal(0.02) for every Linear and Conv1d): projections are xavier-uniform as every
 variant here, the convolutions the layer's own default, U(-1/sqrt(taps), 1/sqrt(taps))
 (PyTorch's Conv1d).
@@ -255,7 +258,10 @@ def dt_bias_init(key, shape, dtype=jnp.float32):
 class ScanDirection(nnx.Module):
     """What one scan direction owns: the short convolutions of q, k, v, the beta
     projection and, gated, the decay's projection, A_log and dt_bias (fla's q_conv1d,
-    k_conv1d, v_conv1d, b_proj, a_proj, A_log, dt_bias)."""
+    k_conv1d, v_conv1d, b_proj, a_proj, A_log, dt_bias). `neg_eigval` (set by the layer):
+    fla's allow_neg_eigval, beta = 2 sigmoid(.) in (0, 2)."""
+
+    neg_eigval = False
 
     def __init__(self, *, dim: int, num_heads: int, key_dim: int, value_dim: int,
                  conv_size: int, gated: bool, rngs: nnx.Rngs):
@@ -287,9 +293,14 @@ class ScanDirection(nnx.Module):
                      for w in (self.conv_q, self.conv_k, self.conv_v))
 
     def gates(self, x_xD: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """beta in (0, 1) and g = log alpha <= 0 (0 without a gate), ...xH, float32."""
+        """beta in (0, 1) ((0, 2) with neg_eigval) and g = log alpha <= 0 (0 without a
+        gate), ...xH, float32."""
         x = x_xD.astype(jnp.float32)
         beta_xH = jax.nn.sigmoid(self.beta(x).astype(jnp.float32))
+        if self.neg_eigval:
+            # fla's allow_neg_eigval (Grazzi et al. 2025): the transition I - beta k k^T
+            # has the eigenvalue 1 - beta in (-1, 1) along k, so a step can reflect.
+            beta_xH = 2.0 * beta_xH
         if self.decay is None:
             return beta_xH, jnp.zeros_like(beta_xH)
         a_H = jnp.exp(self.a_log[...].astype(jnp.float32))
@@ -321,7 +332,7 @@ class DeltaNet(nnx.Module, recurrent.RecurrentDecoding):
 
     def __init__(self, *, dim: int, num_heads: int, causal: bool, qkv_dim: int | None,
                  expand_v: float, chunk_size: int, conv_size: int, gated: bool,
-                 use_gate: bool, norm_eps: float, rngs: nnx.Rngs):
+                 use_gate: bool, norm_eps: float, rngs: nnx.Rngs, neg_eigval: bool = False):
         key_dim = dim if qkv_dim is None else qkv_dim
         value_dim = int(key_dim * expand_v)
         if num_heads <= 0 or key_dim % num_heads or value_dim % num_heads or value_dim <= 0:
@@ -350,6 +361,9 @@ class DeltaNet(nnx.Module, recurrent.RecurrentDecoding):
         # centred convolution shared by both would hand each scan its future tokens too,
         # and make the backward form something other than the causal layer reversed.
         self.backward_scan = None if causal else self.Direction(**direction)
+        for scan in (self.forward_scan, self.backward_scan):
+            if scan is not None and neg_eigval:
+                scan.neg_eigval = True
         self.norm_scale = layers.param(layers.ones, (None,), (self.head_v_dim,), rngs=rngs)
         self.gate = layers.dense(dim, value_dim, ("embed", "qkv"), **proj) if use_gate else None
 
@@ -476,12 +490,14 @@ _NO_ROTARY = ("its queries and keys meet through a recurrent state whose order g
 def build_deltanet(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
                    qkv_dim: int | None = None, chunk_size: int = DEFAULT_CHUNK,
                    conv_size: int = CONV_SIZE, use_gate: bool = False,
-                   norm_eps: float = NORM_EPS) -> DeltaNet:
-    """fla's DeltaNet defaults: value heads as wide as key heads, no output gate."""
+                   norm_eps: float = NORM_EPS, allow_neg_eigval: bool = False) -> DeltaNet:
+    """fla's DeltaNet defaults: value heads as wide as key heads, no output gate, beta in
+    (0, 1); allow_neg_eigval (fla's; Grazzi et al.'s sigmoid_scale 2) beta in (0, 2)."""
     del max_len  # any length
     return DeltaNet(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
                     expand_v=1.0, chunk_size=chunk_size, conv_size=conv_size, gated=False,
-                    use_gate=use_gate, norm_eps=norm_eps, rngs=rngs)
+                    use_gate=use_gate, norm_eps=norm_eps, rngs=rngs,
+                    neg_eigval=bool(allow_neg_eigval))
 
 
 @registry.register("gated_deltanet", capabilities=registry.Capabilities(
@@ -493,10 +509,13 @@ def build_deltanet(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs
 def build_gated_deltanet(*, dim: int, num_heads: int, max_len: int, causal: bool,
                          rngs: nnx.Rngs, qkv_dim: int | None = None, expand_v: float = 2.0,
                          chunk_size: int = DEFAULT_CHUNK, conv_size: int = CONV_SIZE,
-                         use_gate: bool = True, norm_eps: float = NORM_EPS) -> DeltaNet:
+                         use_gate: bool = True, norm_eps: float = NORM_EPS,
+                         allow_neg_eigval: bool = False) -> DeltaNet:
     """fla's GatedDeltaNet defaults: value heads expand_v = 2 times the key heads, output
-    gate on. qkv_dim is the key width (fla's head_dim x num_heads)."""
+    gate on, beta in (0, 1) (allow_neg_eigval: (0, 2)). qkv_dim is the key width (fla's
+    head_dim x num_heads)."""
     del max_len  # any length
     return DeltaNet(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
                     expand_v=expand_v, chunk_size=chunk_size, conv_size=conv_size, gated=True,
-                    use_gate=use_gate, norm_eps=norm_eps, rngs=rngs)
+                    use_gate=use_gate, norm_eps=norm_eps, rngs=rngs,
+                    neg_eigval=bool(allow_neg_eigval))

@@ -58,9 +58,8 @@ class DeltaProductDirection(delta.ScanDirection):
 
     def gates(self, x_xD: jax.Array) -> tuple[jax.Array, jax.Array]:
         """beta ...xHxN in (0, 1), or (0, 2) with negative eigenvalues; g ...xH <= 0."""
-        beta_xHN, g_xH = super().gates(x_xD)
-        beta_xHxN = beta_xHN.reshape(beta_xHN.shape[:-1] + (self.num_heads, -1))
-        return (2.0 * beta_xHxN if self.neg_eigval else beta_xHxN), g_xH
+        beta_xHN, g_xH = super().gates(x_xD)  # doubled there with neg_eigval
+        return beta_xHN.reshape(beta_xHN.shape[:-1] + (self.num_heads, -1)), g_xH
 
     def features(self, q_BxHxLxK, k_BxHxLxNK, v_BxHxLxNV, x_BxLxD, real_BxL):
         """conv and SiLU on the wide inputs, then each step's key L2-normalised: q

@@ -31,8 +31,10 @@ dt x and a scalar decay exp(dt A) per head (G = 1), so the layer's forward (__ca
 directions) runs `chunk_ssd`'s output through the Pallas kernels of
 `models.kernels.decayed_attention` (Triton on GPU, Mosaic on TPU, interpreted on CPU; their
 own chunk size, chunk_size applies to the XLA form); the D skip, convolution and gated norm
-stay in XLA. Decoding's `prefill` needs h_L, which the kernels do not return: it stays on
-`chunk_ssd` under either implementation.
+stay in XLA. allow_neg_eigval (Grazzi et al. 2025's Mamba: the decay 2 exp(dt A) - 1,
+in (-1, 1), so a state can flip sign: parity) runs in the XLA forms only, with the decay's
+sign beside log |a| (`chunk_ssd`'s docstring). Decoding's `prefill` needs h_L, which the
+kernels do not return: it stays on `chunk_ssd` under either implementation.
 
 causal=False: a forward and a backward scan summed before the gated norm, as DeltaNet
 here (models/attention/delta.py): the backward one is the causal SSD on the reversed
@@ -55,6 +57,7 @@ from models.kernels.decayed_attention import decayed_linear_attention
 DEFAULT_CHUNK = 256  # mamba_ssm's chunk size
 STATE_SIZE = 128  # mamba_ssm's d_state
 A_INIT_RANGE = (1.0, 16.0)  # mamba_ssm: A ~ U(1, 16), A_log = log A
+NEG_FLOOR = 1e-20  # allow_neg_eigval: |a| below this is taken as this (log and its gradient)
 IMPLS = ("dense", "pallas")  # chunk_ssd (XLA), or the Pallas decayed-attention kernels
 
 
@@ -62,9 +65,12 @@ IMPLS = ("dense", "pallas")  # chunk_ssd (XLA), or the Pallas decayed-attention 
 
 
 def ssd_step(h_BxHxPxN: jax.Array, x_BxHxP: jax.Array, log_a_BxH: jax.Array,
-             b_BxHxN: jax.Array, c_BxHxN: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """One token: h <- exp(log_a) h + x b^T, y = h c (x already times dt, log_a = dt A)."""
-    h_BxHxPxN = (jnp.exp(log_a_BxH)[..., None, None] * h_BxHxPxN
+             b_BxHxN: jax.Array, c_BxHxN: jax.Array, sign_BxH: jax.Array | None = None
+             ) -> tuple[jax.Array, jax.Array]:
+    """One token: h <- a h + x b^T, y = h c with a = sign exp(log_a) (x already times dt,
+    log_a = dt A, or log |a| with a sign: allow_neg_eigval)."""
+    a_BxH = jnp.exp(log_a_BxH) if sign_BxH is None else sign_BxH * jnp.exp(log_a_BxH)
+    h_BxHxPxN = (a_BxH[..., None, None] * h_BxHxPxN
                  + jnp.einsum("bhp,bhn->bhpn", x_BxHxP, b_BxHxN))
     return jnp.einsum("bhpn,bhn->bhp", h_BxHxPxN, c_BxHxN), h_BxHxPxN
 
@@ -75,10 +81,13 @@ def _f32(*arrays):
 
 @jax.jit
 def ssd_reference(x_BxHxLxP: jax.Array, log_a_BxHxL: jax.Array, b_BxHxLxN: jax.Array,
-                  c_BxHxLxN: jax.Array) -> tuple[jax.Array, jax.Array]:
+                  c_BxHxLxN: jax.Array, sign_BxHxL: jax.Array | None = None
+                  ) -> tuple[jax.Array, jax.Array]:
     """The recurrence step by step: y (BxHxLxP, float32, without the D skip) and h_L
-    (BxHxPxN). x already times dt, log_a = dt A <= 0 (mamba_ssm's ssd_minimal inputs)."""
+    (BxHxPxN). x already times dt, log_a = dt A <= 0 (mamba_ssm's ssd_minimal inputs);
+    with `sign` (+-1, allow_neg_eigval) the decay is sign exp(log_a)."""
     x, log_a, b, c = _f32(x_BxHxLxP, log_a_BxHxL, b_BxHxLxN, c_BxHxLxN)
+    sign = jnp.ones_like(log_a) if sign_BxHxL is None else sign_BxHxL.astype(jnp.float32)
 
     def step(h, xs):
         y, h = ssd_step(h, *xs)
@@ -86,17 +95,20 @@ def ssd_reference(x_BxHxLxP: jax.Array, log_a_BxHxL: jax.Array, b_BxHxLxN: jax.A
 
     h0 = jnp.zeros(x.shape[:2] + (x.shape[-1], b.shape[-1]), jnp.float32)
     h_final, y_LxBxHxP = jax.lax.scan(step, h0, tuple(jnp.moveaxis(a, 2, 0)
-                                                       for a in (x, log_a, b, c)))
+                                                       for a in (x, log_a, b, c, sign)))
     return jnp.moveaxis(y_LxBxHxP, 0, 2), h_final
 
 
 @functools.partial(jax.jit, static_argnames=("chunk_size",))
 def chunk_ssd(x_BxHxLxP: jax.Array, log_a_BxHxL: jax.Array, b_BxHxLxN: jax.Array,
-              c_BxHxLxN: jax.Array, *, chunk_size: int = DEFAULT_CHUNK
-              ) -> tuple[jax.Array, jax.Array]:
+              c_BxHxLxN: jax.Array, sign_BxHxL: jax.Array | None = None, *,
+              chunk_size: int = DEFAULT_CHUNK) -> tuple[jax.Array, jax.Array]:
     """`ssd_reference`'s outputs and final state, chunk by chunk. Any L: the tail is
     zero-padded (x = 0, log_a = 0: no write, no decay), so h_L is the real positions'.
-    The scan body is rematerialised: the backward pass keeps h at chunk boundaries."""
+    The scan body is rematerialised: the backward pass keeps h at chunk boundaries.
+    With `sign` (allow_neg_eigval) a product of decays over (j, i] is exp(b_i - b_j) times
+    (-1)^(n_i - n_j), n the count of negative decays so far in the chunk: s_i s_j with
+    s = (-1)^n, so every exponent stays <= 0 and the signs ride on the same terms."""
     x, log_a, b, c = _f32(x_BxHxLxP, log_a_BxHxL, b_BxHxLxN, c_BxHxLxN)
     batch, heads, length, p_dim = x.shape
     n_dim = b.shape[-1]
@@ -104,19 +116,28 @@ def chunk_ssd(x_BxHxLxP: jax.Array, log_a_BxHxL: jax.Array, b_BxHxLxN: jax.Array
     lower_CxC = jnp.tril(jnp.ones((chunk, chunk), jnp.bool_))
     xs = (_pad_to_chunks(x, chunk), _pad_to_chunks(b, chunk), _pad_to_chunks(c, chunk),
           jnp.cumsum(_pad_to_chunks(log_a[..., None], chunk)[..., 0], axis=-1))
+    if sign_BxHxL is None:
+        s = jnp.ones(xs[3].shape, jnp.float32)
+    else:  # s_i = (-1)^(negative decays in the chunk up to i); padding's sign is +1
+        negative = _pad_to_chunks((sign_BxHxL < 0).astype(jnp.float32)[..., None], chunk)
+        s = 1.0 - 2.0 * jnp.mod(jnp.cumsum(negative[..., 0], axis=-1), 2.0)
+    xs = xs + (s,)
 
     @jax.checkpoint
     def body(h_BxHxPxN, xs):
-        x_BxHxCxP, b_BxHxCxN, c_BxHxCxN, cum_BxHxC = xs  # cum: b_i, restarted per chunk
+        # cum: b_i, restarted per chunk; s_BxHxC its signs (all 1 without allow_neg_eigval)
+        x_BxHxCxP, b_BxHxCxN, c_BxHxCxN, cum_BxHxC, s_BxHxC = xs
         diff_BxHxCxC = cum_BxHxC[..., :, None] - cum_BxHxC[..., None, :]
         # where() inside exp: above the diagonal the differences are positive (overflow).
-        decay_BxHxCxC = jnp.exp(jnp.where(lower_CxC, diff_BxHxCxC, -jnp.inf))
+        decay_BxHxCxC = (jnp.exp(jnp.where(lower_CxC, diff_BxHxCxC, -jnp.inf))
+                         * s_BxHxC[..., :, None] * s_BxHxC[..., None, :])
         scores_BxHxCxC = jnp.einsum("bhin,bhjn->bhij", c_BxHxCxN, b_BxHxCxN) * decay_BxHxCxC
+        from_start_BxHxC = s_BxHxC * jnp.exp(cum_BxHxC)
         y_BxHxCxP = (jnp.einsum("bhij,bhjp->bhip", scores_BxHxCxC, x_BxHxCxP)
-                     + jnp.einsum("bhcn,bhpn->bhcp", c_BxHxCxN * jnp.exp(cum_BxHxC)[..., None],
+                     + jnp.einsum("bhcn,bhpn->bhcp", c_BxHxCxN * from_start_BxHxC[..., None],
                                   h_BxHxPxN))
-        to_end_BxHxC = jnp.exp(cum_BxHxC[..., -1:] - cum_BxHxC)
-        h_BxHxPxN = (jnp.exp(cum_BxHxC[..., -1])[..., None, None] * h_BxHxPxN
+        to_end_BxHxC = s_BxHxC[..., -1:] * s_BxHxC * jnp.exp(cum_BxHxC[..., -1:] - cum_BxHxC)
+        h_BxHxPxN = (from_start_BxHxC[..., -1][..., None, None] * h_BxHxPxN
                      + jnp.einsum("bhcp,bhcn->bhpn", x_BxHxCxP * to_end_BxHxC[..., None],
                                   b_BxHxCxN))
         return h_BxHxPxN, y_BxHxCxP
@@ -140,7 +161,8 @@ class SSDDirection(nnx.Module):
     """One scan direction's own parameters: the convolution over [x, B, C] (with bias),
     dt_bias, A_log and D (mamba_ssm's names)."""
 
-    def __init__(self, *, num_heads: int, channels: int, conv_size: int, rngs: nnx.Rngs):
+    def __init__(self, *, num_heads: int, channels: int, conv_size: int, rngs: nnx.Rngs,
+                 neg_eigval: bool = False):
         self.channels = channels
         if conv_size:
             self.conv = layers.param(conv_init(conv_size), (None, None), (conv_size, channels),
@@ -154,6 +176,7 @@ class SSDDirection(nnx.Module):
                                   no_weight_decay=True, keep_float32=True)
         self.d = layers.param(layers.ones, ("heads",), (num_heads,), rngs=rngs,
                               no_weight_decay=True, keep_float32=True)
+        self.neg_eigval = neg_eigval
 
     def conv_kernel(self) -> tuple[jax.Array, jax.Array]:
         """The convolution's kernel WxC and bias C, float32 (identity and 0 without one)."""
@@ -168,13 +191,25 @@ class SSDDirection(nnx.Module):
         dt_xH = jnp.where(real_x[..., None], dt_xH, 0.0)
         return dt_xH, -jnp.exp(self.a_log[...].astype(jnp.float32)) * dt_xH
 
+    def transition(self, dt_raw_xH: jax.Array, real_x: jax.Array):
+        """dt, log |a| and the sign of a (None without neg_eigval), ...xH. allow_neg_eigval:
+        a = 2 exp(dt A) - 1 in (-1, 1) (Grazzi et al. 2025's Mamba, automl/
+        unlocking_state_tracking df8f840 flash-linear-attention_mod/fla/models/mamba_py/
+        mamba_mod.py: deltaA * 2 - 1); padded positions keep a = 1 (dt 0)."""
+        dt_xH, log_a_xH = self.steps(dt_raw_xH, real_x)
+        if not self.neg_eigval:
+            return dt_xH, log_a_xH, None
+        a_xH = 2.0 * jnp.exp(log_a_xH) - 1.0
+        # |a| floored: log 0 at a = 0 exactly (dt A = -log 2) has no gradient.
+        return dt_xH, jnp.log(jnp.maximum(jnp.abs(a_xH), NEG_FLOOR)), jnp.where(a_xH < 0, -1.0, 1.0)
+
 
 class Mamba2(nnx.Module):
     """The Mamba-2 block around the SSD (module docstring)."""
 
     def __init__(self, *, dim: int, num_heads: int, causal: bool, expand: int,
                  state_size: int, conv_size: int, chunk_size: int, norm_eps: float,
-                 rngs: nnx.Rngs, attention_impl: str = "dense"):
+                 rngs: nnx.Rngs, attention_impl: str = "dense", neg_eigval: bool = False):
         inner = expand * dim
         if num_heads <= 0 or inner % num_heads or state_size <= 0:
             raise ValueError(f"mamba2: expand * dim ({inner}) must be a positive multiple of "
@@ -186,6 +221,10 @@ class Mamba2(nnx.Module):
             raise registry.RegistryError(
                 f"attention_impl={attention_impl!r} is not available for mamba2; valid: "
                 f"{', '.join(IMPLS)}")
+        if neg_eigval and attention_impl == "pallas":
+            raise registry.RegistryError(
+                "mamba2: allow_neg_eigval's signed decays are not in the Pallas "
+                "decayed-attention kernels (log decays only); use attention_impl=dense")
         self.attention_impl = attention_impl
         self.num_heads, self.head_dim, self.state_size = num_heads, inner // num_heads, state_size
         self.causal, self.chunk_size, self.conv_size = causal, chunk_size, conv_size
@@ -199,7 +238,7 @@ class Mamba2(nnx.Module):
         self.out = layers.dense(inner, dim, ("qkv", "embed"), **proj)
         self.norm_scale = layers.param(layers.ones, ("qkv",), (inner,), rngs=rngs)
         direction = dict(num_heads=num_heads, channels=inner + 2 * state_size,
-                         conv_size=conv_size, rngs=rngs)
+                         conv_size=conv_size, rngs=rngs, neg_eigval=neg_eigval)
         self.forward_scan = SSDDirection(**direction)
         # Its own convolution, as DeltaNet's backward scan here (delta.py says why).
         self.backward_scan = None if causal else SSDDirection(**direction)
@@ -227,14 +266,15 @@ class Mamba2(nnx.Module):
         conv_BxLxC = causal_conv(xbc_BxLxC.astype(jnp.float32)[:, None], w[:, None])[:, 0]
         xbc = jax.nn.silu(conv_BxLxC + bias)
         x, b, c = self.ssd_inputs(xbc)
-        dt_BxLxH, log_a_BxLxH = direction.steps(dt_raw_BxLxH, real_BxL)
+        dt_BxLxH, log_a_BxLxH, sign_BxLxH = direction.transition(dt_raw_BxLxH, real_BxL)
         dt_BxHxL, log_a_BxHxL = dt_BxLxH.transpose(0, 2, 1), log_a_BxLxH.transpose(0, 2, 1)
+        sign_BxHxL = None if sign_BxLxH is None else sign_BxLxH.transpose(0, 2, 1)
         if self.attention_impl == "pallas" and not with_state:
             # Queries C, keys B, values dt x, one log decay per head and position.
             y, h = decayed_linear_attention(c, b, x * dt_BxHxL[..., None],
                                             log_a_BxHxL[..., None]), None
         else:
-            y, h = chunk_ssd(x * dt_BxHxL[..., None], log_a_BxHxL, b, c,
+            y, h = chunk_ssd(x * dt_BxHxL[..., None], log_a_BxHxL, b, c, sign_BxHxL,
                              chunk_size=self.chunk_size)
         return y + direction.d[...][:, None, None] * x, h
 
@@ -303,8 +343,9 @@ class Mamba2(nnx.Module):
         conv_BxC = jnp.einsum("bwc,wc->bc", window_BxWxC, w_WxC)
         xbc = jax.nn.silu(conv_BxC + bias_C)[:, None]
         x, b, c = (t[:, :, 0] for t in self.ssd_inputs(xbc))
-        dt_BxH, log_a_BxH = direction.steps(dt_raw[:, 0], jnp.ones(u_BxD.shape[:1], jnp.bool_))
-        y_BxHxP, h = ssd_step(cache["h"], x * dt_BxH[..., None], log_a_BxH, b, c)
+        dt_BxH, log_a_BxH, sign_BxH = direction.transition(
+            dt_raw[:, 0], jnp.ones(u_BxD.shape[:1], jnp.bool_))
+        y_BxHxP, h = ssd_step(cache["h"], x * dt_BxH[..., None], log_a_BxH, b, c, sign_BxH)
         y_BxHxP = y_BxHxP + direction.d[...][:, None] * x
         y_BxD = self.finish(y_BxHxP[:, :, None], z)[:, 0]
         return y_BxD, {"pos": cache["pos"] + 1, "h": h, "conv": window_BxWxC[:, 1:]}
@@ -324,11 +365,13 @@ class Mamba2(nnx.Module):
 def build_mamba2(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
                  expand: int = 2, state_size: int = STATE_SIZE, conv_size: int = CONV_SIZE,
                  chunk_size: int = DEFAULT_CHUNK, norm_eps: float = NORM_EPS,
-                 attention_impl: str = "dense") -> Mamba2:
+                 attention_impl: str = "dense", allow_neg_eigval: bool = False) -> Mamba2:
     """mamba_ssm's Mamba2 defaults (expand 2, d_state 128, d_conv 4, chunk 256); the heads
     are the config's (head size expand * dim / num_heads). attention_impl: "dense"
-    (chunk_ssd under XLA) or "pallas" (the decayed-attention kernels)."""
+    (chunk_ssd under XLA) or "pallas" (the decayed-attention kernels). allow_neg_eigval:
+    the decay 2 exp(dt A) - 1 in (-1, 1) (Grazzi et al. 2025; XLA form only)."""
     del max_len  # any length
     return Mamba2(dim=dim, num_heads=num_heads, causal=causal, expand=expand,
                   state_size=state_size, conv_size=conv_size, chunk_size=chunk_size,
-                  norm_eps=norm_eps, rngs=rngs, attention_impl=attention_impl)
+                  norm_eps=norm_eps, rngs=rngs, attention_impl=attention_impl,
+                  neg_eigval=bool(allow_neg_eigval))

@@ -286,6 +286,29 @@ def test_beta_in_open_unit_interval_and_decay_at_most_one(name):
     assert (g == 0).all() if name == "deltanet" else (g < 0).all()
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_allow_neg_eigval_doubles_beta_in_every_form(name, monkeypatch):
+    """allow_neg_eigval (fla's, Grazzi et al.'s sigmoid_scale 2): beta = 2 sigmoid(.) in
+    (0, 2), the same weights otherwise; the chunked form equals the step-by-step one and
+    the decoding steps equal the parallel form with it."""
+    plain = build(name, causal=True, chunk_size=4)
+    mixer = build(name, causal=True, chunk_size=4, allow_neg_eigval=True)
+    x = normal(14, (4, 32, 16))
+    beta, _ = mixer.forward_scan.gates(x)
+    beta_plain, _ = plain.forward_scan.gates(x)
+    assert_close(beta, 2.0 * np.asarray(beta_plain), rtol=1e-6, atol=0)
+    assert (np.asarray(beta) > 1).any() and (np.asarray(beta) < 2).all()
+    check_prefill_and_steps(mixer, run, normal(12, (3, 16, 16)), jnp.array([1, 5, 9]), 9,
+                            **TOL)
+    x = normal(8, (2, 11, 16))
+    mask = jnp.arange(11)[None] < jnp.array([[11], [7]])
+    y = run(mixer, "__call__", x, mask)
+    assert not np.allclose(np.asarray(y), np.asarray(run(plain, "__call__", x, mask)))
+    with_reference_form(monkeypatch)
+    real = np.asarray(mask)
+    assert_close(np.asarray(y)[real], np.asarray(run(mixer, "__call__", x, mask))[real])
+
+
 def test_gate_initialisation_is_flas():
     """A = exp(A_log) ~ U(0, 16); softplus(dt_bias) = dt, log-uniform in [1e-3, 1e-1]
     (fla's GatedDeltaNet, Mamba-2's ranges); neither takes weight decay."""

@@ -31,13 +31,15 @@ def ssd_inputs(seed: int, shape=(2, 3, 13, 4), n: int = 5, decay: float = 1.0):
     return x, log_a, normal(seed + 2, (b, h, length, n)), normal(seed + 3, (b, h, length, n))
 
 
-def paper_recurrence(x, log_a, b, c):
-    """h_t = exp(dt_t A) h_{t-1} + (dt_t x_t) B_t^T, y_t = h_t C_t, float64."""
+def paper_recurrence(x, log_a, b, c, sign=None):
+    """h_t = exp(dt_t A) h_{t-1} + (dt_t x_t) B_t^T, y_t = h_t C_t, float64 (the decay
+    times `sign` where given)."""
     x, log_a, b, c = (np.asarray(t, np.float64) for t in (x, log_a, b, c))
+    a = np.exp(log_a) * (1.0 if sign is None else np.asarray(sign, np.float64))
     h = np.zeros(x.shape[:2] + (x.shape[-1], b.shape[-1]))
     y = np.zeros(x.shape)
     for t in range(x.shape[2]):
-        h = np.exp(log_a[:, :, t])[..., None, None] * h + np.einsum(
+        h = a[:, :, t][..., None, None] * h + np.einsum(
             "bhp,bhn->bhpn", x[:, :, t], b[:, :, t])
         y[:, :, t] = np.einsum("bhpn,bhn->bhp", h, c[:, :, t])
     return y, h
@@ -96,6 +98,62 @@ def test_gradients_equal_and_finite():
         assert_close(got, want, rtol=2e-4, atol=5e-5)
 
 
+def signed_inputs(seed: int):
+    """ssd_inputs with a = 2 exp(log_a) - 1 in (-1, 1) as (log |a|, sign): about half
+    the decays negative."""
+    x, log_a, b, c = ssd_inputs(seed)
+    a = 2.0 * jnp.exp(log_a) - 1.0
+    return x, jnp.log(jnp.abs(a)), b, c, jnp.where(a < 0, -1.0, 1.0)
+
+
+def test_signed_decays_chunked_equal_reference_and_the_recurrence():
+    """allow_neg_eigval's decays sign exp(log |a|): the chunked form (chunk 1, 5 with a
+    tail, 64 > L) equals the step-by-step form and the recurrence in float64, and their
+    gradients agree."""
+    x, log_abs, b, c, sign = signed_inputs(5)
+    assert 0.2 < float(jnp.mean(sign < 0)) < 0.8
+    y_paper, h_paper = paper_recurrence(x, log_abs, b, c, sign)
+    y_ref, h_ref = ssd.ssd_reference(x, log_abs, b, c, sign)
+    assert_close(y_ref, y_paper)
+    assert_close(h_ref, h_paper)
+    for chunk_size in (1, 5, 64):
+        y, h = ssd.chunk_ssd(x, log_abs, b, c, sign, chunk_size=chunk_size)
+        assert_close(y, y_ref)
+        assert_close(h, h_ref)
+    loss = lambda fn: lambda *a: jnp.sum(fn(*a, sign)[0] * c[..., :4])  # noqa: E731
+    chunked = jax.grad(loss(lambda *a: ssd.chunk_ssd(*a, chunk_size=5)), argnums=(0, 1, 2, 3))(
+        x, log_abs, b, c)
+    reference = jax.grad(loss(ssd.ssd_reference), argnums=(0, 1, 2, 3))(x, log_abs, b, c)
+    for got, want in zip(chunked, reference):
+        assert np.isfinite(np.asarray(got)).all()
+        assert_close(got, want, rtol=2e-4, atol=5e-5)
+
+
+def test_allow_neg_eigval_layer_forms_equal(monkeypatch):
+    """mamba2 allow_neg_eigval (a = 2 exp(dt A) - 1): some decays negative; chunked equals
+    the step-by-step form, decoding equals the parallel form, and the Pallas kernels
+    (log decays only) are refused in one line."""
+    mixer = build(causal=True, chunk_size=4, allow_neg_eigval=True)
+    plain = build(causal=True, chunk_size=4)
+    dt, log_abs, sign = mixer.forward_scan.transition(normal(14, (4, 32, 2)),
+                                                      jnp.ones((4, 32), bool))
+    _, log_a = plain.forward_scan.steps(normal(14, (4, 32, 2)), jnp.ones((4, 32), bool))
+    assert_close(sign * jnp.exp(log_abs), 2.0 * jnp.exp(log_a) - 1.0, rtol=1e-5, atol=1e-6)
+    assert (np.asarray(sign) < 0).any() and (np.asarray(log_abs) <= 0).all()
+    check_prefill_and_steps(mixer, run, normal(12, (3, 16, 16)), jnp.array([1, 5, 9]), 9,
+                            **TOL)
+    x = normal(8, (2, 11, 16))
+    mask = jnp.arange(11)[None] < jnp.array([[11], [7]])
+    y = run(mixer, "__call__", x, mask)
+    monkeypatch.setattr(ssd, "chunk_ssd",
+                        lambda x, log_a, b, c, sign=None, chunk_size=0: ssd.ssd_reference(
+                            x, log_a, b, c, sign))
+    real = np.asarray(mask)
+    assert_close(np.asarray(y)[real], np.asarray(run(mixer, "__call__", x, mask))[real])
+    with pytest.raises(registry.RegistryError, match="allow_neg_eigval.*Pallas"):
+        build(causal=True, attention_impl="pallas", allow_neg_eigval=True)
+
+
 def test_padded_tail_leaves_the_state():
     """x = 0 and log a = 0 (dt = 0, what the layer gives padded positions): the final
     state is the real prefix's."""
@@ -139,7 +197,8 @@ def test_layer_chunked_equals_reference_form(causal, monkeypatch):
     mask = jnp.arange(11)[None] < jnp.array([[11], [7]])
     y = run(mixer, "__call__", x, mask)
     monkeypatch.setattr(ssd, "chunk_ssd",
-                        lambda x, log_a, b, c, chunk_size: ssd.ssd_reference(x, log_a, b, c))
+                        lambda x, log_a, b, c, sign=None, chunk_size=0: ssd.ssd_reference(
+                            x, log_a, b, c, sign))
     y_ref = run(mixer, "__call__", x, mask)
     real = np.asarray(mask)
     assert_close(np.asarray(y)[real], np.asarray(y_ref)[real])
