@@ -276,3 +276,24 @@ def test_lra_comparison_and_growth_goal_verdicts():
     assert "| linear | L^1.07 | L^1.04 | yes |" in goal
     assert "| performer | L^1.50 | L^1.00 | no (time) |" in goal
     assert "| local |" not in goal  # not measured at the longest length
+
+
+def test_fused_reference_without_dropout_where_the_backend_has_none(monkeypatch):
+    """cuDNN and splash refuse attention-weight dropout: the fused reference cell is then
+    measured at attention_dropout_rate=0 and its impl says so (on the H200 every bf16
+    reference cell was that refusal); a refusal elsewhere stays the cell's error."""
+    from models.kernels import flash_attention as fa
+    chunked, rates = fa._chunked, []
+
+    def no_dropout(q, k, v, *, dropout_rate, **kw):  # the CPU form, refusing as cuDNN does
+        rates.append(dropout_rate)
+        if dropout_rate:
+            fa._refuse("cudnn", dropout_rate)
+        return chunked(q, k, v, dropout_rate=dropout_rate, **kw)
+    monkeypatch.setitem(fa._FORMS, "chunked", no_dropout)
+    monkeypatch.setattr(benchmark, "FLAGS", _flags())  # ListOps: attention dropout 0.1
+    row = benchmark.measure_cell(efficiency.FUSED, 32)
+    assert "error" not in row and row["time_s"] > 0, row
+    assert row["impl"] == benchmark.FUSED_NO_DROPOUT and rates[0] == 0.1 and rates[-1] == 0
+    monkeypatch.setattr(benchmark, "FLAGS", _flags(attention_impl="flash"))
+    assert "no attention-weight dropout" in benchmark.measure_cell("local", 32)["error"]
