@@ -46,6 +46,10 @@ class Task:
     # The model is MAD's auto-encoder (models/autoencoder.py: the row from the last
     # position's code), not a per-position predictor: MAD's compression.
     autoencoder: bool = False
+    # (options, max_length, length) -> (max_length, options) of the test split with rows
+    # `length` long, for config.eval_lengths (lra/training/lengths.py); None: the split
+    # regenerated at max_length = length with the same options.
+    at_length: Callable[..., tuple[int, dict]] | None = None
 
     def with_options(self, **options: Any) -> "Task":
         """The task as the options configure it (its vocabulary, for generated tasks)."""
@@ -78,7 +82,7 @@ _TASKS: dict[str, Task] = {}
 # Modules that register tasks; imported on first use of the registry.
 TASK_MODULES = ("lra.tasks.listops", "lra.tasks.text", "lra.tasks.retrieval", "lra.tasks.image",
                 "lra.tasks.pathfinder", "lra.tasks.mnist", "lra.tasks.mqar",
-                "lra.tasks.mad", "lra.tasks.enwik8")
+                "lra.tasks.mad", "lra.tasks.enwik8", "lra.tasks.state_tracking")
 
 
 def _load_all() -> None:
