@@ -114,6 +114,9 @@ def base_config(*, task: str, model: str) -> ml_collections.ConfigDict:
     c.eval_frequency = 200
     c.num_eval_steps = -1  # validation batches per evaluation; -1 = the whole split
     c.eval_batch_size = 0  # 0 = batch_size
+    # Length extrapolation (lra/training/lengths.py): after the test, the test weights on
+    # the test split made at each of these lengths ("128,256,512"); "" = none.
+    c.eval_lengths = ""
     c.checkpoint_freq = 500
     c.log_every_steps = 50
     # Stop after the evaluation whose validation accuracy exceeds this (Zoology's early
@@ -189,7 +192,7 @@ PRESET_TASK = {"mnist": "image", "fashion_mnist": "image"}
 PRESET_TASK.update({t: "listops" for t in (
     "mqar", "mad_in_context_recall", "mad_fuzzy_in_context_recall",
     "mad_noisy_in_context_recall", "mad_selective_copying", "mad_compression",
-    "mad_memorization")})
+    "mad_memorization", "state_tracking")})
 # Character-level LM (configs/enwik8.py, text8.py) takes LRA Text's (byte-level) presets.
 PRESET_TASK.update({"enwik8": "text", "text8": "text"})
 

@@ -99,8 +99,26 @@ MAD = {
              "retnet": {"num_heads": 8, "pos_emb": "rotary"}},
     "ablate": "",
 }
+# Grazzi et al.'s state-tracking models (automl/unlocking_state_tracking at df8f840:
+# xlstm/experiments/parity_delta_net_2.yaml, parity_mamba_2.yaml; their LMs are fla's
+# *ForCausalLM): 2 layers, d_model 128, DeltaNet with n_heads 4 and use_short_conv (fla's
+# conv_size 4), Mamba with its own d_conv 4; no positions anywhere; a gated MLP after every
+# mixer. Ours: one shared short convolution of 4 taps before every mixer, the variants'
+# own off (there DeltaNet's and Mamba's own convolutions are the only ones: the rows differ
+# in it), 4 heads, no positions, the feed-forward block on.
+GRAZZI_STATE_TRACKING = {
+    "name": "grazzi_state_tracking",
+    "source": "automl/unlocking_state_tracking df8f840 xlstm/experiments/"
+              "parity_delta_net_2.yaml, parity_mamba_2.yaml",
+    "pos_emb": "none",
+    "short_conv": 4,
+    "builtin_conv": 0,
+    "num_heads": 4,
+    "keep": {"retnet": {"num_heads": 8, "pos_emb": "rotary"}},
+    "ablate": "",
+}
 # The scaffolds by their names (a card names its run's).
-SCAFFOLDS = {s["name"]: s for s in (ZOOLOGY_MQAR, MAD)}
+SCAFFOLDS = {s["name"]: s for s in (ZOOLOGY_MQAR, MAD, GRAZZI_STATE_TRACKING)}
 APPLIED = "applied"  # what resolve last wrote (JSON): tells a hand-set field from its own
 
 

@@ -27,8 +27,8 @@ from jax.sharding import PartitionSpec as P
 
 import lra.tasks
 from configs import common, hybrid
-from lra.training import (checkpoint, init_from, input_pipeline, processes, record, resume,
-                          sharding)
+from lra.training import (checkpoint, init_from, input_pipeline, lengths, processes, record,
+                          resume, sharding)
 # train_and_evaluate looks them up here, so a test can swap the schedule in this module.
 from lra.training.optim import learning_rate_schedule, make_optimizer
 from lra.runs import card
@@ -241,6 +241,9 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
     num_params = sum(x.size for x in jax.tree.leaves(abstract_state["params"]))
     # What the model shares with the other mixers of a comparison, measured on it.
     scaffold_card = card.card(config, nnx.eval_shape(lambda: build_model(config, task)))
+    # config.eval_lengths: the model at each length, checked now to take these weights.
+    length_plan = lengths.plan(config, task,
+                               lambda c: nnx.eval_shape(lambda: build_model(c, task)))
     # A (data, model) mesh; parameters and optimizer state placed by config.sharding's
     # rules on their logical axis names (lra/training/sharding.py). Auto axes: XLA propagates
     # shardings from these inputs (GSPMD), guided by the model's activation constraints.
@@ -347,15 +350,18 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         from tensorboardX import SummaryWriter  # imported late: slow, and process 0 only
         writer = SummaryWriter(os.path.join(workdir, "tensorboard"))
 
-    def evaluate(weights, split: str, num_batches: int = -1) -> dict[str, float]:
+    def evaluate(weights, split: str, num_batches: int = -1, *, rows=None,
+                 step=None) -> dict[str, float]:
+        """Sums over a split (`rows`: other data in its place, with `step`)."""
         eval_bs = config.eval_batch_size or config.batch_size
         sums = None
         batch_macros = []  # (macro, examples) per batch: config.macro_accuracy batch_mean
         per_batch = config.get("macro_accuracy", "pooled") == "batch_mean"
-        rows = input_pipeline.process_rows(batch_sharding, eval_bs)
-        for batch in input_pipeline.eval_batches(data[split], global_batch_size=eval_bs,
-                                                 num_batches=num_batches, rows=rows):
-            out = eval_step(weights, input_pipeline.to_global(batch, batch_sharding))
+        mine = input_pipeline.process_rows(batch_sharding, eval_bs)
+        for batch in input_pipeline.eval_batches(data[split] if rows is None else rows,
+                                                 global_batch_size=eval_bs,
+                                                 num_batches=num_batches, rows=mine):
+            out = (step or eval_step)(weights, input_pipeline.to_global(batch, batch_sharding))
             sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
             if per_batch and "class_tp" in out:
                 b = jax.device_get(out)
@@ -581,6 +587,17 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
               "instead")
     test = evaluate(best_weights, "test")
     ckpts.close()
+    length_accuracy = []  # config.eval_lengths (lra/training/lengths.py)
+    for entry in length_plan:
+        rows = task.load(config.data_dir, "test", entry["max_length"], **entry["options"])
+        at = lengths.config_at(config, entry["max_length"])
+        _, step = make_steps(entry["graphdef"] or graphdef, tx, schedule, task.num_classes,
+                             at, task.vocab_size, label_slots=label_slots({"test": rows}, at))
+        step = in_mesh(jax.jit(step, in_shardings=(weights_shardings, batch_sharding),
+                               out_shardings=replicated))
+        length_accuracy.append({"length": entry["length"], "max_length": entry["max_length"],
+                                **evaluate(best_weights, "test", rows=rows, step=step)})
+        _log(f"length {entry['length']:>6} | test acc {length_accuracy[-1]['accuracy']:.4f}")
     if pretraining:
         # The most frequent training token's share of the test tokens: what predicting
         # one token everywhere would score.
@@ -626,6 +643,8 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         # sequence_labels: test_accuracy is per labelled position; this, per example (every
         # labelled position of the example right).
         "test_example_accuracy": test.get("example_accuracy"),
+        # config.eval_lengths: the test weights on the test split made at each length.
+        "length_accuracy": length_accuracy or None,
         # Zoology's BASED recipe: the kernel of the short convolution before every mixer
         # (config.block.short_conv; 0 = none).
         "short_conv": int(config.block.get("short_conv", 0)) if "block" in config else 0,

@@ -232,6 +232,7 @@ def read_split(split: str, max_length: int, *, language: str = "parity", vocab_s
                    val_min_length=val_min_length, val_max_length=val_max_length,
                    test_min_length=test_min_length, test_max_length=test_max_length)
     formal = language in FORMAL
+    vocab_size_of(language=language)  # an unknown language first: before its lengths
     longest = max_length + 1 if formal else max_length  # a formal row holds its answer too
     if not options["test_max_length"]:
         options["test_max_length"] = longest

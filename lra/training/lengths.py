@@ -1,0 +1,94 @@
+"""Length extrapolation as a protocol (issue 72): `config.eval_lengths` ("128,256,512")
+tests the run's test weights again on the test split made at each of those lengths, after
+the usual test; results.json `length_accuracy` holds one row per length, the training
+length first.
+
+How a split is made at a length is the task's (`Task.at_length`): the state-tracking rows
+get that length inside the same model length where they fit (their protocol: variable
+lengths in one context); the other tasks are regenerated at max_length = length with the
+same options. Where the model's length changes, the model is built again at the new
+length with the run's resolved hparams (config.model_hparams were scaled to the training
+length once, by configs/common.py finalize: a window or block stays what was trained) and
+takes the trained weights as they are. A variant whose parameters or state depend on the
+length (learned positions: a table per position) cannot be, and the run says so before
+it trains, naming the parameters; rotary and sinusoidal positions and none extend as they
+are.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+import jax
+from flax import nnx
+
+from lra.errors import ConfigError
+
+
+def parse(config) -> list[int]:
+    """config.eval_lengths as ints (empty: no extrapolation)."""
+    text = str(config.get("eval_lengths", "") or "").strip()
+    if not text:
+        return []
+    try:
+        lengths = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise ConfigError(f"config.eval_lengths={text!r}: comma-separated lengths, e.g. "
+                          "'128,256,512'") from None
+    if any(n < 2 for n in lengths):
+        raise ConfigError(f"config.eval_lengths={text!r}: every length must be at least 2")
+    return lengths
+
+
+def config_at(config, max_length: int):
+    """The run's config with the model at another length, its hparams as resolved."""
+    c = copy.deepcopy(config)
+    with c.unlocked():
+        c.max_length = max_length
+    return c
+
+
+def split_at(task, config, length: int) -> tuple[int, dict]:
+    """(model length, task options) of the test split with rows `length` long."""
+    options = config.task_options.to_dict() if "task_options" in config else {}
+    if task.at_length is not None:
+        return task.at_length(options, config.max_length, length)
+    return length, options
+
+
+def _shapes(tree) -> dict[str, tuple]:
+    return {jax.tree_util.keystr(path): tuple(leaf.shape)
+            for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+            if hasattr(leaf, "shape")}
+
+
+def plan(config, task, abstract_model_at: Callable[[Any], nnx.Module]) -> list[dict]:
+    """One entry per config.eval_lengths: {length, max_length, options, graphdef}. The
+    model at each new length is built abstractly and checked to hold the trained
+    weights' shapes; if not, a ConfigError before anything trains."""
+    lengths = parse(config)
+    if not lengths:
+        return []
+    trained = None
+    out = []
+    for length in lengths:
+        max_length, options = split_at(task, config, length)
+        graphdef = None
+        if max_length != config.max_length:
+            if trained is None:
+                trained = _shapes(nnx.state(abstract_model_at(config)))
+            model = abstract_model_at(config_at(config, max_length))
+            graphdef = nnx.split(model, nnx.Param, ...)[0]
+            moved = {k: (v, trained.get(k)) for k, v in _shapes(nnx.state(model)).items()
+                     if trained.get(k) != v}
+            if moved:
+                names = ", ".join(f"{k} {b} -> {a}" for k, (a, b) in list(moved.items())[:3])
+                raise ConfigError(
+                    f"config.eval_lengths: {config.model} at length {max_length} has "
+                    f"parameters or state shaped by the length ({names}): its trained "
+                    f"weights cannot be tested there (learned positions: use "
+                    f"--config.pos_emb=rotary, sinusoidal or none, or drop {length} from "
+                    f"config.eval_lengths)")
+        out.append({"length": length, "max_length": max_length, "options": options,
+                    "graphdef": graphdef})
+    return out
