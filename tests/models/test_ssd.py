@@ -142,14 +142,7 @@ def test_allow_neg_eigval_layer_forms_equal(monkeypatch):
     assert (np.asarray(sign) < 0).any() and (np.asarray(log_abs) <= 0).all()
     check_prefill_and_steps(mixer, run, normal(12, (3, 16, 16)), jnp.array([1, 5, 9]), 9,
                             **TOL)
-    x = normal(8, (2, 11, 16))
-    mask = jnp.arange(11)[None] < jnp.array([[11], [7]])
-    y = run(mixer, "__call__", x, mask)
-    monkeypatch.setattr(ssd, "chunk_ssd",
-                        lambda x, log_a, b, c, sign=None, chunk_size=0: ssd.ssd_reference(
-                            x, log_a, b, c, sign))
-    real = np.asarray(mask)
-    assert_close(np.asarray(y)[real], np.asarray(run(mixer, "__call__", x, mask))[real])
+    _assert_chunked_equals_reference(mixer, monkeypatch)
     with pytest.raises(registry.RegistryError, match="allow_neg_eigval.*Pallas"):
         build(causal=True, attention_impl="pallas", allow_neg_eigval=True)
 
@@ -192,16 +185,20 @@ def test_long_sequence_stays_finite_and_exact():
 @pytest.mark.parametrize("causal", [True, False])
 def test_layer_chunked_equals_reference_form(causal, monkeypatch):
     """Chunk 4 at L = 11 (a tail), with padding, against the step-by-step form."""
-    mixer = build(causal=causal, chunk_size=4)
+    _assert_chunked_equals_reference(build(causal=causal, chunk_size=4), monkeypatch)
+
+
+def _assert_chunked_equals_reference(mixer, monkeypatch):
+    """The layer at L = 11 with a padded row: its chunked SSD, then ssd_reference in its
+    place (monkeypatched), equal on the real positions."""
     x = normal(8, (2, 11, 16))
     mask = jnp.arange(11)[None] < jnp.array([[11], [7]])
     y = run(mixer, "__call__", x, mask)
     monkeypatch.setattr(ssd, "chunk_ssd",
                         lambda x, log_a, b, c, sign=None, chunk_size=0: ssd.ssd_reference(
                             x, log_a, b, c, sign))
-    y_ref = run(mixer, "__call__", x, mask)
     real = np.asarray(mask)
-    assert_close(np.asarray(y)[real], np.asarray(y_ref)[real])
+    assert_close(np.asarray(y)[real], np.asarray(run(mixer, "__call__", x, mask))[real])
 
 
 def test_bidirectional_is_forward_plus_reversed_backward():
