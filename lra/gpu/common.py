@@ -164,7 +164,7 @@ DRY = Plan(
     test_reserve_s=20,
     # The transformer stage's run is time-boxed as on a GPU: more steps than its training
     # time allows, stopped (SIGTERM, a checkpoint), then tested at the step it reached.
-    max_train_s=12,
+    max_train_s=4,
     transformer_overrides=("num_train_steps=100000", "eval_frequency=20",
                            "checkpoint_freq=100000", "log_every_steps=20"),
     bench_models=("transformer", "linear"),
