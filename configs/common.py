@@ -117,6 +117,9 @@ def base_config(*, task: str, model: str) -> ml_collections.ConfigDict:
     # Length extrapolation (lra/training/lengths.py): after the test, the test weights on
     # the test split made at each of these lengths ("128,256,512"); "" = none.
     c.eval_lengths = ""
+    # ... and at each of these lengths (the training length first) on test splits whose
+    # needles lie in one of n equal depth ranges (NIAH; 0 = none).
+    c.eval_depth_buckets = 0
     c.checkpoint_freq = 500
     c.log_every_steps = 50
     # Stop after the evaluation whose validation accuracy exceeds this (Zoology's early
@@ -192,7 +195,7 @@ PRESET_TASK = {"mnist": "image", "fashion_mnist": "image"}
 PRESET_TASK.update({t: "listops" for t in (
     "mqar", "mad_in_context_recall", "mad_fuzzy_in_context_recall",
     "mad_noisy_in_context_recall", "mad_selective_copying", "mad_compression",
-    "mad_memorization", "state_tracking")})
+    "mad_memorization", "state_tracking", "niah")})
 # Character-level LM (configs/enwik8.py, text8.py) takes LRA Text's (byte-level) presets.
 PRESET_TASK.update({"enwik8": "text", "text8": "text"})
 

@@ -244,6 +244,7 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
     # config.eval_lengths: the model at each length, checked now to take these weights.
     length_plan = lengths.plan(config, task,
                                lambda c: nnx.eval_shape(lambda: build_model(c, task)))
+    depth_plan = lengths.depth_plan(config, task, length_plan)  # config.eval_depth_buckets
     # A (data, model) mesh; parameters and optimizer state placed by config.sharding's
     # rules on their logical axis names (lra/training/sharding.py). Auto axes: XLA propagates
     # shardings from these inputs (GSPMD), guided by the model's activation constraints.
@@ -587,17 +588,28 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
               "instead")
     test = evaluate(best_weights, "test")
     ckpts.close()
-    length_accuracy = []  # config.eval_lengths (lra/training/lengths.py)
-    for entry in length_plan:
+    length_accuracy, depth_accuracy = [], []  # lra/training/lengths.py
+    steps_at = {}  # the test step per (model length, label slots), compiled once
+    for entry in length_plan + depth_plan:
         rows = task.load(config.data_dir, "test", entry["max_length"], **entry["options"])
         at = lengths.config_at(config, entry["max_length"])
-        _, step = make_steps(entry["graphdef"] or graphdef, tx, schedule, task.num_classes,
-                             at, task.vocab_size, label_slots=label_slots({"test": rows}, at))
-        step = in_mesh(jax.jit(step, in_shardings=(weights_shardings, batch_sharding),
-                               out_shardings=replicated))
-        length_accuracy.append({"length": entry["length"], "max_length": entry["max_length"],
-                                **evaluate(best_weights, "test", rows=rows, step=step)})
-        _log(f"length {entry['length']:>6} | test acc {length_accuracy[-1]['accuracy']:.4f}")
+        key = (entry["max_length"], label_slots({"test": rows}, at))
+        if key not in steps_at:
+            _, step = make_steps(entry["graphdef"] or graphdef, tx, schedule,
+                                 task.num_classes, at, task.vocab_size, label_slots=key[1])
+            steps_at[key] = in_mesh(jax.jit(
+                step, in_shardings=(weights_shardings, batch_sharding),
+                out_shardings=replicated))
+        got = evaluate(best_weights, "test", rows=rows, step=steps_at[key])
+        row = {"length": entry["length"], "max_length": entry["max_length"], **got}
+        if "depth" not in entry:
+            length_accuracy.append(row)
+            _log(f"length {entry['length']:>6} | test acc {got['accuracy']:.4f}")
+        else:
+            lo, hi = entry["depth"]
+            depth_accuracy.append({**row, "depth_min": lo, "depth_max": hi})
+            _log(f"length {entry['length']:>6} depth [{lo:.2f}, {hi:.2f}) | test acc "
+                 f"{got['accuracy']:.4f}")
     if pretraining:
         # The most frequent training token's share of the test tokens: what predicting
         # one token everywhere would score.
@@ -645,6 +657,8 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         "test_example_accuracy": test.get("example_accuracy"),
         # config.eval_lengths: the test weights on the test split made at each length.
         "length_accuracy": length_accuracy or None,
+        # config.eval_depth_buckets: the same per (length, needle depth range).
+        "depth_accuracy": depth_accuracy or None,
         # Zoology's BASED recipe: the kernel of the short convolution before every mixer
         # (config.block.short_conv; 0 = none).
         "short_conv": int(config.block.get("short_conv", 0)) if "block" in config else 0,

@@ -50,6 +50,9 @@ class Task:
     # `length` long, for config.eval_lengths (lra/training/lengths.py); None: the split
     # regenerated at max_length = length with the same options.
     at_length: Callable[..., tuple[int, dict]] | None = None
+    # (options, lo, hi) -> options of the test split with its needles at depths in
+    # [lo, hi) of the context, for config.eval_depth_buckets (NIAH); None: no depths.
+    at_depth: Callable[..., dict] | None = None
 
     def with_options(self, **options: Any) -> "Task":
         """The task as the options configure it (its vocabulary, for generated tasks)."""
@@ -82,7 +85,8 @@ _TASKS: dict[str, Task] = {}
 # Modules that register tasks; imported on first use of the registry.
 TASK_MODULES = ("lra.tasks.listops", "lra.tasks.text", "lra.tasks.retrieval", "lra.tasks.image",
                 "lra.tasks.pathfinder", "lra.tasks.mnist", "lra.tasks.mqar",
-                "lra.tasks.mad", "lra.tasks.enwik8", "lra.tasks.state_tracking")
+                "lra.tasks.mad", "lra.tasks.enwik8", "lra.tasks.state_tracking",
+                "lra.tasks.niah")
 
 
 def _load_all() -> None:

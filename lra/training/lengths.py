@@ -13,6 +13,11 @@ takes the trained weights as they are. A variant whose parameters or state depen
 length (learned positions: a table per position) cannot be, and the run says so before
 it trains, naming the parameters; rotary and sinusoidal positions and none extend as they
 are.
+
+`config.eval_depth_buckets` (n > 0; NIAH) tests the same weights again at each length
+(the training length first) on test splits whose needles all lie in one of n equal depth
+ranges of the context (`Task.at_depth`): results.json `depth_accuracy`, one row per
+(length, bucket), the heat map of needle-in-a-haystack papers.
 """
 from __future__ import annotations
 
@@ -38,6 +43,31 @@ def parse(config) -> list[int]:
     if any(n < 2 for n in lengths):
         raise ConfigError(f"config.eval_lengths={text!r}: every length must be at least 2")
     return lengths
+
+
+def depth_buckets(config, task) -> int:
+    """config.eval_depth_buckets as an int, refused for a task without needles."""
+    n = int(config.get("eval_depth_buckets", 0) or 0)
+    if n < 0:
+        raise ConfigError(f"config.eval_depth_buckets={n} must be 0 (off) or more")
+    if n and task.at_depth is None:
+        raise ConfigError(f"config.eval_depth_buckets={n}: task {task.name} has no needle "
+                          "depth (niah has); set it to 0")
+    return n
+
+
+def depth_plan(config, task, length_plan: list[dict]) -> list[dict]:
+    """One entry per (length, depth bucket): the training length's, then each of
+    length_plan's, with the task's options at that depth range."""
+    n = depth_buckets(config, task)
+    if not n:
+        return []
+    options = config.task_options.to_dict() if "task_options" in config else {}
+    at = [{"length": config.max_length, "max_length": config.max_length,
+           "options": options, "graphdef": None}] + length_plan
+    return [{**entry, "depth": (b / n, (b + 1) / n),
+             "options": task.at_depth(entry["options"], b / n, (b + 1) / n)}
+            for entry in at for b in range(n)]
 
 
 def config_at(config, max_length: int):

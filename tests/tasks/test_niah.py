@@ -1,0 +1,151 @@
+"""Needle in a haystack (lra/tasks/niah.py, configs/niah.py) and the depth protocol
+(config.eval_depth_buckets): every row read back token by token (the needles found, the
+query's answers recomputed from the context), RULER's needle counts per row, the depth
+range, the errors, and a run through train_and_evaluate with lengths and depths."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from configs import niah as niah_config
+from lra.errors import ConfigError
+from lra.tasks import niah
+
+SIZES = dict(key_len=2, value_len=2, num_keys=32, num_values=32, num_filler=64,
+             sentence_len=16)
+
+
+def _parse(row, key_len, value_len):
+    """(needles [(position, key, value)], queries [(key, answer tokens)]) read from a
+    full row (the inputs and the last answer token)."""
+    needles, queries, i = [], [], 0
+    while i < len(row):
+        if row[i] == niah.NEEDLE:
+            key = tuple(row[i + 1:i + 1 + key_len])
+            assert row[i + 1 + key_len] == niah.IS
+            value = tuple(row[i + 2 + key_len:i + 2 + key_len + value_len])
+            needles.append((i, key, value))
+            i += 2 + key_len + value_len
+        elif row[i] == niah.QUERY:
+            key = tuple(row[i + 1:i + 1 + key_len])
+            assert row[i + 1 + key_len] == niah.IS
+            j = i + 2 + key_len
+            while j < len(row) and row[j] != niah.QUERY:
+                j += 1
+            queries.append((key, tuple(row[i + 2 + key_len:j])))
+            i = j
+        else:
+            i += 1
+    return needles, queries
+
+
+@pytest.mark.parametrize("variant", list(niah.VARIANTS))
+def test_every_row_answers_its_query_from_its_needles(variant):
+    spec = niah.VARIANTS[variant]
+    data = niah.generate(num_examples=40, length=256, seed=3, **spec, **SIZES)
+    assert data["inputs"].shape == (40, 256) and data["mask"].all()
+    nk = max(spec["num_needle_k"], spec["num_needle_q"])
+    for x, y in zip(data["inputs"], data["targets"]):
+        labelled = np.flatnonzero(y != niah.IGNORE)
+        full = np.append(x, y[labelled[-1]])  # the inputs and the last answer token
+        # Each label is the next token of the row: teacher forcing.
+        assert (y[labelled] == full[labelled + 1]).all()
+        needles, queries = _parse(full, 2, 2)
+        assert len(queries) == spec["num_needle_q"]
+        by_key = {}
+        for _, key, value in needles:
+            by_key.setdefault(key, []).append(value)
+        if spec["haystack"] == "needle":  # distractors: one needle per distinct key
+            assert len(by_key) == len(needles) > 1
+        else:
+            assert len(by_key) == nk and len(needles) == nk * spec["num_needle_v"]
+        for key, answer in queries:
+            want = sum(by_key[key], ())  # the key's values in the order they stand
+            assert answer == want
+        # The labels are exactly the answer tokens.
+        assert len(labelled) == spec["num_needle_q"] * spec["num_needle_v"] * 2
+        assert set(np.unique(x[x >= niah.FIRST])) <= set(range(niah.FIRST, niah.vocab_size_of()))
+
+
+def test_noise_needles_stand_between_sentences_and_depths_are_uniform():
+    data = niah.generate(num_examples=2000, length=256, seed=0,
+                         **niah.VARIANTS["single_1"], **SIZES)
+    sentence = list(range(niah.FIRST + 64, niah.FIRST + 64 + 16))
+    for x in data["inputs"][:50]:
+        at = int(np.flatnonzero(x == niah.NEEDLE)[0])
+        hay = np.concatenate([x[:at], x[at + 6:np.flatnonzero(x == niah.QUERY)[0]]])
+        assert at % 16 == 0  # a sentence boundary
+        assert list(hay[:16]) == sentence
+    # RULER's slots are uniform: 246 haystack tokens hold 16 sentence boundaries.
+    slots, counts = np.unique(data["depth"], return_counts=True)
+    assert len(slots) == 16 and np.abs(counts / 2000 - 1 / 16).max() < 0.02, counts
+
+
+@pytest.mark.parametrize("variant", ["single_2", "multikey_2", "multivalue"])
+def test_the_test_split_keeps_its_needles_in_the_depth_range(variant):
+    options = dict(niah.VARIANTS[variant], **SIZES, num_train_examples=8,
+                   num_valid_examples=8, num_test_examples=200)
+    for lo, hi in ((0.0, 0.2), (0.4, 0.6), (0.8, 1.0)):
+        test = niah.read_split("test", 256, **niah.at_depth(options, lo, hi))
+        rng = np.random.default_rng(niah.split_seeds(0)["test"])
+        for n in range(20):  # the same rows, with their depths
+            r = niah.make_row(rng, length=256, depth_min=lo, depth_max=hi,
+                              **{k: options[k] for k in niah.VARIANTS[variant]}, **SIZES)
+            assert ((r["depths"] >= lo) & (r["depths"] <= hi)).all()
+            assert (r["tokens"][:-1] == test["inputs"][n]).all()
+            assert (test["inputs"][n][r["slots"]] == niah.NEEDLE).all()
+    train = niah.read_split("train", 256, **niah.at_depth(options, 0.8, 1.0))
+    first = niah.read_split("train", 256, **options)
+    assert (train["inputs"] == first["inputs"]).all()  # the range is the test's only
+
+
+def test_errors_say_what_to_change():
+    with pytest.raises(ConfigError, match="make the row longer"):
+        niah.generate(num_examples=1, length=48, seed=0, **niah.VARIANTS["multiquery"],
+                      **SIZES)
+    with pytest.raises(ConfigError, match="distinct keys"):
+        niah.generate(num_examples=1, length=256, seed=0, **niah.VARIANTS["multikey_2"],
+                      **dict(SIZES, key_len=1))
+    with pytest.raises(ConfigError, match="fewer than"):
+        niah.generate(num_examples=1, length=8, seed=0, **niah.VARIANTS["multivalue"],
+                      **SIZES)
+    with pytest.raises(ConfigError, match="0 <= min < max <= 1"):
+        niah.read_split("test", 64, test_depth_min=0.5, test_depth_max=0.5)
+    with pytest.raises(ConfigError, match="variant='single'"):
+        niah_config.get_config("variant=single")
+    with pytest.raises(ConfigError, match="scaffold='grazzi'"):
+        niah_config.get_config("scaffold=grazzi")
+
+
+def test_config_builds_each_row_on_the_declared_scaffold():
+    for variant, spec in niah.VARIANTS.items():
+        c = niah_config.get_config(f"variant={variant},model=gla")
+        assert {k: c.task_options[k] for k in spec} == spec
+        assert c.scaffold.name == "zoology_mqar" and c.block.short_conv == 3
+        assert c.causal and c.objective == "sequence_labels"
+        assert c.eval_lengths == "512,1024,2048" and c.eval_depth_buckets == 5
+
+
+def test_runlocal_tests_every_length_and_depth(tmp_path):
+    from lra import train
+
+    c = niah_config.get_config("model=gla,runlocal")
+    c.num_train_steps, c.eval_frequency, c.checkpoint_freq = 4, 4, 4
+    train.train_and_evaluate(c, str(tmp_path))
+    r = json.load(open(os.path.join(tmp_path, "results.json")))
+    assert r["task"] == "niah"
+    assert [(x["length"], x["max_length"]) for x in r["length_accuracy"]] == [(96, 96)]
+    depths = [(x["length"], x["depth_min"], x["depth_max"]) for x in r["depth_accuracy"]]
+    assert depths == [(48, 0.0, 0.5), (48, 0.5, 1.0), (96, 0.0, 0.5), (96, 0.5, 1.0)]
+    assert all(0.0 <= x["accuracy"] <= 1.0 for x in r["depth_accuracy"])
+
+
+def test_depth_buckets_are_refused_where_a_task_has_no_needles(tmp_path):
+    from configs import mqar
+    from lra import train
+
+    c = mqar.get_config("model=linear,runlocal")
+    c.eval_depth_buckets = 4
+    with pytest.raises(ConfigError, match="no needle depth"):
+        train.train_and_evaluate(c, str(tmp_path))
