@@ -40,6 +40,11 @@ cell's, as Zoology picks the best lr per width. Written:
              number of test label classes, from each setting's regenerated data); the
              published rows beside.
 
+  <out>_lengths.md, _lengths.png  the runs with config.eval_lengths or eval_depth_buckets
+             (state tracking, niah, any task): accuracy against the evaluation length, a
+             line per model, the seeds' spread, and the needle-depth table
+             (lra/length_report.py).
+
   <out>_runs.jsonl  every run the tables used, one line each: its results.json without
              the training history (a few KB a run), and `run_dir`, its folder. Committed beside
              the tables, it is what a later machine regenerates or extends them from, as a
@@ -730,10 +735,14 @@ def report(sources: str | list[str], out: str) -> list[str]:
     all_cells = cells(runs)
     mad = mad_scores(runs)
     where = " + ".join(sources)
-    if not all_cells and not mad:
-        raise FileNotFoundError(f"no MQAR or MAD run's results.json under {where}")
+    from lra import length_report  # it reads this module's settings: imported here
+
+    with_lengths = [r for r in runs if length_report.has_lengths(r)]
+    if not all_cells and not mad and not with_lengths:
+        raise FileNotFoundError(f"no MQAR, MAD or length-extrapolation run's results.json "
+                                f"under {where}")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    paths = []
+    paths = length_report.write(with_lengths, out, where)
     if all_cells:
         paths += [out + ".md", out + ".csv", out + ".png"]
         with open(paths[0], "w", encoding="utf-8") as f:
@@ -744,8 +753,8 @@ def report(sources: str | list[str], out: str) -> list[str]:
         paths.append(out + "_mad.md")
         with open(paths[-1], "w", encoding="utf-8") as f:
             f.write(mad_markdown(mad, where, mad_baselines(runs)))
-    used = [r for r in runs if (r.get("task") == "mqar" or r.get("task", "").startswith("mad_"))
-            and r.get("config")]
+    used = [r for r in runs if (r.get("task") == "mqar" or r.get("task", "").startswith("mad_")
+                                or length_report.has_lengths(r)) and r.get("config")]
     paths.append(out + RUNS_SUFFIX)
     write_runs(used, paths[-1])
     for line in skipped:

@@ -121,7 +121,7 @@ def test_report_writes_the_table_csv_and_figure(tmp_path):
 
 def test_no_mqar_run_is_one_line(tmp_path, capsys):
     assert synthetic_report.main(["prog", str(tmp_path)]) == 1
-    assert "no MQAR or MAD run" in capsys.readouterr().err
+    assert "no MQAR, MAD or length-extrapolation run" in capsys.readouterr().err
 
 
 def _write_mad(root, model, task, seed, macro, *, lr=5e-4, vocab=None, counted=True):
@@ -440,3 +440,49 @@ def test_a_kept_knob_names_the_row_and_keeps_it_ranked(tmp_path):
                 ).read()
     assert "| retnet [pos rotary (kept), heads 8 (kept)] | 90.5 ± 0.7 (2) =" in text
     assert "| gla | 50.5 ± 0.7 (2) <" in text and "Not ranked" not in text
+
+
+def _write_length_run(root, model, seed, lengths, *, neg_eig=False, depths=None,
+                      task="state_tracking"):
+    """A results.json as train_and_evaluate writes it with config.eval_lengths: the
+    test weights at each length (and, for niah, per depth range)."""
+    from configs import niah as niah_config
+    from configs import state_tracking as st_config
+
+    arg = f"model={model},runlocal{',neg_eig' if neg_eig else ''}"
+    make = st_config if task == "state_tracking" else niah_config
+    config = common.resolve(make.get_config(arg)).to_dict()
+    config["random_seed"] = seed
+    folder = os.path.join(root, task, model + ("-neg" if neg_eig else ""), f"seed{seed}")
+    os.makedirs(folder)
+    with open(os.path.join(folder, "results.json"), "w") as f:
+        json.dump({"task": task, "model": model, "test_accuracy": 0.9,
+                   "best_eval_accuracy": 0.9, "majority_baseline_accuracy": 0.5,
+                   "num_params": 1234, "objective": "sequence_labels", "config": config,
+                   "length_accuracy": [{"length": n, "max_length": n, "accuracy": a}
+                                       for n, a in lengths.items()],
+                   "depth_accuracy": depths}, f)
+
+
+def test_length_table_and_figure_show_each_model_per_length_with_the_seeds(tmp_path):
+    runs = tmp_path / "runs"
+    for seed, (a, b) in enumerate([(1.0, 0.8), (1.0, 0.9)]):
+        _write_length_run(runs, "deltanet", seed, {16: a, 32: b}, neg_eig=True)
+        _write_length_run(runs, "deltanet", seed, {16: 0.9, 32: 0.5})
+    _write_length_run(runs, "gla", 0, {16: 0.6, 32: 0.5}, task="niah",
+                      depths=[{"length": 48, "max_length": 48, "depth_min": 0.0,
+                               "depth_max": 0.5, "accuracy": 0.25}])
+    out = tmp_path / "report" / "st"
+    assert synthetic_report.main(["prog", str(runs)], out=str(out)) == 0
+    text = (tmp_path / "report" / "st_lengths.md").read_text()
+    assert (tmp_path / "report" / "st_lengths.png").stat().st_size > 0
+    assert "## state_tracking parity, trained at lengths 3..12" in text
+    assert "| deltanet | 1,234 | 90.0 ± 0.0 (2) | 50.0 ± 0.0 (2) |" in text
+    assert "| deltanet [neg_eig] | 1,234 | 100.0 ± 0.0 (2) | 85.0 ± 7.1 (2) |" in text
+    assert "| chance | - | 50.0 | 50.0 |" in text
+    # niah tests at its training length: the run's own test is that point.
+    assert "## niah single_2, trained at L 48" in text
+    assert "| gla | 1,234 | 60.0 (1) | 50.0 (1) | 90.0 (1) |" in text
+    assert "| gla | 48 | 25.0 (1) |" in text
+    record = (tmp_path / "report" / "st_runs.jsonl").read_text().splitlines()
+    assert len(record) == 5

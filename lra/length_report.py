@@ -1,0 +1,224 @@
+r"""Accuracy against the evaluation length (issue 72): the length-extrapolation table and
+figure of `lra.synthetic_report`, from the runs' `length_accuracy` (config.eval_lengths)
+and `depth_accuracy` (config.eval_depth_buckets).
+
+  python -m lra.synthetic_report workdirs/state_tracking_grid --out=results/cpu/st
+      # also writes results/cpu/st_lengths.md and _lengths.png when runs have lengths
+
+A panel is one task setting (the runs' configs agreeing in everything but the model, its
+presets, the seed and the width: lra.synthetic_report's settings), e.g. parity at one
+recipe; a line is one row name (the model, ` [neg_eig]` for the negative-eigenvalue
+forms), its points the seeds' mean test accuracy at each length, error bars the seeds'
+min to max. For a task whose test split is made at the training length (niah, MQAR: no
+`Task.at_length`), the run's own test is the point at its training length; a state-
+tracking test spans lengths (40..L) and is left out. The training length is the dashed
+line (state tracking: the longest training row). Baselines per panel: the majority
+label's share of the test split's labels (from the runs) and chance (one label of the task's answer set, where it has one).
+
+Depths: per panel, row and length, the seeds' mean accuracy in each depth range (the
+needle-in-a-haystack heat map as a table).
+"""
+from __future__ import annotations
+
+import statistics
+
+from lra import synthetic_report as sr
+
+
+def has_lengths(r: dict) -> bool:
+    return bool(r.get("config")) and bool(r.get("length_accuracy") or r.get("depth_accuracy"))
+
+
+def row_label(r: dict) -> str:
+    hparams = (r.get("config") or {}).get("model_hparams") or {}
+    return r["model"] + (" [neg_eig]" if hparams.get("allow_neg_eigval") else "")
+
+
+def panel_name(r: dict) -> str:
+    """A short name for the panel's data: the task and its defining options."""
+    c = r["config"]
+    o = c.get("task_options") or {}
+    if r["task"] == "state_tracking":
+        what = o.get("language", "parity")
+    elif r["task"] == "niah":
+        from lra.tasks import niah
+
+        spec = {k: o.get(k) for k in niah.VARIANTS["single_1"]}
+        what = next((name for name, v in niah.VARIANTS.items() if v == spec), "custom")
+    else:
+        what = ""
+    lo, hi = train_range(c)
+    trained = f"L {hi}" if lo == hi else f"lengths {lo}..{hi}"
+    return f"{r['task']}{' ' + what if what else ''}, trained at {trained}"
+
+
+def train_range(config: dict) -> tuple[int, int]:
+    """The training rows' shortest and longest length (state tracking: its options')."""
+    o = config.get("task_options") or {}
+    if "train_max_length" in o:
+        return int(o.get("train_min_length", 1)), int(o["train_max_length"])
+    return int(config["max_length"]), int(config["max_length"])
+
+
+def chance(config: dict) -> float | None:
+    """Accuracy (%) of a uniform guess over the task's answers, where it has a set."""
+    o = config.get("task_options") or {}
+    if config.get("task") == "niah":
+        return 100.0 / int(o.get("num_values", 32))
+    if config.get("task") == "state_tracking":
+        from lra.tasks import state_tracking as st
+
+        language = o.get("language", "parity")
+        if language == "parity":
+            return 50.0
+        if language == "modular_arithmetic":
+            return 100.0 / (st.vocab_size_of(language=language, vocab_size=o.get("vocab_size", 0)) - 5)
+        return 100.0 / len(st.group_table(language))
+    return None
+
+
+def _tested_at_training_length(task: str) -> bool:
+    import lra.tasks
+
+    try:
+        return lra.tasks.get(task).at_length is None
+    except Exception:  # noqa: BLE001  (a task this code no longer has)
+        return False
+
+
+def _stats(values: list[float]) -> dict:
+    return {"mean": statistics.fmean(values), "min": min(values), "max": max(values),
+            "std": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values)}
+
+
+def cells(runs: list[dict]) -> list[dict]:
+    """One dict per (panel, row): its points {length: stats} and depths
+    {(length, lo, hi): stats}, params, majority, chance."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        if has_lengths(r):
+            key = (panel_name(r), sr._setting(r), int(r["config"].get("emb_dim", 0)),
+                   row_label(r))
+            groups.setdefault(key, []).append(r)
+    out = []
+    for (panel, setting, width, label), group in sorted(groups.items(), key=repr):
+        by_length: dict[int, list[float]] = {}
+        by_depth: dict[tuple, list[float]] = {}
+        train_length = train_range(group[0]["config"])[1]
+        for r in group:
+            if _tested_at_training_length(r["task"]) and r.get("test_accuracy") is not None:
+                by_length.setdefault(int(r["config"]["max_length"]), []).append(100 * r["test_accuracy"])
+            for row in r.get("length_accuracy") or []:
+                by_length.setdefault(int(row["length"]), []).append(100 * row["accuracy"])
+            for row in r.get("depth_accuracy") or []:
+                key = (int(row["length"]), float(row["depth_min"]), float(row["depth_max"]))
+                by_depth.setdefault(key, []).append(100 * row["accuracy"])
+        out.append({
+            "panel": panel, "setting": setting, "width": width, "model": label,
+            "train_length": train_length, "seeds": len(group),
+            "points": {n: _stats(v) for n, v in sorted(by_length.items())},
+            "depths": {k: _stats(v) for k, v in sorted(by_depth.items())},
+            "params": int(group[0].get("num_params") or 0),
+            "majority": 100 * float(group[0].get("majority_baseline_accuracy") or 0.0),
+            "chance": chance(group[0]["config"]),
+        })
+    return out
+
+
+def _order(c: dict) -> tuple:
+    base = c["model"].split(" ")[0].split("+")[0]
+    return (sr.ORDER.index(base) if base in sr.ORDER else len(sr.ORDER), c["model"])
+
+
+def _panels(all_cells: list[dict]) -> list[tuple]:
+    return list(dict.fromkeys((c["panel"], c["setting"], c["width"]) for c in all_cells))
+
+
+def _fmt(s: dict | None) -> str:
+    if not s:
+        return "-"
+    return f"{s['mean']:.1f} ± {s['std']:.1f} ({s['n']})" if s["n"] > 1 else f"{s['mean']:.1f} (1)"
+
+
+def markdown(all_cells: list[dict], source: str) -> str:
+    lines = ["# Accuracy against the evaluation length", "",
+             f"From `{source}` (lra.length_report). Test accuracy (%) at each length, the "
+             "seeds' mean ± standard deviation (n seeds); the training length is marked *. "
+             "A difference inside the seeds' spread is a tie.", ""]
+    for panel, setting, width in _panels(all_cells):
+        group = [c for c in all_cells if (c["panel"], c["setting"], c["width"])
+                 == (panel, setting, width)]
+        lengths = sorted({n for c in group for n in c["points"]})
+        train = group[0]["train_length"]
+        lines += [f"## {panel}, width {width}", "",
+                  "| model | params | " + " | ".join(
+                      f"L {n}{'*' if n == train else ''}" for n in lengths) + " |",
+                  "|---|---|" + "---|" * len(lengths)]
+        for c in sorted(group, key=_order):
+            lines.append(f"| {c['model']} | {c['params']:,} | " + " | ".join(
+                _fmt(c["points"].get(n)) for n in lengths) + " |")
+        majority = statistics.fmean(c["majority"] for c in group)
+        lines.append(f"| majority label (the test split's) | - | {majority:.1f} |"
+                     + " |" * (len(lengths) - 1))
+        if group[0]["chance"] is not None:
+            lines.append(f"| chance | - | " + " | ".join(
+                f"{group[0]['chance']:.1f}" for _ in lengths) + " |")
+        depth_keys = sorted({k for c in group for k in c["depths"]})
+        if depth_keys:
+            ranges = sorted({(lo, hi) for _, lo, hi in depth_keys})
+            lines += ["", "Needle depth (share of the haystack before it):", "",
+                      "| model | L | " + " | ".join(f"{lo:.1f}-{hi:.1f}" for lo, hi in ranges)
+                      + " |", "|---|---|" + "---|" * len(ranges)]
+            for c in sorted(group, key=_order):
+                for n in sorted({k[0] for k in c["depths"]}):
+                    lines.append(f"| {c['model']} | {n} | " + " | ".join(
+                        _fmt(c["depths"].get((n, lo, hi))) for lo, hi in ranges) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(all_cells: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = _panels(all_cells)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False)
+    models = list(dict.fromkeys(c["model"] for c in all_cells))
+    for ax, (panel, setting, width) in zip(axes[0], panels):
+        group = [c for c in all_cells if (c["panel"], c["setting"], c["width"])
+                 == (panel, setting, width)]
+        for c in group:
+            xs = sorted(c["points"])
+            pts = [c["points"][n] for n in xs]
+            ax.errorbar(xs, [p["mean"] for p in pts],
+                        yerr=[[p["mean"] - p["min"] for p in pts],
+                              [p["max"] - p["mean"] for p in pts]],
+                        ms=4, capsize=2, label=f"{c['model']} ({c['seeds']})",
+                        **sr._line_style(c["model"], models))
+        ax.axvline(group[0]["train_length"], color="grey", linestyle="--", linewidth=1)
+        if group[0]["chance"] is not None:
+            ax.axhline(group[0]["chance"], color="black", linestyle=":", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(0, 102)
+        ax.set_title(f"{panel}, d {width}", fontsize=9)
+        ax.set_xlabel("evaluation length")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    axes[0][0].set_ylabel("test accuracy (%)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(runs: list[dict], out: str, source: str) -> list[str]:
+    """<out>_lengths.md and .png for the runs that have lengths; [] if none has."""
+    all_cells = cells(runs)
+    if not all_cells:
+        return []
+    paths = [out + "_lengths.md", out + "_lengths.png"]
+    with open(paths[0], "w", encoding="utf-8") as f:
+        f.write(markdown(all_cells, source))
+    plot(all_cells, paths[1])
+    return paths
