@@ -120,6 +120,9 @@ def base_config(*, task: str, model: str) -> ml_collections.ConfigDict:
     # ... and at each of these lengths (the training length first) on test splits whose
     # needles lie in one of n equal depth ranges (NIAH; 0 = none).
     c.eval_depth_buckets = 0
+    # ... and at the training length on test splits made with other task options, named:
+    # "sparse:test_p_ignore=0.98;dense:test_p_ignore=0.1" (flip-flop's tails); "" = none.
+    c.eval_splits = ""
     c.checkpoint_freq = 500
     c.log_every_steps = 50
     # Stop after the evaluation whose validation accuracy exceeds this (Zoology's early
@@ -195,7 +198,7 @@ PRESET_TASK = {"mnist": "image", "fashion_mnist": "image"}
 PRESET_TASK.update({t: "listops" for t in (
     "mqar", "mad_in_context_recall", "mad_fuzzy_in_context_recall",
     "mad_noisy_in_context_recall", "mad_selective_copying", "mad_compression",
-    "mad_memorization", "state_tracking", "niah")})
+    "mad_memorization", "state_tracking", "niah", "flipflop")})
 # Character-level LM (configs/enwik8.py, text8.py) takes LRA Text's (byte-level) presets.
 PRESET_TASK.update({"enwik8": "text", "text8": "text"})
 

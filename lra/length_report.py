@@ -4,6 +4,8 @@ and `depth_accuracy` (config.eval_depth_buckets).
 
   python -m lra.synthetic_report workdirs/state_tracking_grid --out=results/cpu/st
       # also writes results/cpu/st_lengths.md and _lengths.png when runs have lengths
+  python -m lra.length_report workdirs/niah_mini --out=results/cpu/niah_mini
+      # those two only (sources: directories and _runs.jsonl records, as synthetic_report)
 
 A panel is one task setting (the runs' configs agreeing in everything but the model, its
 presets, the seed and the width: lra.synthetic_report's settings), e.g. parity at one
@@ -14,6 +16,9 @@ min to max. For a task whose test split is made at the training length (niah, MQ
 tracking test spans lengths (40..L) and is left out. The training length is the dashed
 line (state tracking: the longest training row). Baselines per panel: the majority
 label's share of the test split's labels (from the runs) and chance (one label of the task's answer set, where it has one).
+
+Splits (config.eval_splits, flip-flop's sparse and dense tails): columns after the
+lengths, at the training length.
 
 Depths: per panel, row and length, the seeds' mean accuracy in each depth range (the
 needle-in-a-haystack heat map as a table).
@@ -26,7 +31,8 @@ from lra import synthetic_report as sr
 
 
 def has_lengths(r: dict) -> bool:
-    return bool(r.get("config")) and bool(r.get("length_accuracy") or r.get("depth_accuracy"))
+    return bool(r.get("config")) and bool(r.get("length_accuracy") or r.get("depth_accuracy")
+                                          or r.get("split_accuracy"))
 
 
 def row_label(r: dict) -> str:
@@ -65,6 +71,8 @@ def chance(config: dict) -> float | None:
     o = config.get("task_options") or {}
     if config.get("task") == "niah":
         return 100.0 / int(o.get("num_values", 32))
+    if config.get("task") == "flipflop":  # a read's bit
+        return 50.0
     if config.get("task") == "state_tracking":
         from lra.tasks import state_tracking as st
 
@@ -104,12 +112,15 @@ def cells(runs: list[dict]) -> list[dict]:
     for (panel, setting, width, label), group in sorted(groups.items(), key=repr):
         by_length: dict[int, list[float]] = {}
         by_depth: dict[tuple, list[float]] = {}
+        by_split: dict[str, list[float]] = {}
         train_length = train_range(group[0]["config"])[1]
         for r in group:
             if _tested_at_training_length(r["task"]) and r.get("test_accuracy") is not None:
                 by_length.setdefault(int(r["config"]["max_length"]), []).append(100 * r["test_accuracy"])
             for row in r.get("length_accuracy") or []:
                 by_length.setdefault(int(row["length"]), []).append(100 * row["accuracy"])
+            for row in r.get("split_accuracy") or []:
+                by_split.setdefault(row["split"], []).append(100 * row["accuracy"])
             for row in r.get("depth_accuracy") or []:
                 key = (int(row["length"]), float(row["depth_min"]), float(row["depth_max"]))
                 by_depth.setdefault(key, []).append(100 * row["accuracy"])
@@ -118,6 +129,7 @@ def cells(runs: list[dict]) -> list[dict]:
             "train_length": train_length, "seeds": len(group),
             "points": {n: _stats(v) for n, v in sorted(by_length.items())},
             "depths": {k: _stats(v) for k, v in sorted(by_depth.items())},
+            "splits": {k: _stats(v) for k, v in by_split.items()},
             "params": int(group[0].get("num_params") or 0),
             "majority": 100 * float(group[0].get("majority_baseline_accuracy") or 0.0),
             "chance": chance(group[0]["config"]),
@@ -149,14 +161,18 @@ def markdown(all_cells: list[dict], source: str) -> str:
         group = [c for c in all_cells if (c["panel"], c["setting"], c["width"])
                  == (panel, setting, width)]
         lengths = sorted({n for c in group for n in c["points"]})
+        splits = list(dict.fromkeys(k for c in group for k in c["splits"]))
         train = group[0]["train_length"]
         lines += [f"## {panel}, width {width}", "",
                   "| model | params | " + " | ".join(
-                      f"L {n}{'*' if n == train else ''}" for n in lengths) + " |",
-                  "|---|---|" + "---|" * len(lengths)]
+                      [f"L {n}{'*' if n == train else ''}" for n in lengths]
+                      + [f"{k} (at L {train})" for k in splits]) + " |",
+                  "|---|---|" + "---|" * (len(lengths) + len(splits))]
         for c in sorted(group, key=_order):
             lines.append(f"| {c['model']} | {c['params']:,} | " + " | ".join(
-                _fmt(c["points"].get(n)) for n in lengths) + " |")
+                [_fmt(c["points"].get(n)) for n in lengths]
+                + [_fmt(c["splits"].get(k)) for k in splits]) + " |")
+        lengths = lengths + splits  # the baseline rows' columns
         majority = statistics.fmean(c["majority"] for c in group)
         lines.append(f"| majority label (the test split's) | - | {majority:.1f} |"
                      + " |" * (len(lengths) - 1))
@@ -222,3 +238,43 @@ def write(runs: list[dict], out: str, source: str) -> list[str]:
         f.write(markdown(all_cells, source))
     plot(all_cells, paths[1])
     return paths
+
+
+def main(argv: list[str], out: str | None = None) -> int:
+    import sys
+
+    if len(argv) < 2 or not out:
+        print("usage: python -m lra.length_report DIR_OR_RUNS_JSONL... --out=PATH_WITHOUT_SUFFIX",
+              file=sys.stderr)
+        return 2
+    try:
+        runs, skipped = sr.load_sources(argv[1:])
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    for line in skipped:
+        print(f"warning: {line}", file=sys.stderr)
+    runs = [r for r in sr.dedupe(runs) if has_lengths(r)]
+    where = " + ".join(argv[1:])
+    if not runs:
+        print(f"error: no run with length_accuracy, depth_accuracy or split_accuracy under "
+              f"{where}", file=sys.stderr)
+        return 1
+    import os
+
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    paths = write(runs, out, where)
+    paths.append(out + sr.RUNS_SUFFIX)
+    sr.write_runs(runs, paths[-1])
+    print("wrote " + ", ".join(paths))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    from absl import app, flags
+
+    flags.DEFINE_string("out", None, "Output path without suffix: writes _lengths.md, "
+                        "_lengths.png and _runs.jsonl.")
+    app.run(lambda argv: sys.exit(main(argv, flags.FLAGS.out)))

@@ -245,6 +245,7 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
     length_plan = lengths.plan(config, task,
                                lambda c: nnx.eval_shape(lambda: build_model(c, task)))
     depth_plan = lengths.depth_plan(config, task, length_plan)  # config.eval_depth_buckets
+    split_plan = lengths.split_plan(config, task)  # config.eval_splits
     # A (data, model) mesh; parameters and optimizer state placed by config.sharding's
     # rules on their logical axis names (lra/training/sharding.py). Auto axes: XLA propagates
     # shardings from these inputs (GSPMD), guided by the model's activation constraints.
@@ -588,9 +589,9 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
               "instead")
     test = evaluate(best_weights, "test")
     ckpts.close()
-    length_accuracy, depth_accuracy = [], []  # lra/training/lengths.py
+    length_accuracy, depth_accuracy, split_accuracy = [], [], []  # lra/training/lengths.py
     steps_at = {}  # the test step per (model length, label slots), compiled once
-    for entry in length_plan + depth_plan:
+    for entry in length_plan + depth_plan + split_plan:
         rows = task.load(config.data_dir, "test", entry["max_length"], **entry["options"])
         at = lengths.config_at(config, entry["max_length"])
         key = (entry["max_length"], label_slots({"test": rows}, at))
@@ -602,7 +603,10 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
                 out_shardings=replicated))
         got = evaluate(best_weights, "test", rows=rows, step=steps_at[key])
         row = {"length": entry["length"], "max_length": entry["max_length"], **got}
-        if "depth" not in entry:
+        if "split" in entry:
+            split_accuracy.append({"split": entry["split"], **row})
+            _log(f"split {entry['split']:>12} | test acc {got['accuracy']:.4f}")
+        elif "depth" not in entry:
             length_accuracy.append(row)
             _log(f"length {entry['length']:>6} | test acc {got['accuracy']:.4f}")
         else:
@@ -659,6 +663,8 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         "length_accuracy": length_accuracy or None,
         # config.eval_depth_buckets: the same per (length, needle depth range).
         "depth_accuracy": depth_accuracy or None,
+        # config.eval_splits: the same on test splits made with other task options.
+        "split_accuracy": split_accuracy or None,
         # Zoology's BASED recipe: the kernel of the short convolution before every mixer
         # (config.block.short_conv; 0 = none).
         "short_conv": int(config.block.get("short_conv", 0)) if "block" in config else 0,

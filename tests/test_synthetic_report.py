@@ -443,14 +443,15 @@ def test_a_kept_knob_names_the_row_and_keeps_it_ranked(tmp_path):
 
 
 def _write_length_run(root, model, seed, lengths, *, neg_eig=False, depths=None,
-                      task="state_tracking"):
+                      task="state_tracking", splits=None):
     """A results.json as train_and_evaluate writes it with config.eval_lengths: the
     test weights at each length (and, for niah, per depth range)."""
+    from configs import flipflop as ff_config
     from configs import niah as niah_config
     from configs import state_tracking as st_config
 
     arg = f"model={model},runlocal{',neg_eig' if neg_eig else ''}"
-    make = st_config if task == "state_tracking" else niah_config
+    make = {"state_tracking": st_config, "niah": niah_config, "flipflop": ff_config}[task]
     config = common.resolve(make.get_config(arg)).to_dict()
     config["random_seed"] = seed
     folder = os.path.join(root, task, model + ("-neg" if neg_eig else ""), f"seed{seed}")
@@ -461,7 +462,7 @@ def _write_length_run(root, model, seed, lengths, *, neg_eig=False, depths=None,
                    "num_params": 1234, "objective": "sequence_labels", "config": config,
                    "length_accuracy": [{"length": n, "max_length": n, "accuracy": a}
                                        for n, a in lengths.items()],
-                   "depth_accuracy": depths}, f)
+                   "depth_accuracy": depths, "split_accuracy": splits}, f)
 
 
 def test_length_table_and_figure_show_each_model_per_length_with_the_seeds(tmp_path):
@@ -472,6 +473,9 @@ def test_length_table_and_figure_show_each_model_per_length_with_the_seeds(tmp_p
     _write_length_run(runs, "gla", 0, {16: 0.6, 32: 0.5}, task="niah",
                       depths=[{"length": 48, "max_length": 48, "depth_min": 0.0,
                                "depth_max": 0.5, "accuracy": 0.25}])
+    _write_length_run(runs, "gla", 0, {64: 0.7}, task="flipflop",
+                      splits=[{"split": "sparse", "accuracy": 0.55},
+                              {"split": "dense", "accuracy": 0.95}])
     out = tmp_path / "report" / "st"
     assert synthetic_report.main(["prog", str(runs)], out=str(out)) == 0
     text = (tmp_path / "report" / "st_lengths.md").read_text()
@@ -485,4 +489,18 @@ def test_length_table_and_figure_show_each_model_per_length_with_the_seeds(tmp_p
     assert "| gla | 1,234 | 60.0 (1) | 50.0 (1) | 90.0 (1) |" in text
     assert "| gla | 48 | 25.0 (1) |" in text
     record = (tmp_path / "report" / "st_runs.jsonl").read_text().splitlines()
-    assert len(record) == 5
+    assert "| model | params | L 32* | L 64 | sparse (at L 32) | dense (at L 32) |" in text
+    assert "| gla | 1,234 | 90.0 (1) | 70.0 (1) | 55.0 (1) | 95.0 (1) |" in text
+    assert len(record) == 6
+
+
+def test_length_report_command_writes_only_the_length_files(tmp_path, capsys):
+    from lra import length_report
+
+    runs = tmp_path / "runs"
+    _write_length_run(runs, "gla", 0, {64: 0.7}, task="flipflop")
+    assert length_report.main(["prog", str(runs)], out=str(tmp_path / "o" / "ff")) == 0
+    assert sorted(os.listdir(tmp_path / "o")) == ["ff_lengths.md", "ff_lengths.png",
+                                                  "ff_runs.jsonl"]
+    assert length_report.main(["prog", str(tmp_path / "o")], out=str(tmp_path / "x")) == 1
+    assert "no run with length_accuracy" in capsys.readouterr().err

@@ -86,7 +86,7 @@ _TASKS: dict[str, Task] = {}
 TASK_MODULES = ("lra.tasks.listops", "lra.tasks.text", "lra.tasks.retrieval", "lra.tasks.image",
                 "lra.tasks.pathfinder", "lra.tasks.mnist", "lra.tasks.mqar",
                 "lra.tasks.mad", "lra.tasks.enwik8", "lra.tasks.state_tracking",
-                "lra.tasks.niah")
+                "lra.tasks.niah", "lra.tasks.flipflop")
 
 
 def _load_all() -> None:

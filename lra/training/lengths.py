@@ -18,10 +18,16 @@ are.
 (the training length first) on test splits whose needles all lie in one of n equal depth
 ranges of the context (`Task.at_depth`): results.json `depth_accuracy`, one row per
 (length, bucket), the heat map of needle-in-a-haystack papers.
+
+`config.eval_splits` ("sparse:test_p_ignore=0.98;dense:test_p_ignore=0.1") tests them on
+test splits made with other task options (flip-flop's tails): `split_accuracy`, one row
+per named split, at the training length.
 """
 from __future__ import annotations
 
+import ast
 import copy
+import inspect
 from typing import Any, Callable
 
 import jax
@@ -68,6 +74,48 @@ def depth_plan(config, task, length_plan: list[dict]) -> list[dict]:
     return [{**entry, "depth": (b / n, (b + 1) / n),
              "options": task.at_depth(entry["options"], b / n, (b + 1) / n)}
             for entry in at for b in range(n)]
+
+
+def parse_splits(config) -> dict[str, dict]:
+    """config.eval_splits as {name: {option: value}}."""
+    text = str(config.get("eval_splits", "") or "").strip()
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        name, sep, body = part.partition(":")
+        changes = {}
+        for item in filter(None, (x.strip() for x in body.split(","))):
+            key, eq, value = item.partition("=")
+            if not eq or not key.strip():
+                changes = None
+                break
+            try:
+                changes[key.strip()] = ast.literal_eval(value.strip())
+            except (ValueError, SyntaxError):
+                changes[key.strip()] = value.strip()
+        if not sep or not name.strip() or not changes or name.strip() in out:
+            raise ConfigError(f"config.eval_splits={text!r}: name:option=value[,option="
+                              "value] per split, splits separated by ';', each name once, "
+                              "e.g. 'sparse:test_p_ignore=0.98;dense:test_p_ignore=0.1'")
+        out[name.strip()] = changes
+    return out
+
+
+def split_plan(config, task) -> list[dict]:
+    """One entry per config.eval_splits split, at the training length; an option the
+    task's reader does not take is refused before training."""
+    splits = parse_splits(config)
+    options = config.task_options.to_dict() if "task_options" in config else {}
+    accepted = {p.name for p in inspect.signature(task.reader).parameters.values()
+                if p.kind == p.KEYWORD_ONLY}
+    for name, changes in splits.items():
+        unknown = sorted(set(changes) - accepted)
+        if unknown:
+            raise ConfigError(f"config.eval_splits: split {name!r} sets {', '.join(unknown)}, "
+                              f"not an option of task {task.name} (its options: "
+                              f"{', '.join(sorted(accepted)) or 'none'})")
+    return [{"length": config.max_length, "max_length": config.max_length,
+             "options": {**options, **changes}, "graphdef": None, "split": name}
+            for name, changes in splits.items()]
 
 
 def config_at(config, max_length: int):
