@@ -15,7 +15,8 @@ min to max. For a task whose test split is made at the training length (niah, MQ
 `Task.at_length`), the run's own test is the point at its training length; a state-
 tracking test spans lengths (40..L) and is left out. The training length is the dashed
 line (state tracking: the longest training row). Baselines per panel: the majority
-label's share of the test split's labels (from the runs) and chance (one label of the task's answer set, where it has one).
+label's share of the test split's labels (from the runs) and chance (one label of the
+task's answer set, where it has one).
 
 Splits (config.eval_splits, flip-flop's sparse and dense tails): columns after the
 lengths, at the training length.
@@ -80,7 +81,8 @@ def chance(config: dict) -> float | None:
         if language == "parity":
             return 50.0
         if language == "modular_arithmetic":
-            return 100.0 / (st.vocab_size_of(language=language, vocab_size=o.get("vocab_size", 0)) - 5)
+            vocab = st.vocab_size_of(language=language, vocab_size=o.get("vocab_size", 0))
+            return 100.0 / (vocab - 5)
         return 100.0 / len(st.group_table(language))
     return None
 
@@ -116,7 +118,8 @@ def cells(runs: list[dict]) -> list[dict]:
         train_length = train_range(group[0]["config"])[1]
         for r in group:
             if _tested_at_training_length(r["task"]) and r.get("test_accuracy") is not None:
-                by_length.setdefault(int(r["config"]["max_length"]), []).append(100 * r["test_accuracy"])
+                at = int(r["config"]["max_length"])
+                by_length.setdefault(at, []).append(100 * r["test_accuracy"])
             for row in r.get("length_accuracy") or []:
                 by_length.setdefault(int(row["length"]), []).append(100 * row["accuracy"])
             for row in r.get("split_accuracy") or []:

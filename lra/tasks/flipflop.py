@@ -22,7 +22,6 @@ Labels: the bit after each r, predicted at the r (the next token; -100 elsewhere
 """
 from __future__ import annotations
 
-import inspect
 import sys
 
 import numpy as np
@@ -84,14 +83,7 @@ def read_split(split: str, max_length: int, *, p_ignore: float = 0.8,
                     p_ignore=test_p_ignore if split == "test" else p_ignore)
 
 
-def _read(data_dir: str, split: str, max_length: int, **options) -> dict[str, np.ndarray]:
-    del data_dir  # generated on the fly
-    return read_split(split, max_length, **options)
-
-
-_read.__signature__ = inspect.signature(read_split).replace(parameters=[
-    p for p in inspect.signature(read_split).parameters.values()
-    if p.kind == p.KEYWORD_ONLY])
+_read = registry.generated_reader(read_split)
 
 if __name__ != "__main__":
     registry.register(registry.Task(

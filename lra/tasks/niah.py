@@ -229,14 +229,7 @@ def at_depth(options: dict, lo: float, hi: float) -> dict:
     return {**options, "test_depth_min": lo, "test_depth_max": hi}
 
 
-def _read(data_dir: str, split: str, max_length: int, **options) -> dict[str, np.ndarray]:
-    del data_dir  # generated on the fly
-    return read_split(split, max_length, **options)
-
-
-_read.__signature__ = inspect.signature(read_split).replace(parameters=[
-    p for p in inspect.signature(read_split).parameters.values()
-    if p.kind == p.KEYWORD_ONLY])
+_read = registry.generated_reader(read_split)
 
 if __name__ != "__main__":
     registry.register(registry.Task(

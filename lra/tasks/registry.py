@@ -81,6 +81,20 @@ class Task:
         return data
 
 
+def generated_reader(read_split: Callable[..., dict[str, np.ndarray]]) -> Reader:
+    """The reader of a task generated from its options (no files: data_dir is not read):
+    read_split(split, max_length, **options), its options read_split's keyword-only
+    parameters (what Task.load checks config.task_options against)."""
+    def read(data_dir: str, split: str, max_length: int, **options) -> dict[str, np.ndarray]:
+        del data_dir
+        return read_split(split, max_length, **options)
+
+    read.__signature__ = inspect.signature(read_split).replace(parameters=[
+        p for p in inspect.signature(read_split).parameters.values()
+        if p.kind == p.KEYWORD_ONLY])
+    return read
+
+
 _TASKS: dict[str, Task] = {}
 # Modules that register tasks; imported on first use of the registry.
 TASK_MODULES = ("lra.tasks.listops", "lra.tasks.text", "lra.tasks.retrieval", "lra.tasks.image",

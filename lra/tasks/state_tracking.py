@@ -50,7 +50,6 @@ Two families, chosen by `task_options.language`:
 from __future__ import annotations
 
 import functools
-import inspect
 import itertools
 import random
 import sys
@@ -268,16 +267,7 @@ def at_length(options: dict, max_length: int, length: int) -> tuple[int, dict]:
                                    "test_max_length": length}
 
 
-def _read(data_dir: str, split: str, max_length: int, **options) -> dict[str, np.ndarray]:
-    del data_dir  # generated on the fly
-    return read_split(split, max_length, **options)
-
-
-# The reader's options are read_split's (the registry checks config.task_options against
-# the reader's keyword-only parameters).
-_read.__signature__ = inspect.signature(read_split).replace(parameters=[
-    p for p in inspect.signature(read_split).parameters.values()
-    if p.kind == p.KEYWORD_ONLY])
+_read = registry.generated_reader(read_split)
 
 if __name__ != "__main__":
     registry.register(registry.Task(
