@@ -25,7 +25,9 @@ IMPLIED_WHEN_ABSENT = {"dtype": "float32", "param_dtype": "float32", "recipe": "
                        "macro_accuracy": "pooled", "data_seed_from_run": False,
                        # hybrid stacks (configs/hybrid.py): unset = one mixer in every layer
                        "hybrid.mixer": "", "hybrid.layers": (), "hybrid.period": 0,
-                       "hybrid.offset": 0, "hybrid.pattern": (), "layers": ()}
+                       "hybrid.offset": 0, "hybrid.pattern": (), "layers": (),
+                       # where the test weights are tested again (lra/training/lengths.py)
+                       "eval_lengths": "", "eval_depth_buckets": 0, "eval_splits": ""}
 REQUIRED_KEYS = ("task", "model", "test_accuracy")
 _NUMERIC_KEYS = ("test_accuracy", "train_steps_per_sec", "train_step_temp_bytes",
                  "majority_baseline_accuracy", "num_params", "steps", "best_eval_loss",
