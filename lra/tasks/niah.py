@@ -162,12 +162,11 @@ def make_row(rng: np.random.Generator, *, length: int, haystack: str, num_needle
         offsets.append(pos + 2 + key_len + np.arange(num_needle_v * value_len))
         pos += 2 + key_len + num_needle_v * value_len
     assert len(row) == length + 1, (len(row), length)
-    return {"tokens": row, "answers": np.concatenate(offsets),
-            "depths": depth[np.searchsorted(allowed, slots)],
+    depths = slots / max(hay, 1)  # each needle's share of the haystack before it
+    return {"tokens": row, "answers": np.concatenate(offsets), "depths": depths,
             "slots": slots + needle_len * np.arange(n_needles),
-            "queried_depths": np.array([depth[np.searchsorted(allowed, slots[j])]
-                                        for q in queried for j, i in enumerate(order)
-                                        if i // num_needle_v == q])}
+            "queried_depths": depths[[j for q in queried for j, i in enumerate(order)
+                                      if i // num_needle_v == q]]}
 
 
 def generate(*, num_examples: int, length: int, seed: int, **options) -> dict[str, np.ndarray]:

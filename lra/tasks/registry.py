@@ -62,12 +62,16 @@ class Task:
         return dataclasses.replace(self, vocab_size=vocab,
                                    num_classes=vocab if self.sequence_labels else self.num_classes)
 
+    def option_names(self) -> list[str]:
+        """The reader's options: its keyword-only parameters (config.task_options)."""
+        return [p.name for p in inspect.signature(self.reader).parameters.values()
+                if p.kind == p.KEYWORD_ONLY]
+
     def load(self, data_dir: str, split: str, max_length: int,
              **options: Any) -> dict[str, np.ndarray]:
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        accepted = [p.name for p in inspect.signature(self.reader).parameters.values()
-                    if p.kind == p.KEYWORD_ONLY]
+        accepted = self.option_names()
         for name in options:
             if name not in accepted:
                 raise ConfigError(

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import ast
 import copy
-import inspect
 from typing import Any, Callable
 
 import jax
@@ -51,6 +50,10 @@ def parse(config) -> list[int]:
     return lengths
 
 
+def _options(config) -> dict:
+    return config.task_options.to_dict() if "task_options" in config else {}
+
+
 def depth_buckets(config, task) -> int:
     """config.eval_depth_buckets as an int, refused for a task without needles."""
     n = int(config.get("eval_depth_buckets", 0) or 0)
@@ -68,7 +71,7 @@ def depth_plan(config, task, length_plan: list[dict]) -> list[dict]:
     n = depth_buckets(config, task)
     if not n:
         return []
-    options = config.task_options.to_dict() if "task_options" in config else {}
+    options = _options(config)
     at = [{"length": config.max_length, "max_length": config.max_length,
            "options": options, "graphdef": None}] + length_plan
     return [{**entry, "depth": (b / n, (b + 1) / n),
@@ -104,9 +107,8 @@ def split_plan(config, task) -> list[dict]:
     """One entry per config.eval_splits split, at the training length; an option the
     task's reader does not take is refused before training."""
     splits = parse_splits(config)
-    options = config.task_options.to_dict() if "task_options" in config else {}
-    accepted = {p.name for p in inspect.signature(task.reader).parameters.values()
-                if p.kind == p.KEYWORD_ONLY}
+    options = _options(config)
+    accepted = set(task.option_names())
     for name, changes in splits.items():
         unknown = sorted(set(changes) - accepted)
         if unknown:
@@ -128,7 +130,7 @@ def config_at(config, max_length: int):
 
 def split_at(task, config, length: int) -> tuple[int, dict]:
     """(model length, task options) of the test split with rows `length` long."""
-    options = config.task_options.to_dict() if "task_options" in config else {}
+    options = _options(config)
     if task.at_length is not None:
         return task.at_length(options, config.max_length, length)
     return length, options
