@@ -8,13 +8,14 @@ STAMP := $(VENV)/.installed
 DEMO_DATA := data/listops_mini
 DEMO_WORKDIR := workdirs/demo/listops_mini_transformer
 
-.PHONY: demo test venv clean-demo bench-kernels bench gpu-wheels gpu-results \
+.PHONY: demo test venv clean-demo tensorboard bench-kernels bench gpu-wheels gpu-results \
     venv-latest test-latest test-jax-gpu ci-latest
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install -q --upgrade pip
 	$(PYTHON) -m pip install -q -r requirements-dev.txt
+	$(PYTHON) -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -32,6 +33,15 @@ clean-demo:
 
 test: $(STAMP)
 	$(PYTHON) -m pytest -n 2 -q
+
+# make tensorboard LOGDIR=<workdir or sweep dir>: TensorBoard on the event files runs write
+# (tensorboardX writes them; TensorBoard itself lives in its own venv, .venv-tensorboard,
+# so that its protobuf and grpcio leave .venv's versions alone).
+LOGDIR ?= workdirs
+tensorboard:
+	test -x .venv-tensorboard/bin/tensorboard || \
+	    ($(PY) -m venv .venv-tensorboard && .venv-tensorboard/bin/pip install -q tensorboard)
+	.venv-tensorboard/bin/tensorboard --logdir=$(LOGDIR)
 
 # Efficiency table of every registered mixer against transformer (CPU: minutes).
 bench: $(STAMP)

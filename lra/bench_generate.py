@@ -32,6 +32,8 @@ import time
 
 from absl import app, flags
 
+from lra.runs import cli
+
 FLAGS = flags.FLAGS
 NO_CACHE = "transformer (no cache)"
 DEFAULT_MODELS = ["transformer", "local", "linear", "performer", "rfa", "fast_weight"]
@@ -217,9 +219,9 @@ def _positive_lengths(values: list[str]) -> list[int]:
     try:
         lengths = sorted(int(n) for n in values)
     except ValueError:
-        sys.exit(f"error: --lengths={','.join(values)}: give positive integers")
+        cli.refuse(f"--lengths={','.join(values)}: give positive integers")
     if not lengths or lengths[0] < 1:
-        sys.exit(f"error: --lengths={','.join(values)}: give positive integers")
+        cli.refuse(f"--lengths={','.join(values)}: give positive integers")
     return lengths
 
 
@@ -238,21 +240,21 @@ def main(argv) -> None:
     try:
         unknown = [m for m in models if not set(mixers_of(m)) <= set(causal)]
     except UserError as e:
-        sys.exit(f"error: {e}")
+        cli.refuse(f"{e}")
     if unknown:
-        sys.exit(f"error: --models: {', '.join(unknown)} not causal variants; causal: "
-                 f"{', '.join(causal)}")
+        cli.refuse(f"--models: {', '.join(unknown)} not causal variants; causal: "
+                   f"{', '.join(causal)}")
     lengths = _positive_lengths(FLAGS.lengths)
     from lra.training.console import unwritable
     if FLAGS.plot and unwritable(FLAGS.plot, "--plot"):
-        sys.exit(f"error: {unwritable(FLAGS.plot, '--plot')}")
+        cli.refuse(f"{unwritable(FLAGS.plot, '--plot')}")
     sizes = {"emb_dim": FLAGS.emb_dim, "num_layers": FLAGS.num_layers,
              "num_heads": FLAGS.num_heads}
     try:
         rows = run(models, lengths, steps=FLAGS.steps, batch=FLAGS.batch_size,
                    repeats=FLAGS.repeats, sizes=sizes)
     except (ValueError, UserError) as e:  # a hybrid's layer out of range: one line
-        sys.exit(f"error: {e}")
+        cli.refuse(f"{e}")
     _, config, _ = build("transformer", lengths[0], sizes)
     print(f"generation, {FLAGS.steps} tokens after a prompt of L - {FLAGS.steps}, batch "
           f"{FLAGS.batch_size}; ListOps mini sizes: emb {config.emb_dim}, {config.num_layers} "
@@ -266,4 +268,4 @@ def main(argv) -> None:
 
 if __name__ == "__main__":
     _define_flags()
-    app.run(main)
+    app.run(main, flags_parser=cli.parse_flags_or_refuse)

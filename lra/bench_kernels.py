@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from lra.runs import cli
 from models import masks
 from models.attention.retention import chunked_retention
 from models.kernels.block_sparse_attention import block_sparse_attention
@@ -347,4 +348,4 @@ def _block_sparse_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> No
 
 if __name__ == "__main__":
     _define_flags()
-    app.run(main)
+    app.run(main, flags_parser=cli.parse_flags_or_refuse)

@@ -46,6 +46,7 @@ from absl import app, flags, logging
 from flax import nnx
 
 from configs import common, hybrid, presets
+from lra.runs import cli
 from lra.reporting.efficiency import (FUSED, growth_exponent, growth_goal, lra_comparison,
                                       table)
 from models import registry
@@ -304,8 +305,8 @@ def read_csv(path: str, settings: dict) -> dict[tuple[str, int], dict]:
     with open(path, newline="") as f:
         records = list(csv.DictReader(f))
     if records and set(records[0]) != set(CSV_FIELDS):
-        raise SystemExit(f"error: {path} was not written by this benchmark version; "
-                         "give another --csv or delete it")
+        cli.refuse(f"{path} was not written by this benchmark version; "
+                   "give another --csv or delete it")
     done = {}
     for rec in records:
         if rec["error"] or any(rec[k] != str(v) for k, v in settings.items()):
@@ -511,4 +512,4 @@ def main(argv):
 
 if __name__ == "__main__":
     _define_flags()
-    app.run(main)
+    app.run(main, flags_parser=cli.parse_flags_or_refuse)

@@ -20,6 +20,8 @@ import jax
 import numpy as np
 from absl import app, flags
 
+from lra.runs import cli
+
 FLAGS = flags.FLAGS
 
 
@@ -120,7 +122,7 @@ def run() -> None:
                       "e.g. gla+transformer@1 (configs/hybrid.py).")
     flags.DEFINE_list("lengths", ["1024", "2048", "4096"], "max_length values.")
     try:
-        app.run(main)
+        app.run(main, flags_parser=cli.parse_flags_or_refuse)
     except Exception as e:  # noqa: BLE001
         from lra.errors import UserError
 

@@ -49,6 +49,7 @@ import sys
 import urllib.parse
 from typing import Callable, Iterable, TextIO
 
+from lra.runs import cli
 from lra.downloading.transfer import Archive, fetch_archive, mb
 from lra.downloading.unpack import Target, missing_files, place, unpack
 from lra.errors import UserError
@@ -277,9 +278,8 @@ def main(argv: list[str]) -> None:
         fetch(tasks, FLAGS.data_dir, mirror=mirror, keep_archives=FLAGS.keep_archives,
               timeout=FLAGS.timeout, retries=FLAGS.retries,
               log=lambda line: print(line, flush=True))
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    except UserError as e:  # unreachable, a checksum that differs: one line, as every refusal
+        cli.refuse(str(e))
     except KeyboardInterrupt:
         print("\nerror: interrupted; run the same command again to continue the download",
               file=sys.stderr)
@@ -290,4 +290,4 @@ if __name__ == "__main__":
     from absl import app
 
     _define_flags()
-    app.run(main)
+    app.run(main, flags_parser=cli.parse_flags_or_refuse)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import statistics
 
 from lra import synthetic_report as sr
+from lra.runs import cli
 
 
 def has_lengths(r: dict) -> bool:
@@ -280,4 +281,5 @@ if __name__ == "__main__":
 
     flags.DEFINE_string("out", None, "Output path without suffix: writes _lengths.md, "
                         "_lengths.png and _runs.jsonl.")
-    app.run(lambda argv: sys.exit(main(argv, flags.FLAGS.out)))
+    app.run(lambda argv: sys.exit(main(argv, flags.FLAGS.out)),
+            flags_parser=cli.parse_flags_or_refuse)

@@ -19,6 +19,8 @@ import dataclasses
 
 import numpy as np
 
+from lra.runs import cli
+
 L2_GRID = (0.0, 1e-4, 1e-3)
 
 
@@ -111,14 +113,14 @@ def main(argv) -> None:
 
     config = flags.FLAGS.config
     if config.objective != "classify":
-        raise SystemExit("lra.linear_baseline fits a classifier: give a classification "
-                         f"config (objective classify, not {config.objective})")
+        cli.refuse("lra.linear_baseline fits a classifier: give a classification "
+                   f"config (objective classify, not {config.objective})")
     from lra.errors import UserError
 
     try:
         s = evaluate_config(config, features=flags.FLAGS.features, steps=flags.FLAGS.steps)
     except UserError as e:  # missing or unreadable data, a bad config: one line
-        raise SystemExit(f"error: {e}") from None
+        cli.refuse(str(e))
     print(f"{config.task} linear classifier on {s.features} ({s.num_features} features, "
           f"l2 {s.l2:g} chosen on validation): val {100 * s.val_accuracy:.2f}%, test "
           f"{100 * s.test_accuracy:.2f}%; majority label {100 * s.majority_accuracy:.2f}%")
@@ -133,4 +135,4 @@ if __name__ == "__main__":
                       "values: each position's id scaled to [0, 1]; counts: the bag of ids.")
     flags.DEFINE_integer("steps", 300, "Full-batch Adam steps per L2 setting.")
     flags.mark_flag_as_required("config")
-    app.run(main)
+    app.run(main, flags_parser=cli.parse_flags_or_refuse)

@@ -22,6 +22,8 @@ import dataclasses
 
 import numpy as np
 
+from lra.runs import cli
+
 
 @dataclasses.dataclass(frozen=True)
 class NGramScore:
@@ -123,8 +125,8 @@ def main(argv) -> None:
 
     config = flags.FLAGS.config
     if config.objective != "causal_lm":
-        raise SystemExit("lra.ngram scores next-token prediction: give a config with "
-                         "`pretrain,causal` (objective causal_lm)")
+        cli.refuse("lra.ngram scores next-token prediction: give a config with "
+                   "`pretrain,causal` (objective causal_lm)")
     for order in sorted({1, 2, flags.FLAGS.order}):
         s = evaluate_config(config, order=order, add_k=flags.FLAGS.add_k,
                             split=flags.FLAGS.split)
@@ -142,4 +144,4 @@ if __name__ == "__main__":
     flags.DEFINE_float("add_k", 1.0, "Add-k smoothing over the vocabulary.")
     flags.DEFINE_string("split", "test", "The split to score.")
     flags.mark_flag_as_required("config")
-    app.run(main)
+    app.run(main, flags_parser=cli.parse_flags_or_refuse)

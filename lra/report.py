@@ -83,6 +83,7 @@ from lra.reporting.tables import (PARAMS_NOTE, comparison_rows, efficiency_ratio
                                   pretraining_rows, table_rows)
 # `collect` is re-exported: notebooks/compare_variants.ipynb and researchers' own
 # notebooks read runs as `report.collect(dir)`, as before lra/runs/results.py held it.
+from lra.runs import cli
 from lra.runs.results import (NON_RESULT_FIELDS, SEED_FIELD, SELF_PRETRAINED,  # noqa: F401
                               annotate, collect, load, nothing_found, pretraining_warnings)
 # The protocol's pieces (published numbers, convergence counting, the locality baseline,
@@ -287,7 +288,7 @@ def main(argv):
         paths = report(argv[1], FLAGS.out, FLAGS.efficiency, FLAGS.efficiency_length,
                        skipped=skipped)
     except (OSError, ValueError) as e:  # no runs, a bad --efficiency file, --out unwritable
-        raise SystemExit(f"error: {e}") from None
+        cli.refuse(str(e))
     print(open(paths["markdown"], encoding="utf-8").read())
     print(f"Wrote {paths['markdown']}, {paths['csv']}, {paths['comparison_csv']}, "
           f"{paths['plot']}"
@@ -296,4 +297,4 @@ def main(argv):
 
 if __name__ == "__main__":
     _define_flags()
-    app.run(main)
+    app.run(main, flags_parser=cli.parse_flags_or_refuse)

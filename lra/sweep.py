@@ -13,7 +13,7 @@ retrieval, image and mnist; the generators lra.tasks.listops / lra.tasks.pathfin
 others, with the mini's own generator arguments for a mini's folder), and the other tasks
 run. The sweep exits 1 when a run failed or was refused, or when no task had its data.
 
-Each run is `launch.py --workdir=<workdir> --config=configs/<task>.py:model=<m>,<config_arg>
+Each run is `python -m lra.launch --workdir=<workdir> --config=configs/<task>.py:model=<m>,<config_arg>
 --config.random_seed=<s> [--config.<override> ...]` in its own process
 (a crash or an out-of-memory in one variant does not stop the sweep), where <workdir> is
 `<sweep_dir>/<task>/<model>/seed<s>`, or `.../seed<s>-<hash>` with `--override`s (a short
@@ -80,9 +80,8 @@ import time
 
 from absl import app, flags
 
-from lra.runs import plan
+from lra.runs import cli, plan
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 FLAGS = flags.FLAGS
 
@@ -123,8 +122,7 @@ def parse_tasks(value: str) -> list[str]:
     names = [t.strip() for t in value.split(",") if t.strip()]
     if names == ["all"]:
         return list(TASKS)
-    known = sorted(f[:-3] for f in os.listdir(os.path.join(REPO, "configs"))
-                   if f.endswith(".py") and f not in ("__init__.py", "common.py", "presets.py"))
+    known = cli.task_names()
     if not names:
         raise ValueError(f"--task is empty; give one of {', '.join(known)}, a comma list, "
                          "or all")
@@ -155,11 +153,11 @@ class SweepStopped(Exception):
 
 def _run_forwarding_signals(cmd: list[str], out, err, timeout: int
                             ) -> tuple[int | None, str]:
-    """Runs `cmd` in REPO; (exit code, or None after --timeout; the name of the SIGTERM or
+    """Runs `cmd` in cli.run_root(); (exit code, or None after --timeout; the name of the SIGTERM or
     SIGINT this process received meanwhile, or ""). Either signal is forwarded to the
     child, a launch.py that saves and stops (a preempted run), and waited for: exiting at
     once would leave it training on as an orphan that writes results.json later."""
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=err)
+    proc = subprocess.Popen(cmd, cwd=cli.run_root(), stdout=out, stderr=err)
     received: list[str] = []
 
     def forward(signum, _frame):
@@ -249,7 +247,7 @@ def sweep(*, task: str, models: list[str], seeds: list[int], config_arg: str, sw
     plan.check_locality_args refuses."""
     plan.check_locality_args(config_arg, pretrain, locality_baseline)
     seeds = list(dict.fromkeys(seeds))
-    # launch.py runs in REPO: a relative workdir (or init_from) would name another folder
+    # launch runs in cli.run_root(): a relative workdir (or init_from) would name another folder
     # there than the one this process creates and checks.
     sweep_dir = os.path.abspath(sweep_dir)
     outcome = {"done": [], "skipped": [], "failed": [], "refused": [], "blocked": []}
@@ -496,4 +494,4 @@ def _check_pretrain_args(task: str, models: list[str], seed: int) -> None:
 
 if __name__ == "__main__":
     _define_flags()
-    app.run(main)
+    app.run(main, flags_parser=cli.parse_flags_or_refuse)

@@ -67,6 +67,7 @@ import sys
 from absl import app, flags
 
 from lra.runs import card as card_lib
+from lra.runs import cli
 from lra.runs import results as results_lib
 
 FLAGS = flags.FLAGS
@@ -786,7 +787,8 @@ def main(argv, out: str | None = None):
 def run() -> None:
     flags.DEFINE_string("out", None, "Output path without suffix (default DIR/mqar): "
                         "writes .md, .csv, .png, _mad.md and _runs.jsonl.")
-    app.run(lambda argv: sys.exit(main(argv, FLAGS.out)))
+    app.run(lambda argv: sys.exit(main(argv, FLAGS.out)),
+            flags_parser=cli.parse_flags_or_refuse)
 
 
 if __name__ == "__main__":

@@ -704,3 +704,9 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         record.write_json(os.path.join(workdir, "results.json"), results)
         _log(record.results_table(results))
     return results
+
+
+if __name__ == "__main__":  # `python -m lra.train ...` is the command, lra.launch
+    import runpy
+
+    runpy.run_module("lra.launch", run_name="__main__", alter_sys=True)

@@ -132,9 +132,10 @@ def test_isolated_cells_match_in_process_cells(tmp_path):
                               capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-2000:]
         runs[isolate] = benchmark.read_csv(path, {"mode": "train_step", "platform": "cpu"})
-    assert len(runs["true"]) == 4  # transformer and linear at 2 lengths
+    # The fused reference, transformer and linear at 2 lengths.
+    assert len(runs["true"]) == 6
     assert {(m, r["impl"]) for (m, _), r in runs["true"].items()} == {
-        ("transformer", "blocksparse"), ("linear", "dense")}
+        ("transformer[flash]", "flash"), ("transformer", "blocksparse"), ("linear", "dense")}
     assert runs["true"] == runs["false"]
     assert all(r["temp_bytes"] > 0 for r in runs["true"].values())
 

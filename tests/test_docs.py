@@ -317,3 +317,28 @@ def test_runnable_block_runs(where, lang, body, tmp_path):
     assert proc.returncode == 0, (
         f"{where}: exit {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n"
         f"--- stderr\n{proc.stderr[-3000:]}")
+
+
+def test_counts_in_the_pages_are_the_registry_s():
+    """The number of mixers (and of those taking rotary positions) wherever a page states
+    it (README twice, docs/gpu_suite.md, docs/variants.md): stale once a variant is added
+    (issue 74), so read from the registry here."""
+    from models import registry
+
+    names = registry.available()
+    counts = {
+        r"\b(\d+) token mixers\b": len(names),
+        r"\| sequence mixers \| (\d+),": len(names),
+        r"\ball (\d+) variants\b": len(names),
+        r"\b(\d+) variants take it \(`Capabilities\.rotary`\)":
+            sum(bool(registry.capabilities(n).rotary) for n in names),
+    }
+    seen = 0
+    for page in PAGES:
+        text = page.read_text()
+        for pattern, expected in counts.items():
+            for m in re.finditer(pattern, text):
+                seen += 1
+                assert int(m.group(1)) == expected, (
+                    f"{_rel(page)}: {m.group(0)!r}, the registry has {expected}")
+    assert seen >= 4

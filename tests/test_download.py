@@ -617,13 +617,13 @@ def cli(*args, env=None):
 def test_command_line_errors_are_one_line(server, tmp_path):
     url = closed_port_url()
     r = cli("text", f"--data_dir={tmp_path}", "--retries=0", env={download.MIRROR_ENV: url})
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert r.stderr.startswith(f"error: cannot reach {url}/aclImdb_v1.tar.gz")
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
 
     # The official checksums against a mirror that serves another file.
     r = cli("image", f"--data_dir={tmp_path}", f"--mirror={server.url}")
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert r.stderr.startswith(f"error: {server.url}/cifar-10-python.tar.gz offers ")
     assert r.stderr.count("\n") == 1
 

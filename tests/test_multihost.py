@@ -232,7 +232,8 @@ def test_a_failure_in_a_multi_process_run_is_one_line_and_exit_3(tmp_path):
     barriers and array writes): docs/distributed.md's one-line error and exit code 3, whatever
     the exception type."""
     script = (
-        "import sys, jax, launch\n"
+        "import sys, jax\n"
+        "from lra import launch\n"
         "from absl import flags\n"
         "from lra import train\n"
         f"flags.FLAGS(['launch.py', '--config=configs/listops.py:runlocal', "
@@ -458,7 +459,7 @@ def _listening(port):
 
 
 def test_port_taken_sees_a_listener_not_a_closed_port():
-    import launch
+    from lra import launch
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-import launch
+from lra import launch
 from configs import common, listops
 from lra import train
 from lra.training import checkpoint

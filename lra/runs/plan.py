@@ -15,7 +15,11 @@ import sys
 
 from absl import flags
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from lra.runs import cli
+
+# Where the packages are (the checkout, or site-packages after `pip install .`): the task
+# configs are imported from there; runs run in cli.run_root().
+REPO = cli.PACKAGES_ROOT
 
 
 # What fills each task's data folder (docs/tasks_and_data.md, "Getting the data"): LRA's
@@ -54,10 +58,11 @@ def missing_data(task: str, config: dict) -> str | None:
     ListOps' and Retrieval's training file, Pathfinder's difficulty folder at the
     resolution, Text's and Image's unpacked archive or TFDS folder), else one line: the
     task is skipped, what is missing, and the command that gets it (data_command).
-    Relative data_dirs are taken from the repository, where launch.py runs."""
+    Relative data_dirs are taken from where the runs run (cli.run_root: the checkout, or
+    the current directory outside one)."""
     data_dir = str(config.get("data_dir", f"data/{task}"))
     options = config.get("task_options") or {}
-    path = data_dir if os.path.isabs(data_dir) else os.path.join(REPO, data_dir)
+    path = data_dir if os.path.isabs(data_dir) else os.path.join(cli.run_root(), data_dir)
     if task == "listops":
         need = os.path.join(path, f"{options.get('task_prefix', 'basic')}_train.tsv")
         present = os.path.isfile(need)
@@ -231,13 +236,15 @@ def config_flags_of(task: str, model: str, seed: int, config_arg: str,
                     overrides: list[str]) -> list[str]:
     """launch.py's --config flags for one run."""
     arg = ",".join(filter(None, [f"model={model}", config_arg]))
-    return [f"--config={os.path.join(REPO, 'configs', task + '.py')}:{arg}",
+    return [f"--config={os.path.join(cli.CONFIGS_DIR, task + '.py')}:{arg}",
             f"--config.random_seed={seed}", *[f"--config.{o}" for o in overrides]]
 
 
 def command(task: str, model: str, seed: int, config_arg: str, workdir: str,
             overrides: list[str]) -> list[str]:
-    return [sys.executable, os.path.join(REPO, "launch.py"), f"--workdir={workdir}",
+    """The run's command line: `python -m lra.launch`, to run in cli.run_root() (where
+    `lra` is importable: the checkout, or anywhere once installed)."""
+    return [sys.executable, "-m", "lra.launch", f"--workdir={workdir}",
             *config_flags_of(task, model, seed, config_arg, overrides)]
 
 

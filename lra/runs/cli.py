@@ -1,0 +1,133 @@
+"""What every command (`python -m lra.<command>`) shares: where it runs from, how a
+`--config=configs/<task>.py` path is found outside the checkout, the exit code of a refused
+input, and the quiet logging users read.
+
+Where runs run (run_root): in a checkout (`launch.py` beside the packages, `pip install
+-e .` or none) the repository, as always: relative data folders (`data/<task>`) and
+workdirs are the checkout's. After a plain `pip install .` the packages live in
+site-packages, which is nobody's project folder: runs then run in the current directory,
+and `data/<task>` is the one under it.
+
+Task configs (config_file): `--config=configs/listops.py:mini` names a file. Where no such
+file is under the current directory, `configs/<name>.py` is the installed package's task
+config (the `configs` package is installed with `lra` and `models`), so the README's
+commands work from any directory. A config file that exists nowhere is refused in one line.
+
+Exit codes (docs/running.md, "Exit codes"): 0 done; 1 a bug (a traceback) or, for
+lra.sweep, a run that failed; 2 a refused input (one line, `error: ...`, from every
+command: a bad flag, a config, data, a workdir).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import NoReturn
+
+EXIT_USER_ERROR = 2
+
+# The folder holding the packages lra, models and configs: the checkout, or site-packages.
+PACKAGES_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIGS_DIR = os.path.join(PACKAGES_ROOT, "configs")
+
+
+def checkout() -> str | None:
+    """The repository checkout the packages are imported from (launch.py beside them),
+    or None for a plain `pip install .`."""
+    return PACKAGES_ROOT if os.path.isfile(os.path.join(PACKAGES_ROOT, "launch.py")) else None
+
+
+def run_root() -> str:
+    """The folder runs run in and relative paths (data_dir, workdirs) are taken from: the
+    checkout, else the current directory (see the module docstring)."""
+    return checkout() or os.getcwd()
+
+
+def config_file(path: str) -> str:
+    """`path` if it is a file (relative to the current directory, as given), else the
+    installed task config it names (`configs/<name>.py`, `./configs/<name>.py`); refuses a
+    path that is neither in one line (exit 2)."""
+    if os.path.isfile(path):
+        return path
+    norm = os.path.normpath(path)
+    head, sep, rest = norm.partition(os.sep)
+    if head == "configs" and sep and os.path.isfile(os.path.join(CONFIGS_DIR, rest)):
+        return os.path.join(CONFIGS_DIR, rest)
+    refuse(f"--config={path}: no such file here ({os.getcwd()}) nor among the task configs "
+           f"(configs/<task>.py: {', '.join(task_names())})")
+
+
+# Modules of configs/ that are not a task's config (what the task configs build on).
+_NOT_TASKS = ("__init__", "common", "hybrid", "presets", "recipes", "scaffold")
+
+
+def task_names() -> list[str]:
+    """The tasks that have a config, configs/<task>.py."""
+    return sorted(f[:-3] for f in os.listdir(CONFIGS_DIR)
+                  if f.endswith(".py") and f[:-3] not in _NOT_TASKS)
+
+
+def with_config_paths(argv: list[str], flag: str = "config") -> list[str]:
+    """argv with each `--<flag>=<file>[:<args>]` (or `--<flag> <file>...`, one dash or
+    two, before absl's `--`) pointing at the file config_file finds. Dotted overrides
+    (`--config.learning_rate=...`) are left alone."""
+    out, i = list(argv), 1
+    end = out.index("--") if "--" in out else len(out)
+    while i < end:
+        arg = out[i]
+        for prefix in (f"--{flag}=", f"-{flag}="):
+            if arg.startswith(prefix):
+                out[i] = prefix + _with_file(arg[len(prefix):])
+                break
+        else:
+            if arg in (f"--{flag}", f"-{flag}") and i + 1 < end:
+                out[i + 1] = _with_file(out[i + 1])
+                i += 1
+        i += 1
+    return out
+
+
+def _with_file(value: str) -> str:
+    path, colon, args = value.partition(":")
+    return config_file(path) + colon + args
+
+
+def refuse(message: str) -> NoReturn:
+    """A refused input: `error: <message>` on stderr and exit 2, the same from every
+    command."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_USER_ERROR)
+
+
+def quiet_logs(argv: list[str] | None = None) -> None:
+    """absl at WARNING unless --verbosity was given: jax's `Unable to initialize backend
+    'tpu'` and matplotlib's font-manager lines are INFO records, not what a user reads.
+    Called in a command's main, after absl has parsed the flags."""
+    import logging as std_logging
+
+    from absl import flags, logging
+
+    given = any(a.startswith(("--verbosity", "-verbosity", "-v=", "--v="))
+                for a in (argv if argv is not None else sys.argv)[1:])
+    if flags.FLAGS.is_parsed() and flags.FLAGS["verbosity"].present:
+        given = True
+    if not given:
+        logging.set_verbosity(logging.WARNING)
+        std_logging.getLogger("matplotlib").setLevel(std_logging.WARNING)
+
+
+def parse_flags_or_refuse(argv: list[str]) -> list[str]:
+    """absl's flag parsing for app.run(flags_parser=...), a bad flag refused as every other
+    input is (one line, exit 2; absl's own parser exits 1 with 'FATAL Flags parsing
+    error'); `--config=configs/...` paths found as config_file finds them; then
+    quiet_logs."""
+    from absl import flags
+
+    argv = with_config_paths(argv)
+    try:
+        rest = flags.FLAGS(argv)
+    except flags.Error as e:
+        refuse(str(e))
+    except Exception as e:  # noqa: BLE001  (a config file's get_config raising)
+        refuse(str(e) if type(e).__name__ == "ConfigError" else f"{type(e).__name__}: {e}")
+    quiet_logs(argv)
+    return rest
