@@ -106,6 +106,8 @@ def init_distributed(argv: list[str]) -> None:
             print(f"error: --coordinator_address={args.coordinator_address}: {bad}",
                   file=sys.stderr)
             sys.exit(2)
+    if args.process_id is not None:
+        _hold_process_locks(args)
     if args.process_id == 0 and args.coordinator_address is not None:
         port = int(args.coordinator_address.rpartition(":")[2])
         if _port_taken(port):
@@ -143,6 +145,51 @@ def init_distributed(argv: list[str]) -> None:
         sys.exit(EXIT_USER_ERROR)
     print(f"process {jax.process_index()} of {jax.process_count()}: all processes connected.",
           file=sys.stderr, flush=True)
+
+
+# Lock files held for the life of a process of a multi-process run (_hold_process_locks).
+_LOCKS: list = []
+
+
+def _hold_process_locks(args: argparse.Namespace) -> None:
+    """Refuses, in one line and within a second, a second process with a --process_id that
+    a running process of the run holds: an flock on `<workdir>/.process_<id>.lock` (the
+    workdir every process shares) and, for process 0, on a lock file of the coordinator's
+    port on this host. Before them a duplicate waited out the 5-minute connect timeout
+    (a duplicate process 1 also stopped the run it joined), and two process 0s started
+    together both passed the port check and hung. The locks go with the process, however
+    it ends; the files stay (empty)."""
+    import fcntl
+    import tempfile
+
+    who = f"process {args.process_id} of {args.num_processes}"
+    paths = []
+    if args.workdir:
+        paths.append((os.path.join(os.path.abspath(args.workdir),
+                                   f".process_{args.process_id}.lock"),
+                      f"another process with --process_id={args.process_id} is running on "
+                      f"--workdir={args.workdir}"))
+    if args.process_id == 0 and args.coordinator_address is not None:
+        port = args.coordinator_address.rpartition(":")[2]
+        paths.append((os.path.join(tempfile.gettempdir(), f"lra-coordinator-{port}.lock"),
+                      f"another process 0 with a coordinator on port {port} is running on "
+                      "this host"))
+    for path, holder in paths:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            handle = open(path, "a")
+        except OSError:
+            continue  # an unwritable workdir is reported by the run itself
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            print(f"error: {who}: {holder} (two processes given --process_id="
+                  f"{args.process_id}?); give each process its own --process_id (0 to "
+                  f"{args.num_processes - 1}), or wait for the other run to end",
+                  file=sys.stderr, flush=True)
+            sys.exit(EXIT_USER_ERROR)
+        _LOCKS.append(handle)
 
 
 def _port_taken(port: int) -> bool:

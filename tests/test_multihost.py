@@ -449,7 +449,9 @@ def test_a_second_process_0_stops_at_once_and_names_the_duplicate(listops_dir, t
     assert second.returncode == 2 and took < 60, (second.returncode, took, second.stderr)
     lines = second.stderr.strip().splitlines()
     assert len(lines) == 1, second.stderr
-    assert lines[0].startswith(f"error: process 0 of 2: port {port} is already in use")
+    # The coordinator's port lock (issue 74) speaks before the port check.
+    assert lines[0].startswith(f"error: process 0 of 2: another process 0 with a "
+                               f"coordinator on port {port} is running on this host")
     assert "--process_id=0" in lines[0]
 
 
@@ -490,3 +492,73 @@ def test_a_process_never_registered_is_named_so():
     # A peer that died (no RegisterTask) keeps its message.
     died = log.replace("RegisterTask", "PollForError").replace("DEADLINE_EXCEEDED", "UNAVAILABLE")
     assert "another process probably died" in supervisor.abort_message("p", died, None)
+
+
+def _until_one_exits(procs, limit):
+    """Waits until one of `procs` has exited (None after `limit` seconds)."""
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        for p in procs:
+            if p.poll() is not None:
+                return p
+        time.sleep(0.2)
+    return None
+
+
+@pytest.mark.parametrize("same_workdir", [True, False])
+def test_two_process_0s_started_together_one_stops_at_once(tmp_path, same_workdir):
+    """Issue 74 probe 3: two process 0s started at the same moment both passed the port
+    check and hung 4 minutes without a line. Now one of them holds the coordinator's port
+    lock (and the workdir's process 0 lock): the other stops in one line, exit 2, in
+    seconds; the first goes on waiting for its process 1."""
+    port = _free_port()
+    cmd = [sys.executable, os.path.join(REPO, "launch.py"), *_flags(tmp_path / "data", 4),
+           f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", "--process_id=0"]
+    procs = [subprocess.Popen(
+        cmd + [f"--workdir={tmp_path / ('w' if same_workdir else f'w{i}')}"], cwd=REPO,
+        env=_env(1), text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        for i in range(2)]
+    try:
+        stopped = _until_one_exits(procs, 60)
+        assert stopped is not None, "neither process 0 stopped"
+        time.sleep(1)
+        waiting = [p for p in procs if p is not stopped]
+        assert waiting[0].poll() is None  # the first still waits for its process 1
+    finally:
+        for p in procs:
+            p.kill()
+    err = stopped.communicate()[1]
+    lines = err.strip().splitlines()
+    assert stopped.returncode == 2 and len(lines) == 1, (stopped.returncode, err)
+    assert lines[0].startswith("error: process 0 of 2: another process") and (
+        "--process_id=0" in lines[0]), lines
+
+
+def test_a_duplicate_process_id_on_the_same_workdir_stops_at_once(tmp_path):
+    """Issue 74 probe 3: a second process given a --process_id that a waiting (or running)
+    process holds waited out the 5-minute connect timeout. Now it stops in one line, exit
+    2, in seconds, before connecting (the run it would have joined is left alone)."""
+    port = _free_port()  # nobody listens: process 1 waits for its coordinator
+    cmd = [sys.executable, os.path.join(REPO, "launch.py"), *_flags(tmp_path / "data", 4),
+           f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", "--process_id=1",
+           f"--workdir={tmp_path / 'w'}"]
+    first = subprocess.Popen(cmd, cwd=REPO, env=_env(1), text=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        lock = tmp_path / "w" / ".process_1.lock"
+        deadline = time.time() + 60
+        while not lock.exists():  # the first holds it
+            assert first.poll() is None and time.time() < deadline, "process 1 did not start"
+            time.sleep(0.2)
+        start = time.time()
+        second = subprocess.run(cmd, cwd=REPO, env=_env(1), text=True, capture_output=True,
+                                timeout=120)
+        took = time.time() - start
+        assert first.poll() is None
+    finally:
+        first.kill()
+        first.communicate()
+    lines = second.stderr.strip().splitlines()
+    assert second.returncode == 2 and took < 30 and len(lines) == 1, (took, second.stderr)
+    assert lines[0].startswith("error: process 1 of 2: another process with "
+                               "--process_id=1 is running on --workdir="), lines
