@@ -255,7 +255,7 @@ def main(argv: list[str], out: str | None = None) -> int:
         runs, skipped = sr.load_sources(argv[1:])
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
     for line in skipped:
         print(f"warning: {line}", file=sys.stderr)
     runs = [r for r in sr.dedupe(runs) if has_lengths(r)]
@@ -263,7 +263,7 @@ def main(argv: list[str], out: str | None = None) -> int:
     if not runs:
         print(f"error: no run with length_accuracy, depth_accuracy or split_accuracy under "
               f"{where}", file=sys.stderr)
-        return 1
+        return 2  # a refused input, as from every command
     import os
 
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)

@@ -740,8 +740,10 @@ def report(sources: str | list[str], out: str) -> list[str]:
 
     with_lengths = [r for r in runs if length_report.has_lengths(r)]
     if not all_cells and not mad and not with_lengths:
+        # Name what was skipped: a folder of only corrupt results.json read as "no run".
+        why = (f"; {len(skipped)} skipped, e.g. {skipped[0]}" if skipped else "")
         raise FileNotFoundError(f"no MQAR, MAD or length-extrapolation run's results.json "
-                                f"under {where}")
+                                f"under {where}{why}")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     paths = length_report.write(with_lengths, out, where)
     if all_cells:
@@ -777,9 +779,9 @@ def main(argv, out: str | None = None):
         out = os.path.join(sources[0], "mqar")
     try:
         paths = report(sources, out)
-    except FileNotFoundError as e:
+    except FileNotFoundError as e:  # a refused input: exit 2, as from every command
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return cli.EXIT_USER_ERROR
     print("wrote " + ", ".join(paths))
     return 0
 

@@ -353,6 +353,9 @@ def test_processes_given_different_workdirs_stop_in_one_line_before_training(
         (line,) = [l for l in err.splitlines() if l.startswith("error:")]
         assert ("the workdir is not one folder that every process sees: process 1 cannot "
                 "read the file process 0 wrote") in line, line
+        # Process 0's folder on every process (issue 74 probe 7: process 1 gave its own).
+        assert f"({tmp_path / 'host0'} on process 0" in line, line
+    assert f"this process was given {tmp_path / 'host1'}" in outs[1][1]
     assert not os.path.exists(tmp_path / "host1" / "checkpoints")
     assert not os.path.exists(tmp_path / "host0" / "run.lock")
 
@@ -562,3 +565,13 @@ def test_a_duplicate_process_id_on_the_same_workdir_stops_at_once(tmp_path):
     assert second.returncode == 2 and took < 30 and len(lines) == 1, (took, second.stderr)
     assert lines[0].startswith("error: process 1 of 2: another process with "
                                "--process_id=1 is running on --workdir="), lines
+
+
+def test_an_unrecognised_abort_does_not_promise_process_0_names_a_duplicate():
+    """Issue 74 probe 7: the line said "process 0's log names it" after a duplicate process
+    0, whose log names nothing (the coordinator names duplicates of process 1 and up)."""
+    from lra.training import supervisor
+
+    line = supervisor.abort_message("process 0 of 2", "F1128 fatal: UNAVAILABLE\n", None)
+    assert "process 0's log names it" not in line
+    assert "not one of process 0" in line and "another process probably died" in line

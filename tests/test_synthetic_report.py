@@ -120,8 +120,17 @@ def test_report_writes_the_table_csv_and_figure(tmp_path):
 
 
 def test_no_mqar_run_is_one_line(tmp_path, capsys):
-    assert synthetic_report.main(["prog", str(tmp_path)]) == 1
+    assert synthetic_report.main(["prog", str(tmp_path)]) == 2
     assert "no MQAR, MAD or length-extrapolation run" in capsys.readouterr().err
+
+
+def test_a_folder_of_only_corrupt_runs_names_them(tmp_path, capsys):
+    """Issue 74 probe 7: said "no MQAR or MAD run" and nothing of the files it skipped."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "results.json").write_text("{not json")
+    assert synthetic_report.main(["prog", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "1 skipped" in err and str(tmp_path / "a" / "results.json") in err, err
 
 
 def _write_mad(root, model, task, seed, macro, *, lr=5e-4, vocab=None, counted=True):
@@ -502,5 +511,5 @@ def test_length_report_command_writes_only_the_length_files(tmp_path, capsys):
     assert length_report.main(["prog", str(runs)], out=str(tmp_path / "o" / "ff")) == 0
     assert sorted(os.listdir(tmp_path / "o")) == ["ff_lengths.md", "ff_lengths.png",
                                                   "ff_runs.jsonl"]
-    assert length_report.main(["prog", str(tmp_path / "o")], out=str(tmp_path / "x")) == 1
+    assert length_report.main(["prog", str(tmp_path / "o")], out=str(tmp_path / "x")) == 2
     assert "no run with length_accuracy" in capsys.readouterr().err

@@ -94,6 +94,9 @@ def agree_on_error(error: UserError | None) -> None:
 WORKDIR_PROBE = ".process0_probe"  # written by process 0, read by the others
 
 
+_PATH_BYTES = 4096  # PATH_MAX on Linux
+
+
 def check_shared_workdir(workdir: str) -> None:
     """Raises the same ConfigError on every process unless all of them see one workdir:
     process 0 writes a random token into it, every other process reads it back from its
@@ -105,12 +108,19 @@ def check_shared_workdir(workdir: str) -> None:
     from jax.experimental import multihost_utils
 
     path = os.path.join(workdir, WORKDIR_PROBE)
-    token = np.zeros(16, np.uint8)
+    # The token, then process 0's workdir (UTF-8, zero-padded): the error names process
+    # 0's folder on every process (each printed its own as process 0's before).
+    message = np.zeros(16 + _PATH_BYTES, np.uint8)
     if jax.process_index() == 0:
         token = np.frombuffer(os.urandom(16), np.uint8)
         with open(path, "wb") as f:
             f.write(token.tobytes())
-    token = np.asarray(multihost_utils.broadcast_one_to_all(token))
+        name = os.path.abspath(workdir).encode()[:_PATH_BYTES]
+        message[:16] = token
+        message[16:16 + len(name)] = np.frombuffer(name, np.uint8)
+    message = np.asarray(multihost_utils.broadcast_one_to_all(message))
+    token = message[:16]
+    first = message[16:].tobytes().rstrip(b"\0").decode("utf-8", "replace")
     try:
         with open(path, "rb") as f:
             sees = f.read() == token.tobytes()
@@ -122,8 +132,9 @@ def check_shared_workdir(workdir: str) -> None:
         raise ConfigError(
             f"the workdir is not one folder that every process sees: process"
             f"{'es' if len(blind) > 1 else ''} {', '.join(map(str, blind))} cannot read the "
-            f"file process 0 wrote in its --workdir ({os.path.abspath(workdir)} on process "
-            "0); give every process the same --workdir on a shared file system that every "
+            f"file process 0 wrote in its --workdir ({first} on process 0"
+            f"{'' if first == os.path.abspath(workdir) else f'; this process was given {os.path.abspath(workdir)}'}"
+            "); give every process the same --workdir on a shared file system that every "
             "host mounts (NFS, a bucket through gcsfuse)")
 
 

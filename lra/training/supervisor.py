@@ -92,7 +92,8 @@ def abort_message(who: str, log: str, workdir: str | None) -> str:
     else:
         why = ("the distributed runtime reported a failed or silent process and stopped "
                "this one; another process probably died, or a second process was given "
-               "one of the run's --process_ids (process 0's log names it), see their logs")
+               "one of the run's --process_ids (the coordinator's log names a duplicate of "
+               "process 1 and up, not one of process 0), see their logs")
         resume = "run the same command on every process to resume"
     return f"error: {who} stopped: {why}; {last_checkpoint(workdir)}; {resume}."
 
