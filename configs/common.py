@@ -51,7 +51,18 @@ def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
             parsed[key] = int(value)
         else:
             parsed[key] = value
+    # Which arguments were given, not defaulted: a preset (runlocal, mini) yields to them
+    # (given()). An attribute, not a field, so that the arguments stay what they were.
+    object.__setattr__(parsed, "_given", frozenset(
+        item.partition("=")[0].strip() for item in filter(None, (arg or "").split(","))))
     return parsed
+
+
+def given(arg: ml_collections.ConfigDict, name: str) -> bool:
+    """Whether config argument `name` was given in the --config string (parse_arg), as
+    opposed to taking its default: a preset sets its own size only where none was given
+    (`mqar.py:runlocal,seq_len=64` runs at L 64, not at runlocal's 32)."""
+    return name in getattr(arg, "_given", ())
 
 
 def base_config(*, task: str, model: str) -> ml_collections.ConfigDict:

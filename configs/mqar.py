@@ -91,6 +91,7 @@ from zoology/config.py and the loop from zoology/train.py at the same commit), a
 """
 from configs import common, hybrid, scaffold
 from lra.errors import ConfigError
+from lra.tasks import mqar as mqar_task
 
 # Figure 2's (input_seq_len, num_kv_pairs) and batch size per length.
 FIGURE2_KV = {64: 4, 128: 8, 256: 16, 512: 64}
@@ -188,16 +189,23 @@ def get_config(arg: str | None = None):
         c.learning_rate = 3e-3
         c.dropout_rate = c.attention_dropout_rate = 0.0
     if arg.runlocal:
-        o.vocab_size = 128
-        o.num_kv_pairs = 2
+        # A smoke test's sizes, where the arguments give none: runlocal,seq_len=128 runs
+        # at L 128 with figure 2's pairs for it (a preset that overrode a given argument
+        # ran another length than asked, silently).
+        L = L if common.given(arg, "seq_len") else 32
+        o.num_kv_pairs = arg.num_kv_pairs or (kv if common.given(arg, "seq_len") else 2)
+        o.vocab_size = max(128, 2 * L)
         o.num_train_examples, o.num_valid_examples, o.num_test_examples = 256, 32, 32
-        c.max_length = 32
+        c.max_length = L
         common.apply_runlocal(c)
-        c.emb_dim = c.qkv_dim = 32
+        c.emb_dim = c.qkv_dim = arg.d_model or 32
         c.mlp_dim = 64
         c.learning_rate = 3e-3
         c.warmup = 0
         c.dropout_rate = c.attention_dropout_rate = 0.0
+    # Zoology's asserts on the sizes, here rather than when the data is made: a length or
+    # pair count the task cannot hold is refused before anything is built.
+    mqar_task.check(o.vocab_size, c.max_length, o.num_kv_pairs, 1, o.power_a)
     common.apply_attention_impl(c, arg)
     if arg.hybrid:  # hybrid=<mixer>: that mixer's presets in config.hybrid
         hybrid.apply_arg(c, arg.hybrid)

@@ -100,7 +100,7 @@ def get_config(arg: str | None = None):
         c.max_length = 48
         o.num_train_examples, o.num_valid_examples, o.num_test_examples = 256, 32, 32
         common.apply_runlocal(c)
-        c.emb_dim = c.qkv_dim = 32
+        c.emb_dim = c.qkv_dim = arg.d_model or 32  # d_model= given still sets the width
         c.mlp_dim = 64
         c.learning_rate = 3e-3
         c.warmup = 0

@@ -290,7 +290,7 @@ def evaluate_run(workdir: str, *, contexts=CONTEXTS, stride: int | None = None,
                 scored_from = starts + 1
                 info = {}
             else:
-                s_ = stride or length // 2
+                s_ = stride if stride is not None else length // 2
                 starts, scored_from, ends = sliding_windows(len(ids), length, s_)
                 info = {"stride": s_}
             least, mean = context_stats(starts, scored_from, ends)
@@ -355,7 +355,7 @@ def saved_result(workdir: str, split: str, contexts, stride: int | None = None,
     if not all(c in held for c in contexts):
         return None
     sliding, stream = held.get("sliding", {}), held.get("stream", {})
-    if "sliding" in contexts and "stride" in sliding and not stride:
+    if "sliding" in contexts and "stride" in sliding and stride is None:
         # Files written before lm_eval.json held max_length: the run's config has it.
         from lra import generate
 
@@ -485,6 +485,11 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --workdir is required: an enwik8 / text8 run's workdir or a folder of "
               "them", file=sys.stderr)
         return EXIT_USER_ERROR
+    for name in ("stride", "streams", "batch"):  # 0 was taken as the default stride
+        value = fv[name].value
+        if value is not None and value < 1:
+            print(f"error: --{name}={value}: give a positive integer", file=sys.stderr)
+            return EXIT_USER_ERROR
     from absl import logging
 
     logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO

@@ -19,6 +19,7 @@ decimal at most. Ties in the argmax go to the lower id.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -127,9 +128,24 @@ def main(argv) -> None:
     if config.objective != "causal_lm":
         cli.refuse("lra.ngram scores next-token prediction: give a config with "
                    "`pretrain,causal` (objective causal_lm)")
-    for order in sorted({1, 2, flags.FLAGS.order}):
-        s = evaluate_config(config, order=order, add_k=flags.FLAGS.add_k,
-                            split=flags.FLAGS.split)
+    fv = flags.FLAGS
+    from lra.errors import UserError
+    from lra.tasks import registry as tasks
+
+    # Refused before the data is read (a traceback, or "bits/token nan" and exit 0, before).
+    if fv.order < 1:
+        cli.refuse(f"--order={fv.order}: give n >= 1 (1 is the unigram)")
+    if not (math.isfinite(fv.add_k) and fv.add_k > 0):
+        cli.refuse(f"--add_k={fv.add_k:g}: give a positive finite number (add-k smoothing; "
+                   "0 would cost an unseen token infinite bits)")
+    if fv.split not in tasks.SPLITS:
+        cli.refuse(f"--split={fv.split}: give one of {', '.join(tasks.SPLITS)} (the counts "
+                   "are fitted on train)")
+    for order in sorted({1, 2, fv.order}):
+        try:
+            s = evaluate_config(config, order=order, add_k=fv.add_k, split=fv.split)
+        except (UserError, ValueError) as e:  # missing data, rows with no target
+            cli.refuse(str(e))
         print(f"{config.task} {order}-gram (add-{flags.FLAGS.add_k:g}, {s.num_contexts_seen} "
               f"training contexts): {flags.FLAGS.split} bits/token {s.bits_per_token:.4f}, "
               f"next-token accuracy {100 * s.accuracy:.2f}% over {s.num_targets} targets")

@@ -135,6 +135,10 @@ def test_errors_are_one_line(tmp_path, gla_run, capsys):
     assert "no run (results.json)" in capsys.readouterr().err
     assert lm_eval.main(["lm_eval", f"--workdir={gla_run}", "--contexts=ring"]) == 2
     assert "choose among window, sliding, stream" in capsys.readouterr().err
+    # Issue 74 probe 4: --stride=0 was silently the default stride.
+    for flag in ("--stride=0", "--streams=0", "--batch=-1"):
+        assert lm_eval.main(["lm_eval", f"--workdir={gla_run}", flag]) == 2
+        assert "give a positive integer" in capsys.readouterr().err
     listops = tmp_path / "listops"
     listops.mkdir()
     (listops / "results.json").write_text(json.dumps(

@@ -72,3 +72,21 @@ def test_evaluate_config_reads_the_runs_data(listops_dir, tiny_listops_config):
     assert s == ngram.score(counts, test["inputs"], test["mask"], order=3, vocab_size=16)
     assert s.num_targets == test["mask"][:, 1:].sum() > 0
     assert 0 < s.bits_per_token < math.log2(16) + 1
+
+
+@pytest.mark.parametrize("flag, says", [
+    ("--order=0", "--order=0: give n >= 1"), ("--add_k=nan", "--add_k=nan: give a positive"),
+    ("--add_k=0", "--add_k=0: give a positive"), ("--split=bogus", "--split=bogus: give one")])
+def test_command_refuses_bad_flags_in_one_line(flag, says):
+    """Issue 74 probes 4 and 5: --add_k=nan printed "bits/token nan" and exit 0; --order=0,
+    --add_k=0 and --split=bogus were tracebacks. Refused before any data is read."""
+    import os
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-m", "lra.ngram",
+                           "--config=configs/listops.py:pretrain,causal,runlocal", flag],
+                          cwd=repo, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"error: {says}"), proc.stderr

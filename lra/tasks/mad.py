@@ -319,6 +319,12 @@ def _check(task: str, p: dict[str, Any]) -> None:
         if V - p["noise_vocab_size"] - 2 < 2:
             raise ConfigError(f"MAD {task}: vocab_size={V} leaves no keys and values beside "
                               f"{p['noise_vocab_size']} noise tokens")
+    if task == "selective_copying" and p["num_tokens_to_copy"] < 1:
+        raise ConfigError(f"MAD selective_copying: num_tokens_to_copy="
+                          f"{p['num_tokens_to_copy']} must be at least 1")
+    if task == "fuzzy_in_context_recall" and min(p["k_motif_size"], p["v_motif_size"]) < 1:
+        raise ConfigError(f"MAD {task}: k_motif_size={p['k_motif_size']} and v_motif_size="
+                          f"{p['v_motif_size']} must be at least 1")
     if task == "selective_copying" and not L > 2 * p["num_tokens_to_copy"] + 1:
         raise ConfigError(f"MAD selective_copying: seq_len={L} must be > 2 x "
                           f"num_tokens_to_copy + 1 = {2 * p['num_tokens_to_copy'] + 1}")

@@ -57,7 +57,7 @@ DATA_SEED = 123  # zoology.config.DataConfig.seed
 MAX_SEED = 2 ** 32  # zoology/data/utils.py prepare_data
 
 
-def _check(vocab_size: int, seq_len: int, num_kv_pairs: int, num_examples: int,
+def check(vocab_size: int, seq_len: int, num_kv_pairs: int, num_examples: int,
            power_a: float) -> None:
     # Zoology's asserts, as errors that say what to change.
     if num_examples < 1:
@@ -93,7 +93,7 @@ def generate(*, vocab_size: int, seq_len: int, num_kv_pairs: int, num_examples: 
     multiquery_ar (num_passes=1) with np.random.seed(seed) replaced by a
     RandomState(seed), which draws the same numbers. Labels are -100 except at the
     num_kv_pairs query positions of each row, where they hold the queried key's value."""
-    _check(vocab_size, seq_len, num_kv_pairs, num_examples, power_a)
+    check(vocab_size, seq_len, num_kv_pairs, num_examples, power_a)
     rng = np.random.RandomState(seed)
     context_size = num_kv_pairs * 2
     key_vocab_size = vocab_size // 2

@@ -101,6 +101,11 @@ def test_noise_and_refusals():
         mad.generate_noisy_in_context_recall(num_examples=2, frac_noise=1.0)
     with pytest.raises(ConfigError, match="num_tokens_to_copy"):
         mad.generate_selective_copying(num_examples=2, seq_len=32)
+    # Issue 74 probe 5: 0 tokens to copy was numpy's "high <= 0" traceback.
+    with pytest.raises(ConfigError, match="num_tokens_to_copy=0 must be at least 1"):
+        mad.generate_selective_copying(num_examples=2, seq_len=32, num_tokens_to_copy=0)
+    with pytest.raises(ConfigError, match="k_motif_size=0"):
+        mad.generate_fuzzy_in_context_recall(num_examples=2, k_motif_size=0)
     with pytest.raises(TypeError, match="unexpected settings"):
         mad.generate_memorization(num_examples=2, k_motif_size=3)
 

@@ -349,3 +349,30 @@ def test_the_hybrid_argument_reaches_mqar_and_mad_configs():
         c = module.get_config("model=gla,runlocal,hybrid=local")
         assert (c.model, c.hybrid.mixer) == ("gla", "local"), module.__name__
         assert "window" in c.hybrid.model_hparams
+
+
+def test_runlocal_yields_to_the_sizes_given_and_refuses_what_mqar_cannot_hold():
+    """Issue 74 probe 1: `runlocal,seq_len=1000000` ran at L 32 (runlocal overrode the
+    arguments given with it, silently), exit 0."""
+    from configs import mqar as mqar_config
+
+    c = mqar_config.get_config("runlocal")
+    assert (c.max_length, c.task_options.num_kv_pairs, c.emb_dim) == (32, 2, 32)
+    c = mqar_config.get_config("runlocal,seq_len=128")
+    assert (c.max_length, c.task_options.num_kv_pairs) == (128, 8)  # figure 2's pairs
+    assert c.task_options.vocab_size > 128  # Zoology's vocab_size > seq_len
+    c = mqar_config.get_config("runlocal,num_kv_pairs=4,d_model=48")
+    assert (c.max_length, c.task_options.num_kv_pairs, c.emb_dim) == (32, 4, 48)
+    with pytest.raises(ConfigError, match="seq_len=1000001 must be even"):
+        mqar_config.get_config("runlocal,seq_len=1000001")
+    with pytest.raises(ConfigError, match="more than seq_len=32"):
+        mqar_config.get_config("runlocal,num_kv_pairs=9")
+
+
+@pytest.mark.parametrize("name", ["niah", "flipflop", "state_tracking"])
+def test_runlocal_keeps_the_width_given(name):
+    import importlib
+
+    config = importlib.import_module(f"configs.{name}")
+    assert config.get_config("runlocal,d_model=48").emb_dim == 48
+    assert config.get_config("runlocal").emb_dim == 32
