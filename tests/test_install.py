@@ -112,3 +112,21 @@ def test_a_plain_install_runs_sweep_report_and_launch_outside_the_checkout(tmp_p
     _run([python, "-m", "lra.train", "--config=configs/mqar.py:runlocal",
           "--config.num_train_steps=2", "--workdir=w2"], cwd=user)
     assert (user / "w2" / "results.json").exists()
+
+
+@pytest.mark.parametrize("args, says", [
+    (["lra.report", "{tmp}"], "no results.json"),
+    (["lra.synthetic_report", "{tmp}"], "no MQAR, MAD or length-extrapolation run"),
+    (["lra.download", "nosuchtask", "--data_dir={tmp}"], ""),
+    (["lra.sweep", "--task=mqar", "--models=transformer", "--bogus_flag=1"], "Unknown"),
+])
+def test_every_command_refuses_an_input_with_exit_2(tmp_path, args, says):
+    """Issue 74 probe 8: a refused input was exit 1 from some commands (lra.download,
+    lra.report, lra.synthetic_report, absl's flag errors) and 2 from others: now 2 and one
+    `error:` line everywhere (docs/running.md, "Exit codes")."""
+    cmd = [sys.executable, "-m", *[a.format(tmp=tmp_path) for a in args]]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert lines[-1].startswith("error: ") and says in lines[-1], lines
+    assert "Traceback" not in proc.stderr
