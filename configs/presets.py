@@ -63,6 +63,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "performer": {"num_features": 256, "kernel": "softmax", "redraw_interval": 1000},
     "rfa": {"num_features": 128, "gate": False, "redraw_interval": 1000},
     "fast_weight": {"feature_map": "dpfp", "dpfp_nu": 1},
+    # cosFormer (models/attention/cosformer.py): M = the model's max_length (0), eps 1e-6.
+    "cosformer": {"reweight_len": 0, "eps": 1e-6},
     # Decayed linear attention (models/attention/retention.py), fla's layer defaults:
     # widths over qkv_dim (retnet's value heads twice its key heads, as the paper), gla's
     # low-rank gate and its logit normaliser. chunk_size changes the speed, not the result.
@@ -199,6 +201,30 @@ TASK_PARAM_GROUPS: dict[tuple[str, str], dict[str, dict[str, float]]] = {
                       "ssm_b": {"lr_scale": 1 / 3},
                       "ssm_step": {"lr_scale": 1 / 3, "weight_decay": 0.0}},
 }
+
+
+# Tasks outside LRA whose variant presets (stated at each LRA task's full length) are
+# another task's: MNIST's 28x28 raster takes Image's 32x32 ones, scaled to its max_length
+# by the same rules (a window of 128 of 1024 pixels is 98 of 784).
+PRESET_TASK = {"mnist": "image", "fashion_mnist": "image"}
+# The synthetic token tasks (MQAR, MAD: configs/mqar.py, configs/mad.py) take ListOps'
+# presets, scaled from its 2000 tokens to their length.
+PRESET_TASK.update({t: "listops" for t in (
+    "mqar", "mad_in_context_recall", "mad_fuzzy_in_context_recall",
+    "mad_noisy_in_context_recall", "mad_selective_copying", "mad_compression",
+    "mad_memorization", "state_tracking", "niah", "flipflop")})
+# Character-level LM (configs/enwik8.py, text8.py) takes LRA Text's (byte-level) presets.
+PRESET_TASK.update({"enwik8": "text", "text8": "text"})
+
+
+def preset_task(task: str) -> str:
+    """The task whose presets `task` uses (itself for LRA's tasks)."""
+    return PRESET_TASK.get(task, task)
+
+
+# Variant hparams that are dropout rates, zeroed (common.finalize, configs/hybrid.py) in a
+# config whose dropout_rate and attention_dropout_rate are 0.
+DROPOUT_HPARAMS = ("weight_dropout",)
 
 
 def param_groups(model: str, task: str) -> dict[str, dict[str, float]]:

@@ -80,6 +80,7 @@ PAPERS = {
     "fox": "Forgetting Transformer (Lin et al. 2025)",
     "moba": "MoBA, mixture of block attention (Lu et al. 2025)",
     "based": "Based linear attention (Arora et al. 2024)",
+    "cosformer": "cosFormer (Qin et al. 2022)",
     "hyena": "Hyena (Poli et al. 2023)",
     "path": "PaTH attention (Yang et al. 2025)",
     "mamba2": "Mamba-2 / SSD (Dao and Gu 2024)",

@@ -23,6 +23,7 @@ from models.attention import deltaproduct  # noqa: F401  (registers "gated_delta
 from models.attention import forgetting  # noqa: F401  (registers "fox")
 from models.attention import moba  # noqa: F401  (registers "moba")
 from models.attention import based  # noqa: F401  (registers "based")
+from models.attention import cosformer  # noqa: F401  (registers "cosformer")
 from models.attention import path  # noqa: F401  (registers "path")
 from models.attention import retention  # noqa: F401  (registers "retnet", "gla")
 from models.attention import ssd  # noqa: F401  (registers "mamba2")
