@@ -4,7 +4,7 @@ r"""Sample from a self-pretrained causal language model (a `causal_lm` run).
       --workdir=workdirs/listops_causal
   python -m lra.generate --workdir=workdirs/listops_causal [--num_samples=4] \
       [--prompt_len=N] [--max_new_tokens=N] [--temperature=1.0] [--top_k=0] [--seed=0] \
-      [--output=<dir>] [--data_dir=<dir>]
+      [--stop_token=<token>] [--output=<dir>] [--data_dir=<dir>]
 
 The run's best checkpoint (lowest validation loss; checksums verified) is restored into
 the model its results.json config builds (`lra.train.build_model`). The prompts are the
@@ -17,6 +17,10 @@ behind its start token (id vocab_size), so its first prediction is of the first 
 Each row is prefilled once (models/decoding.py: right-padded prompts, each row at its own
 position), then one jitted `jax.lax.scan` appends the new tokens of every row; a row stops
 at max_length (pixel tasks: at the end of its image), and a request for more says so.
+`--stop_token` ends a row's continuation at the first such token it samples (kept in the
+output): a token as the task's text writes it (ListOps `]`, a character of Text, enwik8 or
+text8) or `id:N`; none by default (the tasks have no end-of-sequence token). The scan runs
+to the longest request; a stopped row's later tokens are dropped.
 
 Sampling: logits / temperature (0, or below 1e-6: argmax; inf: uniform; nan is refused),
 keeping the `top_k` largest (0: all). Id 0
@@ -334,6 +338,45 @@ def decode(model: Any, prompts_BxP: np.ndarray, prompt_lens_B: np.ndarray,
 # ----------------------------------------------------------------------------- output
 
 
+def token_id(task_name: str, vocab_size: int, token: str, pixels: bool) -> int:
+    """The id of --stop_token: `id:N`, or one token as tokens_to_text writes it (ListOps:
+    a word of its vocabulary; text8: one of its 27 characters; Text, enwik8: a character of
+    one byte). FlagError otherwise."""
+    if pixels:
+        raise FlagError(f"--stop_token={token}: a pixel task's rows end with their image; "
+                        "no token stops them")
+    if token.startswith("id:"):
+        try:
+            i = int(token[3:])
+        except ValueError:
+            i = -1
+        if not 0 <= i < vocab_size:
+            raise FlagError(f"--stop_token={token}: give id:N with 0 <= N < {vocab_size} "
+                            f"(the {task_name} vocabulary)")
+        return i
+    if task_name == "listops":
+        from lra.tasks.listops import VOCAB
+
+        if token in VOCAB:
+            return VOCAB.index(token) + 1
+        raise FlagError(f"--stop_token={token}: not a ListOps token; give one of "
+                        f"{' '.join(VOCAB)} or id:N")
+    if task_name == "text8":
+        from lra.tasks.enwik8 import TEXT8_ALPHABET
+
+        if len(token) == 1 and token.encode() in TEXT8_ALPHABET:
+            return TEXT8_ALPHABET.index(token.encode()) + 1
+        raise FlagError(f"--stop_token={token!r}: give one text8 character (a-z or a "
+                        "space) or id:N")
+    from lra.tasks.text import BYTE_OFFSET
+
+    raw = token.encode("utf-8")
+    if len(raw) != 1:
+        raise FlagError(f"--stop_token={token!r}: give one character of one byte (the "
+                        f"{task_name} tokens are bytes) or id:N")
+    return raw[0] + BYTE_OFFSET
+
+
 def tokens_to_text(task_name: str, ids) -> str:
     """Token ids as the task's text: ListOps' vocabulary (lra/tasks/listops.py: id i + 1
     is VOCAB[i], parentheses were dropped by the reader), text8's 27 characters, or bytes
@@ -422,7 +465,8 @@ def pixel_rows(samples: list[dict], colour: bool = False) -> list[list[np.ndarra
 
 def generate(workdir: str, *, num_samples: int = 4, max_new_tokens: int | None = None,
              prompt_len: int | None = None, temperature: float = 1.0, top_k: int = 0,
-             seed: int = 0, output: str | None = None, data_dir: str | None = None) -> dict:
+             seed: int = 0, output: str | None = None, data_dir: str | None = None,
+             stop_token: str | None = None) -> dict:
     """Samples continuations of test examples from a causal_lm run; writes and prints them.
 
     Returns {"samples": [{"index", "length", "prompt", "generated", "original", "stop"}],
@@ -456,6 +500,8 @@ def generate(workdir: str, *, num_samples: int = 4, max_new_tokens: int | None =
 
     task = lra.tasks.get(config.task)
     pixels = config.task in PIXEL_TASKS
+    stop_id = None if stop_token is None else token_id(config.task, task.vocab_size,
+                                                        stop_token, pixels)
     model = build(config, task)
     step, kind = restore(model, workdir)
     from models import precision
@@ -513,6 +559,9 @@ def generate(workdir: str, *, num_samples: int = 4, max_new_tokens: int | None =
         p, g, length = int(given_N[n]), int(new_N[n]), int(lengths_N[n])
         stop = "" if g < room_N[n] else (
             ", to the end of the image" if pixels else f", stopped at max_length {max_length}")
+        hits = [] if stop_id is None else np.flatnonzero(tokens_NxT[n, :g] == stop_id)
+        if len(hits):
+            g, stop = int(hits[0]) + 1, f", stopped at the stop token {stop_token!r}"
         samples.append({"index": n, "length": length, "prompt": tokens_NxL[n, :p].copy(),
                         "generated": tokens_NxT[n, :g].copy(),
                         "original": tokens_NxL[n, p:length].copy(), "stop": stop})
@@ -570,6 +619,9 @@ def define_flags(fv: flags.FlagValues) -> flags.FlagValues:
     flags.DEFINE_integer("top_k", 0, "Sample among the k most likely tokens (0 = all).",
                          flag_values=fv)
     flags.DEFINE_integer("seed", 0, "Sampling seed.", flag_values=fv)
+    flags.DEFINE_string("stop_token", None, "End a row's continuation at the first such "
+                        "token (the task's text of one token, e.g. ListOps ']', or id:N).",
+                        flag_values=fv)
     flags.DEFINE_string("output", None, "Output folder (default: <workdir>/samples/).",
                         flag_values=fv)
     flags.DEFINE_string("data_dir", None, "The task's data (default: the run's "
@@ -598,7 +650,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         generate(fv.workdir, num_samples=fv.num_samples, max_new_tokens=fv.max_new_tokens,
                  prompt_len=fv.prompt_len, temperature=fv.temperature, top_k=fv.top_k,
-                 seed=fv.seed, output=fv.output, data_dir=fv.data_dir)
+                 seed=fv.seed, output=fv.output, data_dir=fv.data_dir,
+                 stop_token=fv.stop_token)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR

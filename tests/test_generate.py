@@ -151,6 +151,27 @@ def test_greedy_is_repeatable_and_is_the_parallel_forwards_argmax(run, tmp_path)
         assert list(s["generated"][:clear]) == expected[:clear]
 
 
+def test_stop_token_ends_each_row_at_its_first_stop(run, tmp_path):
+    """Issue 74 section 3: --stop_token (the task's text of a token, or id:N) cuts each
+    row after the first such token it samples, and says so; other rows run on."""
+    from lra.tasks.listops import VOCAB
+
+    full = generate.generate(run, num_samples=3, temperature=0, output=str(tmp_path / "a"))
+    row = full["samples"][0]["generated"]
+    assert len(row) > 2
+    stop_id = int(row[1])  # a token the greedy row samples second (maybe also first)
+    for spec in (VOCAB[stop_id - 1], f"id:{stop_id}"):
+        cut = generate.generate(run, num_samples=3, temperature=0, stop_token=spec,
+                                output=str(tmp_path / "b"))
+        for whole, s in zip(full["samples"], cut["samples"]):
+            hits = np.flatnonzero(whole["generated"] == stop_id)
+            end = int(hits[0]) + 1 if len(hits) else len(whole["generated"])
+            np.testing.assert_array_equal(s["generated"], whole["generated"][:end])
+            assert ("stopped at the stop token" in s["stop"]) == bool(len(hits))
+        assert len(cut["samples"][0]["generated"]) <= 2
+        assert "stopped at the stop token" in open(cut["path"], encoding="utf-8").read()
+
+
 def test_sampler_temperatures_tiny_huge_and_infinite():
     """Issue 46, item 4: 1e-45 is greedy (it overflowed logits / T: garbage), inf draws
     uniformly among the allowed tokens (it gave the padding id every time), padding is
@@ -276,6 +297,8 @@ def _one_line_error(argv, capsys) -> str:
     ("--prompt_len=500", "--prompt_len=500 leaves no room to generate"),
     ("--max_new_tokens=0", "--max_new_tokens=0: give at least 1"),
     ("--no_such_flag=1", "Unknown command line flag 'no_such_flag'"),
+    ("--stop_token=xyz", "--stop_token=xyz: not a ListOps token; give one of"),
+    ("--stop_token=id:999", "--stop_token=id:999: give id:N with 0 <= N < "),
 ])
 def test_bad_flags_are_one_line(run, flag, message, capsys):
     assert message in _one_line_error([f"--workdir={run}", flag], capsys)
@@ -387,3 +410,16 @@ def test_image_run_writes_a_png_grid_and_follows_the_parallel_forward(image_run,
     expected, clear = _greedy_by_parallel_forward(
         _restored(image_run), s["prompt"], 8, max_len=1024, l1=True, vocab_size=256)
     assert clear >= 4 and list(s["generated"][:clear]) == expected[:clear]
+
+
+def test_stop_token_ids_per_task():
+    from lra.tasks.text import BYTE_OFFSET
+
+    assert generate.token_id("text", 257, "\n", False) == ord("\n") + BYTE_OFFSET
+    assert generate.token_id("enwik8", 257, "id:5", False) == 5
+    assert generate.token_id("text8", 28, " ", False) == 27
+    for task, token in (("text", "é"), ("text8", "A")):
+        with pytest.raises(generate.FlagError, match="--stop_token="):
+            generate.token_id(task, 257, token, False)
+    with pytest.raises(generate.FlagError, match="end with their image"):
+        generate.token_id("image", 256, "id:1", True)
