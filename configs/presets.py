@@ -65,8 +65,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     "fast_weight": {"feature_map": "dpfp", "dpfp_nu": 1},
     # cosFormer (models/attention/cosformer.py): M = the model's max_length (0), eps 1e-6.
     "cosformer": {"reweight_len": 0, "eps": 1e-6},
-    # cosFormer (models/attention/cosformer.py): M = the model's max_length (0), eps 1e-6.
-    "cosformer": {"reweight_len": 0, "eps": 1e-6},
     # Decayed linear attention (models/attention/retention.py), fla's layer defaults:
     # widths over qkv_dim (retnet's value heads twice its key heads, as the paper), gla's
     # low-rank gate and its logit normaliser. chunk_size changes the speed, not the result.
