@@ -200,23 +200,9 @@ PIXEL_TASKS = ("image", "pathfinder", "pathx", "mnist")
 # pretrains Path-X with cross-entropy over the 256 intensities ("should not use l1 for
 # pathx"), so Path-X keeps xent.
 PRETRAIN_LM_LOSS = {"image": "l1", "pathfinder": "l1"}
-# Tasks outside LRA whose variant presets (configs/presets.py, stated at each LRA task's
-# full length) are another task's: MNIST's 28x28 raster takes Image's 32x32 ones, scaled
-# to its max_length by the same rules (a window of 128 of 1024 pixels is 98 of 784).
-PRESET_TASK = {"mnist": "image", "fashion_mnist": "image"}
-# The synthetic token tasks (MQAR, MAD: configs/mqar.py, configs/mad.py) take ListOps'
-# presets, scaled from its 2000 tokens to their length.
-PRESET_TASK.update({t: "listops" for t in (
-    "mqar", "mad_in_context_recall", "mad_fuzzy_in_context_recall",
-    "mad_noisy_in_context_recall", "mad_selective_copying", "mad_compression",
-    "mad_memorization", "state_tracking", "niah", "flipflop")})
-# Character-level LM (configs/enwik8.py, text8.py) takes LRA Text's (byte-level) presets.
-PRESET_TASK.update({"enwik8": "text", "text8": "text"})
-
-
-def preset_task(task: str) -> str:
-    """The task whose presets `task` uses (itself for LRA's tasks)."""
-    return PRESET_TASK.get(task, task)
+# The task whose variant presets a task takes (MNIST: Image's; MQAR, MAD: ListOps'; ...):
+# configs/presets.py, where configs/hybrid.py reads it too.
+PRESET_TASK, preset_task = presets.PRESET_TASK, presets.preset_task
 
 
 # The locality baseline (config argument `locality`, every task config): the task's model
@@ -404,9 +390,9 @@ def finalize(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     return c
 
 
-# Variant hparams that are dropout rates (configs/presets.py), zeroed by `finalize` in a
-# config whose dropout_rate and attention_dropout_rate are 0.
-DROPOUT_HPARAMS = ("weight_dropout",)
+# Variant hparams that are dropout rates, zeroed by `finalize` in a config whose
+# dropout_rate and attention_dropout_rate are 0 (configs/presets.py).
+DROPOUT_HPARAMS = presets.DROPOUT_HPARAMS
 
 
 def apply_runlocal(c: ml_collections.ConfigDict) -> None:

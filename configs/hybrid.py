@@ -64,7 +64,7 @@ from typing import Any, Mapping
 
 import ml_collections
 
-from configs import common, presets
+from configs import presets
 from lra.errors import ConfigError
 
 # config.hybrid's fields besides model_hparams, block and param_groups (ConfigDicts).
@@ -249,10 +249,10 @@ def _presets(config: Any, name: str) -> dict[str, Any]:
     """`name`'s presets at the config's task and max_length (with a dropout-free config's
     dropout hparams zeroed, as common.finalize does)."""
     length = _hybrid(config).get(PRESET_LENGTH) or config.get("max_length")
-    hp = presets.model_hparams(name, common.preset_task(config.get("task")),
+    hp = presets.model_hparams(name, presets.preset_task(config.get("task")),
                                max_length=length)
     if config.get("dropout_rate") == 0.0 and config.get("attention_dropout_rate") == 0.0:
-        hp.update({k: 0.0 for k in common.DROPOUT_HPARAMS if k in hp})
+        hp.update({k: 0.0 for k in presets.DROPOUT_HPARAMS if k in hp})
     return hp
 
 
@@ -266,7 +266,7 @@ def layer_list(config: Any) -> list[dict[str, Any]] | None:
     from models.stacks import BLOCK_LAYER_KEYS
 
     base, h = config.get("model"), _hybrid(config)
-    task = common.preset_task(config.get("task"))
+    task = presets.preset_task(config.get("task"))
     out = []
     for l, (name, entry) in enumerate(zip(names, _entries(config))):
         own = dict(entry) if isinstance(entry, Mapping) else {}
@@ -345,12 +345,17 @@ def name(config: Any) -> str:
     return name_of(layer_names(config), config.get("model"))
 
 
+def describe_of(names: list[str] | None, base: str, num_layers: int) -> str:
+    """'gla+transformer@1,3 (layers: gla, transformer, gla, transformer)', or 'gla in all
+    4 layers' when `names` is None (a single-mixer model)."""
+    if names is None:
+        return f"{base} in all {num_layers} layers"
+    return f"{name_of(names, base)} (layers: {', '.join(names)})"
+
+
 def describe(config: Any) -> str:
     """'gla+transformer@1,3 (layers: gla, transformer, gla, transformer)' for messages."""
-    names = layer_names(config)
-    if names is None:
-        return f"{config.get('model')} in all {config.get('num_layers')} layers"
-    return f"{name_of(names, config.get('model'))} (layers: {', '.join(names)})"
+    return describe_of(layer_names(config), config.get("model"), config.get("num_layers"))
 
 
 def check(config: Any) -> None:
@@ -388,7 +393,7 @@ def apply_arg(c: ml_collections.ConfigDict, mixer: str) -> None:
                           f"{', '.join(registry.available())}")
     c.hybrid.mixer = mixer
     c.hybrid.param_groups = ml_collections.ConfigDict(
-        presets.param_groups(mixer, common.preset_task(c.task)))
+        presets.param_groups(mixer, presets.preset_task(c.task)))
     finalize(c)
 
 

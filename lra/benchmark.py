@@ -176,6 +176,7 @@ def measure_train_step(model: str, length: int, *, task: str = "text", batch_siz
 
     import lra.tasks
     from lra import train
+    from lra.runs import spec
     from lra.training import optim
 
     config = importlib.import_module(f"configs.{task}").get_config(
@@ -192,7 +193,7 @@ def measure_train_step(model: str, length: int, *, task: str = "text", batch_siz
     built, impl = build_model_with_impl(config, task_info, attention_impl)
     graphdef, params, rest = nnx.split(built, nnx.Param, ...)
     schedule = optim.learning_rate_schedule(config)
-    tx = optim.make_optimizer(config, schedule)
+    tx = optim.make_optimizer(config, schedule, spec.resolve(config))
     state = {"step": jnp.int32(0), "params": params, "rest": rest,
              "opt_state": tx.init(params)}
     rng = np.random.default_rng(0)

@@ -26,12 +26,13 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import lra.tasks
-from configs import common, hybrid
+from configs import common
 from lra.training import (checkpoint, init_from, input_pipeline, lengths, processes, record,
                           resume, sharding)
 # train_and_evaluate looks them up here, so a test can swap the schedule in this module.
 from lra.training.optim import learning_rate_schedule, make_optimizer
 from lra.runs import card
+from lra.runs.spec import RunSpec, resolve
 from lra.runs.results import flatten
 from lra.training.console import log as _log
 from lra.training.console import warn as _warn
@@ -92,12 +93,14 @@ class TrainingDiverged(UserError):
 # ----------------------------------------------------------------------------- model
 
 
-def build_model(config: ml_collections.ConfigDict, task: lra.tasks.Task) -> Classifier:
+def build_model(config: ml_collections.ConfigDict, task: lra.tasks.Task,
+                spec: RunSpec | None = None) -> Classifier:
     """The classifier, or for a pretraining objective (mlm, causal_lm) the same encoder
     with a per-position head (models/pretrain.py); retrieval's two documents go through
     that one encoder in turn. config.start_token adds one id, vocab_size, to the
     embedding table (and the head, whose logit for it the losses drop:
-    lra/training/objectives.py)."""
+    lra/training/objectives.py). `spec`: the config's RunSpec (lra/runs/spec.py; its
+    layer list), resolved here when not given."""
     vocab_size = task.vocab_size
     if config.objective == "sequence_labels" and task.autoencoder:
         model_class, head = SequenceAutoEncoder, {}  # MAD's compression
@@ -118,7 +121,7 @@ def build_model(config: ml_collections.ConfigDict, task: lra.tasks.Task) -> Clas
         pos_emb=config.pos_emb, causal=config.causal,
         block=config.block.to_dict() if "block" in config else None,
         # A hybrid stack's layers (configs/hybrid.py); None: config.model in every layer.
-        layers=hybrid.layer_list(config),
+        layers=(spec or resolve(config)).layer_list(),
         rngs=nnx.Rngs(params=config.random_seed, dropout=config.random_seed + 1),
     )
 
@@ -187,25 +190,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                           f"{' (objective causal_lm)' if config.objective == 'causal_lm' else ''}"
                           f" is impossible; causal models: {', '.join(causal)}")
     sharding.validate(config, config.num_heads)
+    # What the config builds, resolved once (lra/runs/spec.py): the layer list, the model's
+    # name, the parameter groups; everything below reads it rather than the config's forms.
+    spec = resolve(config)
     lock = _lock_workdir(workdir)
     try:
-        return _train_and_evaluate(config, workdir, task)
+        return _train_and_evaluate(config, workdir, task, spec)
     finally:
         lock.release()
 
 
-def _train_and_evaluate(config, workdir: str, task) -> dict:
+def _train_and_evaluate(config, workdir: str, task, spec: RunSpec) -> dict:
     diverged_path = os.path.join(workdir, DIVERGED_FILE)
     diverged = os.path.exists(diverged_path)
     ckpts = checkpoint.Checkpoints(workdir)
     # Resume point and config check before the data is read and the step compiled.
-    unreadable, resume_step, resume_loop = resume.resume_point(ckpts, config, workdir, diverged)
+    unreadable, resume_step, resume_loop = resume.resume_point(ckpts, config, workdir, diverged,
+                                                                spec)
     if ckpts.last_steps() and resume_step is None:
         processes.check_peers()  # as below: a lost process, not bad files
         raise resume.unrestorable(ckpts, unreadable)
     # The run to start from (config.init_from), checked before anything is compiled; a
     # resumed run has its weights in its own checkpoint already.
-    source = init_from.find_source(config) if config.init_from and resume_step is None else None
+    source = init_from.find_source(config, spec) if config.init_from and resume_step is None else None
     preemption_sync = processes.preemption_sync_point(resume_step or 0)
     data = input_pipeline.load_data(config, task)
     fingerprint = resume.data_fingerprint(data)
@@ -220,10 +227,10 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
     token_level = config.objective != "classify"
     pretraining = config.objective in ("mlm", "causal_lm")
     schedule = learning_rate_schedule(config)
-    tx = make_optimizer(config, schedule)
+    tx = make_optimizer(config, schedule, spec)
 
     def init_state() -> dict:
-        _, params, rest = nnx.split(build_model(config, task), nnx.Param, ...)
+        _, params, rest = nnx.split(build_model(config, task, spec), nnx.Param, ...)
         # config.param_dtype: the parameters (and so the optimizer's state) as stored.
         params = precision.cast_params(params, precision.dtype_of(config.param_dtype))
         return {"step": jnp.int32(0), "params": params, "rest": rest,
@@ -233,14 +240,15 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
     # logical axis names only); then every device initialises just its own shards, which
     # is also how a multi-process run gets global arrays without copying host values.
     try:
-        graphdef = nnx.split(nnx.eval_shape(lambda: build_model(config, task)), nnx.Param,
+        graphdef = nnx.split(nnx.eval_shape(lambda: build_model(config, task, spec)), nnx.Param,
                              ...)[0]
         abstract_state = jax.eval_shape(init_state)
     except ValueError as e:  # unknown hparams, impossible combinations (causal + CLS, ...)
-        raise ConfigError(f"cannot build model {hybrid.name(config)!r}: {e}") from None
+        raise ConfigError(f"cannot build model {spec.name!r}: {e}") from None
     num_params = sum(x.size for x in jax.tree.leaves(abstract_state["params"]))
     # What the model shares with the other mixers of a comparison, measured on it.
-    scaffold_card = card.card(config, nnx.eval_shape(lambda: build_model(config, task)))
+    scaffold_card = card.card(config, nnx.eval_shape(lambda: build_model(config, task, spec)),
+                              spec=spec)
     # config.eval_lengths: the model at each length, checked now to take these weights.
     length_plan = lengths.plan(config, task,
                                lambda c: nnx.eval_shape(lambda: build_model(c, task)))
@@ -319,8 +327,10 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
 
     if restored_step is None and config.init_from:
         saved = init_from.read(config, source)  # the earlier run's weights, read once
-        state["params"] = init_from.load_encoder(config, state["params"], source, saved)
-        state["rest"] = init_from.load_encoder_state(config, state["rest"], source, saved)
+        state["params"] = init_from.load_encoder(config, state["params"], source, saved,
+                                                  spec)
+        state["rest"] = init_from.load_encoder_state(config, state["rest"], source, saved,
+                                                      spec)
     train_step, eval_step = make_steps(graphdef, tx, schedule, task.num_classes, config,
                                        task.vocab_size, label_slots=label_slots(data, config))
     activation_rules = sharding.activation_rules(config.sharding)
@@ -426,7 +436,7 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
     # its stopping step: nothing is left to train.
     end_step = loop.get("stopped_at_step") or config.num_train_steps
     stopped = " (stopped early there)" if loop.get("stopped_at_step") else ""
-    _log(f"Training {hybrid.describe(config) if hybrid.is_hybrid(config) else config.model} "
+    _log(f"Training {spec.description if spec.is_hybrid else config.model} "
          f"on {config.task}{what}: {num_params:,} parameters, "
          f"steps {start_step}..{end_step}{stopped}, {jax.device_count()} device(s).")
     # A fresh model's loss: ln(classes), ln(vocabulary) for token prediction, under 1 for L1.
@@ -639,7 +649,7 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
     results = {
         "task": config.task,
         # A hybrid's name, e.g. gla+transformer@1,3 (its resolved layers below).
-        "model": hybrid.name(config),
+        "model": spec.name,
         "objective": config.objective,
         "init_from": config.init_from or None,
         "num_params": int(num_params),
@@ -698,8 +708,8 @@ def _train_and_evaluate(config, workdir: str, task) -> dict:
         "data_fingerprint": fingerprint,
         "config": config.to_dict(),
     }
-    if hybrid.is_hybrid(config):  # every layer's mixer, hparams, block and groups
-        results["layers"] = hybrid.layer_list(config)
+    if spec.is_hybrid:  # every layer's mixer, hparams, block and groups
+        results["layers"] = spec.layer_list()
     if jax.process_index() == 0:
         record.write_json(os.path.join(workdir, "results.json"), results)
         _log(record.results_table(results))

@@ -20,6 +20,7 @@ from flax import nnx
 import lra.tasks
 from configs import common, hybrid, listops
 from lra import train
+from lra.runs import spec
 from lra.training import optim, resume
 from lra.errors import ConfigError
 from models import precision
@@ -273,7 +274,8 @@ def test_an_ssm_layers_group_applies_to_that_layer_only():
                           is_leaf=lambda x: isinstance(x, nnx.Variable))  # no zeros
     meta = {p: v.get_metadata() for p, v in _variables(params).items()}
     values = {p: np.asarray(v[...], np.float64) for p, v in _variables(params).items()}
-    tx = optim.make_optimizer(config, optim.learning_rate_schedule(config))
+    tx = optim.make_optimizer(config, optim.learning_rate_schedule(config),
+                              spec.resolve(config))
     u0, u1 = _update(tx, params, 0.0), _update(tx, params, 1.0)
     seen = set()
     for path, m in meta.items():
@@ -290,7 +292,8 @@ def test_an_ssm_layers_group_applies_to_that_layer_only():
     assert {(0, "ssm"), (1, "ssm"), (1, "ssm_c")} <= seen
     # A group a layer does not carry is refused like config.param_groups' misspellings.
     config.hybrid.param_groups.ssm_x = {"lr_scale": 0.5}
-    tx = optim.make_optimizer(config, optim.learning_rate_schedule(config))
+    tx = optim.make_optimizer(config, optim.learning_rate_schedule(config),
+                              spec.resolve(config))
     with pytest.raises(ConfigError, match=r"layer 1 \(s4d\) name ssm_x, which no parameter"):
         tx.init(params)
 
@@ -499,7 +502,7 @@ def test_pallas_in_the_layers_that_have_a_kernel_lowered_for_cuda():
                            max_length=64, attention_impl="pallas")
         config.batch_size = 2
         schedule = optim.learning_rate_schedule(config)
-        tx = optim.make_optimizer(config, schedule)
+        tx = optim.make_optimizer(config, schedule, spec.resolve(config))
 
         def init_state(config=config, tx=tx):
             _, params, rest = nnx.split(train.build_model(config, LISTOPS), nnx.Param, ...)

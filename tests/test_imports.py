@@ -181,6 +181,20 @@ def test_no_circles_and_no_back_arrows():
     assert arrows == [], f"role packages importing lra/'s commands: {arrows}"
 
 
+def test_no_circle_through_configs_and_the_training_packages():
+    """At any level (a function's import too) no circle among configs/, lra/training,
+    lra/runs and models/: the one there was, configs.common -> configs.hybrid ->
+    lra.training.optim -> configs.hybrid, is gone (the optimiser reads the layer list from
+    the run's RunSpec, lra/runs/spec.py, and imports nothing of configs/)."""
+    _, every = graph()
+    inner = ("configs", "lra.training", "lra.runs", "models")
+    edges = {m: {t for t in targets if t.startswith(inner)}
+             for m, targets in every.items() if m.startswith(inner)}
+    assert cycles(edges) == [], f"import circles (any level): {cycles(edges)}"
+    assert not {t for t in every["lra.training.optim"] if t.startswith("configs")}, \
+        every["lra.training.optim"]
+
+
 def test_lra_top_lists_commands_and_trainer_only():
     """`ls lra/`: the commands (each has a __main__), the trainer and the errors."""
     names = sorted(f[:-3] for f in os.listdir(os.path.join(REPO, "lra"))

@@ -91,13 +91,15 @@ def flops_per_token(model: Any, length: int) -> float | None:
     return float(flops) / length if flops else None
 
 
-def card(config: Any, model: Any, *, flops: bool = True) -> dict[str, Any]:
+def card(config: Any, model: Any, *, flops: bool = True, spec: Any = None) -> dict[str, Any]:
     """The card of the run `config` describes, measured on `model`, built from it (or its
-    shapes, nnx.eval_shape(lambda: lra.train.build_model(config, task)))."""
+    shapes, nnx.eval_shape(lambda: lra.train.build_model(config, task))); `spec`: the
+    config's RunSpec (lra/runs/spec.py), resolved here when not given."""
     import jax
     from flax import nnx
 
-    from configs import hybrid, scaffold
+    from configs import scaffold
+    from lra.runs.spec import resolve
 
     blocks = _blocks(model)
     table = config.pos_emb if config.pos_emb in ("learned", "sinusoidal") else None
@@ -106,7 +108,7 @@ def card(config: Any, model: Any, *, flops: bool = True) -> dict[str, Any]:
         rotary = getattr(block.mixer, "rotary", None) is True or config.pos_emb == "rotary"
         positions.append("+".join(p for p in (table, "rotary" if rotary else None) if p)
                          or "none")
-    layers = hybrid.layer_list(config)
+    layers = (spec or resolve(config)).layers
     hparams = [spec["model_hparams"] for spec in layers] if layers else (
         [config.model_hparams.to_dict()] * len(blocks))
     capacity = [{k: h[k] for k in CAPACITY_HPARAMS if k in h} for h in hparams]

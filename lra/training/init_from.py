@@ -21,17 +21,19 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 
-from configs import hybrid
 from lra.training import checkpoint
 from lra.training.resume import same
 from lra.training.console import log as _log
 from lra.training.console import warn as _warn
 from lra.errors import ConfigError
+
+if TYPE_CHECKING:
+    from lra.runs.spec import Layers, RunSpec
 
 
 # Fields of the earlier run that must equal this config's for its encoder to be loaded;
@@ -40,10 +42,25 @@ INIT_FROM_SAME_FIELDS = ("model", "emb_dim", "num_heads", "num_layers", "qkv_dim
                          "pos_emb")
 
 
-def find_source(config) -> tuple[checkpoint.Checkpoints, int, str]:
+def _resolve(config: Any) -> RunSpec:
+    from lra.runs.spec import resolve  # the layer forms (configs/hybrid.py); only here
+
+    return resolve(config)
+
+
+def _layers(saved: dict) -> Layers:
+    """The earlier run's mixers (its config as it was saved)."""
+    from lra.runs.spec import layers_of
+
+    return layers_of(saved)
+
+
+def find_source(config, spec: RunSpec | None = None
+                ) -> tuple[checkpoint.Checkpoints, int, str]:
     """(checkpoints, step, 'best'|'last') of the run config.init_from names: its best
     weights, else its last state. A missing folder, a folder without checkpoints, a run of
-    another model or other sizes: ConfigError."""
+    another model or other sizes: ConfigError. `spec`: the config's RunSpec
+    (lra/runs/spec.py), resolved here when not given."""
     path = config.init_from
     where = f"config.init_from={path}"
     if not os.path.isdir(path):
@@ -74,14 +91,16 @@ def find_source(config) -> tuple[checkpoint.Checkpoints, int, str]:
     if saved:
         # Hybrid stacks (configs/hybrid.py) are compared by their layers below: a hybrid
         # may start from a pure run of any of its mixers, and the reverse.
-        mixed = hybrid.is_hybrid(saved) or hybrid.is_hybrid(config)
+        spec = spec or _resolve(config)
+        saved_spec = _layers(saved)
+        mixed = saved_spec.is_hybrid or spec.is_hybrid
         differ = [k for k in INIT_FROM_SAME_FIELDS
                   if k in saved and not same(saved[k], config[k])
                   and not (mixed and k == "model")]
-        copied = copied_layers(config, saved)
+        copied = _copied(spec, saved_spec)
         if mixed and not differ and copied is not None and not any(copied):
-            raise ConfigError(f"{where} is a run of {hybrid.describe(saved)}; this config "
-                              f"builds {hybrid.describe(config)}: no layer has the same mixer "
+            raise ConfigError(f"{where} is a run of {saved_spec.description}; this config "
+                              f"builds {spec.description}: no layer has the same mixer "
                               "in both; point config.init_from at a run with one")
         if differ:
             was = ", ".join(f"{k}={saved[k]!r}" for k in differ)
@@ -108,21 +127,22 @@ def _saved_config(ckpts: checkpoint.Checkpoints, path: str) -> dict | None:
     return saved
 
 
-def _names(config: Any) -> list[str]:
-    return hybrid.layer_names(config) or [config.get("model")] * int(config.get("num_layers"))
-
-
-def copied_layers(config: Any, saved: dict | None) -> list[bool] | None:
-    """Per layer of this config's stack, whether the earlier run's layer there has the same
-    mixer (its whole block is copied) or not (the block starts as initialised); None when
-    the two layer lists name the same mixers (every encoder parameter is copied, as for
-    single-mixer runs)."""
-    if not saved:
-        return None
-    here, there = _names(config), _names(saved)
+def _copied(spec: RunSpec, saved_spec: Layers) -> list[bool] | None:
+    here, there = spec.names, saved_spec.names
     if here == there:
         return None
     return [l < len(there) and m == there[l] for l, m in enumerate(here)]
+
+
+def copied_layers(config: Any, saved: dict | None,
+                  spec: RunSpec | None = None) -> list[bool] | None:
+    """Per layer of this config's stack, whether the earlier run's layer there has the same
+    mixer (its whole block is copied) or not (the block starts as initialised); None when
+    the two layer lists name the same mixers (every encoder parameter is copied, as for
+    single-mixer runs). `spec`: the config's RunSpec, resolved here when not given."""
+    if not saved:
+        return None
+    return _copied(spec or _resolve(config), _layers(saved))
 
 
 _BLOCK = re.compile(r"^encoder/stack/blocks/(\d+)/")
@@ -147,16 +167,16 @@ def read(config, source: tuple[checkpoint.Checkpoints, int, str]) -> dict:
 
 
 def load_encoder_state(config, rest: Any, source: tuple[checkpoint.Checkpoints, int, str],
-                       saved: dict | None = None) -> Any:
+                       saved: dict | None = None, spec: RunSpec | None = None) -> Any:
     """`rest` (the model's state that is not a parameter) with the encoder's non-RNG state
     taken from the earlier run where it holds it, in the layers load_encoder copies:
     performer's and rfa's random features and their redraw counters, routing's centroids,
     the fixed synthesizer's logits. The encoder was trained with these; a fresh draw would
     make its copied weights meet features they never saw. RNG streams stay this run's.
-    `saved`: read(config, source), when the caller has it."""
+    `saved`: read(config, source), when the caller has it; `spec`: the config's RunSpec."""
     saved = (saved or read(config, source)).get("rest") or {}
     saved_flat = {_path_str(p): v for p, v in jax.tree_util.tree_leaves_with_path(saved)}
-    copied = copied_layers(config, _saved_config(source[0], config.init_from))
+    copied = copied_layers(config, _saved_config(source[0], config.init_from), spec)
 
     def take(path, target):
         name = _path_str(path)
@@ -175,18 +195,19 @@ def load_encoder_state(config, rest: Any, source: tuple[checkpoint.Checkpoints, 
 
 
 def load_encoder(config, params: Any, source: tuple[checkpoint.Checkpoints, int, str],
-                 saved: dict | None = None) -> Any:
+                 saved: dict | None = None, spec: RunSpec | None = None) -> Any:
     """`params` with every parameter under `encoder/` taken from the earlier run (the
     embeddings and the stack); the rest (the head) stays as initialised. A parameter the
     earlier run lacks, or holds with another shape: ConfigError naming it. `saved`:
-    read(config, source), when the caller has it."""
+    read(config, source), when the caller has it; `spec`: the config's RunSpec."""
     ckpts, step, kind = source
     saved = (saved or read(config, source))["params"]
     saved_flat = {_path_str(p): v for p, v in jax.tree_util.tree_leaves_with_path(saved)}
     where = f"config.init_from={config.init_from} ({kind} checkpoint, step {step})"
     loaded = 0
     # A hybrid from a pure run (or another layer list): the layers whose mixer agrees.
-    copied = copied_layers(config, _saved_config(ckpts, config.init_from))
+    spec = spec or _resolve(config)
+    copied = copied_layers(config, _saved_config(ckpts, config.init_from), spec)
 
     def take(path, target):
         nonlocal loaded
@@ -213,7 +234,7 @@ def load_encoder(config, params: Any, source: tuple[checkpoint.Checkpoints, int,
     out = jax.tree_util.tree_map_with_path(take, params)
     fresh = ""
     if copied is not None:
-        names = _names(config)
+        names = spec.names
         same_layers = [l for l, c in enumerate(copied) if c]
         other = [l for l, c in enumerate(copied) if not c]
         fresh = (f" (the embeddings, the final norm and layers "

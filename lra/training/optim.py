@@ -17,10 +17,11 @@ a separate AdamW). The per-variant groups are presets (configs/presets.py PARAM_
 A parameter with no group, or a group the config does not name, trains with
 config.learning_rate and config.weight_decay; `no_weight_decay` wins over any rate.
 In a hybrid stack (configs/hybrid.py) a parameter of layer i (path `.../stack/blocks/i/...`)
-looks its group up in that layer's settings (`layer_groups`: config.param_groups for
-config.model's layers, config.hybrid.param_groups over the other mixer's presets for its
-layers), so an SSM layer's group applies to that layer only; a single-mixer model has one
-set for every parameter, as before.
+looks its group up in that layer's settings (the run's RunSpec, lra/runs/spec.py,
+`layer_groups`: config.param_groups for config.model's layers, config.hybrid.param_groups
+over the other mixer's presets for its layers), so an SSM layer's group applies to that
+layer only; a single-mixer model has one set for every parameter, as before. This module
+reads the layers from the spec it is given and imports nothing of configs/.
 
 Weight-decay exemptions by name (`config.weight_decay_exempt`): a tuple of fnmatch
 patterns over the parameters' paths, the keys from the model's root joined by "/" ("*"
@@ -34,7 +35,7 @@ from __future__ import annotations
 import fnmatch
 import math
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +44,9 @@ import optax
 from flax import nnx
 
 from lra.errors import ConfigError
+
+if TYPE_CHECKING:  # lra/runs/spec.py imports this module
+    from lra.runs.spec import RunSpec
 
 
 def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
@@ -214,20 +218,6 @@ def layer_of(path: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def layer_groups(config: ml_collections.ConfigDict) -> list[dict[str, dict[str, float]]] | None:
-    """Per layer of a hybrid stack (configs/hybrid.py), the group settings its parameters
-    train with: config.param_groups for config.model's layers, the layer's own for the
-    others; None for a single-mixer model (one set for every parameter, as before)."""
-    from configs import hybrid  # imports the registry; only here
-
-    layers = hybrid.layer_list(config)
-    if layers is None:
-        return None
-    return [settings_of(spec["param_groups"], config.weight_decay,
-                        where=f"the param_groups of layer {l} ({spec['model']})")
-            for l, spec in enumerate(layers)]
-
-
 def groups_of(params: Any) -> set[str]:
     """The `param_group` names the parameters carry."""
     return {_metadata(v)[PARAM_GROUP] for v in jax.tree.leaves(params, is_leaf=_is_variable)
@@ -277,7 +267,7 @@ def _groups_at(groups: dict[str, dict[str, float]],
                per_layer: list[dict[str, dict[str, float]]] | None, path: str
                ) -> dict[str, dict[str, float]]:
     """The group settings of the parameter at `path`: its layer's in a hybrid stack
-    (`layer_groups`), else `groups`."""
+    (the RunSpec's `layer_groups`), else `groups`."""
     layer = layer_of(path) if per_layer is not None else None
     return groups if layer is None or layer >= len(per_layer) else per_layer[layer]
 
@@ -308,7 +298,7 @@ def scale_by_group(groups: dict[str, dict[str, float]],
     return _stateless(lambda updates, params: _map_updates(scale, params, updates))
 
 
-def _check_layer_groups(config, groups, per_layer, params) -> None:
+def _check_layer_groups(config, groups, per_layer, names, params) -> None:
     """A hybrid's groups, each where it applies: a group that config.param_groups names
     must be carried by a parameter of config.model's layers or outside the stack, and one
     that a layer of another mixer names by a parameter of that layer (else ConfigError:
@@ -320,9 +310,6 @@ def _check_layer_groups(config, groups, per_layer, params) -> None:
                  and per_layer[layer] != groups else "model")
         group = _metadata(v).get(PARAM_GROUP)
         carried.setdefault(scope, set()).update({group} if group is not None else set())
-    from configs import hybrid
-
-    names = hybrid.layer_names(config)
     for scope, named in [("model", groups)] + [
             (l, g) for l, g in enumerate(per_layer) if g != groups]:
         have = carried.get(scope, set())
@@ -343,8 +330,16 @@ def _has_marks(params: Any) -> bool:
                for v in leaves)
 
 
-def make_optimizer(config: ml_collections.ConfigDict,
-                   schedule: optax.Schedule) -> optax.GradientTransformation:
+def _asks_for_layers(config: ml_collections.ConfigDict) -> bool:
+    """Whether a config names a layer list (configs/hybrid.py's forms: a valid one sets
+    config.layers, hybrid.mixer or hybrid.pattern); only to refuse one given without its
+    RunSpec."""
+    h = config.get("hybrid") or {}
+    return bool(config.get("layers") or h.get("mixer") or h.get("pattern"))
+
+
+def make_optimizer(config: ml_collections.ConfigDict, schedule: optax.Schedule,
+                   spec: RunSpec | None = None) -> optax.GradientTransformation:
     """AdamW (weight decay on all parameters not marked `no_weight_decay`), after global
     norm clipping if configured; parameters with `bounds` are clamped after each step;
     parameters in a group named by config.param_groups train with its lr scale and
@@ -356,9 +351,17 @@ def make_optimizer(config: ml_collections.ConfigDict,
     choice is made from the parameters' metadata, which init and update both see. A group
     the config names that no parameter carries is a ConfigError (a misspelt name would
     otherwise change nothing), and so is a config.weight_decay_exempt pattern that matches
-    no parameter's path."""
-    groups = group_settings(config)
-    per_layer = layer_groups(config)  # None: a single-mixer model
+    no parameter's path.
+
+    `spec`: the config's RunSpec (lra/runs/spec.py resolve), whose group settings (per
+    layer in a hybrid stack) it reads; a single-mixer config may leave it out (its groups
+    are config.param_groups), a hybrid's may not (ValueError)."""
+    if spec is None and _asks_for_layers(config):
+        raise ValueError("make_optimizer: the config is a hybrid stack; pass its RunSpec "
+                         "(spec=lra.runs.spec.resolve(config)) for its layers' groups")
+    groups = group_settings(config) if spec is None else spec.groups
+    per_layer = None if spec is None else spec.layer_groups  # None: a single-mixer model
+    names = None if spec is None else spec.layer_names
     patterns = exempt_patterns(config)
     def chain(adamw: optax.GradientTransformation, *after: optax.GradientTransformation):
         clip = ([optax.clip_by_global_norm(config.grad_clip_norm)]
@@ -382,7 +385,7 @@ def make_optimizer(config: ml_collections.ConfigDict,
 
     def pick(params):
         if per_layer is not None:
-            _check_layer_groups(config, groups, per_layer, params)
+            _check_layer_groups(config, groups, per_layer, names, params)
         else:
             carried = groups_of(params)
             if groups and not set(groups) <= carried:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ml_collections
 import numpy as np
@@ -13,6 +13,9 @@ import numpy as np
 from lra.training import checkpoint
 from lra.errors import CheckpointError, ConfigError
 from lra.runs.results import flatten
+
+if TYPE_CHECKING:
+    from lra.runs.spec import RunSpec
 
 # Resuming (re-running a workdir): every config field must be as the run has it, except
 # these, which change neither the model, the data order nor the optimisation
@@ -52,14 +55,15 @@ def same(a: Any, b: Any) -> bool:
 
 
 def check_compatible(saved: dict, config: ml_collections.ConfigDict, workdir: str, *,
-                             step: int, diverged: bool) -> None:
+                     step: int, diverged: bool, spec: RunSpec | None = None) -> None:
     """Refuses (ConfigError, naming every field) a config that the run in `workdir`, at
-    `step`, cannot honour: see RESUME_FREE_FIELDS above."""
+    `step`, cannot honour: see RESUME_FREE_FIELDS above. `spec`: the config's RunSpec
+    (lra/runs/spec.py), resolved here when not given."""
     old, new = flatten(saved), flatten(config.to_dict())
     free = set(RESUME_FREE_FIELDS) | {"num_train_steps"}
     if diverged:
         free |= set(AFTER_DIVERGENCE_FIELDS)
-    _check_same_layers(saved, config, workdir, step)
+    _check_same_layers(saved, spec or _resolve(config), workdir, step)
     changed = [k for k in sorted(set(old) | set(new))
                if k.split(".")[0] not in free and k in old and not same(old[k], new.get(k))
                and not _layer_field(k, diverged)]
@@ -106,29 +110,30 @@ def _layer_field(key: str, diverged: bool) -> bool:
     return key == "layers" or key.startswith("hybrid.")
 
 
-def _layers_of(config: Any) -> list[dict] | None:
-    from configs import hybrid
+def _resolve(config: Any) -> RunSpec:
+    from lra.runs.spec import resolve  # the layer forms (configs/hybrid.py); only here
 
-    layers = hybrid.layer_list(config)
-    return None if layers is None else [
-        {k: v for k, v in spec.items() if k != "param_groups"} for spec in layers]
+    return resolve(config)
 
 
-def _check_same_layers(saved: dict, config, workdir: str, step: int) -> None:
+def _layers_of(spec: RunSpec) -> list[dict] | None:
+    """The layer list as the model is built from it (param_groups are optimisation)."""
+    return None if spec.layers is None else [
+        {k: v for k, v in layer.items() if k != "param_groups"} for layer in spec.layers]
+
+
+def _check_same_layers(saved: dict, spec: RunSpec, workdir: str, step: int) -> None:
     """A resume with another layer list (mixers, their hparams or blocks) is refused in
     one line naming both lists."""
-    from configs import hybrid
-
-    saved_config = ml_collections.ConfigDict(saved)
     try:
-        before = _layers_of(saved_config)
+        saved_spec = _resolve(ml_collections.ConfigDict(saved))
     except ConfigError:  # the saved run's forms no longer resolve: compare the fields
         return
-    after = _layers_of(config)
+    before, after = _layers_of(saved_spec), _layers_of(spec)
     key = lambda x: json.dumps(x, sort_keys=True, default=str)  # noqa: E731
     if key(before) == key(after):
         return
-    was, now = hybrid.describe(saved_config), hybrid.describe(config)
+    was, now = saved_spec.description, spec.description
     if was == now:  # the same mixers: name the layers whose hparams or block differ
         diffs = []
         for l, (a, b) in enumerate(zip(before, after)):
@@ -154,10 +159,11 @@ def check_same_data(saved: dict | None, data: dict, config, workdir: str) -> Non
                           "--workdir to start a new run")
 
 
-def resume_point(ckpts: checkpoint.Checkpoints, config, workdir: str,
-                  diverged: bool) -> tuple[list[tuple[int, BaseException]], int | None, dict]:
-    """The newest `last` checkpoint whose JSON reads (checked against the config), and
-    the newer ones that did not read."""
+def resume_point(ckpts: checkpoint.Checkpoints, config, workdir: str, diverged: bool,
+                 spec: RunSpec | None = None
+                 ) -> tuple[list[tuple[int, BaseException]], int | None, dict]:
+    """The newest `last` checkpoint whose JSON reads (checked against the config and its
+    RunSpec), and the newer ones that did not read."""
     unreadable = []
     for step in ckpts.last_steps():
         try:
@@ -165,7 +171,8 @@ def resume_point(ckpts: checkpoint.Checkpoints, config, workdir: str,
         except Exception as e:  # noqa: BLE001  (corrupt or partial files)
             unreadable.append((step, e))
             continue
-        check_compatible(loop["config"], config, workdir, step=step, diverged=diverged)
+        check_compatible(loop["config"], config, workdir, step=step, diverged=diverged,
+                         spec=spec)
         return unreadable, step, loop
     return unreadable, None, {}
 
@@ -175,3 +182,4 @@ def unrestorable(ckpts: checkpoint.Checkpoints, failures) -> CheckpointError:
     return CheckpointError(f"cannot restore any checkpoint in {ckpts.last_dir} ({detail}); "
                            f"delete {ckpts.directory} to start the run again, or use another "
                            "--workdir")
+
