@@ -328,9 +328,7 @@ def model_hparams(model: str, task: str, max_length: int | None = None) -> dict[
     from models import registry  # the registry is the source of truth for names
 
     if model not in registry.available():
-        raise ConfigError(
-            f"unknown model {model!r}; available: {', '.join(registry.available())}"
-        )
+        raise ConfigError(registry.unknown_model(model))
     stated = {**PRESETS.get(model, {}), **TASK_OVERRIDES.get((model, task), {})}
     return _scaled(model, stated, _ratio(task, max_length), REFERENCE_LENGTHS.get(task, 0))
 

@@ -28,6 +28,8 @@ from lra.training import supervisor
 config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/listops.py:runlocal.",
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and results.json.")
+flags.DEFINE_list("import", [], "Modules of your own that register variants, imported "
+                  "(from this folder or PYTHONPATH) before the config is read.")
 flags.mark_flags_as_required(["config", "workdir"])
 flags.DEFINE_bool("multihost", False, "Start JAX's distributed runtime, detecting the cluster "
                   "(TPU pod, SLURM, Open MPI, ...) automatically.")
@@ -291,6 +293,7 @@ def fold_model_override(argv: list[str]) -> list[str]:
 def parse_flags(argv: list[str]) -> list[str]:
     """absl's parsing, with config mistakes reported in one line instead of a traceback."""
     init_distributed(argv)
+    cli.import_variants(cli.import_flag(argv))  # before the config builds their presets
     try:
         argv = cli.with_config_paths(fold_model_override(argv))
         return flags.FLAGS(argv)

@@ -14,7 +14,7 @@ others, with the mini's own generator arguments for a mini's folder), and the ot
 run. The sweep exits 1 when a run failed or was refused, or when no task had its data.
 
 Each run is `python -m lra.launch --workdir=<workdir> --config=configs/<task>.py:model=<m>,<config_arg>
---config.random_seed=<s> [--config.<override> ...]` in its own process
+--config.random_seed=<s> [--config.<override> ...] [--import=<the sweep's>]` in its own process
 (a crash or an out-of-memory in one variant does not stop the sweep), where <workdir> is
 `<sweep_dir>/<task>/<model>/seed<s>`, or `.../seed<s>-<hash>` with `--override`s (a short
 hash of them, order aside; the run's `sweep.json` lists them): another set of overrides
@@ -93,6 +93,8 @@ def _define_flags() -> None:
                         "list, or 'all' (" + ",".join(TASKS) + "). A task whose data is "
                         "missing is skipped, naming the command that gets it.")
     flags.DEFINE_list("models", ["all"], "Registry names, or 'all'.")
+    flags.DEFINE_list("import", [], "Modules of your own that register variants (from this "
+                      "folder or PYTHONPATH); every run imports them too (--import).")
     flags.DEFINE_string("config_arg", "", "Extra config arguments, e.g. 'mini' or 'runlocal'.")
     flags.DEFINE_list("seeds", ["0"], "Random seeds (config.random_seed), integers.")
     flags.DEFINE_string("sweep_dir", None, "Directory that receives every run.")
@@ -386,12 +388,13 @@ def main(argv):
         tasks = parse_tasks(FLAGS.task)
     except ValueError as e:
         _fail(str(e))
+    cli.import_variants(FLAGS["import"].value)
     from models import registry
 
     models = registry.available() if FLAGS.models == ["all"] else FLAGS.models
     unknown = [m for m in models if m not in registry.available()]
     if unknown:
-        _fail(f"unknown models {unknown}; available: {', '.join(registry.available())}")
+        _fail(registry.unknown_model(unknown[0]))
     try:
         plan.check_locality_args(FLAGS.config_arg, FLAGS.pretrain, FLAGS.locality_baseline)
     except ValueError as e:

@@ -44,7 +44,11 @@ decodes). Step-by-step decoding equals the parallel causal form at every positio
 (tests/models/test_decoding.py).
 
 Variant modules register themselves on import; `_load_all` imports the variant
-packages lazily, so `import models.registry` alone is enough to see every variant.
+packages lazily, so `import models.registry` alone is enough to see every variant. A
+variant of the user's own lives in the user's module (docs/variants.md#adding-a-variant):
+`lra.launch` and `lra.sweep` import it given `--import=<module>`, and `_load_all` imports
+the modules named in the environment variable LRA_IMPORTS (comma-separated), so every
+command sees them.
 """
 from __future__ import annotations
 
@@ -52,6 +56,7 @@ import contextlib
 import dataclasses
 import importlib
 import inspect
+import os
 from typing import Any, Callable, Iterator
 
 from flax import nnx
@@ -247,12 +252,27 @@ def temporarily_registered(name: str, builder: Builder,
 def _load_all() -> None:
     for package in _VARIANT_PACKAGES:
         importlib.import_module(package)
+    for module in [m.strip() for m in os.environ.get("LRA_IMPORTS", "").split(",") if m.strip()]:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name is not None and module != e.name and not module.startswith(e.name + "."):
+                raise
+            raise RegistryError(f"LRA_IMPORTS names {module!r}, which cannot be imported "
+                                f"from {os.getcwd()} or PYTHONPATH") from None
+
+
+def unknown_model(name: str) -> str:
+    """The refusal of a name that is not registered (here, the configs, lra.sweep)."""
+    return (f"unknown model {name!r}; available: {', '.join(available())}. A variant of your "
+            "own registers in your module: --import=<module> (lra.launch, lra.sweep) or "
+            "LRA_IMPORTS=<module> (docs/variants.md#adding-a-variant)")
 
 
 def _entry(name: str) -> _Entry:
     _load_all()
     if name not in _REGISTRY:
-        raise RegistryError(f"unknown model {name!r}; available: {', '.join(available())}")
+        raise RegistryError(unknown_model(name))
     return _REGISTRY[name]
 
 

@@ -13,15 +13,23 @@ file is under the current directory, `configs/<name>.py` is the installed packag
 config (the `configs` package is installed with `lra` and `models`), so the README's
 commands work from any directory. A config file that exists nowhere is refused in one line.
 
+Variants of the user's own (import_variants): `--import=<module>[,<module>]` on lra.launch and
+lra.sweep imports the user's modules, from the current directory or PYTHONPATH, before the
+config is read (a task config builds the model's presets from the registry), and exports
+them (LRA_IMPORTS, PYTHONPATH) to the processes the command starts; a sweep's runs get the
+flag too. LRA_IMPORTS=<module>[,...] alone makes every command's registry import them
+(models/registry.py). docs/variants.md#adding-a-variant.
+
 Exit codes (docs/running.md, "Exit codes"): 0 done; 1 a bug (a traceback) or, for
 lra.sweep, a run that failed; 2 a refused input (one line, `error: ...`, from every
 command: a bad flag, a config, data, a workdir).
 """
 from __future__ import annotations
 
+import importlib
 import os
 import sys
-from typing import NoReturn
+from typing import NoReturn, Sequence
 
 EXIT_USER_ERROR = 2
 
@@ -89,6 +97,61 @@ def with_config_paths(argv: list[str], flag: str = "config") -> list[str]:
 def _with_file(value: str) -> str:
     path, colon, args = value.partition(":")
     return config_file(path) + colon + args
+
+
+IMPORTS_ENV = "LRA_IMPORTS"  # models/registry.py reads it too
+
+
+def import_flag(argv: list[str]) -> list[str]:
+    """The modules of every `--import=a,b` (or `--import a,b`, one dash or two, repeatable)
+    in argv before absl's `--`."""
+    names, i, end = [], 1, (argv.index("--") if "--" in argv else len(argv))
+    while i < end:
+        arg = argv[i]
+        for prefix in ("--import=", "-import="):
+            if arg.startswith(prefix):
+                names += arg[len(prefix):].split(",")
+                break
+        else:
+            if arg in ("--import", "-import") and i + 1 < end:
+                names += argv[i + 1].split(",")
+                i += 1
+        i += 1
+    return [n.strip() for n in names if n.strip()]
+
+
+def imported_modules() -> list[str]:
+    """The user's modules this process imported (import_variants) or was given in
+    LRA_IMPORTS: what a command forwards to the runs it starts."""
+    return [m for m in os.environ.get(IMPORTS_ENV, "").split(",") if m.strip()]
+
+
+def import_variants(modules: Sequence[str]) -> None:
+    """Imports the user's modules, whose `@registry.register(...)` adds their variants,
+    with the current directory on the path (as `python -m` has it); exports them in
+    LRA_IMPORTS and the directory in PYTHONPATH, so that child processes (a sweep's runs,
+    which run in the checkout) import them as well. A module that is not found, or that
+    registers what the registry refuses, is refused in one line; any other error in it
+    is the user's code's (a traceback)."""
+    if not modules:
+        return
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [here, os.environ.get("PYTHONPATH")]))
+    os.environ[IMPORTS_ENV] = ",".join(dict.fromkeys([*imported_modules(), *modules]))
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name is not None and name != e.name and not name.startswith(e.name + "."):
+                raise  # the module itself imports something missing
+            refuse(f"--import={name}: no module {name!r} here ({here}) nor on PYTHONPATH; "
+                   f"give the module (e.g. {name.replace('.', '/')}.py in this folder) that "
+                   "registers your variants (docs/variants.md#adding-a-variant)")
+        except ValueError as e:  # models.registry.RegistryError: a refused registration
+            refuse(f"--import={name}: {e}")
 
 
 def refuse(message: str) -> NoReturn:

@@ -243,9 +243,12 @@ def config_flags_of(task: str, model: str, seed: int, config_arg: str,
 def command(task: str, model: str, seed: int, config_arg: str, workdir: str,
             overrides: list[str]) -> list[str]:
     """The run's command line: `python -m lra.launch`, to run in cli.run_root() (where
-    `lra` is importable: the checkout, or anywhere once installed)."""
+    `lra` is importable: the checkout, or anywhere once installed); with `--import` of
+    the user's modules this process imported (cli.import_variants)."""
+    imports = cli.imported_modules()
     return [sys.executable, "-m", "lra.launch", f"--workdir={workdir}",
-            *config_flags_of(task, model, seed, config_arg, overrides)]
+            *config_flags_of(task, model, seed, config_arg, overrides),
+            *([f"--import={','.join(imports)}"] if imports else [])]
 
 
 def expected_config(task: str, model: str, seed: int, config_arg: str,
