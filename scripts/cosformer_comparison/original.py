@@ -4,7 +4,8 @@ copied in (nn.Linear's weight is our kernel transposed; q_proj/k_proj/v_proj/out
 our query/key/value/out); inputs (B, L, E) transposed to its (L, B, E). Forward and the
 gradients of sum(w y) for x and every parameter, to $CMP_DIR/original.npz: in float64
 (torch's default dtype float64 too: the module computes its position index pi/2 i in the
-default dtype), float64 as a float64 user gets it (index in float32, then cast), float32. Needs ours.py to have written inputs.npz.
+default dtype), float64 as a float64 user gets it (index in float32, then cast), and
+float32. Needs ours.py to have written inputs.npz.
 
     /tmp/torchenv/bin/python scripts/cosformer_comparison/original.py
 """
