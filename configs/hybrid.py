@@ -49,8 +49,9 @@ What each layer gets:
             looks a parameter's group up in its own layer's settings).
   kernels   config.attention_impl goes to every layer whose mixer has the choice; a layer's
             own hparams may name another (--config.hybrid.model_hparams.attention_impl=
-            pallas: the kernel in hybrid.mixer's layers only). One that no layer takes is
-            refused.
+            pallas: the kernel in hybrid.mixer's layers only; `hybrid=<mixer>` gives a
+            mixer with the choice that field, "" = config.attention_impl's). One that no
+            layer takes is refused.
 
 Name: config.model, then `+<mixer>@<layer indices>` per other mixer, e.g.
 `gla+transformer@1,3` (results.json's `model`, lra.report's rows, the training log;
@@ -89,6 +90,9 @@ HYBRID_POS_EMBS = ("rotary", "inherit")
 # base model's config.model_hparams: at the length the config was built for.
 PRESET_LENGTH = "preset_length"
 ENTRY_KEYS = ("model", "model_hparams", "block", "param_groups")
+# hybrid.model_hparams.attention_impl of a mixer with a choice of kernel (finalize): "" is
+# config.attention_impl's; another value is the kernel of hybrid.mixer's layers only.
+INHERIT_IMPL = ""
 
 
 def defaults() -> ml_collections.ConfigDict:
@@ -151,7 +155,12 @@ def _entries(config: Any) -> list[Any]:
     full = _plain(config.get("layers")) or ()
     full = [_plain(e) for e in ((full,) if isinstance(full, str) else full)]
     if all(isinstance(e, str) for e in full):  # ('gla,local',) from the command line
-        full = list(_names(full))
+        given, full = bool(full), list(_names(full))
+        if given and not full:  # --config.layers= : the field set, to no layer
+            raise ConfigError(f"config.layers is empty; give one mixer per layer "
+                              f"(config.num_layers={num_layers}), e.g. --config.layers="
+                              f"{','.join([str(base)] * num_layers)}, or leave it unset "
+                              f"for config.model in every layer")
     mixer, pattern = h["mixer"], _names(h["pattern"])
     indices, period, offset = _indices(h["layers"]), int(h["period"]), int(h["offset"])
     concise = [f for f, v in (("hybrid.mixer", mixer), ("hybrid.layers", indices),
@@ -278,6 +287,8 @@ def layer_list(config: Any) -> list[dict[str, Any]] | None:
             groups = _merge_groups(presets.param_groups(name, task))
             if name == h["mixer"]:
                 hp.update(_plain(h["model_hparams"]) or {})
+                if hp.get("attention_impl") == INHERIT_IMPL:  # config.attention_impl's
+                    del hp["attention_impl"]
                 block = dict(_plain(h["block"]) or {})
                 groups = _merge_groups(groups, h["param_groups"])
         extra = {} if name == base else _layer_settings(config, name, h, hp)
@@ -406,7 +417,13 @@ def finalize(c: ml_collections.ConfigDict) -> None:
     mixer = c.hybrid.get("mixer")
     if not mixer:
         return
-    c.hybrid.model_hparams = ml_collections.ConfigDict(_presets(c, mixer))
+    hp = _presets(c, mixer)
+    from models import registry
+
+    if "attention_impl" in registry.accepted_hparams(mixer):
+        # A field for --config.hybrid.model_hparams.attention_impl=<kernel> to set.
+        hp.setdefault("attention_impl", INHERIT_IMPL)
+    c.hybrid.model_hparams = ml_collections.ConfigDict(hp)
 
 
 # ------------------------------------------------------------------ names as model specs

@@ -325,6 +325,47 @@ def test_attention_impl_per_layer():
         train.build_model(refused, LISTOPS)
 
 
+def _flags(*argv: str) -> ml_collections.ConfigDict:
+    """The config the command line makes (ml_collections' --config overrides, as launch)."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    listops_py = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs",
+                              "listops.py")
+    argv = ["launch", f"--config={listops_py}:{argv[0]}", *argv[1:]]
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "", flag_values=values,
+                                    lock_config=True, sys_argv=argv)
+    values(argv)
+    return values.config
+
+
+def test_attention_impl_in_the_hybrid_layers_only_from_the_command_line():
+    """docs/hybrids.md's way: --config.hybrid.model_hparams.attention_impl=<kernel> puts
+    the kernel in hybrid.mixer's layers only (it was refused: no such field); unset, the
+    layers take config.attention_impl, and the resolved layer list is as before."""
+    c = _flags("model=s4d,runlocal,hybrid=transformer", "--config.num_layers=2",
+               "--config.hybrid.layers=1",
+               "--config.hybrid.model_hparams.attention_impl=blocksparse")
+    assert hybrid.layer_list(c)[1]["model_hparams"]["attention_impl"] == "blocksparse"
+    model = train.build_model(c, LISTOPS)
+    assert model.encoder.stack.blocks[1].mixer.attention_impl == "blocksparse"
+    plain = _flags("model=s4d,runlocal,hybrid=transformer", "--config.num_layers=2",
+                   "--config.hybrid.layers=1", "--config.attention_impl=blocksparse")
+    assert "attention_impl" not in hybrid.layer_list(plain)[1]["model_hparams"]
+    assert train.build_model(plain, LISTOPS).encoder.stack.blocks[1].mixer.attention_impl \
+        == "blocksparse"
+
+
+def test_an_empty_layer_list_is_one_config_error():
+    """--config.layers= (an empty full list) was an IndexError traceback."""
+    c = _flags("model=gla,runlocal", "--config.layers=")
+    with pytest.raises(ConfigError, match=r"config.layers is empty.*one mixer per layer"):
+        hybrid.layer_list(c)
+    with pytest.raises(ConfigError, match=r"config.layers is empty"):
+        common.validate(c)
+
+
 # ------------------------------------------------------ a causal_lm run of a hybrid
 
 
