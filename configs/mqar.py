@@ -20,21 +20,12 @@ Arguments after the colon (comma separated):
   d_model=<d>       the width (emb_dim = qkv_dim), default 128 (mini: 64); figure 2
                     sweeps 64, 128, 256, 512
   mini              a CPU-sized setting: L 64 (seq_len=), 4 pairs, V 256 (512 at L 256,
-                    2 L from there: Zoology asserts V > L; not 8,192: at
-                    this budget V 8,192 is unlearnt, transformer 11% test accuracy after
-                    1,200 steps; each key is seen too rarely), d_model 64, 20,000 train /
-                    500 validation / 1,000 test examples, batch 64, 1,200 steps (about 4
-                    epochs; from L 256 on 3,600 with Zoology's early stop at 99%
-                    validation accuracy, as transformer needs more steps there), lr 3e-3
-                    (cosine), validation every 300 steps. Test accuracy under
-                    scaffold=own (measured before 2026-12-03; under the default scaffold:
-                    results/cpu/mqar_scaffold.md) at random_seed 123, the default:
-                    transformer 99.9% (val 99.9% at step 600), 56 s of CPU time (3
-                    minutes of wall time on the shared 2 cores); linear 83.3% (66 s;
-                    reproduced 2026-11-28); linear with short_conv=3 98.2% (69 s). The
-                    seed matters for the fixed-state mixers at this budget: linear with
-                    random_seed 0 reaches 46.2% (still rising at step 1,200);
-                    scripts/mqar_scaffold_grid.sh runs the controlled grid
+                    2 L from there: Zoology asserts V > L), d_model 64, 20,000 train /
+                    500 validation / 1,000 test examples, batch 64, 1,200 steps (from L 256
+                    on 3,600 with Zoology's early stop at 99% validation accuracy), lr 3e-3
+                    (cosine), validation every 300 steps; its measured accuracies and why
+                    V is not 8,192: docs/tasks_and_data.md ("MQAR beside Zoology's figure
+                    2"); scripts/mqar_scaffold_grid.sh runs the controlled grid
   scaffold=<name>   what every mixer shares (configs/scaffold.py): `zoology` (default),
                     Zoology's MQAR models (models_repo.py at d88d6f5): no positions in any
                     layer, one shared short convolution of 3 taps before every mixer, the
@@ -51,43 +42,8 @@ Arguments after the colon (comma separated):
   runlocal          a smoke test in seconds: V 128, L 32, 2 pairs, d_model 32, 20 steps of
                     batch 8, 256 / 32 / 32 examples
 
-Zoology's figure 2 (HazyResearch/zoology,
-zoology/experiments/paper_configs/iclr24_zoology_figure2/configs.py, last changed in
-dbcb60d2bd10a3cc7a89ee60c446c44900a4687f; TrainConfig/ModelConfig/DataConfig defaults
-from zoology/config.py and the loop from zoology/train.py at the same commit), and ours:
-  data     VOCAB_SIZE 8_192; (input_seq_len, num_kv_pairs) in (128, 8), (64, 4), (256, 16)
-           and, commented out there, (512, 64); 100_000 train / 3_000 test examples;
-           random_non_queries False (so the filler positions are 0); power_a 0.01.
-           Ours: the same, and a validation split of 3,000 more (Zoology has none; it
-           reports its test set as "valid/accuracy"). task_options.seed 123 (DataConfig's)
-           makes the train and test splits Zoology's own rows
-           (results/cpu/mqar_mad_generators.md).
-  model    d_model in 64, 128, 256, 512; n_layers 2; state_mixer torch.nn.Identity (no
-           MLP: block.ffn=false here); attention `MHA(num_heads=1, dropout=0.1)`
-           (num_heads 1, attention_dropout_rate 0.1); learned positions for attention
-           only (max_position_embeddings = input_seq_len if the mixer is attention, else
-           0: each variant's own default here, `learned` for transformer and the other
-           attention variants, none for the recurrent ones); embed_dropout 0.1 and
-           resid_dropout 0.0 (ours: dropout_rate 0.0, which is the embedding's and the
-           residual branches' together). Zoology's block adds LayerNorm(residual) back
-           into the stream through its Identity state mixer and ties the LM head to the
-           embedding; ours is the pre-LN block without the feed-forward branch and an
-           untied head. That model (figure 2's, 1 head, positions for attention only)
-           is `scaffold=own`; the default, `scaffold=zoology`, is the repository's
-           later MQAR models (models_repo.py, configs/scaffold.py ZOOLOGY_MQAR), with
-           the same convolution, positions and heads for every mixer.
-  training batch 512 (L 64, 128), 256 (L 256), 128 (L 512); max_epochs 64; lr in
-           np.logspace(-4, -2, 4) (1e-4, 4.6e-4, 2.2e-3, 1e-2), the figure plots the best
-           of the four; AdamW (torch defaults b1 0.9, b2 0.999, eps 1e-8) weight_decay
-           0.1; CosineAnnealingLR(T_max=max_epochs, eta_min=0) stepped per epoch, no
-           warmup; early stop once valid accuracy > 0.99; seed 123.
-           Ours: the same batch sizes and 64 epochs of floor(100,000 / batch) steps
-           (12,480 at batch 512), AdamW 0.9 / 0.999 / 1e-8, wd 0.1, `constant *
-           cosine_decay` from the first step to 0 at the last (per step, not per epoch),
-           the same early stop (early_stop_accuracy 0.99; the best-on-validation
-           checkpoint is tested), lr 2.2e-3 (one
-           of the grid; the sweep of issue 43 section 2 picks per cell), validation on
-           the whole split every epoch.
+The full-size setting follows Zoology's figure 2 (data, model and training, each beside
+Zoology's own: docs/tasks_and_data.md, "MQAR beside Zoology's figure 2").
 """
 from configs import common, hybrid, scaffold
 from lra.errors import ConfigError
