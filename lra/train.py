@@ -8,6 +8,24 @@ split; the test split is evaluated once, with the best-on-validation weights.
 A run is resumable: the same command with the same workdir restores the last checkpoint
 (model, optimizer, data-iterator position, best-so-far) and ends with the metrics an
 uninterrupted run gets. SIGTERM saves a checkpoint, then raises `Preempted`.
+
+The steps, in the order train_and_evaluate takes them (each a function below):
+  _check      everything the user can get wrong, before anything is written; the task and
+              the RunSpec (lra/runs/spec.py: the config resolved once into the layer list,
+              the model's name and the parameter groups, which every later step reads)
+  _set_up     resume point, warm start (init_from), data, optimizer; _init_state: the
+              model built abstractly, the scaffold card, the length plans, the mesh, and
+              the state initialised shard by shard where it lives
+  _restore    the newest readable `last` checkpoint (lra/training/resume.py), else
+              config.init_from's encoder
+  _compile    the train step, ahead of time, and the eval step
+  _train      the train loop: progress lines (_flush), a diverged loss stops it
+              (_stop_diverged), validation and the best weights (_validate), `last`
+              checkpoints (_save_last), preemption (processes.PreemptionNotice)
+  _evaluate   metrics over a split (lra/training/objectives.py evaluate)
+  _test       the best weights on the test split, then at config.eval_lengths, depths
+              and splits (_test_at_lengths, lra/training/lengths.py)
+  _write      results.json (lra/training/record.py results) and the results table
 """
 from __future__ import annotations
 
@@ -39,7 +57,7 @@ from lra.training.console import warn as _warn
 from lra.errors import CheckpointError, ConfigError, UserError
 from models import precision, registry
 from models.encoder import Classifier, DualClassifier
-from lra.training.objectives import add_eval_masks, label_slots, macro_accuracy, make_steps
+from lra.training.objectives import add_eval_masks, evaluate, label_slots, make_steps
 from models.autoencoder import SequenceAutoEncoder
 from models.pretrain import TokenPredictor
 
@@ -138,35 +156,29 @@ def _bound_steps_in_flight(pending: list[tuple[int, Any]]) -> None:
         jax.block_until_ready(pending[-1 - MAX_STEPS_AHEAD][1])
 
 
-def _lock_workdir(workdir: str) -> checkpoint.WorkdirLock:
-    """One run per workdir; in a multi-process run process 0 takes the lock for all."""
-    lock = checkpoint.WorkdirLock(workdir)
-    error = None
-    if jax.process_index() == 0:
-        try:
-            lock.acquire()
-        except UserError as e:
-            error = e
-    processes.agree_on_error(error)
-    if jax.process_index() != 0:
-        os.makedirs(workdir, exist_ok=True)
-    try:
-        processes.check_shared_workdir(workdir)
-    except UserError:
-        lock.release()
-        raise
-    return lock
-
-
-# ----------------------------------------------------------------------------- the loop
+# ----------------------------------------------------------------------------- the steps
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Trains, evaluates, tests with the best checkpoint; returns and writes results.json.
 
     Holds `<workdir>/run.lock` while it runs (a second run is refused at once)."""
-    # 1. Everything the user can get wrong is checked before anything is written; first,
-    # that every process of the run was given the same settings.
+    task, spec = _check(config)
+    lock = processes.lock_workdir(workdir)
+    try:
+        run = _set_up(config, workdir, task, spec)
+        _restore(run)
+        _compile(run)
+        _train(run)
+        return _write(run, *_test(run))
+    finally:
+        lock.release()
+
+
+def _check(config: ml_collections.ConfigDict) -> tuple[lra.tasks.Task, RunSpec]:
+    """Everything the user can get wrong, checked before anything is written; the task
+    and the RunSpec."""
+    # First, that every process of the run was given the same settings.
     processes.agree_on("the config", flatten(config.to_dict()))
     # After the command line's overrides: the data's seed where it is the run's, and a
     # benchmark's scaffold (configs/scaffold.py) into the fields the model is built from
@@ -191,319 +203,330 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                           f" is impossible; causal models: {', '.join(causal)}")
     sharding.validate(config, config.num_heads)
     # What the config builds, resolved once (lra/runs/spec.py): the layer list, the model's
-    # name, the parameter groups; everything below reads it rather than the config's forms.
-    spec = resolve(config)
-    lock = _lock_workdir(workdir)
-    try:
-        return _train_and_evaluate(config, workdir, task, spec)
-    finally:
-        lock.release()
+    # name, the parameter groups; every step below reads it rather than the config's forms.
+    return task, resolve(config)
 
 
-def _train_and_evaluate(config, workdir: str, task, spec: RunSpec) -> dict:
-    diverged_path = os.path.join(workdir, DIVERGED_FILE)
-    diverged = os.path.exists(diverged_path)
-    ckpts = checkpoint.Checkpoints(workdir)
+class _Run:
+    """What the steps share: the config, task and spec, then what _set_up, _restore and
+    _compile make (checkpoints, data, optimizer, shardings, state, loop record, steps)."""
+
+    def __init__(self, **fields: Any):
+        self.__dict__.update(fields)
+
+    def weights(self, state: dict | None = None) -> dict:
+        """The model's weights ({"params", "rest"}) of `state` (the run's by default)."""
+        state = self.state if state is None else state
+        return {"params": state["params"], "rest": state["rest"]}
+
+    def in_mesh(self, jitted):
+        """`jitted` called under the mesh and activation rules: traced under these,
+        models.layers.constrain pins the activations' sharding."""
+        def call(*args):
+            with jax.set_mesh(self.mesh), nnx.logical_axis_rules(self.activation_rules):
+                return jitted(*args)
+        return call
+
+
+def _set_up(config, workdir: str, task, spec: RunSpec) -> _Run:
+    """Resume point, warm start, data and optimizer, each checked before the step is
+    compiled; then the state, initialised where it lives (_init_state)."""
+    run = _Run(config=config, workdir=workdir, task=task, spec=spec,
+               diverged_path=os.path.join(workdir, DIVERGED_FILE),
+               ckpts=checkpoint.Checkpoints(workdir))
+    run.diverged = os.path.exists(run.diverged_path)
     # Resume point and config check before the data is read and the step compiled.
-    unreadable, resume_step, resume_loop = resume.resume_point(ckpts, config, workdir, diverged,
-                                                                spec)
-    if ckpts.last_steps() and resume_step is None:
-        processes.check_peers()  # as below: a lost process, not bad files
-        raise resume.unrestorable(ckpts, unreadable)
+    run.unreadable, run.resume_step, resume_loop = resume.resume_point(
+        run.ckpts, config, workdir, run.diverged, spec)
+    if run.ckpts.last_steps() and run.resume_step is None:
+        processes.check_peers()  # as in _restore: a lost process, not bad files
+        raise resume.unrestorable(run.ckpts, run.unreadable)
     # The run to start from (config.init_from), checked before anything is compiled; a
     # resumed run has its weights in its own checkpoint already.
-    source = init_from.find_source(config, spec) if config.init_from and resume_step is None else None
-    preemption_sync = processes.preemption_sync_point(resume_step or 0)
-    data = input_pipeline.load_data(config, task)
-    fingerprint = resume.data_fingerprint(data)
+    run.source = (init_from.find_source(config, spec)
+                  if config.init_from and run.resume_step is None else None)
+    run.preemption_sync = processes.preemption_sync_point(run.resume_step or 0)
+    run.data = input_pipeline.load_data(config, task)
+    run.fingerprint = resume.data_fingerprint(run.data)
     processes.agree_on(f"the data read from config.data_dir={config.data_dir}",
-                       {f"{split} split (hash)": h for split, h in fingerprint.items()})
-    if resume_step is not None:
-        resume.check_same_data(resume_loop.get("data_fingerprint"), data, config, workdir)
+                       {f"{split} split (hash)": h for split, h in run.fingerprint.items()})
+    if run.resume_step is not None:
+        resume.check_same_data(resume_loop.get("data_fingerprint"), run.data, config, workdir)
     if config.objective == "mlm":
-        add_eval_masks(data, config)
+        add_eval_masks(run.data, config)
     # Per-position predictions (pretraining, or a task's labels per position); only
     # pretraining keeps the lowest validation loss and counts tokens for its baseline.
-    token_level = config.objective != "classify"
-    pretraining = config.objective in ("mlm", "causal_lm")
-    schedule = learning_rate_schedule(config)
-    tx = make_optimizer(config, schedule, spec)
+    run.token_level = config.objective != "classify"
+    run.pretraining = config.objective in ("mlm", "causal_lm")
+    run.schedule = learning_rate_schedule(config)
+    run.tx = make_optimizer(config, run.schedule, spec)
+    _init_state(run)
+    return run
+
+
+def _init_state(run: _Run) -> None:
+    """State, optimizer, shardings. The model is first built abstractly (shapes and
+    logical axis names only); then every device initialises just its own shards, which
+    is also how a multi-process run gets global arrays without copying host values."""
+    config, task, spec = run.config, run.task, run.spec
 
     def init_state() -> dict:
         _, params, rest = nnx.split(build_model(config, task, spec), nnx.Param, ...)
         # config.param_dtype: the parameters (and so the optimizer's state) as stored.
         params = precision.cast_params(params, precision.dtype_of(config.param_dtype))
         return {"step": jnp.int32(0), "params": params, "rest": rest,
-                "opt_state": tx.init(params)}
+                "opt_state": run.tx.init(params)}
 
-    # 2. State, optimizer, shardings. The model is first built abstractly (shapes and
-    # logical axis names only); then every device initialises just its own shards, which
-    # is also how a multi-process run gets global arrays without copying host values.
     try:
-        graphdef = nnx.split(nnx.eval_shape(lambda: build_model(config, task, spec)), nnx.Param,
-                             ...)[0]
+        run.graphdef = nnx.split(nnx.eval_shape(lambda: build_model(config, task, spec)),
+                                 nnx.Param, ...)[0]
         abstract_state = jax.eval_shape(init_state)
     except ValueError as e:  # unknown hparams, impossible combinations (causal + CLS, ...)
         raise ConfigError(f"cannot build model {spec.name!r}: {e}") from None
-    num_params = sum(x.size for x in jax.tree.leaves(abstract_state["params"]))
+    run.num_params = sum(x.size for x in jax.tree.leaves(abstract_state["params"]))
     # What the model shares with the other mixers of a comparison, measured on it.
-    scaffold_card = card.card(config, nnx.eval_shape(lambda: build_model(config, task, spec)),
-                              spec=spec)
+    run.scaffold_card = card.card(
+        config, nnx.eval_shape(lambda: build_model(config, task, spec)), spec=spec)
     # config.eval_lengths: the model at each length, checked now to take these weights.
-    length_plan = lengths.plan(config, task,
-                               lambda c: nnx.eval_shape(lambda: build_model(c, task)))
-    depth_plan = lengths.depth_plan(config, task, length_plan)  # config.eval_depth_buckets
-    split_plan = lengths.split_plan(config, task)  # config.eval_splits
+    run.length_plan = lengths.plan(config, task,
+                                   lambda c: nnx.eval_shape(lambda: build_model(c, task)))
+    run.depth_plan = lengths.depth_plan(config, task, run.length_plan)  # eval_depth_buckets
+    run.split_plan = lengths.split_plan(config, task)  # config.eval_splits
     # A (data, model) mesh; parameters and optimizer state placed by config.sharding's
     # rules on their logical axis names (lra/training/sharding.py). Auto axes: XLA propagates
     # shardings from these inputs (GSPMD), guided by the model's activation constraints.
-    mesh = sharding.make_mesh(config)
-    replicated = NamedSharding(mesh, P())
-    batch_sharding = sharding.batch_sharding(mesh)
-    state_shardings = sharding.state_shardings(abstract_state, config.sharding, mesh)
-    state = jax.jit(init_state, out_shardings=state_shardings)()
-    param_bytes, param_bytes_per_device = record.param_bytes(state["params"])
-    weights_shardings = {"params": state_shardings["params"], "rest": state_shardings["rest"]}
+    run.mesh = sharding.make_mesh(config)
+    run.activation_rules = sharding.activation_rules(config.sharding)
+    run.replicated = NamedSharding(run.mesh, P())
+    run.batch_sharding = sharding.batch_sharding(run.mesh)
+    run.state_shardings = sharding.state_shardings(abstract_state, config.sharding, run.mesh)
+    run.state = jax.jit(init_state, out_shardings=run.state_shardings)()
+    run.param_bytes = record.param_bytes(run.state["params"])
+    run.weights_shardings = {"params": run.state_shardings["params"],
+                             "rest": run.state_shardings["rest"]}
 
-    # 3. Resume from the newest readable `last` checkpoint, if there is one (before
-    # compiling: a refusal comes at once). Newer unreadable ones are removed, and so are
-    # best checkpoints that the restored state does not know of: best and last always
-    # describe the same run.
-    train_iter = input_pipeline.train_iterator(
-        data["train"], global_batch_size=config.batch_size, seed=config.random_seed,
-        rows=input_pipeline.process_rows(batch_sharding, config.batch_size))
-    loop = {"best_eval_accuracy": -1.0, "best_eval_loss": None, "best_step": -1,
-            "eval_history": [],
-            "train_history": [], "train_seconds": 0.0, "timed_steps": 0,
-            "input_seconds": 0.0,
-            "config": config.to_dict(), "data_fingerprint": fingerprint}
+
+def _restore(run: _Run) -> None:
+    """Resume from the newest readable `last` checkpoint, if there is one (before
+    compiling: a refusal comes at once), with the data iterator's position and the loop's
+    record; else start from config.init_from's encoder, if given. Newer unreadable
+    checkpoints are removed, and so are best checkpoints that the restored state does not
+    know of: best and last always describe the same run."""
+    config, ckpts = run.config, run.ckpts
+    run.train_iter = input_pipeline.train_iterator(
+        run.data["train"], global_batch_size=config.batch_size, seed=config.random_seed,
+        rows=input_pipeline.process_rows(run.batch_sharding, config.batch_size))
+    run.loop = {"best_eval_accuracy": -1.0, "best_eval_loss": None, "best_step": -1,
+                "eval_history": [],
+                "train_history": [], "train_seconds": 0.0, "timed_steps": 0,
+                "input_seconds": 0.0,
+                "config": config.to_dict(), "data_fingerprint": run.fingerprint}
     restored_step = None
-    for step in [s for s in ckpts.last_steps() if resume_step is not None and s <= resume_step]:
+    for step in [s for s in ckpts.last_steps()
+                 if run.resume_step is not None and s <= run.resume_step]:
         try:
-            if step != resume_step:
-                resume.check_compatible(ckpts.last_loop(step)["config"], config, workdir,
-                                         step=step, diverged=diverged)
-            state, saved_loop = ckpts.restore_last(state, step)
+            if step != run.resume_step:
+                resume.check_compatible(ckpts.last_loop(step)["config"], config, run.workdir,
+                                        step=step, diverged=run.diverged, spec=run.spec)
+            run.state, saved_loop = ckpts.restore_last(run.state, step)
         except ConfigError:
             raise
         except Exception as e:  # noqa: BLE001  (corrupt or partial files)
-            unreadable.append((step, e))
+            run.unreadable.append((step, e))
             continue
         restored_step = step
-        train_iter.set_state(saved_loop.pop("train_iter"))
-        loop.update(saved_loop, config=config.to_dict(), data_fingerprint=fingerprint)
+        run.train_iter.set_state(saved_loop.pop("train_iter"))
+        run.loop.update(saved_loop, config=config.to_dict(), data_fingerprint=run.fingerprint)
         break
-    if unreadable:
-        # In a multi-process run a restore also fails when another process died meanwhile
-        # (orbax's reads are collectives): that is not a bad file, and its advice (delete
-        # the checkpoints) would be the worst possible. A collective tells: it fails at once
-        # if a process is gone (launch.py: the lost-peer line, exit 3), else the files are
-        # bad for every process alike.
-        processes.check_peers()
-    if resume_step is not None and restored_step is None:
-        raise resume.unrestorable(ckpts, unreadable)
-    for step, error in unreadable:
-        _warn(f"checkpoint step {step} in {ckpts.last_dir} cannot be read "
-              f"({checkpoint._first_line(error, 120)}); resuming from step {restored_step}, "
-              f"the one before; step {step} is deleted")
-        ckpts.delete_last(step)
-    stale_best = [b for b in ckpts.best_steps() if b > loop["best_step"]]
-    if stale_best:
-        _warn(f"deleting best checkpoint(s) {stale_best} in {ckpts.best_dir}: newer than the "
-              f"state this run starts from (step {restored_step or 0}; an interrupted or "
-              f"earlier run left them), so this run redoes those steps")
-        for b in stale_best:
-            ckpts.delete_best(b)
-    if loop["best_step"] >= 0 and loop["best_step"] not in ckpts.best_steps():
-        raise CheckpointError(f"{ckpts.best_dir} lacks step {loop['best_step']}, the best step "
-                              f"that the last checkpoint (step {restored_step}) names; delete "
-                              f"{ckpts.directory} to start the run again")
-    if restored_step is None and diverged and jax.process_index() == 0:
-        os.remove(diverged_path)  # no good checkpoint was kept: this is a new run
-        diverged = False
+    resume.clean_up(ckpts, run.unreadable, run.resume_step, restored_step,
+                    run.loop["best_step"])
+    if restored_step is None and run.diverged and jax.process_index() == 0:
+        os.remove(run.diverged_path)  # no good checkpoint was kept: this is a new run
+        run.diverged = False
     if restored_step is not None:
-        _log(f"Resumed from {ckpts.directory}/last at step {int(state['step'])}.")
-    start_step = int(state["step"])
-
+        _log(f"Resumed from {ckpts.directory}/last at step {int(run.state['step'])}.")
+    run.start_step = int(run.state["step"])
     if restored_step is None and config.init_from:
-        saved = init_from.read(config, source)  # the earlier run's weights, read once
-        state["params"] = init_from.load_encoder(config, state["params"], source, saved,
-                                                  spec)
-        state["rest"] = init_from.load_encoder_state(config, state["rest"], source, saved,
-                                                      spec)
-    train_step, eval_step = make_steps(graphdef, tx, schedule, task.num_classes, config,
-                                       task.vocab_size, label_slots=label_slots(data, config))
-    activation_rules = sharding.activation_rules(config.sharding)
+        saved = init_from.read(config, run.source)  # the earlier run's weights, read once
+        run.state["params"] = init_from.load_encoder(config, run.state["params"], run.source,
+                                                     saved, run.spec)
+        run.state["rest"] = init_from.load_encoder_state(config, run.state["rest"],
+                                                         run.source, saved, run.spec)
 
-    def in_mesh(jitted):
-        # Traced under these, models.layers.constrain pins the activations' sharding.
-        def call(*args):
-            with jax.set_mesh(mesh), nnx.logical_axis_rules(activation_rules):
-                return jitted(*args)
-        return call
 
-    # The train step is compiled ahead of time: one compilation, and XLA's memory
-    # analysis of it goes into results.json (train_step_temp_bytes).
+def _compile(run: _Run) -> None:
+    """The train step, compiled ahead of time: one compilation, and XLA's memory analysis
+    of it goes into results.json (train_step_temp_bytes); the eval step, jitted."""
+    config, data = run.config, run.data
+    train_step, eval_step = make_steps(run.graphdef, run.tx, run.schedule,
+                                       run.task.num_classes, config, run.task.vocab_size,
+                                       label_slots=label_slots(data, config))
     abstract_batch = {
         k: jax.ShapeDtypeStruct((config.batch_size, *v.shape[1:]), v.dtype,
-                                sharding=batch_sharding)
+                                sharding=run.batch_sharding)
         for k, v in data["train"].items()}
-    with jax.set_mesh(mesh), nnx.logical_axis_rules(activation_rules):
-        train_step = jax.jit(train_step, in_shardings=(state_shardings, batch_sharding),
-                             out_shardings=(state_shardings, replicated),
-                             donate_argnums=0).lower(state, abstract_batch).compile()
-    memory = train_step.memory_analysis()
-    train_step_temp_bytes = int(memory.temp_size_in_bytes) if memory is not None else None
-    eval_step = in_mesh(jax.jit(eval_step, in_shardings=(weights_shardings, batch_sharding),
-                                out_shardings=replicated))
+    with jax.set_mesh(run.mesh), nnx.logical_axis_rules(run.activation_rules):
+        run.train_step = jax.jit(
+            train_step, in_shardings=(run.state_shardings, run.batch_sharding),
+            out_shardings=(run.state_shardings, run.replicated),
+            donate_argnums=0).lower(run.state, abstract_batch).compile()
+    memory = run.train_step.memory_analysis()
+    run.train_step_temp_bytes = (int(memory.temp_size_in_bytes) if memory is not None
+                                 else None)
+    run.eval_step = run.in_mesh(jax.jit(
+        eval_step, in_shardings=(run.weights_shardings, run.batch_sharding),
+        out_shardings=run.replicated))
 
+
+def _evaluate(run: _Run, weights, split: str, num_batches: int = -1, *, rows=None,
+              step=None) -> dict[str, float]:
+    """Metrics over a split (`rows`: other data in its place, with `step`)."""
+    return evaluate(step or run.eval_step, weights, run.data[split] if rows is None else rows,
+                    run.config, run.batch_sharding, num_batches)
+
+
+# ----------------------------------------------------------------------------- train loop
+
+
+def _save_last(run: _Run, step: int) -> None:
+    run.ckpts.save_last(step, run.state, {**run.loop, "train_iter": run.train_iter.get_state()})
+    if run.diverged:  # the run went on past its divergence with the new config
+        if jax.process_index() == 0 and os.path.exists(run.diverged_path):
+            os.remove(run.diverged_path)
+        run.diverged = False
+
+
+def _loss_limit(run: _Run) -> float:
+    """A fresh model's loss is ln(classes), ln(vocabulary) for token prediction, under 1
+    for L1: EXPLODED_LOSS_FACTOR times that (at least 1) counts as diverged."""
+    config, task = run.config, run.task
+    loss_scale = (task.num_classes if not run.token_level
+                  else task.vocab_size if config.lm_loss == "xent" else 1)
+    return EXPLODED_LOSS_FACTOR * max(1.0, math.log(loss_scale))
+
+
+def _stop_diverged(run: _Run, step: int, loss: float) -> None:
+    """The weights after step-1 updates gave a diverged loss at `step`: every
+    checkpoint from step-1 on holds them (or worse); delete those, keep the others."""
+    ckpts, config = run.ckpts, run.config
+    bad = [c for c in ckpts.last_steps() if c >= step - 1]
+    for c in bad:
+        ckpts.delete_last(c)
+    good = ckpts.last_step()
+    if jax.process_index() == 0:
+        record.write_json(run.diverged_path, {"step": step, "loss": loss,
+                                              "last_good_step": good,
+                                              "learning_rate": config.learning_rate})
+    removed = (f" (deleted checkpoint step(s) {bad}: their weights gave this loss)"
+               if bad else "")
+    where = (f"the last good checkpoint (step {good}) is kept in {ckpts.last_dir}{removed}; "
+             f"re-run the same command with a lower config.learning_rate (or a longer "
+             f"config.warmup) to continue from it"
+             if good is not None else
+             f"no good checkpoint was kept{removed}; re-run with a lower "
+             f"config.learning_rate (or a longer config.warmup) to start again")
+    raise TrainingDiverged(
+        f"training loss is {loss:.4g} at step {step} (diverged: not finite or above "
+        f"{_loss_limit(run):.0f}); stopped, {where}, or use another --workdir")
+
+
+def _flush(run: _Run, pending: list[tuple[int, Any]], writer) -> None:
+    """Fetch pending metrics, stop on a diverged loss, log a progress line."""
+    if not pending:
+        return
+    config, loop, loss_limit = run.config, run.loop, _loss_limit(run)
+    fetched = jax.device_get([m for _, m in pending])
+    steps = [s for s, _ in pending]
+    pending.clear()
+    for s, m in zip(steps, fetched):
+        total = float(m["loss"]) + float(m["aux_loss"])
+        if not math.isfinite(total) or float(m["loss"]) > loss_limit:
+            _stop_diverged(run, s, total if not math.isfinite(total) else float(m["loss"]))
+    mean = {k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]}
+    step = steps[-1]
+    loop["train_history"].append({"step": step, **mean})
+    rate = loop["timed_steps"] / loop["train_seconds"] if loop["train_seconds"] else 0.0
+    eta = (config.num_train_steps - step) / rate if rate else float("nan")
+    _log(f"step {step:>6}/{config.num_train_steps} | loss {mean['loss']:.4f} "
+         f"| acc {mean['accuracy']:.3f} | lr {mean['learning_rate']:.2e} "
+         f"| {rate:6.2f} steps/s | input {100 * record.input_fraction(loop):.0f}% "
+         f"| ETA {record.format_duration(eta) if math.isfinite(eta) else '?'}")
+    if writer:
+        for k, v in mean.items():
+            writer.add_scalar(f"train/{k}", v, step)
+        writer.add_scalar("train/steps_per_sec", rate, step)
+
+
+def _validate(run: _Run, step: int, writer) -> dict[str, float]:
+    """Evaluation on the validation split; the best weights so far saved as `best`, and
+    an early stop noted (config.early_stop_accuracy)."""
+    config, loop = run.config, run.loop
+    result = _evaluate(run, run.weights(), "val", config.num_eval_steps)
+    loop["eval_history"].append({"step": step, **result})
+    bits = (f" | val bits/token {result['bits_per_token']:.4f}"
+            if "bits_per_token" in result else "")
+    if "example_accuracy" in result:
+        bits += f" | val example acc {result['example_accuracy']:.4f}"
+    _log(f"eval  {step:>6} | val loss {result['loss']:.4f} "
+         f"| val acc {result['accuracy']:.4f}{bits}")
+    if writer:
+        writer.add_scalar("eval/accuracy", result["accuracy"], step)
+        writer.add_scalar("eval/loss", result["loss"], step)
+        writer.flush()
+    # Classification keeps the most accurate weights; pretraining the lowest validation
+    # loss (accuracy of masked tokens says little about L1 pixels).
+    best_loss = loop.get("best_eval_loss")
+    if (result["loss"] < best_loss if run.pretraining and best_loss is not None
+            else result["accuracy"] > loop["best_eval_accuracy"]):
+        loop["best_eval_accuracy"], loop["best_step"] = result["accuracy"], step
+        loop["best_eval_loss"] = result["loss"]
+        run.ckpts.save_best(step, run.weights(),
+                            {"step": step, "eval_accuracy": result["accuracy"],
+                             "eval_loss": result["loss"]})
+    # Zoology's early stop (valid accuracy > 0.99): the schedule still spans
+    # num_train_steps, as Zoology's cosine spans max_epochs.
+    threshold = config.get("early_stop_accuracy", 0.0)
+    if threshold and result["accuracy"] > threshold:
+        loop["stopped_at_step"] = step
+    return result
+
+
+def _train(run: _Run) -> None:
+    """The train loop, from the restored step: a progress line every log_every_steps,
+    validation every eval_frequency steps, a `last` checkpoint every checkpoint_freq.
+    SIGTERM: one process notes it (signal handler) and saves at the next step; several
+    processes agree on the step through jax's preemption sync point (its own SIGTERM
+    handler), or else at the next log step (an all-gather of the flags)."""
+    config, loop, workdir = run.config, run.loop, run.workdir
     writer = None
     if jax.process_index() == 0:
         from tensorboardX import SummaryWriter  # imported late: slow, and process 0 only
         writer = SummaryWriter(os.path.join(workdir, "tensorboard"))
-
-    def evaluate(weights, split: str, num_batches: int = -1, *, rows=None,
-                 step=None) -> dict[str, float]:
-        """Sums over a split (`rows`: other data in its place, with `step`)."""
-        eval_bs = config.eval_batch_size or config.batch_size
-        sums = None
-        batch_macros = []  # (macro, examples) per batch: config.macro_accuracy batch_mean
-        per_batch = config.get("macro_accuracy", "pooled") == "batch_mean"
-        mine = input_pipeline.process_rows(batch_sharding, eval_bs)
-        for batch in input_pipeline.eval_batches(data[split] if rows is None else rows,
-                                                 global_batch_size=eval_bs,
-                                                 num_batches=num_batches, rows=mine):
-            out = (step or eval_step)(weights, input_pipeline.to_global(batch, batch_sharding))
-            sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
-            if per_batch and "class_tp" in out:
-                b = jax.device_get(out)
-                batch_macros.append((macro_accuracy(b["class_tp"], b["class_target"],
-                                                    b["class_predicted"]),
-                                     float(b["example_count"])))
-        sums = jax.device_get(sums)
-        count = max(float(sums["count"]), 1.0)
-        out = {"accuracy": float(sums["correct"]) / count,
-               "loss": float(sums["loss_sum"]) / count}
-        if config.objective == "causal_lm" and config.lm_loss == "xent":
-            out["bits_per_token"] = out["loss"] / math.log(2)
-        if "example_count" in sums:  # sequence_labels: all labelled positions right
-            out["example_accuracy"] = (float(sums["example_correct"])
-                                       / max(float(sums["example_count"]), 1.0))
-        if "class_tp" in sums:  # sequence_labels: MAD's (torchmetrics') macro accuracy
-            out["macro_accuracy"] = macro_accuracy(sums["class_tp"], sums["class_target"],
-                                                   sums["class_predicted"])
-            if batch_macros:  # mad-lab's: each batch's macro, weighted by its examples
-                out["pooled_macro_accuracy"] = out["macro_accuracy"]
-                total = max(sum(n for _, n in batch_macros), 1.0)
-                out["macro_accuracy"] = sum(m * n for m, n in batch_macros) / total
-        return out
-
-    def weights_of(s):
-        return {"params": s["params"], "rest": s["rest"]}
-
-    def save_last(s, step):
-        nonlocal diverged
-        ckpts.save_last(step, s, {**loop, "train_iter": train_iter.get_state()})
-        if diverged:  # the run went on past its divergence with the new config
-            if jax.process_index() == 0 and os.path.exists(diverged_path):
-                os.remove(diverged_path)
-            diverged = False
-
-    # 4. Train. SIGTERM: one process notes it (signal handler) and saves at the next step;
-    # several processes agree on the step through jax's preemption sync point (its own
-    # SIGTERM handler), or else at the next log step (an all-gather of the flags).
-    preempted = []
-    previous_handler = None
-    if preemption_sync is None:
-        try:
-            previous_handler = signal.signal(signal.SIGTERM,
-                                             lambda *_: preempted.append(True))
-        except ValueError:  # not the main thread (e.g. a notebook worker): no preemption hook
-            pass
-
-    def preemption_notice(step: int) -> bool:
-        if preemption_sync is not None:
-            return bool(preemption_sync(step))
-        if jax.process_count() == 1:
-            return bool(preempted)
-        return step % config.log_every_steps == 0 and processes.any_process(bool(preempted))
-
     pending: list[tuple[int, dict]] = []  # per-step metrics not yet fetched from the device
     clock, steps_since_clock, first_step_of_segment = time.perf_counter(), 0, True
-    what = ("" if not token_level else f" (pretraining: {config.objective}, {config.lm_loss})"
-            if pretraining else f" ({config.objective})")
+    what = ("" if not run.token_level else f" (pretraining: {config.objective}, "
+            f"{config.lm_loss})" if run.pretraining else f" ({config.objective})")
     # A run that stopped early (config.early_stop_accuracy) and is run again resumes at
     # its stopping step: nothing is left to train.
     end_step = loop.get("stopped_at_step") or config.num_train_steps
     stopped = " (stopped early there)" if loop.get("stopped_at_step") else ""
-    _log(f"Training {spec.description if spec.is_hybrid else config.model} "
-         f"on {config.task}{what}: {num_params:,} parameters, "
-         f"steps {start_step}..{end_step}{stopped}, {jax.device_count()} device(s).")
-    # A fresh model's loss: ln(classes), ln(vocabulary) for token prediction, under 1 for L1.
-    loss_scale = (task.num_classes if not token_level
-                  else task.vocab_size if config.lm_loss == "xent" else 1)
-    loss_limit = EXPLODED_LOSS_FACTOR * max(1.0, math.log(loss_scale))
-
-    def stop_diverged(step: int, loss: float) -> None:
-        """The weights after step-1 updates gave a diverged loss at `step`: every
-        checkpoint from step-1 on holds them (or worse); delete those, keep the others."""
-        bad = [c for c in ckpts.last_steps() if c >= step - 1]
-        for c in bad:
-            ckpts.delete_last(c)
-        good = ckpts.last_step()
-        if jax.process_index() == 0:
-            record.write_json(diverged_path, {"step": step, "loss": loss, "last_good_step": good,
-                                        "learning_rate": config.learning_rate})
-        removed = (f" (deleted checkpoint step(s) {bad}: their weights gave this loss)"
-                   if bad else "")
-        where = (f"the last good checkpoint (step {good}) is kept in {ckpts.last_dir}{removed}; "
-                 f"re-run the same command with a lower config.learning_rate (or a longer "
-                 f"config.warmup) to continue from it"
-                 if good is not None else
-                 f"no good checkpoint was kept{removed}; re-run with a lower "
-                 f"config.learning_rate (or a longer config.warmup) to start again")
-        raise TrainingDiverged(
-            f"training loss is {loss:.4g} at step {step} (diverged: not finite or above "
-            f"{loss_limit:.0f}); stopped, {where}, or use another --workdir")
-
-    def flush() -> None:
-        """Fetch pending metrics, stop on a diverged loss, log a progress line."""
-        if not pending:
-            return
-        fetched = jax.device_get([m for _, m in pending])
-        steps = [s for s, _ in pending]
-        pending.clear()
-        for s, m in zip(steps, fetched):
-            total = float(m["loss"]) + float(m["aux_loss"])
-            if not math.isfinite(total) or float(m["loss"]) > loss_limit:
-                stop_diverged(s, total if not math.isfinite(total) else float(m["loss"]))
-        mean = {k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]}
-        step = steps[-1]
-        loop["train_history"].append({"step": step, **mean})
-        rate = loop["timed_steps"] / loop["train_seconds"] if loop["train_seconds"] else 0.0
-        eta = (config.num_train_steps - step) / rate if rate else float("nan")
-        _log(f"step {step:>6}/{config.num_train_steps} | loss {mean['loss']:.4f} "
-             f"| acc {mean['accuracy']:.3f} | lr {mean['learning_rate']:.2e} "
-             f"| {rate:6.2f} steps/s | input {100 * record.input_fraction(loop):.0f}% "
-             f"| ETA {record.format_duration(eta) if math.isfinite(eta) else '?'}")
-        if writer:
-            for k, v in mean.items():
-                writer.add_scalar(f"train/{k}", v, step)
-            writer.add_scalar("train/steps_per_sec", rate, step)
-
+    _log(f"Training {run.spec.description if run.spec.is_hybrid else config.model} "
+         f"on {config.task}{what}: {run.num_params:,} parameters, "
+         f"steps {run.start_step}..{end_step}{stopped}, {jax.device_count()} device(s).")
     profile = common.parse_profile_steps(config.get("profile_steps", ""))
     profile_dir = os.path.join(workdir, "profile")
     tracing = False
     input_since_clock = 0.0  # host time spent waiting for batches in the timed window
+    notice = processes.PreemptionNotice(run.preemption_sync, config.log_every_steps)
     try:
-        for step in range(start_step + 1, end_step + 1):
+        for step in range(run.start_step + 1, end_step + 1):
             if profile and step == profile[0] and jax.process_index() == 0:
                 jax.profiler.start_trace(profile_dir)
                 tracing = True
             waited = time.perf_counter()
-            batch = input_pipeline.to_global(next(train_iter), batch_sharding)
+            batch = input_pipeline.to_global(next(run.train_iter), run.batch_sharding)
             input_since_clock += time.perf_counter() - waited
-            state, metrics = train_step(state, batch)
+            run.state, metrics = run.train_step(run.state, batch)
             if tracing and step == profile[1]:
                 jax.block_until_ready(metrics)
                 jax.profiler.stop_trace()
@@ -520,198 +543,99 @@ def _train_and_evaluate(config, workdir: str, task, spec: RunSpec) -> dict:
                 input_since_clock = 0.0
             else:
                 steps_since_clock += 1
-            notice = preemption_notice(step)
+            preempted = notice(step)
             do_eval = step % config.eval_frequency == 0 or is_last
-            do_save = do_eval or step % config.checkpoint_freq == 0 or is_last or notice
+            do_save = do_eval or step % config.checkpoint_freq == 0 or is_last or preempted
             if step % config.log_every_steps == 0 or do_save:
                 jax.block_until_ready(metrics)
                 loop["train_seconds"] += time.perf_counter() - clock
                 loop["timed_steps"] += steps_since_clock
                 loop["input_seconds"] = loop.get("input_seconds", 0.0) + input_since_clock
-                flush()
+                _flush(run, pending, writer)
                 steps_since_clock, clock, input_since_clock = 0, time.perf_counter(), 0.0
             if do_eval:
-                result = evaluate(weights_of(state), "val", config.num_eval_steps)
-                loop["eval_history"].append({"step": step, **result})
-                bits = (f" | val bits/token {result['bits_per_token']:.4f}"
-                        if "bits_per_token" in result else "")
-                if "example_accuracy" in result:
-                    bits += f" | val example acc {result['example_accuracy']:.4f}"
-                _log(f"eval  {step:>6} | val loss {result['loss']:.4f} "
-                     f"| val acc {result['accuracy']:.4f}{bits}")
-                if writer:
-                    writer.add_scalar("eval/accuracy", result["accuracy"], step)
-                    writer.add_scalar("eval/loss", result["loss"], step)
-                    writer.flush()
-                # Classification keeps the most accurate weights; pretraining the lowest
-                # validation loss (accuracy of masked tokens says little about L1 pixels).
-                best_loss = loop.get("best_eval_loss")
-                if (result["loss"] < best_loss if pretraining and best_loss is not None
-                        else result["accuracy"] > loop["best_eval_accuracy"]):
-                    loop["best_eval_accuracy"], loop["best_step"] = result["accuracy"], step
-                    loop["best_eval_loss"] = result["loss"]
-                    ckpts.save_best(step, weights_of(state),
-                                    {"step": step, "eval_accuracy": result["accuracy"],
-                                     "eval_loss": result["loss"]})
-                # Zoology's early stop (valid accuracy > 0.99): the schedule still spans
-                # num_train_steps, as Zoology's cosine spans max_epochs.
-                threshold = config.get("early_stop_accuracy", 0.0)
-                if threshold and result["accuracy"] > threshold:
-                    loop["stopped_at_step"] = step
+                result = _validate(run, step, writer)
             if do_save:
-                save_last(state, step)
+                _save_last(run, step)
                 clock = time.perf_counter()  # evaluation and saving are not training time
                 input_since_clock = 0.0
             if loop.get("stopped_at_step") == step:
-                _log(f"val acc {result['accuracy']:.4f} > early_stop_accuracy {threshold}: "
-                     f"stopped at step {step} of {config.num_train_steps}.")
+                _log(f"val acc {result['accuracy']:.4f} > early_stop_accuracy "
+                     f"{config.get('early_stop_accuracy')}: stopped at step {step} of "
+                     f"{config.num_train_steps}.")
                 break
-            if notice:
+            if preempted:
                 why = "SIGINT (Ctrl-C)" if interrupted() else "SIGTERM"
-                _log(f"{why}: saved step {step} to {ckpts.directory}/last; "
+                _log(f"{why}: saved step {step} to {run.ckpts.directory}/last; "
                      f"re-run the same command to resume.")
                 raise Preempted(step)
-        flush()
+        _flush(run, pending, writer)
     finally:
         if tracing:  # a run stopped inside the traced steps still writes its trace
             jax.profiler.stop_trace()
-        if previous_handler is not None:
-            signal.signal(signal.SIGTERM, previous_handler)
+        notice.close()
         if writer:
             writer.close()
 
-    # 5. Test with the best-on-validation weights; if they cannot be read (a corrupt or
-    # truncated file), with the last weights, said in one line and in results.json: the
-    # run's training is not lost to one bad file, and a re-run would meet the same file.
+
+# ----------------------------------------------------------------------------- test, write
+
+
+def _test(run: _Run) -> tuple[dict, dict, str]:
+    """Test with the best-on-validation weights; if they cannot be read (a corrupt or
+    truncated file), with the last weights, said in one line and in results.json: the
+    run's training is not lost to one bad file, and a re-run would meet the same file.
+    Then the same weights at config.eval_lengths, eval_depth_buckets and eval_splits
+    (lra/training/lengths.py). (test metrics, the tested step's info, which weights)."""
+    config, state, loop = run.config, run.state, run.loop
     best_step = loop["best_step"] if loop["best_step"] >= 0 else None
     test_weights = "best"
     try:
         if config.get("test_weights", "best") == "last":  # MAD's: the last epoch's weights
-            best_weights, best_info = weights_of(state), {"step": int(state["step"])}
+            best_weights, best_info = run.weights(), {"step": int(state["step"])}
             test_weights = f"last (step {best_info['step']}): config.test_weights"
         else:
-            best_weights, best_info = ckpts.restore_best(weights_of(state), best_step)
+            best_weights, best_info = run.ckpts.restore_best(run.weights(), best_step)
     except Exception as e:  # noqa: BLE001  (CorruptCheckpoint, orbax's read errors)
-        best_weights, best_info = weights_of(state), {"step": int(state["step"])}
+        best_weights, best_info = run.weights(), {"step": int(state["step"])}
         test_weights = (f"last (step {best_info['step']}): the best checkpoint (step "
                         f"{best_step}) cannot be read")
         _warn(f"{test_weights} ({checkpoint._first_line(e, 160)}); testing the last weights "
               "instead")
-    test = evaluate(best_weights, "test")
-    ckpts.close()
-    length_accuracy, depth_accuracy, split_accuracy = [], [], []  # lra/training/lengths.py
-    steps_at = {}  # the test step per (model length, label slots), compiled once
-    for entry in length_plan + depth_plan + split_plan:
-        rows = task.load(config.data_dir, "test", entry["max_length"], **entry["options"])
-        at = lengths.config_at(config, entry["max_length"])
-        key = (entry["max_length"], label_slots({"test": rows}, at))
-        if key not in steps_at:
-            _, step = make_steps(entry["graphdef"] or graphdef, tx, schedule,
-                                 task.num_classes, at, task.vocab_size, label_slots=key[1])
-            steps_at[key] = in_mesh(jax.jit(
-                step, in_shardings=(weights_shardings, batch_sharding),
-                out_shardings=replicated))
-        got = evaluate(best_weights, "test", rows=rows, step=steps_at[key])
-        row = {"length": entry["length"], "max_length": entry["max_length"], **got}
-        if "split" in entry:
-            split_accuracy.append({"split": entry["split"], **row})
-            _log(f"split {entry['split']:>12} | test acc {got['accuracy']:.4f}")
-        elif "depth" not in entry:
-            length_accuracy.append(row)
-            _log(f"length {entry['length']:>6} | test acc {got['accuracy']:.4f}")
-        else:
-            lo, hi = entry["depth"]
-            depth_accuracy.append({**row, "depth_min": lo, "depth_max": hi})
-            _log(f"length {entry['length']:>6} depth [{lo:.2f}, {hi:.2f}) | test acc "
-                 f"{got['accuracy']:.4f}")
-    if pretraining:
-        # The most frequent training token's share of the test tokens: what predicting
-        # one token everywhere would score.
-        def tokens(split):  # every real token, of both documents for retrieval
-            return np.concatenate([data[split][i][data[split][m].astype(bool)]
-                                   for i, m in (("inputs", "mask"), ("inputs2", "mask2"))
-                                   if i in data[split]])
+    test = _evaluate(run, best_weights, "test")
+    run.ckpts.close()
+    test.update(_test_at_lengths(run, best_weights))
+    return test, best_info, test_weights
 
-        majority = int(np.bincount(tokens("train"), minlength=task.vocab_size).argmax())
-        test_tokens = tokens("test")
-    elif token_level:
-        # sequence_labels: the most frequent training label, at the test's labelled positions
-        def labels(split):
-            y = data[split]["targets"]
-            return y[(y != -100) & data[split]["mask"].astype(bool)]
 
-        majority = int(np.bincount(labels("train"), minlength=task.vocab_size).argmax())
-        test_tokens = labels("test")
-    else:
-        majority = int(np.bincount(data["train"]["targets"],
-                                   minlength=task.num_classes).argmax())
-        test_tokens = data["test"]["targets"]
-    results = {
-        "task": config.task,
-        # A hybrid's name, e.g. gla+transformer@1,3 (its resolved layers below).
-        "model": spec.name,
-        "objective": config.objective,
-        "init_from": config.init_from or None,
-        "num_params": int(num_params),
-        "steps": int(config.num_train_steps),
-        # The step an early stop ended training at (config.early_stop_accuracy), else None.
-        "stopped_at_step": loop.get("stopped_at_step"),
-        "best_eval_accuracy": loop["best_eval_accuracy"],
-        # The best step on validation (its accuracy beside it), and the step whose weights
-        # were tested: the last one when the best checkpoint could not be read.
-        "best_step": best_step if best_step is not None else best_info["step"],
-        "test_step": best_info["step"],
-        "test_weights": test_weights,
-        "test_accuracy": test["accuracy"],
-        "test_loss": test["loss"],
-        "best_eval_loss": loop.get("best_eval_loss"),
-        "test_bits_per_token": test.get("bits_per_token"),
-        # sequence_labels: test_accuracy is per labelled position; this, per example (every
-        # labelled position of the example right).
-        "test_example_accuracy": test.get("example_accuracy"),
-        # config.eval_lengths: the test weights on the test split made at each length.
-        "length_accuracy": length_accuracy or None,
-        # config.eval_depth_buckets: the same per (length, needle depth range).
-        "depth_accuracy": depth_accuracy or None,
-        # config.eval_splits: the same on test splits made with other task options.
-        "split_accuracy": split_accuracy or None,
-        # Zoology's BASED recipe: the kernel of the short convolution before every mixer
-        # (config.block.short_conv; 0 = none).
-        "short_conv": int(config.block.get("short_conv", 0)) if "block" in config else 0,
-        # Positions, convolutions, heads, capacity, params, flops per token, measured on
-        # the model (lra/runs/card.py); the reports rank only cells whose cards agree.
-        "scaffold_card": scaffold_card,
-        # sequence_labels: the mean over classes of per-class accuracy, torchmetrics'
-        # MulticlassAccuracy(average='macro') as MAD logs it (test_accuracy is micro).
-        "test_macro_accuracy": test.get("macro_accuracy"),
-        # ... by config.macro_accuracy's rule; with batch_mean, the pooled one beside it.
-        "macro_accuracy_rule": config.get("macro_accuracy", "pooled"),
-        "test_pooled_macro_accuracy": test.get("pooled_macro_accuracy",
-                                               test.get("macro_accuracy")),
-        "majority_class": majority,
-        "majority_baseline_accuracy": float(np.mean(test_tokens == majority)),
-        "train_steps_per_sec": (loop["timed_steps"] / loop["train_seconds"]
-                                if loop["train_seconds"] else 0.0),
-        # Share of the timed training wall time the host spent getting batches (reading,
-        # batching, placing on devices): near 1, the run is input-bound.
-        "input_wait_fraction": record.input_fraction(loop),
-        "eval_history": loop["eval_history"],
-        "train_history": loop["train_history"],
-        "num_devices": jax.device_count(),
-        "mesh_shape": dict(mesh.shape),
-        "param_bytes": param_bytes,
-        "param_bytes_per_device": param_bytes_per_device,
-        "train_step_temp_bytes": train_step_temp_bytes,
-        "device_peak_bytes": record.device_peak_bytes(),
-        "num_processes": jax.process_count(),
-        "jax_version": jax.__version__,
-        "data_fingerprint": fingerprint,
-        "config": config.to_dict(),
-    }
-    if spec.is_hybrid:  # every layer's mixer, hparams, block and groups
-        results["layers"] = spec.layer_list()
+def _test_at_lengths(run: _Run, weights) -> dict[str, list]:
+    """The test weights on the test split made at each config.eval_lengths length, per
+    needle depth range (eval_depth_buckets) and with other task options (eval_splits)."""
+    def compile_step(graphdef, at, slots):
+        _, step = make_steps(graphdef or run.graphdef, run.tx, run.schedule,
+                             run.task.num_classes, at, run.task.vocab_size, label_slots=slots)
+        return run.in_mesh(jax.jit(step, in_shardings=(run.weights_shardings,
+                                                       run.batch_sharding),
+                                   out_shardings=run.replicated))
+
+    return lengths.test(run.length_plan + run.depth_plan + run.split_plan, run.config,
+                        run.task, compile_step=compile_step, log=_log,
+                        evaluate=lambda rows, step: _evaluate(run, weights, "test",
+                                                              rows=rows, step=step))
+
+
+def _write(run: _Run, test: dict, best_info: dict, test_weights: str) -> dict:
+    """results.json (process 0) and the results table; returns the results."""
+    results = record.results(
+        run.config, run.loop, test, model=run.spec.name, layers=run.spec.layer_list(),
+        best_info=best_info, test_weights=test_weights, num_params=run.num_params,
+        scaffold_card=run.scaffold_card,
+        majority=record.majority_baseline(run.data, run.task, token_level=run.token_level,
+                                          pretraining=run.pretraining),
+        mesh_shape=dict(run.mesh.shape), param_bytes=run.param_bytes,
+        train_step_temp_bytes=run.train_step_temp_bytes, fingerprint=run.fingerprint)
     if jax.process_index() == 0:
-        record.write_json(os.path.join(workdir, "results.json"), results)
+        record.write_json(os.path.join(run.workdir, "results.json"), results)
         _log(record.results_table(results))
     return results
 

@@ -22,6 +22,9 @@ ranges of the context (`Task.at_depth`): results.json `depth_accuracy`, one row 
 `config.eval_splits` ("sparse:test_p_ignore=0.98;dense:test_p_ignore=0.1") tests them on
 test splits made with other task options (flip-flop's tails): `split_accuracy`, one row
 per named split, at the training length.
+
+`plan`, `depth_plan` and `split_plan` are made before training (a length the weights
+cannot take is refused then); `test` runs them after the usual test.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ import jax
 from flax import nnx
 
 from lra.errors import ConfigError
+from lra.training.objectives import label_slots
 
 
 def parse(config) -> list[int]:
@@ -171,4 +175,36 @@ def plan(config, task, abstract_model_at: Callable[[Any], nnx.Module]) -> list[d
                     f"config.eval_lengths)")
         out.append({"length": length, "max_length": max_length, "options": options,
                     "graphdef": graphdef})
+    return out
+
+
+def test(plans: list[dict], config, task, *, compile_step: Callable[..., Callable],
+         evaluate: Callable[[dict, Callable], dict], log: Callable[[str], None]
+         ) -> dict[str, list]:
+    """Each entry of the plans (plan + depth_plan + split_plan) on its test split:
+    {"length_accuracy", "depth_accuracy", "split_accuracy"}, lists of rows.
+    compile_step(graphdef or None (the run's), config at the length, label slots) -> the
+    jitted test step, compiled once per (model length, label slots); evaluate(rows, step)
+    -> the metrics."""
+    out = {"length_accuracy": [], "depth_accuracy": [], "split_accuracy": []}
+    steps_at = {}
+    for entry in plans:
+        rows = task.load(config.data_dir, "test", entry["max_length"], **entry["options"])
+        at = config_at(config, entry["max_length"])
+        key = (entry["max_length"], label_slots({"test": rows}, at))
+        if key not in steps_at:
+            steps_at[key] = compile_step(entry["graphdef"], at, key[1])
+        got = evaluate(rows, steps_at[key])
+        row = {"length": entry["length"], "max_length": entry["max_length"], **got}
+        if "split" in entry:
+            out["split_accuracy"].append({"split": entry["split"], **row})
+            log(f"split {entry['split']:>12} | test acc {got['accuracy']:.4f}")
+        elif "depth" not in entry:
+            out["length_accuracy"].append(row)
+            log(f"length {entry['length']:>6} | test acc {got['accuracy']:.4f}")
+        else:
+            lo, hi = entry["depth"]
+            out["depth_accuracy"].append({**row, "depth_min": lo, "depth_max": hi})
+            log(f"length {entry['length']:>6} depth [{lo:.2f}, {hi:.2f}) | test acc "
+                f"{got['accuracy']:.4f}")
     return out

@@ -22,9 +22,12 @@
 Pretraining losses are per token (cross-entropy over the vocabulary, or L1 on pixel
 intensities scaled to [0, 1] with config.lm_loss='l1'), averaged over the predicted tokens;
 retrieval's two documents are both predicted. `lra.train.train_and_evaluate` runs every
-objective through the same loop (resume, preemption, divergence, multi-process).
+objective through the same loop (resume, preemption, divergence, multi-process), and
+`evaluate` turns an eval step's sums over a split into its metrics.
 """
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +36,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from lra.training import input_pipeline
 from models import precision
 from models.encoder import Classifier
 from models.pretrain import TokenPredictor
@@ -387,3 +391,41 @@ def label_slots(data: dict, config) -> int | None:
     most = max(int(((d["targets"] != -100) & d["mask"].astype(bool)).sum(1).max())
                for d in data.values())
     return max(most, 1) if 2 * most <= config.max_length else None
+
+
+def evaluate(eval_step, weights, rows: dict, config: ml_collections.ConfigDict,
+             batch_sharding, num_batches: int = -1) -> dict[str, float]:
+    """An eval step's sums over `rows` (a split), as metrics: accuracy and loss, bits per
+    token (causal_lm, xent), per-example and macro accuracy (sequence_labels; by
+    config.macro_accuracy's rule, with the pooled one beside a batch_mean)."""
+    eval_bs = config.eval_batch_size or config.batch_size
+    sums = None
+    batch_macros = []  # (macro, examples) per batch: config.macro_accuracy batch_mean
+    per_batch = config.get("macro_accuracy", "pooled") == "batch_mean"
+    mine = input_pipeline.process_rows(batch_sharding, eval_bs)
+    for batch in input_pipeline.eval_batches(rows, global_batch_size=eval_bs,
+                                             num_batches=num_batches, rows=mine):
+        out = eval_step(weights, input_pipeline.to_global(batch, batch_sharding))
+        sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
+        if per_batch and "class_tp" in out:
+            b = jax.device_get(out)
+            batch_macros.append((macro_accuracy(b["class_tp"], b["class_target"],
+                                                b["class_predicted"]),
+                                 float(b["example_count"])))
+    sums = jax.device_get(sums)
+    count = max(float(sums["count"]), 1.0)
+    out = {"accuracy": float(sums["correct"]) / count,
+           "loss": float(sums["loss_sum"]) / count}
+    if config.objective == "causal_lm" and config.lm_loss == "xent":
+        out["bits_per_token"] = out["loss"] / math.log(2)
+    if "example_count" in sums:  # sequence_labels: all labelled positions right
+        out["example_accuracy"] = (float(sums["example_correct"])
+                                   / max(float(sums["example_count"]), 1.0))
+    if "class_tp" in sums:  # sequence_labels: MAD's (torchmetrics') macro accuracy
+        out["macro_accuracy"] = macro_accuracy(sums["class_tp"], sums["class_target"],
+                                               sums["class_predicted"])
+        if batch_macros:  # mad-lab's: each batch's macro, weighted by its examples
+            out["pooled_macro_accuracy"] = out["macro_accuracy"]
+            total = max(sum(n for _, n in batch_macros), 1.0)
+            out["macro_accuracy"] = sum(m * n for m, n in batch_macros) / total
+    return out

@@ -12,13 +12,16 @@ as a lost peer). With one process each is a no-op or a plain local answer.
 - `agree_on_error(error)`: process 0's outcome (an error or None) raised everywhere.
 - `any_process(flag)`: True on every process when it is True on one.
 - `preemption_sync_point(step)`: jax's preemption sync point, or None.
+- `PreemptionNotice`: whether a SIGTERM has reached the run, asked at every step.
 - `check_peers()`: raises (a failed collective) if another process has died.
+- `lock_workdir(workdir)`: one run per workdir, the lock taken by process 0 for all.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import signal
 import zlib
 from typing import Any, Mapping
 
@@ -164,3 +167,58 @@ def check_peers() -> None:
     about them. Every process must call it at the same point."""
     if jax.process_count() > 1:
         any_process(False)
+
+
+class PreemptionNotice:
+    """Asked at every step of the train loop whether the run must save and stop. With
+    jax's preemption sync point (`preemption_sync`, several processes) its own SIGTERM
+    handler decides the step; else a SIGTERM handler notes the signal here (restored by
+    `close`), and several processes without the sync point agree at the next log step
+    (an all-gather of the flags)."""
+
+    def __init__(self, preemption_sync, log_every_steps: int):
+        self.sync, self.log_every_steps = preemption_sync, log_every_steps
+        self.noted: list[bool] = []
+        self.previous_handler = None
+        if preemption_sync is None:
+            try:
+                self.previous_handler = signal.signal(signal.SIGTERM,
+                                                      lambda *_: self.noted.append(True))
+            except ValueError:  # not the main thread (a notebook worker): no preemption hook
+                pass
+
+    def __call__(self, step: int) -> bool:
+        if self.sync is not None:
+            return bool(self.sync(step))
+        if jax.process_count() == 1:
+            return bool(self.noted)
+        return step % self.log_every_steps == 0 and any_process(bool(self.noted))
+
+    def close(self) -> None:
+        """The SIGTERM handler of before, back."""
+        if self.previous_handler is not None:
+            signal.signal(signal.SIGTERM, self.previous_handler)
+            self.previous_handler = None
+
+
+def lock_workdir(workdir: str):
+    """One run per workdir (checkpoint.WorkdirLock, held until its release()); in a
+    multi-process run process 0 takes the lock for all."""
+    from lra.training import checkpoint  # orbax; only here
+
+    lock = checkpoint.WorkdirLock(workdir)
+    error = None
+    if jax.process_index() == 0:
+        try:
+            lock.acquire()
+        except UserError as e:
+            error = e
+    agree_on_error(error)
+    if jax.process_index() != 0:
+        os.makedirs(workdir, exist_ok=True)
+    try:
+        check_shared_workdir(workdir)
+    except UserError:
+        lock.release()
+        raise
+    return lock

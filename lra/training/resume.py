@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 import ml_collections
 import numpy as np
 
-from lra.training import checkpoint
+from lra.training import checkpoint, processes
+from lra.training.console import warn as _warn
 from lra.errors import CheckpointError, ConfigError
 from lra.runs.results import flatten
 
@@ -183,3 +184,35 @@ def unrestorable(ckpts: checkpoint.Checkpoints, failures) -> CheckpointError:
                            f"delete {ckpts.directory} to start the run again, or use another "
                            "--workdir")
 
+
+def clean_up(ckpts: checkpoint.Checkpoints, unreadable: list, resume_step: int | None,
+             restored_step: int | None, best_step: int) -> None:
+    """After the restore (lra.train): refuses a resume whose checkpoints all failed to
+    read; deletes the unreadable newer `last` checkpoints and the `best` ones newer than
+    the restored state (`best_step`: the best step it knows, -1 for none), so that best
+    and last describe the same run."""
+    if unreadable:
+        # In a multi-process run a restore also fails when another process died meanwhile
+        # (orbax's reads are collectives): that is not a bad file, and its advice (delete
+        # the checkpoints) would be the worst possible. A collective tells: it fails at once
+        # if a process is gone (launch.py: the lost-peer line, exit 3), else the files are
+        # bad for every process alike.
+        processes.check_peers()
+    if resume_step is not None and restored_step is None:
+        raise unrestorable(ckpts, unreadable)
+    for step, error in unreadable:
+        _warn(f"checkpoint step {step} in {ckpts.last_dir} cannot be read "
+              f"({checkpoint._first_line(error, 120)}); resuming from step {restored_step}, "
+              f"the one before; step {step} is deleted")
+        ckpts.delete_last(step)
+    stale_best = [b for b in ckpts.best_steps() if b > best_step]
+    if stale_best:
+        _warn(f"deleting best checkpoint(s) {stale_best} in {ckpts.best_dir}: newer than the "
+              f"state this run starts from (step {restored_step or 0}; an interrupted or "
+              f"earlier run left them), so this run redoes those steps")
+        for b in stale_best:
+            ckpts.delete_best(b)
+    if best_step >= 0 and best_step not in ckpts.best_steps():
+        raise CheckpointError(f"{ckpts.best_dir} lacks step {best_step}, the best step "
+                              f"that the last checkpoint (step {restored_step}) names; delete "
+                              f"{ckpts.directory} to start the run again")
