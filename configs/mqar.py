@@ -39,8 +39,10 @@ Arguments after the colon (comma separated):
                     zoology/mixers/convolution.py ShortConvolution): with scaffold=zoology
                     its scaffold.short_conv (default 3; 0 = none), with `own` the block's
                     (default 0); results.json records it (`short_conv`, `scaffold_card`)
-  runlocal          a smoke test in seconds: V 128, L 32, 2 pairs, d_model 32, 20 steps of
-                    batch 8, 256 / 32 / 32 examples
+  runlocal          a smoke test in seconds: L 32, 2 pairs, V 128 (2 L from L 64),
+                    d_model 32, 20 steps of batch 8, 256 / 32 / 32 examples; a seq_len=,
+                    num_kv_pairs= or d_model= given with it is kept (seq_len alone brings
+                    figure 2's pairs for it)
 
 The full-size setting follows Zoology's figure 2 (data, model and training, each beside
 Zoology's own: docs/tasks_and_data.md, "MQAR beside Zoology's figure 2").
