@@ -21,10 +21,9 @@ Arguments after the colon (comma separated):
   runlocal       tiny model, 20 steps of batch 8 (still 1024 pixels): about a minute on
                  2 CPU cores
   mini           a 32-wide 1-layer model (LRA's image model has 1 layer), 2000 steps of
-                 batch 32 over the same 1024 pixels. One training step on one CPU core
-                 (`lra.benchmark --task=image --config_arg=mini --lengths=1024`):
-                 transformer 3.1 s (1.7 hours a run), linear 0.29 s (10 minutes): on a
-                 CPU, for the efficient variants; full attention wants a GPU
+                 batch 32 over the same 1024 pixels: on a CPU, for the efficient variants;
+                 full attention wants a GPU (step times: docs/tasks_and_data.md, "LRA's
+                 minis on a CPU")
   locality       the task's locality baseline: one layer of `local_2d` attention whose
                  positions see a 3x3 patch (the pixel, the two rows above it and one
                  column on each side), rotary positions, MEAN pooling; the rest as above
@@ -51,10 +50,8 @@ Arguments after the colon (comma separated):
                  With `mini`: 16 wide, 1 layer (2 heads, feed-forward 32), 200 steps of
                  batch 4, lr 2e-3 (cosine), validation on 4 batches every 100 steps, the
                  test split cut to its first 1,000 images (task_options.test_images; a CPU
-                 evaluates 3072-token images slowly). On one shared CPU core (random
-                 pixels, for the time only): linear 2.7 steps/s, the whole run with its
-                 test evaluation 2 minutes; transformer (3072^2 attention) 0.33 steps/s,
-                 10 minutes of training and about 4 of testing.
+                 evaluates 3072-token images slowly; its times on a CPU:
+                 docs/tasks_and_data.md, "LRA's minis on a CPU").
                    python launch.py --config=configs/image.py:model=linear,generation,mini \
                        --workdir=workdirs/image_gen_mini/linear
 

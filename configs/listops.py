@@ -16,8 +16,8 @@ Arguments after the colon (comma separated):
                  (docs/pretraining.md)
   causal         a causal encoder, MEAN pooling; with `pretrain`: next-token prediction
   runlocal       tiny model and steps: about a minute on 2 CPU cores (smoke test)
-  mini           small expressions and model that train in minutes on a laptop
-                 (transformer: 0.08 s a step on one CPU core, 4 minutes a run):
+  mini           small expressions and model that train in minutes on a laptop (measured
+                 step times: docs/tasks_and_data.md, "LRA's minis on a CPU"):
                    python -m lra.tasks.listops --output_dir=data/listops_mini \
                        --num_train_samples=20000 --num_valid_samples=1000 \
                        --num_test_samples=1000 --min_length=10 --max_length=60 --max_depth=4

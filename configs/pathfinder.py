@@ -14,9 +14,10 @@ Splits: 80/10/10 of one difficulty folder.
 LRA's release works too: --config.data_dir=<...>/lra_release (the folder holding
 pathfinder32/), and so does the original generator's own output (drewlinsley/pathfinder;
 its np.save'd metadata is read unchanged). The generator here draws what the original
-draws (dashed, crossing contours; see lra/tasks/pathfinder_generator.py), at about 60
-images/s per core at 32x32 for `hard` (about an hour on 2 cores for 200k images). Other levels and sizes: --config.task_options.difficulty=easy|intermediate,
---config.task_options.resolution=64 --config.max_length=4096.
+draws (dashed, crossing contours; see lra/tasks/pathfinder_generator.py; its speed:
+docs/tasks_and_data.md). Other levels and sizes:
+--config.task_options.difficulty=easy|intermediate, --config.task_options.resolution=64
+--config.max_length=4096.
 
 Arguments after the colon (comma separated):
   model=<name>   any name in models.registry.available() (default transformer)
@@ -26,14 +27,12 @@ Arguments after the colon (comma separated):
                  (docs/pretraining.md)
   causal         a causal encoder, MEAN pooling; with `pretrain`: next-token prediction
   runlocal       tiny model, 20 steps of batch 8: about a minute on 2 CPU cores
-  mini           the `easy` level (contour length 6) of 20k generated 32x32 images (about
-                 2 minutes to generate on one core), a 32-wide 2-layer model, 3000 steps of
-                 batch 32. On this repository's 2-core CPU, shared, transformer ran 0.6
-                 steps/s (3000 steps: about 1.5 hours). It does not separate variants on a
-                 CPU budget: Pathfinder sits at chance for long (transformer: 50.4% test
-                 accuracy after 600 steps, majority 50.4%; on the old, easier stimulus
-                 linformer was at 51% after 3000 steps). Use it to check a variant trains
-                 end to end; comparisons need the full config on an accelerator:
+  mini           the `easy` level (contour length 6) of 20k generated 32x32 images, a
+                 32-wide 2-layer model, 3000 steps of batch 32. It does not separate
+                 variants on a CPU budget: Pathfinder sits at chance for long (its
+                 measured runs and times: docs/tasks_and_data.md, "LRA's minis on a
+                 CPU"). Use it to check a variant trains end to end; comparisons need the
+                 full config on an accelerator:
                    python -m lra.tasks.pathfinder --output_dir=data/pathfinder_mini \
                        --resolution=32 --difficulty=easy --num_images=20000
                    python launch.py --config=configs/pathfinder.py:mini \

@@ -18,9 +18,8 @@ Arguments after the colon (comma separated):
   causal         a causal encoder, MEAN pooling; with `pretrain`: next-token prediction
   runlocal       tiny model, 128 bytes and 20 steps: about a minute on 2 CPU cores
   mini           the first 256 bytes of each review, a 64-wide 2-layer model, 2000 steps of
-                 batch 32 (same data folder). One training step on one CPU core (measured
-                 with `lra.benchmark --task=text --config_arg=mini --lengths=256`):
-                 transformer 0.57 s, linear 0.29 s, i.e. 19 and 10 minutes a run
+                 batch 32 (same data folder); its step times on a CPU:
+                 docs/tasks_and_data.md, "LRA's minis on a CPU"
   locality       the task's locality baseline: one layer of `local` attention whose
                  positions see 9 consecutive bytes (4 on each side), rotary positions,
                  MEAN pooling; the rest as above (with `mini`: at mini's sizes). Its row in
