@@ -16,20 +16,11 @@ Arguments after the colon (comma separated):
   runlocal       a smoke test in seconds: rows of 32, 32 wide, 1 layer
   hybrid=<mixer> a hybrid stack (configs/hybrid.py)
 
-The default is Transformer-XL base's enwik8 setting, read from kimiyoung/transformer-xl
-pytorch/run_enwik8_base.sh (as stored at 8ebdfe29bde2d6389f0900bf70479f1cc63ccbdb):
---n_layer 12 --d_model 512 --n_head 8 --d_head 64 --d_inner 2048 --dropout 0.1 --dropatt
-0.0 --optim adam --lr 0.00025 --warmup_step 0 --max_step 400000 --tgt_len 512 --mem_len 512
---batch_size 22; train.py's --clip 0.25 and --eta_min 0.0 under its cosine schedule. Ours:
-12 layers, width 512 (qkv 512 = 8 x 64), feed-forward 2048, dropout 0.1, attention dropout
-0, Adam lr 2.5e-4 without warm-up, cosine to 0 over 400,000 steps of batch 22, rows of 512
-bytes, gradient clipping 0.25. Not the same: `transformer_xl` keeps its own preset
-(segment recurrence, config.block.segment_len / mem_len, scaled from LRA Text's presets),
-not tgt_len 512 with mem_len 512; Transformer-XL evaluates with tgt_len 80 and a
-2,100-token memory (run_enwik8_base.sh eval), while the rows here are fixed windows
-(lra/tasks/enwik8.py); its tokens are the symbols that occur, ours all 256 bytes.
-Adaptive Span's 12-layer enwik8 model has the same width and depth (d 512, 8 heads,
-FFN 2048) at another budget.
+The default is Transformer-XL base's enwik8 setting (kimiyoung/transformer-xl
+pytorch/run_enwik8_base.sh; its flags and where ours differ: docs/tasks_and_data.md,
+"enwik8's default beside Transformer-XL base"): 12 layers, width 512 (qkv 512 = 8 x 64),
+feed-forward 2048, dropout 0.1, attention dropout 0, Adam lr 2.5e-4 without warm-up,
+cosine to 0 over 400,000 steps of batch 22, rows of 512 bytes, gradient clipping 0.25.
 """
 from configs import common, hybrid
 from lra.errors import ConfigError

