@@ -454,7 +454,8 @@ def main(argv):
             if len(points) > 1:  # and with a grid, its point
                 runs = [(*run, point) for run in runs]
             outcome[state] += runs
-    print(f"{len(outcome['done'])} run, {len(outcome['skipped'])} skipped, "
+    ran = len(outcome["done"])
+    print(f"{ran} run{'' if ran == 1 else 's'}, {len(outcome['skipped'])} skipped, "
           f"{len(outcome['failed'])} failed"
           + (f": {outcome['failed']}" if outcome["failed"] else "")
           + (f", {len(outcome['refused'])} refused (another config finished there): "
