@@ -14,7 +14,7 @@ where each fault landed). LRA_FAULT_SEED picks another random sequence; LRA_FAUL
 moment is drawn from 1 s to the uninterrupted run's wall time. Where a fault landed is
 read from the workdir right after it (landing): before the first checkpoint, mid-save (a
 checkpoint under orbax's temporary name), between saves, or after the end (results.json
-written, or the last step saved). Exit codes a fault may cause: 0 (finished
+written, or the last step saved), at the fault's moment (a SIGTERM's save comes after). Exit codes a fault may cause: 0 (finished
 before the fault), 3 (the lost-peer line), 143 (SIGTERM: saved and stopped), 130 (SIGINT:
 the same), -9 / -15 (the process the fault hit; SIGINT before training ends a process as
 SIGTERM does). -6 (SIGABRT: jaxlib aborting a survivor when the coordination
@@ -87,7 +87,10 @@ def landing(workdir, steps) -> str:
     if partial:
         return "mid-save"
     if not saved:
-        return "before the first checkpoint"
+        log = os.path.join(workdir, "log.txt")  # process 0's console (lra.launch tees it)
+        started = os.path.exists(log) and "\nTraining " in open(log, errors="replace").read()
+        return ("before the first checkpoint (training)" if started else
+                "before the first checkpoint (starting: connecting, compiling)")
     return "after the end" if max(saved) >= steps else "between saves"
 
 
@@ -119,6 +122,10 @@ def test_random_faults_leave_the_same_run(listops_dir, tmp_path):
         delay = rng.uniform(1.0, max(18.0, took))
         procs = _start(workdir, flags)
         time.sleep(delay)
+        # Where it lands: the workdir at the fault's moment (after it, a SIGTERM or SIGINT
+        # has saved: that is the handling, not the moment).
+        where = landing(workdir, STEPS)
+        landed[where] += 1
         for v in victims:
             if procs[v].poll() is None:
                 if sig == "child SIGKILL":
@@ -128,8 +135,6 @@ def test_random_faults_leave_the_same_run(listops_dir, tmp_path):
                     procs[v].send_signal(sig)
         codes, outs = _finish(procs)
         first = codes
-        where = landing(workdir, STEPS)
-        landed[where] += 1
         seen.update(codes)
         aborts += codes.count(-6)
         bad_advice += [trial for _, err in outs if "delete" in err and "to start" in err]
@@ -158,7 +163,9 @@ def test_random_faults_leave_the_same_run(listops_dir, tmp_path):
 
 
 def test_landing_reads_the_workdir(tmp_path):
-    assert landing(tmp_path, 40) == "before the first checkpoint"
+    assert landing(tmp_path, 40).startswith("before the first checkpoint (starting")
+    (tmp_path / "log.txt").write_text("==== ...\nTraining transformer on listops: ...\n")
+    assert landing(tmp_path, 40) == "before the first checkpoint (training)"
     last = tmp_path / "checkpoints" / "last"
     (last / "4").mkdir(parents=True)
     assert landing(tmp_path, 40) == "between saves"
