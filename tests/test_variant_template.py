@@ -112,7 +112,11 @@ def test_import_flag_and_the_sweep_forwarding(tmp_path, monkeypatch):
         TEMPLATE.read_text().replace('NAME = "relu_linear"', 'NAME = "relu_linear_probe"'))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.delenv(cli.IMPORTS_ENV, raising=False)
+    # setenv first, so that the teardown restores LRA_IMPORTS as it was (absent): a bare
+    # delenv of an absent variable records nothing, and import_variants' export leaked
+    # into every later test of the worker (the registry imports what it names).
+    monkeypatch.setenv(cli.IMPORTS_ENV, "")
+    monkeypatch.delenv(cli.IMPORTS_ENV)
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     try:
         cli.import_variants(["user_variants_probe"])
