@@ -186,11 +186,9 @@ def _hold_process_locks(args: argparse.Namespace) -> None:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             handle.close()
-            print(f"error: {who}: {holder} (two processes given --process_id="
-                  f"{args.process_id}?); give each process its own --process_id (0 to "
-                  f"{args.num_processes - 1}), or wait for the other run to end",
-                  file=sys.stderr, flush=True)
-            sys.exit(EXIT_USER_ERROR)
+            cli.refuse(f"{who}: {holder} (two processes given --process_id="
+                       f"{args.process_id}?); give each process its own --process_id (0 to "
+                       f"{args.num_processes - 1}), or wait for the other run to end")
         _LOCKS.append(handle)
 
 
@@ -293,7 +291,10 @@ def fold_model_override(argv: list[str]) -> list[str]:
 def parse_flags(argv: list[str]) -> list[str]:
     """absl's parsing, with config mistakes reported in one line instead of a traceback."""
     init_distributed(argv)
-    cli.import_variants(cli.import_flag(argv))  # before the config builds their presets
+    # Before the config builds their presets; LRA_IMPORTS' modules too, so that one that
+    # cannot be imported is one line here, not a traceback inside the config's parse.
+    cli.import_variants(cli.imported_modules(), given="LRA_IMPORTS names")
+    cli.import_variants(cli.import_flag(argv))
     try:
         argv = cli.with_config_paths(fold_model_override(argv))
         return flags.FLAGS(argv)

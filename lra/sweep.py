@@ -388,6 +388,7 @@ def main(argv):
         tasks = parse_tasks(FLAGS.task)
     except ValueError as e:
         _fail(str(e))
+    cli.import_variants(cli.imported_modules(), given="LRA_IMPORTS names")
     cli.import_variants(FLAGS["import"].value)
     from models import registry
 

@@ -253,13 +253,23 @@ def _load_all() -> None:
     for package in _VARIANT_PACKAGES:
         importlib.import_module(package)
     for module in [m.strip() for m in os.environ.get("LRA_IMPORTS", "").split(",") if m.strip()]:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name is not None and module != e.name and not module.startswith(e.name + "."):
-                raise
-            raise RegistryError(f"LRA_IMPORTS names {module!r}, which cannot be imported "
-                                f"from {os.getcwd()} or PYTHONPATH") from None
+        import_user_module(module, "LRA_IMPORTS names")
+
+
+def import_user_module(module: str, given: str) -> None:
+    """Imports a user's module that registers variants (`--import`, LRA_IMPORTS).
+    RegistryError, naming how it was `given`, when the module itself is not found, or when
+    it registers what the registry refuses; a module it imports that is missing is the
+    user's code's error and propagates."""
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name is not None and module != e.name and not module.startswith(e.name + "."):
+            raise
+        raise RegistryError(
+            f"{given} {module!r}: no such module in {os.getcwd()} nor on PYTHONPATH; give "
+            f"the module (e.g. {module.replace('.', '/')}.py in this folder) that registers "
+            "your variants (docs/variants.md#adding-a-variant)") from None
 
 
 def unknown_model(name: str) -> str:

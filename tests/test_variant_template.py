@@ -98,6 +98,13 @@ def test_a_variant_outside_the_package_trains_with_import(tmp_path):
                           text=True, timeout=300)
     assert proc.returncode == 2
     assert "unknown model 'relu_linear'" in proc.stderr and "--import" in proc.stderr
+    # A module named in LRA_IMPORTS that is not there: one line, not the traceback the
+    # config's parse wrapped it in.
+    proc = subprocess.run(cmd[:3] + cmd[4:], cwd=tmp_path, capture_output=True, text=True,
+                          env={**env, "LRA_IMPORTS": "no_such_user_module"}, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("error: LRA_IMPORTS names 'no_such_user_module': no such "
+                                  "module"), proc.stderr
 
 
 def test_import_flag_and_the_sweep_forwarding(tmp_path, monkeypatch):

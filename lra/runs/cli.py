@@ -26,7 +26,6 @@ command: a bad flag, a config, data, a workdir).
 """
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 from typing import NoReturn, Sequence
@@ -126,13 +125,14 @@ def imported_modules() -> list[str]:
     return [m for m in os.environ.get(IMPORTS_ENV, "").split(",") if m.strip()]
 
 
-def import_variants(modules: Sequence[str]) -> None:
+def import_variants(modules: Sequence[str], given: str = "--import") -> None:
     """Imports the user's modules, whose `@registry.register(...)` adds their variants,
     with the current directory on the path (as `python -m` has it); exports them in
     LRA_IMPORTS and the directory in PYTHONPATH, so that child processes (a sweep's runs,
     which run in the checkout) import them as well. A module that is not found, or that
-    registers what the registry refuses, is refused in one line; any other error in it
-    is the user's code's (a traceback)."""
+    registers what the registry refuses, is refused in one line naming how it was
+    `given` (`--import`, or LRA_IMPORTS); any other error in it is the user's code's (a
+    traceback)."""
     if not modules:
         return
     here = os.getcwd()
@@ -141,17 +141,13 @@ def import_variants(modules: Sequence[str]) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(
         filter(None, [here, os.environ.get("PYTHONPATH")]))
     os.environ[IMPORTS_ENV] = ",".join(dict.fromkeys([*imported_modules(), *modules]))
+    from models import registry  # flax: only when a user's module is imported
+
     for name in modules:
         try:
-            importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name is not None and name != e.name and not name.startswith(e.name + "."):
-                raise  # the module itself imports something missing
-            refuse(f"--import={name}: no module {name!r} here ({here}) nor on PYTHONPATH; "
-                   f"give the module (e.g. {name.replace('.', '/')}.py in this folder) that "
-                   "registers your variants (docs/variants.md#adding-a-variant)")
-        except ValueError as e:  # models.registry.RegistryError: a refused registration
-            refuse(f"--import={name}: {e}")
+            registry.import_user_module(name, given)
+        except registry.RegistryError as e:  # not found, or a refused registration
+            refuse(str(e) if str(e).startswith(f"{given} ") else f"{given} {name!r}: {e}")
 
 
 def refuse(message: str) -> NoReturn:
