@@ -1,0 +1,153 @@
+"""Our side of the rwkv7 / fla comparison (results/cpu/rwkv7_vs_fla.md): draws every input
+and weight with numpy (fixed seed), saves them to $CMP_DIR/rwkv7_inputs.npz, runs our JAX
+code on them and saves outputs and gradients to $CMP_DIR/rwkv7_ours.npz. Repo venv:
+
+    PYTHONPATH=/work/main /work/main/.venv/bin/python scripts/fla_comparison/rwkv7_ours.py
+
+Float32 (our code casts to float32 throughout), matmul precision 'highest'.
+
+Op: fla's chunk_rwkv7 arguments (r, w = log decay, k, v, a, b; rwkv7's a = -kk, b = kk *
+a_lr), drawn as the layer makes them: kk unit per head, a_lr in (0, 1), w in
+[-e^{-1/2}, 0). Layouts saved: ours, i.e. BxHxLxF and the state BxHxVxK (fla: BxTxHxF and
+BxHxKxV; rwkv7_fla.py converts its results to ours before saving). Layer: the causal
+rwkv7 at dim 32, 2 heads (head 16), chunk 16, every parameter 0.4 N(0, 1); at L 77 and
+128 without a mask, and at L 64 with left-padded rows (fla's attention_mask), the loss
+then over real positions only.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+from models import registry  # noqa: E402
+from models.attention import rwkv7  # noqa: E402
+
+CMP_DIR = os.environ.get("CMP_DIR", "/tmp/fla_cmp")
+SEED = 20250318
+B, H, K = 2, 3, 16
+OP_CASES = {"L128_V32": (128, 32), "L77_V16": (77, 16)}  # name: (L, d_v)
+CHUNKS = (16, 32, 64)
+OP_ARGS = ("r", "w", "k", "v", "a", "b")
+LAYER = dict(dim=32, num_heads=2, chunk_size=16)
+LAYER_CASES = {"L77": (77, None), "L128": (128, None), "L64_leftpad": (64, (0, 19))}
+
+
+def draw_inputs(rng):
+    inp = {}
+    for name, (length, v_dim) in OP_CASES.items():
+        p = f"op/{name}/"
+        kk = rng.standard_normal((B, H, length, K))
+        kk /= np.linalg.norm(kk, axis=-1, keepdims=True)
+        a_lr = 1 / (1 + np.exp(-rng.standard_normal((B, H, length, K))))
+        inp[p + "r"] = rng.standard_normal((B, H, length, K)).astype(np.float32)
+        inp[p + "w"] = (-rwkv7.DECAY_SCALE / (1 + np.exp(-rng.standard_normal(
+            (B, H, length, K))))).astype(np.float32)
+        inp[p + "k"] = rng.standard_normal((B, H, length, K)).astype(np.float32)
+        inp[p + "v"] = rng.standard_normal((B, H, length, v_dim)).astype(np.float32)
+        inp[p + "a"] = (-kk).astype(np.float32)
+        inp[p + "b"] = (kk * a_lr).astype(np.float32)
+        inp[p + "w_o"] = rng.standard_normal((B, H, length, v_dim)).astype(np.float32)
+        inp[p + "w_s"] = rng.standard_normal((B, H, v_dim, K)).astype(np.float32)
+    return inp
+
+
+def run_ops(inp, out):
+    for name in OP_CASES:
+        p = f"op/{name}/"
+        args = tuple(jnp.asarray(inp[p + a]) for a in OP_ARGS)
+        w_o, w_s = jnp.asarray(inp[p + "w_o"]), jnp.asarray(inp[p + "w_s"])
+        impls = [("reference", rwkv7.dplr_reference)] + [
+            (f"chunk{c}", lambda *a, c=c: rwkv7.chunk_dplr(*a, chunk_size=c)) for c in CHUNKS]
+        for impl, fn in impls:
+            def loss(*a, fn=fn):
+                o, s = fn(*a)
+                return jnp.sum(w_o * o) + jnp.sum(w_s * s), (o, s)
+            grads, (o, s) = jax.grad(loss, argnums=tuple(range(6)), has_aux=True)(*args)
+            out[f"{p}{impl}/o"], out[f"{p}{impl}/S"] = np.asarray(o), np.asarray(s)
+            for a, d in zip(OP_ARGS, grads):
+                out[f"{p}{impl}/grad_{a}"] = np.asarray(d)
+
+
+# ----------------------------------------------------------------------------- layer
+
+
+def param_name(path) -> str:
+    """'forward_dir.w_lora.up.kernel', ...: the module path (DictKeys), without the
+    Variable's trailing `.value` attribute (a GetAttrKey)."""
+    return ".".join(str(key.key) for key in path if isinstance(key, jax.tree_util.DictKey))
+
+
+def build_layer(max_len):
+    return registry.build("rwkv7", dim=LAYER["dim"], num_heads=LAYER["num_heads"],
+                          max_len=max_len, causal=True, rngs=nnx.Rngs(0),
+                          chunk_size=LAYER["chunk_size"])
+
+
+def layer_mask(length, pad):
+    """Row 0 real everywhere, row 1 left-padded by `pad` positions (fla's convention for
+    its attention_mask: padding before the tokens); None without padding."""
+    if pad is None:
+        return None
+    mask = np.ones((B, length), bool)
+    mask[1, :pad[1]] = False
+    return mask
+
+
+def draw_layer(rng, inp):
+    _, state = nnx.split(build_layer(128))
+    for path, leaf in sorted(jax.tree_util.tree_leaves_with_path(state),
+                             key=lambda pl: param_name(pl[0])):
+        inp["layer/param/" + param_name(path)] = (
+            0.4 * rng.standard_normal(leaf.shape)).astype(np.float32)
+    for name, (length, pad) in LAYER_CASES.items():
+        inp[f"layer/{name}/x"] = rng.standard_normal((B, length, LAYER["dim"])).astype(np.float32)
+        inp[f"layer/{name}/w_y"] = rng.standard_normal((B, length, LAYER["dim"])).astype(np.float32)
+        if pad is not None:
+            inp[f"layer/{name}/mask"] = layer_mask(length, pad)
+
+
+def run_layer(inp, out):
+    for name, (length, _) in LAYER_CASES.items():
+        graphdef, state = nnx.split(build_layer(length))
+        state = jax.tree_util.tree_map_with_path(
+            lambda path, leaf: jnp.asarray(inp["layer/param/" + param_name(path)]), state)
+        p = f"layer/{name}/"
+        x, w_y = jnp.asarray(inp[p + "x"]), jnp.asarray(inp[p + "w_y"])
+        mask = jnp.asarray(inp[p + "mask"]) if p + "mask" in inp else None
+        real = jnp.ones(x.shape[:2], bool) if mask is None else mask
+
+        def loss(state, x):
+            y = nnx.merge(graphdef, state)(x, padding_mask=mask)
+            return jnp.sum(jnp.where(real[..., None], w_y * y, 0.0)), y
+        (g_state, g_x), y = jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))(state, x)
+        out[p + "y"] = np.where(np.asarray(real)[..., None], np.asarray(y), 0.0)
+        out[p + "grad_x"] = np.asarray(g_x)
+        for path, leaf in jax.tree_util.tree_leaves_with_path(g_state):
+            out[p + "grad_param/" + param_name(path)] = np.asarray(leaf)
+
+
+def main():
+    t0 = time.time()
+    os.makedirs(CMP_DIR, exist_ok=True)
+    rng = np.random.default_rng(SEED)
+    inp = draw_inputs(rng)
+    draw_layer(rng, inp)
+    np.savez(os.path.join(CMP_DIR, "rwkv7_inputs.npz"), **inp)
+    out = {}
+    run_ops(inp, out)
+    run_layer(inp, out)
+    out["meta/jax_version"] = np.array(jax.__version__)
+    np.savez(os.path.join(CMP_DIR, "rwkv7_ours.npz"), **out)
+    print(f"saved {len(inp)} inputs and {len(out)} results to {CMP_DIR} "
+          f"(jax {jax.__version__}, {time.time() - t0:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()
