@@ -187,6 +187,27 @@ def window_pattern(window_size: int, causal: bool) -> masks.Pattern:
     return masks.local(window_size - 1, after=0 if causal else None)
 
 
+def parallel_nsa(q_BxHxLxK: jax.Array, k_BxGxLxK: jax.Array, v_BxGxLxD: jax.Array,
+                 gates: tuple[jax.Array, jax.Array, jax.Array], valid_BxL: jax.Array, *,
+                 block_size: int, block_counts: int, window_size: int, causal: bool,
+                 block_idx: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """(o BxHxLxD, chosen blocks BxGxLxS): fla's parallel_nsa / naive_nsa on rotated
+    q, k, v and the gates (g_cmp, g_slc, g_swa), each BxHxL after the sigmoid."""
+    b, h, length, _ = q_BxHxLxK.shape
+    pos_BxL = jnp.broadcast_to(jnp.arange(length)[None], (b, length))
+    o_cmp, o_slc, block_idx = nsa_branches(
+        q_BxHxLxK, k_BxGxLxK, v_BxGxLxD, valid_BxL, pos_BxL, block_size=block_size,
+        block_counts=block_counts, causal=causal, block_idx=block_idx)
+    g_cmp, g_slc, g_swa = (gt[..., None] for gt in gates)
+    o = g_slc * o_slc + g_cmp * o_cmp
+    if window_size > 0:
+        rep = lambda x: jnp.repeat(x, h // x.shape[1], axis=1)  # noqa: E731  GQA: h // G
+        o = o + g_swa * block_sparse_attention(
+            q_BxHxLxK, rep(k_BxGxLxK), rep(v_BxGxLxD), window_pattern(window_size, causal),
+            padding_mask=valid_BxL, backend="xla")
+    return o, block_idx
+
+
 class NativeSparseAttention(nnx.Module):
     """NSA (module docstring): projections `query`, `key`, `value` (fla's q/k/v_proj),
     `gate` (g_proj) and `out` (o_proj)."""
@@ -231,17 +252,9 @@ class NativeSparseAttention(nnx.Module):
         gates = jax.nn.sigmoid(self.gate(x_BxLxD).reshape(b, length, self.num_heads, 3))
         return q, k, v, tuple(gates[..., i].transpose(0, 2, 1) for i in range(3))
 
-    def combine(self, o_cmp, o_slc, o_swa, gates) -> jax.Array:
-        g_cmp, g_slc, g_swa = (gt[..., None] for gt in gates)
-        o = g_slc * o_slc + g_cmp * o_cmp
-        if o_swa is not None:
-            o = o + g_swa * o_swa
-        b, h, length, k = o.shape
-        return self.out(o.transpose(0, 2, 1, 3).reshape(b, length, h * k))
-
-    def _branches(self, q, k, v, valid_BxKv, q_pos_BxQ):
-        return nsa_branches(q, k, v, valid_BxKv, q_pos_BxQ, block_size=self.block_size,
-                            block_counts=self.block_counts, causal=self.causal)
+    def merge(self, o_BxHxLxK: jax.Array) -> jax.Array:
+        b, h, length, k = o_BxHxLxK.shape
+        return self.out(o_BxHxLxK.transpose(0, 2, 1, 3).reshape(b, length, h * k))
 
     def _repeat(self, x_BxGxLxF: jax.Array) -> jax.Array:
         return jnp.repeat(x_BxGxLxF, self.num_heads // self.num_kv_heads, axis=1)
@@ -251,16 +264,10 @@ class NativeSparseAttention(nnx.Module):
         del deterministic  # fla's NSA has no dropout
         b, length = x_BxLxD.shape[:2]
         q, k, v, gates = self.project(x_BxLxD, jnp.arange(length))
-        valid = layers.valid_mask(padding_mask, b, length)
-        pos_BxL = jnp.broadcast_to(jnp.arange(length)[None], (b, length))
-        o_cmp, o_slc, _ = self._branches(q, k, v, valid, pos_BxL)
-        o_swa = None
-        if self.window_size > 0:
-            o_swa = block_sparse_attention(
-                q, self._repeat(k), self._repeat(v),
-                window_pattern(self.window_size, self.causal), padding_mask=valid,
-                backend="xla")
-        return self.combine(o_cmp, o_slc, o_swa, gates)
+        o, _ = parallel_nsa(q, k, v, gates, layers.valid_mask(padding_mask, b, length),
+                            block_size=self.block_size, block_counts=self.block_counts,
+                            window_size=self.window_size, causal=self.causal)
+        return self.merge(o)
 
     # ------------------------------------------------------------------ decoding
 
@@ -292,15 +299,19 @@ class NativeSparseAttention(nnx.Module):
         k_all, v_all = k_cache.astype(q.dtype), v_cache.astype(q.dtype)
         j_M = jnp.arange(k_all.shape[2])
         seen_BxM = j_M[None] <= pos_B[:, None]
-        o_cmp, o_slc, _ = self._branches(q, k_all, v_all, seen_BxM, pos_B[:, None])
-        o_swa = None
-        if self.window_size > 0:
+        o_cmp, o_slc, _ = nsa_branches(q, k_all, v_all, seen_BxM, pos_B[:, None],
+                                       block_size=self.block_size,
+                                       block_counts=self.block_counts, causal=True)
+        g_cmp, g_slc, g_swa = (gt[..., None] for gt in gates)
+        o = g_slc * o_slc + g_cmp * o_cmp
+        if self.window_size > 0:  # the window as a mask over the cache (O(M) per step)
             in_window = seen_BxM & (j_M[None] > pos_B[:, None] - self.window_size)
             logits = jnp.einsum("bhqk,bhmk->bhqm", q, self._repeat(k_all),
                                 preferred_element_type=jnp.float32) / math.sqrt(self.head_dim)
             w = _masked_softmax(logits, in_window[:, None, None])
-            o_swa = jnp.einsum("bhqm,bhmd->bhqd", w.astype(q.dtype), self._repeat(v_all))
-        y_BxD = self.combine(o_cmp, o_slc, o_swa, gates)[:, 0]
+            o = o + g_swa * jnp.einsum("bhqm,bhmd->bhqd", w.astype(q.dtype),
+                                       self._repeat(v_all))
+        y_BxD = self.merge(o)[:, 0]
         return y_BxD, {"pos": pos_B + 1, "k": k_cache, "v": v_cache}
 
 
