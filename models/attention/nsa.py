@@ -27,17 +27,20 @@ fla's. Ours is models.layers.rotary (pairs 2i, 2i+1); fla's RotaryEmbedding rota
 halves (i, i + K/2): the same map up to a fixed permutation of the q and k projections'
 columns (scripts/fla_comparison/nsa_fla.py applies it).
 
-Deviations from fla, all outside its tested domain: (1) no GQA constraint: fla's Triton
+Deviations from fla (none arises in the comparison, results/cpu/nsa_vs_fla.md: groups
+of 16, no tied scores, right padding): (1) no GQA constraint: fla's Triton
 kernels need G a power of 2 >= 16; here any num_kv_heads dividing num_heads (default
 num_heads // 16 where that is >= 1, fla's G = 16, else 1). (2) Ties: fla's top-k (torch
 topk / a bitonic sort) breaks equal scores in no stated order; ours takes the lower block
 index (jax.lax.top_k), and forced blocks score above 1 (fla: 1.0, which a mean probability
 can equal), the own block first, then own - 1 (and own + 1), then block 0: they differ
-only where scores tie exactly, e.g. block_counts below the number of forced blocks. (3) Padding: fla unpads (cu_seqlens) and renumbers positions
-from each sequence's first real token; ours keeps positions and excludes padded keys from
-the block means, the candidates (a block without a real key is never chosen or attended)
-and all three softmaxes: the same numbers for right padding (a prefix of real tokens,
-the library's padding and decoding convention), not for left padding.
+only where scores tie exactly, e.g. block_counts below the number of forced blocks.
+(3) Padding: fla unpads (cu_seqlens) and renumbers positions from each sequence's first
+real token; ours keeps positions and excludes padded keys from the block means, the
+candidates (a block without a real key is never chosen or attended) and all three
+softmaxes: the same numbers for right padding (a prefix of real tokens, the library's
+padding and decoding convention), not for left padding (block boundaries and rotary
+positions then count the padding).
 
 causal=False (LRA's classifiers; NSA is causal), ours, as moba's: every block with a
 real key is complete and a candidate, the forced blocks are 0, own - 1, own, own + 1, the

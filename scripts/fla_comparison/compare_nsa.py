@@ -5,8 +5,9 @@ $CMP_DIR/nsa_ours.npz and $CMP_DIR/nsa_fla.npz. numpy only: runs in either venv.
 
 Per row: max |ours - fla| over the tensor, and rel = that / max |fla| over the same
 tensor (compare_kda.py's helpers); padded rows: the outputs at padded positions are 0 on
-both sides (fla's pad_input; ours zeroed, they are unspecified). grads: the worst over the inputs (op level: q, k, v,
-g_cmp, g_slc, g_swa; layer: x and every parameter), the input named. No state ('-').
+both sides (fla's pad_input; ours zeroed, they are unspecified). grads: the worst over
+the inputs (op level: q, k, v, g_cmp, g_slc, g_swa; layer: x and every parameter), the
+input named. No state ('-').
 'ok' is every rel <= tol; the CONTROL rows (fla choosing two blocks fewer) must read FAIL.
 A second table counts the (batch, kv head, query) whose chosen set of blocks differs
 between ours and fla's naive_nsa_topk; it must be 0. Exit status 1 when any row is not as
