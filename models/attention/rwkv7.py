@@ -50,7 +50,9 @@ so U = (I - A_ab)^{-1} (A_ak V + (alpha e^{b_{i-1}}) S_0^T), solved for every ch
 (delta.unit_lower_inverse); then a scan over chunks: O = (r e^b) S_0^T + (A_rk) V + (A_rb) U
 (the same sums with r_i and e^{b_i - b_j}, j <= i) and S_C = S_0 e^{b_C} + (U^T beta + V^T
 k) e^{b_C - b}: fla's naive `dplr_chunkwise`, with every difference masked before exp, so
-every exponent is <= 0. Memory L C K per head; the default chunk is 32 (fla's kernel: 64).
+every exponent is <= 0. Memory and time L C K per head, so the default chunk is 16 (fla's
+kernel: chunks of 64 in sub-chunks of 16); on 2 CPU cores the op's gradient at B 4, H 2,
+L 1024, K 64 took 0.39 s at C 16, 0.78 s at 32, 1.7 s at 64 and 0.23 s at 8.
 
 Padding: inputs are zeroed at padded positions before the token shift (fla's x * mask),
 so a real token whose neighbour is padded reads zeros, as at the sequence's start; at
@@ -77,7 +79,7 @@ from models import decoding, layers, registry
 from models.attention import delta
 from models.attention.linear_scan import _pad_to_chunks
 
-DEFAULT_CHUNK = 32  # C x C x K decays per chunk (module docstring), as kda's
+DEFAULT_CHUNK = 16  # C x C x K decays per chunk (module docstring): fla's sub-chunk
 DECAY_SCALE = 0.6065306597126334  # e^{-1/2}: fla's w = -e^{-1/2} sigmoid(.), w >= -0.6065
 NORM_EPS = 1e-5  # fla's norm_eps; GroupNorm's eps is head size times it
 L2_EPS = 1e-12  # F.normalize: x / max(|x|, eps)
