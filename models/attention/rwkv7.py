@@ -2,19 +2,21 @@
 Dynamic State Evolution", arXiv 2503.14456): a delta rule whose state decays per key
 channel and whose erase direction and learning rate are separate from the written key,
 
-    S_t = S_{t-1} (Diag(w_t) - kk_t^T (a_t * kk_t)) + v_t^T k_t,     o_t = S_t r_t
+    S_t = S_{t-1} (Diag(e^{w_t}) - kk_t^T (a_t * kk_t)) + v_t^T k_t,     o_t = S_t r_t
 
-(row vectors; S is V x K per head, as delta.py's). In the generalised (DPLR) delta rule's
-terms, S_t = S_{t-1} (Diag(w_t) + alpha_t beta_t^T) + v_t k_t^T with alpha = -kk,
-beta = kk * a (fla's `chunk_rwkv7(a=-kk, b=kk*a)`): the state first reads itself along
-kk, removes a fraction a of that (per channel) and then writes v along k.
+(row vectors, w the log decay; S is V x K per head, as delta.py's). In the generalised
+(DPLR) delta rule's terms, S_t = S_{t-1} (Diag(e^{w_t}) + alpha_t beta_t^T) + v_t k_t^T
+with alpha = -kk, beta = kk * a (fla's `chunk_rwkv7(a=-kk, b=kk*a)`): the state decays,
+reads its previous self along kk, removes a fraction a of that read (per channel) and
+writes v along k.
 
 The layer is fla's `RWKV7Attention` (fla/layers/rwkv7.py at bc3b101) at its defaults, each
 line of its forward here:
 - token shift: x_prev (zeros before the first token), and six lerps x + (x_prev - x) mu_c
   for c in r, w, k, v, a, g (fla's fused_addcmul_rwkv7);
 - r, k, v: bias-free projections D -> D (key width = value width = hidden size; head size
-  D / num_heads);
+  D / num_heads: the config's head count, as every variant here; fla's default head_dim 64
+  is what LRA's 512 wide, 8 head configs give);
 - log decay w = -e^{-1/2} sigmoid(w_lora(x_w)), so the decay e^w lies in (0.545, 1):
   w_lora is Linear(D, d_w, no bias) -> tanh -> Linear(d_w, D, bias) (fla's LoRA);
 - a = sigmoid(a_lora(x_a)) (no activation inside), g = g_lora(x_g) (sigmoid inside, no
