@@ -95,6 +95,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # MoBA (models/attention/moba.py): blocks of 64, top 3 (own block included): about
     # 10% of the keys at LRA's 2K, the fraction kept at other lengths.
     "moba": {"block_size": 64, "top_k": 3},
+    # NSA (models/attention/nsa.py): fla's block of 64, a window of 128 (fla: 512 at 64K+),
+    # 6 blocks per query (0, own - 1, own forced + 3 chosen): ~19% + 6% of ListOps' 2K keys.
+    "nsa": {"block_size": 64, "block_counts": 6, "window_size": 128},
     "axial": {"mode": "sum"},
     "star": {"cycles": 2},
     "bp_transformer": {"k": 4},  # max_level defaults to ceil(log2(max_len))
@@ -260,6 +263,7 @@ LENGTH_SCALED: dict[str, dict[str, str]] = {
     "longformer": {"window": "linear"},  # num_global: a count of tokens
     "bigbird": {"block": "linear"},  # random/global blocks: counts of blocks
     "moba": {"block_size": "linear"},  # top_k: a count of blocks
+    "nsa": {"block_size": "linear", "window_size": "linear"},  # block_counts: a count
     "sinkhorn": {"block_size": "linear"},
     "reformer": {"chunk_len": "linear"},  # n_buckets: derived, see _scaled
     # SAC's k: the edges (keys) a node's softmax weighs; k = 1 is a hard gather whose q.k

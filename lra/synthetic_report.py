@@ -97,7 +97,8 @@ _PRESETS = ("model_hparams", "param_groups", "hybrid", "weight_decay_exempt", "p
 ORDER = ("transformer", "local", "linear", "performer", "s4d", "s5", "lru", "mega", "retnet",
          "gla", "deltanet", "gated_deltanet", "mamba2",
          # the 2025 rows (issue 71), Zoology's two
-         "fox", "moba", "path", "kda", "gated_deltaproduct", "based", "hyena")
+         "fox", "moba", "path", "kda", "gated_deltaproduct", "based", "hyena",
+         "rwkv7", "nsa", "loglinear_mamba2")
 
 
 def _setting(r: dict) -> tuple:

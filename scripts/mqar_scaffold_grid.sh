@@ -2,7 +2,8 @@
 # MQAR under the controlled scaffold (issue 68): configs/mqar.py's mini with its default
 # scaffold (configs/scaffold.py ZOOLOGY_MQAR: no positions, one shared 3-tap convolution
 # before every mixer, the variants' own convolutions off, 2 heads, RetNet its 8), the 13
-# variants of results/cpu/mqar_grid.md and the 2025 rows (kda, gated_deltaproduct, fox), and the ablations that show what the scaffold does,
+# variants of results/cpu/mqar_grid.md and the 2025 rows (kda, gated_deltaproduct, fox, rwkv7,
+# nsa, loglinear_mamba2), and the ablations that show what the scaffold does,
 # in two resumable queues of lra.sweep (the two CPU cores). Seeds vary data and
 # initialisation (data_seed_from_run). A stopped grid resumes: finished runs are skipped,
 # unfinished ones resume from their checkpoints.
@@ -17,7 +18,7 @@ set -u
 DIR=${1:-workdirs/mqar_scaffold}
 STAGE=${2:-all}
 PY=${PYTHON:-python}
-MODELS=transformer,gla,deltanet,gated_deltanet,mamba2,retnet,linear,local,s4d,mega,s5,performer,lru,kda,gated_deltaproduct,fox  # the last three: issue 71
+MODELS=transformer,gla,deltanet,gated_deltanet,mamba2,retnet,linear,local,s4d,mega,s5,performer,lru,kda,gated_deltaproduct,fox,rwkv7,nsa,loglinear_mamba2  # from kda on: issue 71
 ABLATED=linear,retnet,performer,gla,deltanet
 mkdir -p "$DIR"
 run() {  # run L WIDTH SEEDS MODELS [lra.sweep flags...]

@@ -76,14 +76,17 @@ PAPERS = {
     "deltanet": "DeltaNet (Yang et al. 2024)",
     "gated_deltanet": "Gated DeltaNet (Yang et al. 2025)",
     "kda": "Kimi Delta Attention (Kimi Linear 2025)",
+    "rwkv7": "RWKV-7 Goose (Peng et al. 2025)",
     "gated_deltaproduct": "Gated DeltaProduct (Siems et al. 2025)",
     "fox": "Forgetting Transformer (Lin et al. 2025)",
     "moba": "MoBA, mixture of block attention (Lu et al. 2025)",
+    "nsa": "Native Sparse Attention (DeepSeek, Yuan et al. 2025)",
     "based": "Based linear attention (Arora et al. 2024)",
     "cosformer": "cosFormer (Qin et al. 2022)",
     "hyena": "Hyena (Poli et al. 2023)",
     "path": "PaTH attention (Yang et al. 2025)",
     "mamba2": "Mamba-2 / SSD (Dao and Gu 2024)",
+    "loglinear_mamba2": "log-linear Mamba-2 (Guo et al. 2025)",
 }
 
 _KERNEL_OF_MODULE = {

@@ -21,7 +21,8 @@ from lra.runs import card, plan
 # The MQAR grid's variants (results/cpu/mqar_grid.md).
 GRID = ("transformer", "local", "linear", "performer", "s4d", "s5", "lru", "mega", "retnet",
         "gla", "deltanet", "gated_deltanet", "mamba2",
-        "fox", "moba", "path", "kda", "gated_deltaproduct", "based", "hyena")
+        "fox", "moba", "path", "kda", "gated_deltaproduct", "based", "hyena",
+        "rwkv7", "nsa", "loglinear_mamba2")
 
 
 def _model(config):

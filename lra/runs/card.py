@@ -8,7 +8,7 @@ it per row and ranks only cells whose cards agree (COMPARED) but in a declared a
                 mixer rotates queries and keys), none
   short_conv    per layer, taps of the shared convolution before the mixer (0: none)
   builtin_conv  per layer, taps of the mixer's own short convolution(s) (its parameters
-                named conv*, e.g. deltanet's conv_q; 0: none)
+                named conv*, e.g. deltanet's conv_q, or RWKV-7's token shift: 2; 0: none)
   num_heads     per layer, the mixer's heads (None for a mixer without heads)
   ffn           per layer, whether the block has a feed-forward branch
   layers, width the stack's depth and width
@@ -55,12 +55,16 @@ def _blocks(model: Any) -> list[Any]:
 
 def _builtin_conv(mixer: Any) -> int:
     """Taps of the mixer's own short convolution: the longest first axis of its parameters
-    named conv* (bias aside); 0 when it has none."""
+    named conv* (bias aside), or its `token_shift` (RWKV-7's shift, a 2-tap convolution
+    with no parameters of that name); 0 when it has none."""
     from flax import nnx
 
     taps = [int(v.shape[0]) if hasattr(v, "shape") else int(v[...].shape[0])
             for path, v in nnx.to_flat_state(nnx.state(mixer, nnx.Param))
             if str(path[-1]).startswith("conv") and "bias" not in str(path[-1])]
+    shift = getattr(mixer, "token_shift", 0)
+    if isinstance(shift, int) and not isinstance(shift, bool):
+        taps.append(shift)
     return max(taps, default=0)
 
 

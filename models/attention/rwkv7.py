@@ -42,6 +42,15 @@ its model's rescale_prenorm_residual draws it again, kaiming-uniform / sqrt(2 nu
 Not ported: value_dim != hidden size, fuse_norm's fused GroupNorm (the same function), the
 channel-mixing FFN (the block's MLP stands in for it).
 
+The token shift is a depthwise causal convolution of 2 taps per lerp (weights 1 - mu and
+mu on x_t and x_{t-1}): the scaffold's `builtin_conv` reaches it as it reaches the other
+variants' own short convolutions (`token_shift`, Capabilities.short_conv_hparam: 2 is
+RWKV-7's, 0 reads x_t for x_{t-1}, so every lerp is x_t: the layer without its shift, as
+`conv_size=0` is deltanet without its convolutions), and the scaffold card shows it as
+the mixer's own convolution (lra/runs/card.py reads `token_shift`). Under a benchmark
+scaffold whose variants' convolutions are off (configs/scaffold.py ZOOLOGY_MQAR, MAD), rwkv7
+runs without it, beside the scaffold's shared convolution, like every other row.
+
 Three forms of the op, equal (tests/models/test_rwkv7.py): `dplr_reference` (a scan over
 time of `dplr_step`, the decoding step), and `chunk_dplr`, what the layer runs: per chunk
 of C positions with b_i the cumulative log decay up to i (a vector over K) and b_{i-1}
@@ -247,12 +256,18 @@ class RWKV7Attention(nnx.Module):
 
     def __init__(self, *, dim: int, num_heads: int, causal: bool, chunk_size: int,
                  decay_low_rank_dim: int | None, a_low_rank_dim: int | None,
-                 gate_low_rank_dim: int | None, norm_eps: float, rngs: nnx.Rngs):
+                 gate_low_rank_dim: int | None, norm_eps: float, token_shift: int,
+                 rngs: nnx.Rngs):
         if num_heads <= 0 or dim % num_heads or dim // num_heads < 2:
             raise ValueError(f"dim ({dim}) must be num_heads ({num_heads}) heads of at "
                              "least 2 channels (fla's init spreads values over a head)")
         if chunk_size <= 0:
             raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+        if token_shift not in (0, 2):
+            raise ValueError(f"token_shift={token_shift!r}: RWKV-7's token shift has 2 taps "
+                             "(x_t and x_{t-1}); 0 builds the layer without it")
+        # Read by the scaffold card (lra/runs/card.py) as the mixer's own convolution.
+        self.token_shift = token_shift
         self.num_heads, self.head_dim = num_heads, dim // num_heads
         self.causal, self.chunk_size = causal, chunk_size
         self.norm_eps = self.head_dim * norm_eps  # fla: eps = head_dim * norm_eps
@@ -295,7 +310,11 @@ class RWKV7Attention(nnx.Module):
         already zeroed at padded positions; prev is the input before x (zeros at the
         start). Heads first: r, w, k, v, kk, a, g (BxHxLxF)."""
         x = x_BxLxD.astype(jnp.float32)
-        shifted = jnp.concatenate([prev_BxD.astype(jnp.float32)[:, None], x[:, :-1]], axis=1)
+        if self.token_shift:
+            shifted = jnp.concatenate([prev_BxD.astype(jnp.float32)[:, None], x[:, :-1]],
+                                      axis=1)
+        else:  # no shift: every lerp is x itself
+            shifted = x
         xr, xw, xk, xv, xa, xg = (x + (shifted - x) * getattr(direction, n)[...]
                                   for n in LERPS)
         r = self.r_proj(xr)
@@ -394,15 +413,16 @@ class RWKV7Attention(nnx.Module):
     test_hparams={"chunk_size": 5},
     rotary_refusal=("its receptance and keys meet through a recurrent state whose order "
                     "gives positions (RWKV-7 adds no position embedding)"),
-    pos_emb="none", receptive_field="global"))
+    pos_emb="none", receptive_field="global", short_conv_hparam="token_shift"))
 def build_rwkv7(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
                 chunk_size: int = DEFAULT_CHUNK, decay_low_rank_dim: int | None = None,
                 a_low_rank_dim: int | None = None, gate_low_rank_dim: int | None = None,
-                norm_eps: float = NORM_EPS) -> RWKV7Attention:
+                norm_eps: float = NORM_EPS, token_shift: int = 2) -> RWKV7Attention:
     """fla's RWKV7Attention defaults: key and value widths = dim, head size dim /
-    num_heads, low-rank dims by fla's rule unless given, GroupNorm eps head size x 1e-5."""
+    num_heads, low-rank dims by fla's rule unless given, GroupNorm eps head size x 1e-5;
+    token_shift 2 taps (0: none, a scaffold's builtin_conv=0)."""
     del max_len  # any length
     return RWKV7Attention(dim=dim, num_heads=num_heads, causal=causal, chunk_size=chunk_size,
                           decay_low_rank_dim=decay_low_rank_dim,
                           a_low_rank_dim=a_low_rank_dim, gate_low_rank_dim=gate_low_rank_dim,
-                          norm_eps=norm_eps, rngs=rngs)
+                          norm_eps=norm_eps, token_shift=token_shift, rngs=rngs)

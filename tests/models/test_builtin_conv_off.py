@@ -1,4 +1,5 @@
-"""conv_size=0: deltanet, gated_deltanet, kda and mamba2 without their own short convolutions
+"""conv_size=0: deltanet, gated_deltanet, kda, gated_deltaproduct, mamba2 and loglinear_mamba2
+without their own short convolutions
 (fla's use_short_conv=False), so that a benchmark scaffold can give every mixer one
 shared convolution, or none (configs/scaffold.py). Off is the identity: the same layer as
 a one-tap convolution of weight 1 (and bias 0), with no convolution parameter; it
@@ -14,12 +15,12 @@ from flax import nnx
 from models import registry
 from tests.models.helpers import check_prefill_and_steps, normal, randomize_params
 
-NAMES = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct", "mamba2")
+NAMES = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct", "mamba2", "loglinear_mamba2")
 TOL = dict(rtol=2e-5, atol=2e-5)
 
 
 def build(name: str, conv_size: int, *, causal: bool = True) -> nnx.Module:
-    extra = {"state_size": 8} if name == "mamba2" else {}
+    extra = {"state_size": 8} if name in ("mamba2", "loglinear_mamba2") else {}
     mixer = registry.build(name, dim=16, num_heads=2, max_len=64, causal=causal,
                            rngs=nnx.Rngs(params=0), chunk_size=4, conv_size=conv_size, **extra)
     return randomize_params(mixer, seed=3, scale=0.4)

@@ -251,3 +251,27 @@ def test_low_rank_dims_and_parameters_are_flas():
     want = 9 * dim + 4 * dim ** 2 + 2 * (2 * dim * 32 + dim) + 2 * dim * 64 + 2 * dim
     count = sum(p.size for p in jax.tree.leaves(nnx.state(m, nnx.Param)))
     assert count == want
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_token_shift_off_is_every_lerp_at_zero(causal):
+    """token_shift=0 (a scaffold's builtin_conv=0): the layer with every lerp reading x_t,
+    i.e. the shifted layer with its six mu at 0; its cards show own conv 0, the shifted
+    layer's 2; it decodes as its parallel form; other tap counts are refused."""
+    off, on = build(causal=causal, token_shift=0), build(causal=causal)
+    for d in (on.forward_dir, on.backward_dir):
+        for name in rwkv7.LERPS if d is not None else ():
+            getattr(d, name).set_value(jnp.zeros_like(getattr(d, name)[...]))
+    x = normal(8, (2, 11, 16))
+    mask = jnp.arange(11)[None] < jnp.array([[11], [7]])
+    assert_close(run(off, "__call__", x, mask), run(on, "__call__", x, mask), **TOL)
+    shifted = build(causal=causal)
+    assert not np.allclose(np.asarray(run(shifted, "__call__", x, mask)),
+                           np.asarray(run(off, "__call__", x, mask)), atol=1e-3)
+    from lra.runs import card
+    assert (card._builtin_conv(off), card._builtin_conv(shifted)) == (0, 2)
+    if causal:
+        check_prefill_and_steps(off, run, normal(12, (3, 16, 16)), jnp.array([0, 5, 9]), 9,
+                                **TOL)
+    with pytest.raises(ValueError, match="token_shift"):
+        build(causal=causal, token_shift=3)
