@@ -329,26 +329,19 @@ class LogLinearMamba2(ssd.Mamba2):
         batch, length = u_BxLxD.shape[:2]
         pos_B = decoding.lengths_of(padding_mask, batch, length)
         h = fenwick_states(x_dt, log_a, b, pos_B, cache["h"].shape[1])
-        w = max(self.conv_size - 1, 0)
-        padded = jnp.pad(xbc_BxLxC.astype(jnp.float32), ((0, 0), (w, 0), (0, 0)))
-        window = jnp.take_along_axis(padded, (pos_B[:, None] + jnp.arange(w))[..., None], 1)
-        return y_BxLxD, {"pos": pos_B, "h": h, "conv": window}
+        return y_BxLxD, {"pos": pos_B, "h": h, "conv": self.conv_window(xbc_BxLxC, pos_B)}
 
     def step(self, cache, u_BxD):
         self._check_decodes()
         direction = self.forward_scan
-        z, xbc, dt_raw = self.conv_inputs(u_BxD[:, None])
+        z, x, b, c, dt_raw, window = self.step_inputs(direction, cache, u_BxD)
         dl_BxHxK = self.level_inputs(u_BxD)
-        window_BxWxC = jnp.concatenate([cache["conv"], xbc.astype(jnp.float32)], axis=1)
-        w_WxC, bias_C = direction.conv_kernel()
-        xbc = jax.nn.silu(jnp.einsum("bwc,wc->bc", window_BxWxC, w_WxC) + bias_C)[:, None]
-        x, b, c = (t[:, :, 0] for t in self.ssd_inputs(xbc))
         dt_BxH, log_a_BxH = direction.steps(dt_raw[:, 0], jnp.ones(u_BxD.shape[:1], jnp.bool_))
         y_BxHxP, h = loglinear_step(cache["h"], cache["pos"], x * dt_BxH[..., None], log_a_BxH,
                                     b, c, direction.level_scales(dl_BxHxK))
         y_BxHxP = y_BxHxP + direction.d[...][:, None] * x
         y_BxD = self.finish(y_BxHxP[:, :, None], z)[:, 0]
-        return y_BxD, {"pos": cache["pos"] + 1, "h": h, "conv": window_BxWxC[:, 1:]}
+        return y_BxD, {"pos": cache["pos"] + 1, "h": h, "conv": window}
 
 
 @registry.register("loglinear_mamba2", capabilities=registry.Capabilities(

@@ -326,29 +326,37 @@ class Mamba2(nnx.Module):
         del cache  # a prompt starts at position 0
         self._check_decodes()
         y_BxLxD, h, xbc_BxLxC = self.forward(u_BxLxD, padding_mask)
-        batch, length = u_BxLxD.shape[:2]
-        w = max(self.conv_size - 1, 0)
-        pos_B = decoding.lengths_of(padding_mask, batch, length)
-        # Row b's window, its inputs n_b - w .. n_b - 1 (zeros before the start).
-        padded = jnp.pad(xbc_BxLxC.astype(jnp.float32), ((0, 0), (w, 0), (0, 0)))
-        window = jnp.take_along_axis(padded, (pos_B[:, None] + jnp.arange(w))[..., None], 1)
-        return y_BxLxD, {"pos": pos_B, "h": h, "conv": window}
+        pos_B = decoding.lengths_of(padding_mask, *u_BxLxD.shape[:2])
+        return y_BxLxD, {"pos": pos_B, "h": h, "conv": self.conv_window(xbc_BxLxC, pos_B)}
 
-    def step(self, cache, u_BxD):
-        self._check_decodes()
-        direction = self.forward_scan
+    def conv_window(self, xbc_BxLxC, pos_B):
+        """Row b's convolution window after a prompt: its inputs n_b - w .. n_b - 1 (zeros
+        before the start), BxWxC."""
+        w = max(self.conv_size - 1, 0)
+        padded = jnp.pad(xbc_BxLxC.astype(jnp.float32), ((0, 0), (w, 0), (0, 0)))
+        return jnp.take_along_axis(padded, (pos_B[:, None] + jnp.arange(w))[..., None], 1)
+
+    def step_inputs(self, direction, cache, u_BxD):
+        """One token's z, x, B, C (the convolution over the cached window) and raw dt, and
+        the window after it."""
         z, xbc, dt_raw = self.conv_inputs(u_BxD[:, None])
         window_BxWxC = jnp.concatenate([cache["conv"], xbc.astype(jnp.float32)], axis=1)
         w_WxC, bias_C = direction.conv_kernel()
         conv_BxC = jnp.einsum("bwc,wc->bc", window_BxWxC, w_WxC)
         xbc = jax.nn.silu(conv_BxC + bias_C)[:, None]
         x, b, c = (t[:, :, 0] for t in self.ssd_inputs(xbc))
+        return z, x, b, c, dt_raw, window_BxWxC[:, 1:]
+
+    def step(self, cache, u_BxD):
+        self._check_decodes()
+        direction = self.forward_scan
+        z, x, b, c, dt_raw, window = self.step_inputs(direction, cache, u_BxD)
         dt_BxH, log_a_BxH, sign_BxH = direction.transition(
             dt_raw[:, 0], jnp.ones(u_BxD.shape[:1], jnp.bool_))
         y_BxHxP, h = ssd_step(cache["h"], x * dt_BxH[..., None], log_a_BxH, b, c, sign_BxH)
         y_BxHxP = y_BxHxP + direction.d[...][:, None] * x
         y_BxD = self.finish(y_BxHxP[:, :, None], z)[:, 0]
-        return y_BxD, {"pos": cache["pos"] + 1, "h": h, "conv": window_BxWxC[:, 1:]}
+        return y_BxD, {"pos": cache["pos"] + 1, "h": h, "conv": window}
 
 
 @registry.register("mamba2", capabilities=registry.Capabilities(
