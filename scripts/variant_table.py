@@ -10,10 +10,10 @@ The kernel column is measured, not listed: each variant that accepts an `attenti
 hparam is built with `blocksparse` and with `pallas` at a tiny size; the kernel is named
 by what it accepted and by the module that built it (pattern attention: the block-sparse
 kernel, models/kernels/block_sparse_attention.py; the linear family: linear_attention.py;
-retention, GLA and Mamba-2's SSD: decayed_attention.py). The paper column is the one thing
-kept by hand (PAPERS below, from the catalogue's sources); a registered name without an
-entry is an error, so a new variant cannot be left out. tests/test_docs.py checks that
-README.md holds exactly this table.
+retention, GLA and Mamba-2's SSD: decayed_attention.py; DeltaNet and Gated DeltaNet:
+delta_rule.py). The paper column is the one thing kept by hand (PAPERS below, from the
+catalogue's sources); a registered name without an entry is an error, so a new variant
+cannot be left out. tests/test_docs.py checks that README.md holds exactly this table.
 """
 from __future__ import annotations
 
@@ -93,6 +93,7 @@ _KERNEL_OF_MODULE = {
     "models.attention.linear": "linear",
     "models.attention.retention": "decayed",
     "models.attention.ssd": "decayed",
+    "models.attention.delta": "delta-rule",
 }
 
 

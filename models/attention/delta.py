@@ -39,6 +39,11 @@ Three forms, equal (tests/models/test_delta.py):
    `recurrent.RecurrentDecoding`): the cache holds S and the last conv_size - 1 inputs
    of each convolution, whatever the position.
 
+attention_impl="pallas" runs both training scans (and the prompt's) through
+`models.kernels.delta_rule` (the chunked form's forward as a Triton kernel on GPU, Mosaic on
+TPU, interpreted on CPU; its backward XLA), at the kernel's chunk (64, fla's) rather than
+the layer's chunk_size; "dense" (the default) runs `chunk_delta_rule` under XLA.
+
 causal=False (LRA's classifiers): a forward and a backward scan, summed before the
 output norm and gate. The backward scan is the causal layer run on the reversed
 sequence, with its own convolutions, beta (and gate) projections; q, k, v projections,
@@ -58,6 +63,7 @@ from flax import nnx
 from models import layers, registry
 from models.attention import recurrent
 from models.attention.linear_scan import _pad_to_chunks, delta_write
+from models.kernels.delta_rule import delta_rule
 
 DEFAULT_CHUNK = 64  # fla's chunk size
 CONV_SIZE = 4  # fla's short convolutions
@@ -66,6 +72,7 @@ NORM_EPS = 1e-5  # fla's output RMSNorm
 A_INIT_RANGE = (0.0, 16.0)  # fla GatedDeltaNet: A ~ U(0, 16), A_log = log A
 DT_INIT_RANGE = (1e-3, 1e-1)  # dt log-uniform in it, at least DT_INIT_FLOOR (Mamba-2)
 DT_INIT_FLOOR = 1e-4
+IMPLS = ("dense", "pallas")  # chunk_delta_rule (XLA), or the Pallas delta-rule kernel
 
 
 # ----------------------------------------------------------------------------- core math
@@ -332,7 +339,13 @@ class DeltaNet(nnx.Module, recurrent.RecurrentDecoding):
 
     def __init__(self, *, dim: int, num_heads: int, causal: bool, qkv_dim: int | None,
                  expand_v: float, chunk_size: int, conv_size: int, gated: bool,
-                 use_gate: bool, norm_eps: float, rngs: nnx.Rngs, neg_eigval: bool = False):
+                 use_gate: bool, norm_eps: float, rngs: nnx.Rngs, neg_eigval: bool = False,
+                 attention_impl: str = "dense"):
+        if attention_impl not in IMPLS:
+            raise registry.RegistryError(
+                f"attention_impl={attention_impl!r} is not available for the delta rule; "
+                f"valid: {', '.join(IMPLS)}")
+        self.attention_impl = attention_impl
         key_dim = dim if qkv_dim is None else qkv_dim
         value_dim = int(key_dim * expand_v)
         if num_heads <= 0 or key_dim % num_heads or value_dim % num_heads or value_dim <= 0:
@@ -400,6 +413,8 @@ class DeltaNet(nnx.Module, recurrent.RecurrentDecoding):
     def scan(self, direction: ScanDirection, q, k, v, x_BxLxD, real_BxL):
         """One direction's outputs BxHxLxV and final state, chunked."""
         q, k, v, beta, g = direction.features(q, k, v, x_BxLxD, real_BxL)
+        if self.attention_impl == "pallas":
+            return delta_rule(q, k, v, beta, g)
         return chunk_delta_rule(q, k, v, beta, g, chunk_size=self.chunk_size)
 
     def attend(self, q_BxHxLxK, k_BxHxLxK, v_BxHxLxV, x_BxLxD, padding_mask):
@@ -483,26 +498,28 @@ _NO_ROTARY = ("its queries and keys meet through a recurrent state whose order g
 
 @registry.register("deltanet", capabilities=registry.Capabilities(
     description="DeltaNet: delta rule, L2-normalised q/k, short convs, chunked WY form (Yang "
-                f"et al. 2024); {_BIDIRECTIONAL}",
+                f"et al. 2024; XLA or attention_impl=pallas); {_BIDIRECTIONAL}",
     causal=True, decode="recurrent_state", padding=True, variable_length=True,
     test_hparams={"chunk_size": 5}, rotary_refusal=_NO_ROTARY,
     pos_emb="none", short_conv_hparam="conv_size"))
 def build_deltanet(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
                    qkv_dim: int | None = None, chunk_size: int = DEFAULT_CHUNK,
                    conv_size: int = CONV_SIZE, use_gate: bool = False,
-                   norm_eps: float = NORM_EPS, allow_neg_eigval: bool = False) -> DeltaNet:
+                   norm_eps: float = NORM_EPS, allow_neg_eigval: bool = False,
+                   attention_impl: str = "dense") -> DeltaNet:
     """fla's DeltaNet defaults: value heads as wide as key heads, no output gate, beta in
-    (0, 1); allow_neg_eigval (fla's; Grazzi et al.'s sigmoid_scale 2) beta in (0, 2)."""
+    (0, 1); allow_neg_eigval (fla's; Grazzi et al.'s sigmoid_scale 2) beta in (0, 2).
+    attention_impl: "dense" (chunk_delta_rule under XLA) or "pallas" (the kernel)."""
     del max_len  # any length
     return DeltaNet(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
                     expand_v=1.0, chunk_size=chunk_size, conv_size=conv_size, gated=False,
                     use_gate=use_gate, norm_eps=norm_eps, rngs=rngs,
-                    neg_eigval=bool(allow_neg_eigval))
+                    neg_eigval=bool(allow_neg_eigval), attention_impl=attention_impl)
 
 
 @registry.register("gated_deltanet", capabilities=registry.Capabilities(
     description="Gated DeltaNet: delta rule with Mamba-2's decay gate, chunked WY form (Yang "
-                f"et al. 2025); {_BIDIRECTIONAL}",
+                f"et al. 2025; XLA or attention_impl=pallas); {_BIDIRECTIONAL}",
     causal=True, decode="recurrent_state", padding=True, variable_length=True,
     test_hparams={"chunk_size": 5}, rotary_refusal=_NO_ROTARY,
     pos_emb="none", short_conv_hparam="conv_size"))
@@ -510,12 +527,13 @@ def build_gated_deltanet(*, dim: int, num_heads: int, max_len: int, causal: bool
                          rngs: nnx.Rngs, qkv_dim: int | None = None, expand_v: float = 2.0,
                          chunk_size: int = DEFAULT_CHUNK, conv_size: int = CONV_SIZE,
                          use_gate: bool = True, norm_eps: float = NORM_EPS,
-                         allow_neg_eigval: bool = False) -> DeltaNet:
+                         allow_neg_eigval: bool = False,
+                         attention_impl: str = "dense") -> DeltaNet:
     """fla's GatedDeltaNet defaults: value heads expand_v = 2 times the key heads, output
     gate on, beta in (0, 1) (allow_neg_eigval: (0, 2)). qkv_dim is the key width (fla's
-    head_dim x num_heads)."""
+    head_dim x num_heads). attention_impl: "dense" or "pallas" (as deltanet)."""
     del max_len  # any length
     return DeltaNet(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
                     expand_v=expand_v, chunk_size=chunk_size, conv_size=conv_size, gated=True,
                     use_gate=use_gate, norm_eps=norm_eps, rngs=rngs,
-                    neg_eigval=bool(allow_neg_eigval))
+                    neg_eigval=bool(allow_neg_eigval), attention_impl=attention_impl)
