@@ -40,9 +40,9 @@ Three forms, equal (tests/models/test_delta.py):
    of each convolution, whatever the position.
 
 attention_impl="pallas" runs both training scans (and the prompt's) through
-`models.kernels.delta_rule` (the chunked form's forward as a Triton kernel on GPU, Mosaic on
-TPU, interpreted on CPU; its backward XLA), at the kernel's chunk (64, fla's) rather than
-the layer's chunk_size; "dense" (the default) runs `chunk_delta_rule` under XLA.
+`models.kernels.delta_rule` (the chunked form's forward and backward passes as Triton
+kernels on GPU, Mosaic on TPU, interpreted on CPU), at the kernel's chunk (64, fla's) rather
+than the layer's chunk_size; "dense" (the default) runs `chunk_delta_rule` under XLA.
 
 causal=False (LRA's classifiers): a forward and a backward scan, summed before the
 output norm and gate. The backward scan is the causal layer run on the reversed

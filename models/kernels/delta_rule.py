@@ -10,10 +10,10 @@ alpha = 1, DeltaNet) and returns o `[B, H, L, V]` and S_L `[B, H, V, K]`: exactl
 chunk_gated_delta_rule use), which equals the recurrence `delta_rule_reference`.
 
 The layout follows `models/kernels/decayed_attention.py` (read it, and linear_attention.py,
-first): one chunk algorithm, `_forward_step`, written on the 2-D arrays of one chunk of C
-positions of a row, run three ways: a Triton kernel (one program per (batch, head), a
-`fori_loop` over the chunks carrying S in registers), a Mosaic TPU kernel (grid (batch,
-head, chunk), S in VMEM scratch across the sequential chunk axis) and plain JAX
+first): the chunk algorithm, written as steps on the 2-D arrays of one chunk of C positions
+of a row, run three ways: a Triton kernel (one program per (batch, head), a `fori_loop`
+over the chunks carrying the state in registers), a Mosaic TPU kernel (grid (batch, head,
+chunk), the state in VMEM scratch across the sequential chunk axis) and plain JAX
 (`lax.scan` over the chunks, backend="xla"), all under one custom VJP.
 
 One chunk (b_i = the inclusive sum of log alpha from the chunk's start, by masked sums of
@@ -31,21 +31,32 @@ Gamma_ij = exp(b_i - b_j) for j <= i, masked before the exp, so every exponent i
    keys alike) and cancels catastrophically in float32.
 2. W = T diag(beta e^b) K, U = T diag(beta) V.
 3. With the state S carried from earlier chunks: V_new = U - W S^T,
-   O = (Q e^b) S^T + (tril(Q K^T) o Gamma) V_new, S <- e^(b_C) S + V_new^T (K e^(b_C - b)).
+   O = (Q e^b) S^T + (Q K^T o Gamma) V_new, S <- e^(b_C) S + V_new^T (K e^(b_C - b)).
+
+The passes (two kernel calls per training step, as fla's chunk_delta_rule fwd / bwd):
+
+- forward: emits O and S_L; under the VJP also the state each chunk starts from,
+  `[B, H, N, V, K]` float32 (L V K / C per row: what delta.py's checkpointed scan keeps),
+  so the backward recomputes no state.
+- backward, in reverse over dS (the cotangent of the state a chunk leaves, from dS_L):
+  recomputes the chunk's UT transform, W, U and V_new from its start state, and emits
+  dq, dk, dv, d beta and d log alpha (float32), every term the transpose of a line of
+  the forward: dT -> dA = -T^T dT T^T, d log alpha = the reverse in-chunk sum of db
+  (masked sums again), b_C's terms (the state decay, K e^(b_C - b)) on the last row.
 
 Matmul operands are the inputs' dtype (bfloat16 in, bfloat16 operands with float32
-accumulation, as fla), except the UT transform's (float32). Padding: the tail to a
-multiple of C with beta = 0 and log alpha = 0 (no write, no decay: S_L is the state after
-the real positions), and for Triton the feature widths to powers of two >= 16 (zeros).
+accumulation, as fla), except the UT transform's and its cotangents' (float32). Padding:
+the tail to a multiple of C with beta = 0 and log alpha = 0 (no write, no decay: S_L is
+the state after the real positions), and for Triton the feature widths to powers of two
+>= 16 (zeros).
 
-The backward (first landing): the custom VJP's backward is jax.vjp of the XLA form of the
-same chunk algorithm (`lax.scan` over chunks, recomputing the forward in XLA), not a
-Pallas kernel: correct in every form, but on GPU / TPU only the forward is a kernel. A
-Pallas backward (recomputing the chunk states, then a reverse pass over dS as fla's
-chunk_delta_rule_bwd) is the missing piece.
+Tested in the interpreters on CPU (tests/kernels/test_delta_rule.py) and lowered for CUDA
+(Triton) and exported for TPU (Mosaic); not yet compiled or timed on a GPU or a TPU, where
+the backward's dozen live C x C float32 tiles at C = 64 may want a smaller chunk or more
+warps for Triton's registers.
 """
 import functools
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -72,21 +83,26 @@ class _Config(NamedTuple):
     chunk: int
     backend: str  # "pallas" or "xla"
     platform: str  # "gpu" or "tpu": which pallas_call wrapper
-    interpret: bool
+    interpret: bool | pltpu.InterpretParams  # the latter: Mosaic's TPU interpreter
 
 
 # --------------------------------------------------------------------------------------
-# The algorithm: one chunk, shared by every backend.
+# The algorithm: one chunk, shared by every backend. A step takes the chunk's (C, D) row
+# arrays, its per-chunk (V, K) arrays and the carried state; it returns row outputs,
+# per-chunk outputs and the next state.
+
+
+def _iotas(c: int):
+    return (lax.broadcasted_iota(jnp.int32, (c, c), 0),
+            lax.broadcasted_iota(jnp.int32, (c, c), 1))
 
 
 def _unit_lower_inverse(a_CxC):
     """(I + strictly-lower(a))^-1 for a chunk (C a power of two), float32, by doubling."""
-    c = a_CxC.shape[0]
-    row = lax.broadcasted_iota(jnp.int32, (c, c), 0)
-    col = lax.broadcasted_iota(jnp.int32, (c, c), 1)
+    row, col = _iotas(a_CxC.shape[0])
     t = jnp.where(row == col, 1.0, 0.0).astype(_F32)
     s = 1
-    while s < c:
+    while s < a_CxC.shape[0]:
         # Row in the lower s-block, column in the upper s-block, of the same 2s-block.
         pair = (row & -2 * s) == (col & -2 * s)
         below = pair & ((row & s) != 0) & ((col & s) == 0)
@@ -95,127 +111,262 @@ def _unit_lower_inverse(a_CxC):
     return t
 
 
-def _forward_step(xs, st_VxK):
-    q, k, v, beta, log_a = xs  # C x K, C x K, C x V, C x 1, C x 1
-    dtype = q.dtype
+class _Chunk(NamedTuple):
+    """What the forward and the backward both build from one chunk's inputs."""
+    b: jax.Array  # C x 1: inclusive sums of log alpha from the chunk's start
+    r: jax.Array  # C x 1: b_C - b
+    e: jax.Array  # 1 x 1: b_C
+    gamma: jax.Array  # C x C: exp(b_i - b_j), j <= i; 0 above
+    kk: jax.Array  # C x C: K K^T (float32)
+    t: jax.Array  # C x C: (I + A)^-1
+    kbe: jax.Array  # C x K: diag(beta e^b) K
+    vb: jax.Array  # C x V: diag(beta) V
+    w: jax.Array  # C x K: T kbe
+    u: jax.Array  # C x V: T vb
+
+
+def _chunk(k, v, beta, log_a) -> _Chunk:
     b, r, e, b_row = _chunk_sums(log_a, _SCALAR)
-    gamma_CxC = _decay(b, b_row, _SCALAR)  # exp(b_i - b_j), j <= i; 0 above
-    c = q.shape[0]
-    row = lax.broadcasted_iota(jnp.int32, (c, c), 0)
-    col = lax.broadcasted_iota(jnp.int32, (c, c), 1)
+    gamma = _decay(b, b_row, _SCALAR)
+    row, col = _iotas(k.shape[0])
+    kk = _mm_nt(k, k, _F32)
+    t = _unit_lower_inverse(jnp.where(row > col, beta * kk * gamma, 0.0))
+    kbe, vb = k.astype(_F32) * (beta * jnp.exp(b)), v.astype(_F32) * beta
+    return _Chunk(b, r, e, gamma, kk, t, kbe, vb, _mm(t, kbe, _F32), _mm(t, vb, _F32))
+
+
+def _forward_step(rows, per_chunk, st_VxK, states: bool = False):
+    """o for the chunk; with `states`, also the state it starts from (the backward's)."""
+    del per_chunk
+    q, k, v, beta, log_a = rows
+    dtype = q.dtype
+    ch = _chunk(k, v, beta.astype(_F32), log_a)
+    v_new = ch.u - _mm_nt(ch.w, st_VxK, dtype)
+    o = (_mm_nt(q.astype(_F32) * jnp.exp(ch.b), st_VxK, dtype)
+         + _mm(_mm_nt(q, k, dtype) * ch.gamma, v_new, dtype))
+    st_next = st_VxK * jnp.exp(ch.e) + _mm_tn(v_new, k.astype(_F32) * jnp.exp(ch.r), dtype)
+    return (o,), ((st_VxK,) if states else ()), st_next
+
+
+def _column(row_1xC):
+    """A 1 x C row as a C x 1 column (a masked sum: no transpose of a vector)."""
+    row, col = _iotas(row_1xC.shape[1])
+    return jnp.sum(jnp.where(row == col, row_1xC, 0.0), axis=1, keepdims=True)
+
+
+def _backward_step(rows, per_chunk, ds_VxK):
+    """In reverse: from dS (the cotangent of the state the chunk leaves) and dO, the
+    chunk's dq, dk, dv, d beta, d log alpha and the cotangent of the state it starts from.
+    Every input's contribution is the transpose of a line of `_forward_step`."""
+    q, k, v, beta, log_a, do = rows
+    (s_VxK,) = per_chunk
+    dtype = q.dtype
     beta = beta.astype(_F32)
-    a_CxC = jnp.where(row > col, beta * _mm_nt(k, k, _F32) * gamma_CxC, 0.0)
-    t_CxC = _unit_lower_inverse(a_CxC)
-    w_CxK = _mm(t_CxC, k.astype(_F32) * (beta * jnp.exp(b)), _F32)
-    u_CxV = _mm(t_CxC, v.astype(_F32) * beta, _F32)
-    v_new_CxV = u_CxV - _mm_nt(w_CxK, st_VxK, dtype)
-    scores_CxC = _mm_nt(q, k, dtype) * gamma_CxC
-    o_CxV = (_mm_nt(q.astype(_F32) * jnp.exp(b), st_VxK, dtype)
-             + _mm(scores_CxC, v_new_CxV, dtype))
-    st_VxK = st_VxK * jnp.exp(e) + _mm_tn(v_new_CxV, k.astype(_F32) * jnp.exp(r), dtype)
-    return o_CxV, st_VxK
+    ch = _chunk(k, v, beta, log_a)
+    c = q.shape[0]
+    row, col = _iotas(c)
+    f32 = lambda x: x.astype(_F32)  # noqa: E731
+    eb, er, ee = jnp.exp(ch.b), jnp.exp(ch.r), jnp.exp(ch.e)
+    v_new = ch.u - _mm_nt(ch.w, s_VxK, dtype)
+    qk = _mm_nt(q, k, dtype)
+    kr = f32(k) * er
+    # S' = e^(b_C) S + V_new^T kr and O = (Q e^b) S^T + (Q K^T o Gamma) V_new.
+    dv_new = _mm_nt(kr, ds_VxK, dtype) + _mm_tn(qk * ch.gamma, do, dtype)
+    dkr = _mm(v_new, ds_VxK, dtype)
+    dp = _mm_nt(do, v_new, dtype) * ch.gamma  # d scores, masked by Gamma
+    dqb = _mm(do, s_VxK, dtype)
+    ds_prev = (ds_VxK * ee + _mm_tn(do, f32(q) * eb, dtype)
+               - _mm_tn(dv_new, ch.w, dtype))
+    # V_new = U - W S^T; U = T vb, W = T kbe; T = (I + A)^-1.
+    dw = -_mm(dv_new, s_VxK, dtype)
+    dt = _mm_nt(dv_new, ch.vb, _F32) + _mm_nt(dw, ch.kbe, _F32)
+    dvb, dkbe = _mm_tn(ch.t, dv_new, _F32), _mm_tn(ch.t, dw, _F32)
+    da = jnp.where(row > col, -_mm_nt(_mm_tn(ch.t, dt, _F32), ch.t, _F32), 0.0)
+    # A = strictly-lower(beta_i (K K^T)_ij Gamma_ij).
+    dkk = da * beta * ch.gamma
+    dgamma = da * beta * ch.kk * ch.gamma + dp * qk  # d Gamma o Gamma: d (b_i - b_j)
+    dq = _mm(dp, k, dtype) + dqb * eb
+    dk = (_mm(dkk, k, _F32) + _mm_tn(dkk, k, _F32) + _mm_tn(dp, q, dtype)
+          + dkbe * beta * eb + dkr * er)
+    dv = dvb * beta
+    kbe_dot = jnp.sum(dkbe * f32(k), axis=1, keepdims=True) * eb
+    dbeta = (jnp.sum(da * ch.kk * ch.gamma, axis=1, keepdims=True)
+             + jnp.sum(dvb * f32(v), axis=1, keepdims=True) + kbe_dot)
+    dr = jnp.sum(dkr * kr, axis=1, keepdims=True)
+    db = (kbe_dot * beta + jnp.sum(dqb * f32(q), axis=1, keepdims=True) * eb - dr
+          + jnp.sum(dgamma, axis=1, keepdims=True)
+          - _column(jnp.sum(dgamma, axis=0, keepdims=True)))
+    # b_C = e: through r = b_C - b and the state's decay e^(b_C).
+    de = jnp.sum(dr, axis=0, keepdims=True) + jnp.sum(
+        ds_VxK * s_VxK * ee, axis=(0, 1), keepdims=True)
+    db = db + jnp.where(lax.broadcasted_iota(jnp.int32, (c, 1), 0) == c - 1, de, 0.0)
+    # b = the inclusive sum of log alpha: d log alpha_s = sum over i >= s of db_i.
+    db_row = jnp.sum(jnp.where(row == col, db, 0.0), axis=0, keepdims=True)
+    dlog_a = jnp.sum(jnp.where(col >= row, db_row, 0.0), axis=1, keepdims=True)
+    return (dq, dk, dv, dbeta, dlog_a), (), ds_prev
 
 
-def _state_shape(inputs):
-    return inputs[2].shape[-1], inputs[0].shape[-1]  # V x K
+class _Pass(NamedTuple):
+    step: Callable  # (rows, per_chunk, state) -> (row outputs, per-chunk outputs, state)
+    reverse: bool  # runs from the last chunk to the first
+    name: str
+
+
+_FORWARD = _Pass(_forward_step, False, "delta_rule_forward")
+_FORWARD_STATES = _Pass(functools.partial(_forward_step, states=True), False,
+                        "delta_rule_forward")
+_BACKWARD = _Pass(_backward_step, True, "delta_rule_backward")
+
 
 
 # --------------------------------------------------------------------------------------
-# Three ways to run the forward over `[B, H, L, D]` arrays (L a multiple of the chunk):
-# o `[B, H, L, V]` in v's dtype and S_L `[B, H, V, K]` float32.
+# Three ways to run a pass over row arrays `[B, H, L, D]` (L a multiple of the chunk) and
+# per-chunk arrays `[B, H, N, V, K]`, from the state `init` `[B, H, V, K]` (zeros if None).
+# Outputs: the row outputs (`row_outs`: (width, dtype) pairs), `n_chunk_outs` per-chunk
+# outputs (float32 V x K) and the last state (float32).
 
 
-def _run_xla(inputs, cfg: _Config):
-    n, c = inputs[0].shape[2] // cfg.chunk, cfg.chunk
-
-    def one_row(*xs):
-        chunks = tuple(x.reshape(n, c, x.shape[-1]) for x in xs)
-        step = lambda st, x: _forward_step(x, st)[::-1]  # noqa: E731
-        st, o = lax.scan(step, jnp.zeros(_state_shape(xs), _F32), chunks)
-        return o.reshape(n * c, o.shape[-1]).astype(xs[2].dtype), st
-
-    return jax.vmap(jax.vmap(one_row))(*inputs)
+def _state_shape(rows):
+    return rows[2].shape[-1], rows[0].shape[-1]  # V x K
 
 
-def _out_shapes(inputs):
-    b, h, length, _ = inputs[0].shape
-    v_dim, k_dim = _state_shape(inputs)
-    return (jax.ShapeDtypeStruct((b, h, length, v_dim), inputs[2].dtype),
-            jax.ShapeDtypeStruct((b, h, v_dim, k_dim), _F32))
+def _run_xla(pass_: _Pass, rows, chunks, init, row_outs, n_chunk_outs, cfg: _Config):
+    del n_chunk_outs
+    n, c = rows[0].shape[2] // cfg.chunk, cfg.chunk
+    if init is None:
+        init = jnp.zeros(rows[0].shape[:2] + _state_shape(rows), _F32)
+
+    def one_row(rows, chunks, init):
+        xs = (tuple(x.reshape(n, c, x.shape[-1]) for x in rows), chunks)
+
+        def step(st, x):
+            ys, zs, st = pass_.step(*x, st)
+            return st, (ys, zs)
+
+        st, (ys, zs) = lax.scan(step, init, xs, reverse=pass_.reverse)
+        ys = tuple(y.reshape(n * c, y.shape[-1]).astype(d) for y, (_, d) in zip(ys, row_outs))
+        return ys + tuple(zs) + (st,)
+
+    return jax.vmap(jax.vmap(one_row))(rows, chunks, init)
 
 
-def _run_gpu(inputs, cfg: _Config):
+def _out_shapes(rows, row_outs, n_chunk_outs, n):
+    b, h, length, _ = rows[0].shape
+    shape = _state_shape(rows)
+    return (tuple(jax.ShapeDtypeStruct((b, h, length, w), d) for w, d in row_outs)
+            + (jax.ShapeDtypeStruct((b, h, n) + shape, _F32),) * n_chunk_outs
+            + (jax.ShapeDtypeStruct((b, h) + shape, _F32),))
+
+
+def _run_gpu(pass_: _Pass, rows, chunks, init, row_outs, n_chunk_outs, cfg: _Config):
     """Triton: one program per (batch, head); the chunk loop runs inside the kernel."""
-    b, h, length, _ = inputs[0].shape
-    c, n, n_in = cfg.chunk, length // cfg.chunk, len(inputs)
+    b, h, length, _ = rows[0].shape
+    c, n = cfg.chunk, length // cfg.chunk
+    inits = () if init is None else (init,)
+    ins = tuple(rows) + tuple(chunks) + inits
+    n_rows, n_chunks, n_out = len(rows), len(chunks), len(row_outs)
 
     def kernel(*refs):
-        in_refs, (o_ref, s_ref) = refs[:n_in], refs[n_in:]
+        row_refs, chunk_refs = refs[:n_rows], refs[n_rows:n_rows + n_chunks]
+        init_refs, outs = refs[n_rows + n_chunks:len(ins)], refs[len(ins):]
+        row_outs_, chunk_outs_, (last_ref,) = outs[:n_out], outs[n_out:-1], outs[-1:]
 
         def body(i, st):
-            rows = pl.ds(pl.multiple_of(i * c, c), c)
-            o, st = _forward_step(tuple(r[rows, :] for r in in_refs), st)
-            o_ref[rows, :] = o.astype(o_ref.dtype)
+            index = n - 1 - i if pass_.reverse else i
+            at = pl.ds(pl.multiple_of(index * c, c), c)
+            ys, zs, st = pass_.step(tuple(r[at, :] for r in row_refs),
+                                    tuple(r[index] for r in chunk_refs), st)
+            for ref, y in zip(row_outs_, ys):
+                ref[at, :] = y.astype(ref.dtype)
+            for ref, z in zip(chunk_outs_, zs):
+                ref[index] = z.astype(ref.dtype)
             return st
 
-        s_ref[...] = lax.fori_loop(0, n, body, jnp.zeros(_state_shape(in_refs), _F32))
+        st = (init_refs[0][...] if init_refs
+              else jnp.zeros(_state_shape(row_refs), _F32))
+        last_ref[...] = lax.fori_loop(0, n, body, st)
 
-    def row_spec(x):
-        return pl.BlockSpec((pl.squeezed, pl.squeezed, length, x.shape[-1]),
-                            lambda i, j: (i, j, 0, 0))
+    def spec(shape):  # the whole (batch, head) slice
+        return pl.BlockSpec((pl.squeezed, pl.squeezed) + shape[2:],
+                            lambda i, j: (i, j) + (0,) * (len(shape) - 2))
 
-    v_dim, k_dim = _state_shape(inputs)
+    out_shapes = _out_shapes(rows, row_outs, n_chunk_outs, n)
     return pl.pallas_call(
         kernel,
-        out_shape=_out_shapes(inputs),
+        out_shape=out_shapes,
         grid=(b, h),
-        in_specs=[row_spec(x) for x in inputs],
-        out_specs=[row_spec(inputs[2]),
-                   pl.BlockSpec((pl.squeezed, pl.squeezed, v_dim, k_dim),
-                                lambda i, j: (i, j, 0, 0))],
+        in_specs=[spec(x.shape) for x in ins],
+        out_specs=[spec(o.shape) for o in out_shapes],
         compiler_params=targets.triton_params(num_warps=4, num_stages=1),
         interpret=cfg.interpret,
-        name="delta_rule_forward",
-    )(*inputs)
+        name=pass_.name,
+    )(*ins)
 
 
-def _run_tpu(inputs, cfg: _Config):
-    """Mosaic: grid (batch, head, chunk) over (C, D) tiles; S in VMEM scratch, written to
-    the state's block (the same block for every chunk of a row) after each chunk."""
-    b, h, length, _ = inputs[0].shape
-    c, n, n_in = cfg.chunk, length // cfg.chunk, len(inputs)
-    v_dim, k_dim = _state_shape(inputs)
+def _run_tpu(pass_: _Pass, rows, chunks, init, row_outs, n_chunk_outs, cfg: _Config):
+    """Mosaic: grid (batch, head, chunk) over (C, D) tiles and (V, K) per-chunk blocks;
+    the state in VMEM scratch, written to the last state's block (the same block for
+    every chunk of a row) after each chunk."""
+    b, h, length, _ = rows[0].shape
+    c, n = cfg.chunk, length // cfg.chunk
+    inits = () if init is None else (init,)
+    ins = tuple(rows) + tuple(chunks) + inits
+    n_rows, n_chunks, n_out = len(rows), len(chunks), len(row_outs)
+
+    def chunk_index(i):
+        return n - 1 - i if pass_.reverse else i
 
     def kernel(*refs):
-        in_refs, (o_ref, s_ref, state_ref) = refs[:n_in], refs[n_in:]
+        row_refs, chunk_refs = refs[:n_rows], refs[n_rows:n_rows + n_chunks]
+        init_refs, outs = refs[n_rows + n_chunks:len(ins)], refs[len(ins):]
+        row_outs_, chunk_outs_ = outs[:n_out], outs[n_out:n_out + n_chunk_outs]
+        last_ref, state_ref = outs[n_out + n_chunk_outs:]
 
         @pl.when(pl.program_id(2) == 0)
         def _init():
-            state_ref[...] = jnp.zeros(state_ref.shape, state_ref.dtype)
+            state_ref[...] = (init_refs[0][...] if init_refs
+                              else jnp.zeros(state_ref.shape, state_ref.dtype))
 
-        o, st = _forward_step(tuple(r[...] for r in in_refs), state_ref[...])
-        o_ref[...] = o.astype(o_ref.dtype)
+        ys, zs, st = pass_.step(tuple(r[...] for r in row_refs),
+                                tuple(r[...] for r in chunk_refs), state_ref[...])
+        for ref, y in zip(row_outs_ + chunk_outs_, ys + zs):
+            ref[...] = y.astype(ref.dtype)
         state_ref[...] = st
-        s_ref[...] = st
+        last_ref[...] = st
+
+    v_dim, k_dim = _state_shape(rows)
 
     def tile(x):
         return pl.BlockSpec((pl.squeezed, pl.squeezed, c, x.shape[-1]),
-                            lambda bi, hi, i: (bi, hi, i, 0))
+                            lambda bi, hi, i: (bi, hi, chunk_index(i), 0))
 
+    per_chunk = pl.BlockSpec((pl.squeezed,) * 3 + (v_dim, k_dim),
+                             lambda bi, hi, i: (bi, hi, chunk_index(i), 0, 0))
+    whole = pl.BlockSpec((pl.squeezed, pl.squeezed, v_dim, k_dim),
+                         lambda bi, hi, i: (bi, hi, 0, 0))
+    out_shapes = _out_shapes(rows, row_outs, n_chunk_outs, n)
     return pl.pallas_call(
         kernel,
-        out_shape=_out_shapes(inputs),
+        out_shape=out_shapes,
         grid=(b, h, n),
-        in_specs=[tile(x) for x in inputs],
-        out_specs=[tile(inputs[2]),
-                   pl.BlockSpec((pl.squeezed, pl.squeezed, v_dim, k_dim),
-                                lambda bi, hi, i: (bi, hi, 0, 0))],
+        in_specs=([tile(x) for x in rows] + [per_chunk] * n_chunks
+                  + [whole] * len(inits)),
+        out_specs=([tile(o) for o in out_shapes[:n_out]] + [per_chunk] * n_chunk_outs
+                   + [whole]),
         scratch_shapes=[pltpu.VMEM((v_dim, k_dim), _F32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary")),
         interpret=cfg.interpret,
-        name="delta_rule_forward",
-    )(*inputs)
+        name=pass_.name,
+    )(*ins)
+
+
+def _run(pass_: _Pass, rows, chunks, init, row_outs, n_chunk_outs, cfg: _Config):
+    if cfg.backend == "xla":
+        runner = _run_xla
+    else:
+        runner = _run_gpu if cfg.platform == "gpu" else _run_tpu
+    return runner(pass_, rows, chunks, init, row_outs, n_chunk_outs, cfg)
 
 
 # --------------------------------------------------------------------------------------
@@ -236,16 +387,20 @@ def _pad(x: jax.Array, cfg: _Config, width: int | None = None) -> jax.Array:
     return jnp.pad(x, ((0, 0), (0, 0), (0, length - x.shape[2]), (0, width - x.shape[3])))
 
 
-def _forward(q, k, v, beta, log_a, cfg: _Config):
-    """o (v's dtype) and S_L (float32) of the scaled queries; beta and log a `[B, H, L]`."""
-    inputs = (_pad(q, cfg), _pad(k, cfg), _pad(v, cfg),
-              _pad(beta.astype(_F32)[..., None], cfg, 1),
-              _pad(log_a.astype(_F32)[..., None], cfg, 1))
-    if cfg.backend == "xla":
-        o, s = _run_xla(inputs, cfg)
-    else:
-        o, s = (_run_gpu if cfg.platform == "gpu" else _run_tpu)(inputs, cfg)
-    return o[:, :, :v.shape[2], :v.shape[3]], s[:, :, :v.shape[3], :k.shape[3]]
+def _padded(q, k, v, beta, log_a, cfg: _Config):
+    return (_pad(q, cfg), _pad(k, cfg), _pad(v, cfg),
+            _pad(beta.astype(_F32)[..., None], cfg, 1),
+            _pad(log_a.astype(_F32)[..., None], cfg, 1))
+
+
+def _forward(q, k, v, beta, log_a, cfg: _Config, states: bool = False):
+    """o (v's dtype) and S_L (float32); with `states`, ((o, S_L), the state each chunk
+    starts from `[B, H, N, V, K]`: the backward's residual)."""
+    rows = _padded(q, k, v, beta, log_a, cfg)
+    outs = _run(_FORWARD_STATES if states else _FORWARD, rows, (), None,
+                ((rows[2].shape[3], v.dtype),), int(states), cfg)
+    o, s = outs[0][:, :, :v.shape[2], :v.shape[3]], outs[-1][:, :, :v.shape[3], :k.shape[3]]
+    return ((o, s), outs[1]) if states else (o, s)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
@@ -254,14 +409,24 @@ def _delta_rule(q, k, v, beta, log_a, cfg: _Config):
 
 
 def _delta_rule_fwd(q, k, v, beta, log_a, cfg: _Config):
-    return _forward(q, k, v, beta, log_a, cfg), (q, k, v, beta, log_a)
+    out, states = _forward(q, k, v, beta, log_a, cfg, states=True)
+    return out, (q, k, v, beta, log_a, states)
 
 
 def _delta_rule_bwd(cfg: _Config, residuals, cotangents):
-    # The XLA form of the same chunks, differentiated by JAX (module docstring).
-    xla = _Config(cfg.chunk, "xla", cfg.platform, False)
-    _, vjp = jax.vjp(lambda *xs: _forward(*xs, xla), *residuals)
-    grads = vjp(cotangents)
+    q, k, v, beta, log_a, states = residuals
+    do, ds = cotangents
+    rows = _padded(q, k, v, beta, log_a, cfg) + (_pad(do.astype(v.dtype), cfg),)
+    wk, wv = rows[0].shape[3], rows[2].shape[3]
+    ds = jnp.pad(ds.astype(_F32), ((0, 0), (0, 0), (0, wv - ds.shape[2]),
+                                   (0, wk - ds.shape[3])))
+    dq, dk, dv, dbeta, dlog_a, _ = _run(
+        _BACKWARD, rows, (states,), ds,
+        ((wk, _F32), (wk, _F32), (wv, _F32), (1, _F32), (1, _F32)), 0, cfg)
+    length = q.shape[2]
+    grads = (dq[:, :, :length, :q.shape[3]], dk[:, :, :length, :k.shape[3]],
+             dv[:, :, :length, :v.shape[3]], dbeta[:, :, :length, 0],
+             dlog_a[:, :, :length, 0])
     return tuple(d.astype(x.dtype) for d, x in zip(grads, residuals))
 
 
@@ -297,7 +462,11 @@ def make_config(q: jax.Array, k: jax.Array, v: jax.Array, beta: jax.Array,
         raise ValueError(f"Triton chunks must be a power of two >= 16, got {chunk_size}")
     if backend == "pallas" and platform == "tpu" and chunk_size % 8:
         raise ValueError(f"TPU chunks must be a multiple of 8, got {chunk_size}")
-    return _Config(int(chunk_size), backend, platform, bool(interpret))
+    if not isinstance(interpret, pltpu.InterpretParams):
+        interpret = bool(interpret)
+    elif platform != "tpu":
+        raise ValueError("pltpu.InterpretParams interprets the Mosaic (platform='tpu') form")
+    return _Config(int(chunk_size), backend, platform, interpret)
 
 
 def delta_rule(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax.Array,
@@ -319,14 +488,17 @@ def delta_rule(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax.Array,
       platform: "gpu" (Triton) or "tpu" (Mosaic); by default the one for the platform the
         program is lowered for (CPU: the Triton flavour, interpreted;
         `models/kernels/targets.py`).
-      interpret: run the kernel in the Pallas interpreter; by default on CPU only.
+      interpret: run the kernel in the Pallas interpreter; by default on CPU only. With
+        platform="tpu", a `pltpu.InterpretParams` runs Mosaic's TPU interpreter instead.
 
     Returns:
       o `[B, H, L, V]` in v's dtype and the final state S_L `[B, H, V, K]` float32.
-      Differentiable in q, k, v, beta and log_alpha (the backward is XLA: module docstring).
+      Differentiable in q, k, v, beta and log_alpha (a backward kernel: module docstring).
     """
     if backend not in ("pallas", "xla"):
         raise ValueError(f"backend must be 'pallas' or 'xla', got {backend!r}")
+    if isinstance(interpret, pltpu.InterpretParams) and platform != "tpu":
+        raise ValueError("pltpu.InterpretParams interprets the Mosaic (platform='tpu') form")
     q, k, v, beta = q_BxHxLxK, k_BxHxLxK, v_BxHxLxV, beta_BxHxL
     scale = q.shape[3] ** -0.5 if scale is None else scale
     q = (q.astype(_F32) * scale).astype(q.dtype)
@@ -334,9 +506,11 @@ def delta_rule(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax.Array,
     args = (q, k, v, beta, log_a)
 
     def build(target: targets.Target):
+        tpu_interpreter = (target.interpret and target.platform == "tpu"
+                           and isinstance(interpret, pltpu.InterpretParams))
         cfg = make_config(q, k, v, beta, log_alpha_BxHxL, backend=target.backend,
                           chunk_size=chunk_size, platform=target.platform,
-                          interpret=target.interpret)
+                          interpret=interpret if tpu_interpreter else target.interpret)
 
         def run(*xs):
             return _delta_rule(*xs, cfg)

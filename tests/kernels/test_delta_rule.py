@@ -1,13 +1,12 @@
-"""The delta-rule kernel (models/kernels/delta_rule.py) against models/attention/delta.py's
+"""The delta-rule kernels (models/kernels/delta_rule.py) against models/attention/delta.py's
 chunked form (`chunk_delta_rule`) and recurrence (`delta_rule_reference`): outputs, final
-state and gradients (q, k, v, beta, log alpha), gated and not, float32 and bfloat16, a
-length that is not a multiple of the chunk; the Triton and Mosaic forms lowered for a GPU
-and a TPU (lowered only: nothing here runs on a GPU or a TPU); deltanet through the ListOps
-config under attention_impl=pallas against dense.
+state and gradients (q, k, v, beta, log alpha: the Pallas backward pass), gated and not,
+float32 and bfloat16, a length that is not a multiple of the chunk; the Triton and Mosaic
+forms lowered for a GPU and exported for a TPU (lowered only: nothing here runs on a GPU or
+a TPU); the ListOps training step under attention_impl=pallas against dense.
 
-On CPU the Triton flavour runs in Pallas's interpreter, the Mosaic flavour in the TPU
-interpreter (`pltpu.InterpretParams`... here the generic interpreter, as the house's other
-Mosaic tests: interpret=True)."""
+On CPU the Triton flavour runs in Pallas's interpreter (interpret=True), the Mosaic flavour
+in Mosaic's TPU interpreter (`pltpu.InterpretParams`)."""
 import functools
 import importlib
 
@@ -15,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+from jax.experimental.pallas import tpu as pltpu
 
 from models.attention import delta
 from tests.kernels import lowering
@@ -96,7 +97,7 @@ def test_equals_chunked_and_recurrent_forms(impl, gated, dtype):
     (q, k, v, beta, log_alpha), cot = _inputs(1)
     args = (q.astype(dtype), k.astype(dtype), v.astype(dtype), beta, log_alpha)
     fn = functools.partial(dr.delta_rule, backend=backend, platform=platform, chunk_size=16,
-                           interpret=True if platform == "tpu" else None)
+                           interpret=pltpu.InterpretParams() if platform == "tpu" else None)
     got = _value_and_grads(fn, args, cot, gated)
     assert got[0].dtype == dtype and got[1].dtype == jnp.float32
     assert [g.dtype for g in got[2:5]] == [dtype] * 3
@@ -159,17 +160,17 @@ LOWERING = pytest.mark.parametrize("dtype,gated", [(jnp.float32, True), (jnp.bfl
 
 @LOWERING
 def test_triton_kernel_lowers_for_cuda(dtype, gated):
-    """The forward is one Triton call (the backward is XLA: the module's docstring)."""
+    """Forward and backward: two Triton calls."""
     calls = lowering.custom_calls(lowering.for_cuda(_forward_and_backward("gpu", gated),
                                                     *_lowering_args(dtype)))
-    assert calls.count(lowering.TRITON) == 1 and lowering.MOSAIC_TPU not in calls, calls
+    assert calls.count(lowering.TRITON) == 2 and lowering.MOSAIC_TPU not in calls, calls
 
 
 @LOWERING
 def test_mosaic_kernel_exports_for_tpu(dtype, gated):
     calls = lowering.custom_calls(lowering.for_tpu(_forward_and_backward("tpu", gated),
                                                    *_lowering_args(dtype)))
-    assert calls.count(lowering.MOSAIC_TPU) == 1 and lowering.TRITON not in calls, calls
+    assert calls.count(lowering.MOSAIC_TPU) == 2 and lowering.TRITON not in calls, calls
 
 
 def test_bad_arguments_raise():
@@ -181,6 +182,8 @@ def test_bad_arguments_raise():
         dr.delta_rule(q, q, q, beta, platform="tpu", chunk_size=24)
     with pytest.raises(ValueError, match="beta"):
         dr.delta_rule(q, q, q, beta[..., None])
+    with pytest.raises(ValueError, match="InterpretParams"):
+        dr.delta_rule(q, q, q, beta, platform="gpu", interpret=pltpu.InterpretParams())
     with pytest.raises(ValueError, match="q and k"):
         dr.delta_rule(q, q[..., :2], q, beta)
 
@@ -231,3 +234,21 @@ def test_train_step_through_the_config_equals_dense(model):
         np.testing.assert_allclose(got[name], dense[name], rtol=1e-5, err_msg=name)
     for a, e in zip(jax.tree.leaves(got_params), jax.tree.leaves(dense_params)):
         np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("model,platform", [("deltanet", "cuda"), ("gated_deltanet", "tpu")])
+def test_train_step_lowers_with_the_kernels(model, platform):
+    """The whole training step of `configs/listops.py:model=<model>,runlocal` with
+    attention_impl=pallas (tests/test_model_lowering.py's builder), lowered for CUDA (an
+    abstract H100) or exported for TPU: per layer two scans, each a forward and a
+    backward kernel call, and no call of the other platform's. Lowered, not run."""
+    from tests.test_model_lowering import _train_step
+
+    train_step, state, batch, num_layers = _train_step(model)
+    if platform == "cuda":
+        calls = lowering.custom_calls(lowering.for_cuda(train_step, state, batch))
+        mine, other = lowering.TRITON, lowering.MOSAIC_TPU
+    else:
+        calls = lowering.custom_calls(lowering.for_tpu(train_step, state, batch))
+        mine, other = lowering.MOSAIC_TPU, lowering.TRITON
+    assert calls.count(mine) == 4 * num_layers and other not in calls, calls
