@@ -3,8 +3,8 @@ r"""Kernel benchmark: the Pallas kernels against their XLA paths and dense atten
   python -m lra.bench_kernels --lengths=1024,2048,4096,8192,16384   (make bench-kernels)
   python -m lra.bench_kernels --lengths=256 --batch_size=1 --num_heads=2 --interpret  (CPU)
 
-Three sections (`--sections`): linear attention, decayed linear attention and block-sparse
-softmax attention.
+Four sections (`--sections`): linear attention, decayed linear attention, block-sparse
+softmax attention and the delta rule.
 
 Linear attention: for each length L and mode (causal, full) on random `[B, H, L, D]`
 inputs (positive features for linear attention), reports the median wall time of the
@@ -15,6 +15,9 @@ means the kernel is faster) to `backend="xla"` (the same chunked algorithm under
 `lax.scan`) and to dense softmax attention at the same shape, fused: the first of cuDNN
 (GPU), tokamax (where installed), ours (`attention_impl=flash`), tokamax's xla_chunked and
 XLA's materialised softmax that runs (every one that runs is timed, in the last column).
+The dense reference is timed once per shape and mode in a run (its time does not depend on
+the values): the block-sparse section reuses the linear section's full one, the delta
+section its causal one.
 
 FLOPs are those of the chunked algorithm (the masked C x C products counted in full):
 per position 2C(K + V) + 4KV causal, 4KV non-causal, forward; forward+backward counted as
@@ -34,6 +37,27 @@ fused dense softmax attention over all L x L pairs (the reference above). FLOPs 
 4 B H D (tile^2) per block forward (two matmuls); forward+backward is 3.5x forward (the
 backward recomputes the scores and does five matmuls in all).
 
+Delta rule (`models/kernels/delta_rule.py`; `--delta_rules`: deltanet, no decay, and
+gated_deltanet, a scalar decay per head and position): for each L, the Pallas kernels'
+forward and forward+backward (gradients of q, k, v, beta and, gated, log alpha) against
+`backend="xla"` (the same chunked algorithm under `lax.scan`), against
+`models.attention.delta.chunk_delta_rule` (the models' XLA form, attention_impl=dense, at
+its default chunk, 64) and against the fused dense softmax reference above (causal, the
+same B, H, L, D: issue 70's goal is the delta-rule kernels faster than cuDNN's from 4K).
+Inputs as the layer feeds the rule: q and k L2-normalised, beta = sigmoid(normal) in
+(0, 1), log alpha = -A dt <= 0 (gated_deltanet's initial range: A ~ U(0, 16) per head, dt
+log-uniform in [1e-3, 1e-1]); q, k, v in --dtype (the layer itself passes float32
+features: --dtype=float32 times that), beta and log alpha float32.
+FLOPs are those of the chunked WY / UT algorithm as the kernel runs it, every C x C
+product counted in full (matmuls only, 2mnk each; K = V = D here), per chunk of C:
+forward 6 C^2 K (K K^T, W = T diag(beta e^b) K, Q K^T) + 4 C^2 V (U = T diag(beta) V,
+(Q K^T o Gamma) V_new) + 6 C K V (W S^T, (Q e^b) S^T, the state update V_new^T K')
++ 4 C^3 log2(C) (the UT inverse T = (I + A)^-1: log2(C) doubling levels of two C x C x C
+matmuls); the backward recomputes the chunk (K K^T, T, W, U, V_new, Q K^T) and adds
+its transposes: 18 C^2 K + 10 C^2 V + 14 C K V + 4 C^3 (1 + log2 C) in all, so
+forward+backward is 2.75x forward at C = K = V = 64 (not the 3x convention), and the
+inverse is 60% of the forward's FLOPs there.
+
 On CPU the Pallas kernels would run in the interpreter, which times nothing useful: they
 are skipped unless `--interpret`. Markdown goes to stdout, progress to stderr.
 """
@@ -51,10 +75,13 @@ from absl import app, flags
 
 from lra.runs import cli
 from models import masks
+from models.attention.delta import chunk_delta_rule, l2_normalise
 from models.attention.retention import chunked_retention
 from models.kernels.block_sparse_attention import block_sparse_attention
 from models.kernels.block_sparse_tiles import make_config as block_sparse_config
 from models.kernels.decayed_attention import decayed_linear_attention
+from models.kernels.delta_rule import delta_rule
+from models.kernels.delta_rule import make_config as delta_config
 from models.kernels.flash_attention import flash_attention
 from models.kernels.linear_attention import linear_attention, make_config
 
@@ -72,8 +99,10 @@ def _define_flags() -> None:
     flags.DEFINE_integer("repeats", 20, "Timed calls per cell (the median is reported).")
     flags.DEFINE_bool("interpret", False, "Time the Pallas kernels in the interpreter on CPU.")
     flags.DEFINE_bool("dense", True, "Include dense softmax attention.")
-    flags.DEFINE_list("sections", ["linear", "decayed", "block_sparse"],
+    flags.DEFINE_list("sections", ["linear", "decayed", "block_sparse", "delta"],
                       "Which kernels to time.")
+    flags.DEFINE_list("delta_rules", ["deltanet", "gated_deltanet"], "Delta rule: without "
+                      "decay (deltanet) and/or with a scalar decay per head (gated_deltanet).")
     flags.DEFINE_list("decays", ["scalar", "gate"], "Decayed attention: a scalar decay per "
                       "head (retnet, mamba2) and/or a diagonal gate (gla).")
     flags.DEFINE_list("densities", ["1.0", "0.5", "0.1"],
@@ -100,11 +129,14 @@ def _time(fn, *args, repeats: int) -> float | None:
 
 
 def _fwd_and_fwd_bwd(attn):
+    """Jitted forward `attn(*inputs)` and forward+backward `(*inputs, g)` -> the gradients
+    of every input (q, k, v and any further ones: log a, beta) for the cotangent g."""
     fwd = jax.jit(attn)
 
     @jax.jit
-    def fwd_bwd(q, k, v, g):
-        _, vjp = jax.vjp(attn, q, k, v)
+    def fwd_bwd(*inputs_and_g):
+        *inputs, g = inputs_and_g
+        _, vjp = jax.vjp(attn, *inputs)
         return vjp(g)
 
     return fwd, fwd_bwd
@@ -145,9 +177,22 @@ def _dense(causal: bool):
     return impls
 
 
+# (causal, q's shape, v's shape, dtype) -> _time_dense's result: the dense reference is
+# timed once per shape and mode in a run (its time does not depend on the values).
+_DENSE_TIMES: dict = {}
+
+
 def _time_dense(causal: bool, q, k, v, g):
     """((fwd s, fwd+bwd s) of the first dense implementation that runs, its name, every
-    implementation's "name fwd / fwd+bwd ms"): every one of `_dense` is timed."""
+    implementation's "name fwd / fwd+bwd ms"): every one of `_dense` is timed, once per
+    shape and mode (`_DENSE_TIMES`)."""
+    key = (causal, q.shape, v.shape, jnp.dtype(q.dtype).name)
+    if key not in _DENSE_TIMES:
+        _DENSE_TIMES[key] = _time_dense_once(causal, q, k, v, g)
+    return _DENSE_TIMES[key]
+
+
+def _time_dense_once(causal: bool, q, k, v, g):
     best, best_impl, every = (None, None), "none", []
     for impl, attn in (_dense(causal) if FLAGS.dense else []):
         fwd, fwd_bwd = _fwd_and_fwd_bwd(attn)
@@ -166,6 +211,18 @@ def linear_flops(batch: int, heads: int, length: int, dim: int, chunk: int,
                  causal: bool) -> float:
     per_position = 2 * chunk * 2 * dim + 4 * dim * dim if causal else 4 * dim * dim
     return float(batch * heads * length * per_position)
+
+
+def delta_flops(batch: int, heads: int, length: int, k_dim: int, v_dim: int, chunk: int,
+                backward: bool = False) -> float:
+    """The chunked WY delta rule's matmul FLOPs (module docstring): the forward, or with
+    `backward` the forward and the backward pass (which recomputes the chunk)."""
+    c, kd, vd = chunk, k_dim, v_dim
+    inverse = 4 * c ** 3 * (c.bit_length() - 1)  # log2(C) levels of two C^3 matmuls
+    per_chunk = 6 * c * c * kd + 4 * c * c * vd + 6 * c * kd * vd + inverse
+    if backward:
+        per_chunk += 18 * c * c * kd + 10 * c * c * vd + 14 * c * kd * vd + 4 * c ** 3 + inverse
+    return float(batch * heads * -(-length // c) * per_chunk)
 
 
 def _fmt(x: float | None, spec: str) -> str:
@@ -189,6 +246,8 @@ def main(argv):
         _decayed_section(dtype, b, h, d, run_pallas)
     if "block_sparse" in FLAGS.sections:
         _block_sparse_section(dtype, b, h, d, run_pallas)
+    if "delta" in FLAGS.sections:
+        _delta_section(dtype, b, h, d, run_pallas)
 
 
 def _linear_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> None:
@@ -233,18 +292,6 @@ def _linear_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> None:
     print()
 
 
-def _fwd_and_fwd_bwd4(attn):
-    """_fwd_and_fwd_bwd for attention taking a fourth differentiable input (log a)."""
-    fwd = jax.jit(attn)
-
-    @jax.jit
-    def fwd_bwd(q, k, v, log_a, g):
-        _, vjp = jax.vjp(attn, q, k, v, log_a)
-        return vjp(g)
-
-    return fwd, fwd_bwd
-
-
 def _decayed_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> None:
     print("### Decayed linear attention\n")
     print("causal; XLA = the same chunked algorithm under lax.scan; chunked_retention = the "
@@ -271,11 +318,11 @@ def _decayed_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> None:
                     continue
                 attn = functools.partial(decayed_linear_attention, backend=backend,
                                          chunk_size=FLAGS.chunk_size)
-                fwd, fwd_bwd = _fwd_and_fwd_bwd4(attn)
+                fwd, fwd_bwd = _fwd_and_fwd_bwd(attn)
                 times[name] = (_time(fwd, q, k, v, log_a, repeats=FLAGS.repeats),
                                _time(fwd_bwd, q, k, v, log_a, g, repeats=FLAGS.repeats))
             chunk = 16 if decay == "gate" else 64
-            fwd, fwd_bwd = _fwd_and_fwd_bwd4(
+            fwd, fwd_bwd = _fwd_and_fwd_bwd(
                 lambda *a, chunk=chunk: chunked_retention(*a, chunk_size=chunk)[0])
             times["model"] = (_time(fwd, q, k, v, log_a, repeats=FLAGS.repeats),
                               _time(fwd_bwd, q, k, v, log_a, g, repeats=FLAGS.repeats))
@@ -343,6 +390,70 @@ def _block_sparse_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> No
                   f"{ms(times_dense[1])} ({dense_impl}) | {_ratio(times_dense[0], pf)} | "
                   f"{_ratio(times_dense[1], pfb)} | {_ratio(times_dense[1], times['xla'][1])} "
                   f"| {every_dense} |", flush=True)
+    print()
+
+
+def _delta_inputs(rng, dtype, b: int, h: int, length: int, d: int):
+    """q, k (L2-normalised), v, the cotangent g (in `dtype`), beta in (0, 1) and log alpha
+    <= 0 (float32) as the layer feeds them (module docstring)."""
+    normal = lambda *shape: jnp.asarray(rng.standard_normal(shape, np.float32))  # noqa: E731
+    q, k = (l2_normalise(normal(b, h, length, d)).astype(dtype) for _ in range(2))
+    v, g = (normal(b, h, length, d).astype(dtype) for _ in range(2))
+    beta = jax.nn.sigmoid(normal(b, h, length))
+    a = jnp.asarray(rng.uniform(0.0, 16.0, (1, h, 1)), jnp.float32)
+    dt = jnp.exp(jnp.asarray(rng.uniform(np.log(1e-3), np.log(1e-1), (b, h, length)),
+                             jnp.float32))
+    return q, k, v, g, beta, -a * dt
+
+
+def _delta_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> None:
+    print("### Delta rule\n")
+    print("causal; XLA = the same chunked algorithm under lax.scan; chunk_delta_rule = the "
+          "models' XLA form (attention_impl=dense, chunk 64); dense = fused softmax "
+          "attention at the same shape (timed once a run: the linear section's causal "
+          "reference where it ran); FLOPs: the chunked "
+          "WY algorithm's, the UT inverse included (forward+backward counted as run)\n")
+    print("| L | rule | Pallas fwd ms | Pallas fwd+bwd ms | TFLOP/s fwd | TFLOP/s fwd+bwd "
+          "| XLA fwd ms | XLA fwd+bwd ms | vs XLA fwd | vs XLA fwd+bwd "
+          "| chunk_delta_rule fwd ms | chunk_delta_rule fwd+bwd ms | vs chunk_delta_rule fwd "
+          "| vs chunk_delta_rule fwd+bwd | dense fwd+bwd ms | vs dense fwd | vs dense fwd+bwd "
+          "| every dense impl: fwd / fwd+bwd ms |")
+    print("|" + "---|" * 18)
+    rng = np.random.default_rng(0)
+    for length in map(int, FLAGS.lengths):
+        q, k, v, g, beta, log_a = _delta_inputs(rng, dtype, b, h, length, d)
+        for rule in FLAGS.delta_rules:
+            gated = rule == "gated_deltanet"
+            args = (q, k, v, beta) + ((log_a,) if gated else ())
+            print(f"L={length} {rule}", file=sys.stderr)
+            times = {}
+            forms = (("pallas", functools.partial(delta_rule, backend="pallas",
+                                                  chunk_size=FLAGS.chunk_size)),
+                     ("xla", functools.partial(delta_rule, backend="xla",
+                                               chunk_size=FLAGS.chunk_size)),
+                     ("model", chunk_delta_rule))
+            for name, rule_fn in forms:
+                if name == "pallas" and not run_pallas:
+                    times[name] = (None, None)
+                    continue
+                # o in v's dtype (chunk_delta_rule's is float32): the cotangent's.
+                fwd, fwd_bwd = _fwd_and_fwd_bwd(
+                    lambda *a, f=rule_fn: f(*a)[0].astype(a[2].dtype))
+                times[name] = (_time(fwd, *args, repeats=FLAGS.repeats),
+                               _time(fwd_bwd, *args, g, repeats=FLAGS.repeats))
+            times["dense"], dense_impl, every_dense = _time_dense(True, q, k, v, g)
+            chunk = delta_config(q, k, v, beta, None, chunk_size=FLAGS.chunk_size).chunk
+            (pf, pfb), (xf, xfb), (mf, mfb) = times["pallas"], times["xla"], times["model"]
+            tf_f = None if pf is None else delta_flops(b, h, length, d, d, chunk) / pf / 1e12
+            tf_fb = None if pfb is None else delta_flops(b, h, length, d, d, chunk,
+                                                         backward=True) / pfb / 1e12
+            ms = lambda t: _fmt(None if t is None else t * 1e3, ".2f")  # noqa: E731
+            print(f"| {length} | {rule} | {ms(pf)} | {ms(pfb)} | {_fmt(tf_f, '.1f')} | "
+                  f"{_fmt(tf_fb, '.1f')} | {ms(xf)} | {ms(xfb)} | {_ratio(xf, pf)} | "
+                  f"{_ratio(xfb, pfb)} | {ms(mf)} | {ms(mfb)} | {_ratio(mf, pf)} | "
+                  f"{_ratio(mfb, pfb)} | {ms(times['dense'][1])} ({dense_impl}) | "
+                  f"{_ratio(times['dense'][0], pf)} | {_ratio(times['dense'][1], pfb)} | "
+                  f"{every_dense} |", flush=True)
     print()
 
 

@@ -11,14 +11,15 @@ installed), in this order, each with the seconds the plan gives it (lra.gpu.comm
 stage_seconds); a stage that does not fit waits for the next call. The next call (the same
 command, the same --out) skips the stages whose file says complete and plans the rest:
 
-  1. kernel_tests (100 s)  `pytest tests/kernels` natively (Triton kernels compiled, not
+  1. kernel_tests (120 s)  `pytest tests/kernels` natively (Triton kernels compiled, not
                    interpreted; float32 and bfloat16, slow cases included; 4 xdist
                    workers) -> kernels_tests.md
-  2. kernels (120 s) `lra.bench_kernels` at L=4096 (bfloat16): linear, decayed linear and
-                   block-sparse attention against their XLA paths and
-                   jax.nn.dot_product_attention (cuDNN and XLA), with TFLOP/s and the
-                   fraction of the device's bf16 peak -> kernels.md
-  3. transformer (230 s, stretches) one ListOps run of `transformer` at LRA's full size,
+  2. kernels (160 s) `lra.bench_kernels` at L=4096 (bfloat16): linear, decayed linear and
+                   block-sparse attention and the delta rule (deltanet, gated_deltanet)
+                   against their XLA paths and jax.nn.dot_product_attention (cuDNN and
+                   XLA), with TFLOP/s and the fraction of the device's bf16 peak
+                   -> kernels.md
+  3. transformer (170 s, stretches) one ListOps run of `transformer` at LRA's full size,
                    trained for the time the stage has, stopped (SIGTERM: a checkpoint) and
                    tested where it stopped, its test accuracy beside LRA's 36.37 and its
                    steps beside LRA's 5000 -> transformer.md
@@ -55,7 +56,8 @@ lent machine brings back (unpack it into results/ here before the next call, so 
 next call, on whatever machine, skips what is complete).
 
 --dry_run: the same code path at tiny sizes, meant for CPU (the Pallas kernels interpreted),
-every stage in one call: two kernel tests (-k), bench_kernels at L=64 and 32, the benchmark
+every stage in one call: two kernel tests (-k), bench_kernels at L=64 (every section, one
+decay kind and gated_deltanet only) and 32 (linear), the benchmark
 for transformer and linear at L=32/64 (and 128) with 16-wide one-layer models (compile and
 memory only), a `runlocal` ListOps transformer time-boxed at 12 s of training and tested
 where it stopped, and a 2-step `linear` run, on a generated tiny set. Default --out:

@@ -69,6 +69,15 @@ def test_dry_run_writes_every_stage_and_a_rerun_skips_them(tmp_path, monkeypatch
     kernels = (out / "kernels.md").read_text()
     assert "### Linear attention" in kernels and "### Block-sparse" in kernels
     assert "| 64 | causal |" in kernels
+    # The delta-rule section: the interpreted kernel, both XLA forms and the dense
+    # reference timed (a number, not n/a), its TFLOP/s from the chunked algorithm's FLOPs.
+    delta = kernels.split("### Delta rule")[1]
+    row = re.search(r"^\| 64 \| gated_deltanet \|.*$", delta, re.M)
+    assert row, kernels
+    row = [c.strip() for c in row.group(0).strip("|").split("|")]
+    assert len(row) == 18, row
+    assert all(re.fullmatch(r"[\d.]+", c) for c in row[2:8] + row[10:12]), row
+    assert re.fullmatch(r"[\d.]+ \(flash\)", row[14]), row
     # Every dense implementation is timed in its own column (on CPU, XLA only).
     # Every dense implementation timed, ours (flash) and XLA's last.
     assert re.search(r"\| flash [\d.]+ / [\d.]+; (.*; )?xla [\d.]+ / [\d.]+ \|\n", kernels), kernels
@@ -141,17 +150,17 @@ def test_first_call_fits_a_lent_gpu(tmp_path, capsys):
     run, planned within 8 minutes with the wheels' install and the packing; the next call
     is the efficiency table and more runs."""
     first = common.plan_call(gpu_suite.STAGE_NAMES, 60 * common.CALL_MINUTES, common.FULL)
-    assert first == [("kernel_tests", 100), ("kernels", 120), ("transformer", 230)]
+    assert first == [("kernel_tests", 120), ("kernels", 160), ("transformer", 170)]
     # The efficiency table's rows on a device: LRA's Table 2 (a cell is 30-35 s of an H100).
     assert bench_stages.bench_models(common.FULL) == common.LRA_VARIANTS
     assert sum(s for _, s in first) + common.CALL_OVERHEAD_S <= 8 * 60
     # Each stage's limit as the call goes: early finishes go to the time-boxed run.
     assert [common.stage_limit(first, i, left, common.FULL)
-            for i, left in ((0, 450), (1, 400), (2, 330))] == [100, 120, 330]
+            for i, left in ((0, 450), (1, 400), (2, 290))] == [120, 160, 290]
     assert gpu_suite.main([f"--out={tmp_path}", "--plan"]) == 0
     assert capsys.readouterr().out == (
-        f"full, --out={tmp_path}: this call (450 s): kernel_tests 100 s, kernels 120 s, "
-        "transformer 230 s; next call: efficiency, runs, kernels_long\n")
+        f"full, --out={tmp_path}: this call (450 s): kernel_tests 120 s, kernels 160 s, "
+        "transformer 170 s; next call: efficiency, runs, kernels_long\n")
     for stage in gpu_suite.STAGES[:3]:
         (tmp_path / stage.filename).write_text("mode: full\nstatus: complete in 1 s\n")
     assert gpu_suite.main([f"--out={tmp_path}", "--plan"]) == 0
@@ -224,7 +233,7 @@ def test_failing_stage_is_recorded_and_the_suite_goes_on(tmp_path, monkeypatch):
     assert gpu_suite.main([f"--out={out}", "--stages=kernel_tests,kernels"]) == 1
     failed = (out / "kernels_tests.md").read_text()
     assert "device: NVIDIA H100 80GB HBM3 (gpu, 1 device) · jax 0.11.0" in failed
-    assert "status: failed in 0 s of 100 s (RuntimeError: boom in the kernel tests)" in failed
+    assert "status: failed in 0 s of 120 s (RuntimeError: boom in the kernel tests)" in failed
     assert "Traceback (most recent call last)" in failed
     kernels = (out / "kernels.md").read_text()
     assert "status: partial in " in kernels
@@ -233,8 +242,8 @@ def test_failing_stage_is_recorded_and_the_suite_goes_on(tmp_path, monkeypatch):
     assert "| % peak fwd | % peak fwd+bwd |" in kernels
     assert "| 1.00x | 1.33x | 50.0% | n/a |" in kernels
     summary = (out / "summary.md").read_text()
-    assert "| kernel_tests | kernels_tests.md | planned 100 s | failed" in summary
-    assert "| kernels | kernels.md | planned 350 s | partial" in summary  # the spare
+    assert "| kernel_tests | kernels_tests.md | planned 120 s | failed" in summary
+    assert "| kernels | kernels.md | planned 330 s | partial" in summary  # the spare
     assert "| efficiency | efficiency.md | - | - |" in summary
 
     monkeypatch.setattr(gpu_suite, "STAGES", [
@@ -299,6 +308,19 @@ def test_kernel_test_outcomes_with_and_without_xdist():
         "tests/kernels/test_a.py::test_x[triton-float32]": "PASSED",
         "tests/kernels/test_b.py::test_y[triton-bfloat16-causal]": "PASSED",
         "tests/kernels/test_b.py::test_z[f32]": "FAILED"}
+
+
+def test_delta_rule_flops_are_the_chunked_algorithms():
+    """lra.bench_kernels' delta-rule FLOPs (its docstring's count) at C = K = V = 64: the
+    forward 40 x 64^2 a position, the UT inverse 60% of it, forward+backward 2.75x; a
+    ragged tail counts as a whole chunk."""
+    from lra.bench_kernels import delta_flops
+
+    fwd = delta_flops(2, 3, 4096, 64, 64, 64)
+    assert fwd == 2 * 3 * 4096 * 40 * 64 ** 2
+    assert 4 * 64 ** 3 * 6 * (4096 // 64) * 6 == 0.6 * fwd
+    assert delta_flops(2, 3, 4096, 64, 64, 64, backward=True) == 2.75 * fwd
+    assert delta_flops(1, 1, 65, 64, 64, 64) == 2 * delta_flops(1, 1, 64, 64, 64, 64)
 
 
 def test_ratio_table_and_subquadratic_choice():

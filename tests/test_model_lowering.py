@@ -18,12 +18,19 @@ from tests.kernels import lowering
 LENGTH = 64
 BATCH = 2
 
-# model -> the kernel it runs under attention_impl=pallas. Every kernel call is a forward
-# and two backward passes in a training step: a multiple of 3 custom calls.
+# model -> the kernel it runs under attention_impl=pallas.
 KERNELS = {"retnet": "decayed", "gla": "decayed", "mamba2": "decayed",
-           "linear": "linear", "local": "block-sparse", "bigbird": "block-sparse"}
+           "linear": "linear", "local": "block-sparse", "bigbird": "block-sparse",
+           "deltanet": "delta-rule", "gated_deltanet": "delta-rule"}
+# kernel -> its custom calls per layer in a training step of the (bidirectional) ListOps
+# classifier: kernel calls per layer x passes per call. Linear and block-sparse attention:
+# one call, a forward and two backward passes (3). Decayed attention: a scan per
+# direction, 3 passes each (6). The delta rule: a scan per direction, a forward and a
+# backward pass each (4).
+CALLS_PER_LAYER = {"linear": 1 * 3, "block-sparse": 1 * 3, "decayed": 2 * 3,
+                   "delta-rule": 2 * 2}
 # By default each kernel once and each platform at least once; the rest under slow.
-CUDA_DEFAULT, TPU_DEFAULT = {"retnet", "local"}, {"linear"}
+CUDA_DEFAULT, TPU_DEFAULT = {"retnet", "local", "deltanet"}, {"linear", "gated_deltanet"}
 # BigBird's random blocks: Mosaic's integer `sign` rule asks the attached TPU for its
 # generation, so its predicate cannot be exported from a host without one.
 NO_TPU_EXPORT = {"bigbird"}
@@ -61,9 +68,10 @@ def _train_step(model: str):
     return train_step, state, batch, config.num_layers
 
 
-def _check(calls: list[str], kernel_call: str, other: str, num_layers: int):
-    n = calls.count(kernel_call)
-    assert n >= 3 * num_layers and n % 3 == 0, calls
+def _check(model: str, calls: list[str], kernel_call: str, other: str, num_layers: int):
+    """Exactly the model's kernel calls per layer, on every layer, and none of the other
+    platform's."""
+    assert calls.count(kernel_call) == CALLS_PER_LAYER[KERNELS[model]] * num_layers, calls
     assert other not in calls, calls
 
 
@@ -71,7 +79,8 @@ def _check(calls: list[str], kernel_call: str, other: str, num_layers: int):
 def test_train_step_lowered_for_cuda_embeds_triton(model):
     train_step, state, batch, num_layers = _train_step(model)
     text = lowering.for_cuda(train_step, state, batch)
-    _check(lowering.custom_calls(text), lowering.TRITON, lowering.MOSAIC_TPU, num_layers)
+    _check(model, lowering.custom_calls(text), lowering.TRITON, lowering.MOSAIC_TPU,
+           num_layers)
 
 
 @pytest.mark.parametrize("model", [c for c in _cases(TPU_DEFAULT)
@@ -79,4 +88,5 @@ def test_train_step_lowered_for_cuda_embeds_triton(model):
 def test_train_step_exported_for_tpu_embeds_mosaic(model):
     train_step, state, batch, num_layers = _train_step(model)
     text = lowering.for_tpu(train_step, state, batch)
-    _check(lowering.custom_calls(text), lowering.MOSAIC_TPU, lowering.TRITON, num_layers)
+    _check(model, lowering.custom_calls(text), lowering.MOSAIC_TPU, lowering.TRITON,
+           num_layers)

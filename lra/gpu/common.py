@@ -118,12 +118,18 @@ FULL = Plan(
     # takes 30-35 s, so every registered variant (47 x 4 lengths x 2 dtypes) would be
     # about 3.5 hours of device time; these 11 are about 25 minutes a dtype, resumable.
     bench_lra_only=True,
-    # The first call: 100 + 120 + 230 = 450 s (CALL_MINUTES). kernels: lra.bench_kernels
-    # at 4K bf16 took 57-65 s for 6 of its 7 tables on an H100 (both calls stopped it at
-    # its limit, in the block-sparse densities): 120 s. The second: efficiency and
-    # one time-boxed run (150 + 240 s, the spare 60 s shared); kernels_long (8K, 16K) with
-    # a bigger budget, or once the others are complete.
-    stage_seconds={"kernel_tests": 100, "kernels": 120, "transformer": 230,
+    # The first call: 120 + 160 + 170 = 450 s (CALL_MINUTES). kernel_tests took 68 s on an
+    # H200 (results/gpu/h200) before test_delta_rule.py (about 15 Triton compilations and
+    # two tests of ListOps training steps through the config, like flash's 20 s ones on a
+    # GPU; in 4 workers).
+    # kernels: lra.bench_kernels at 4K bf16 took 95 s for its first three sections there;
+    # the delta-rule section adds 12 compilations, Triton's delta-rule kernels the largest
+    # (neither yet timed on a GPU), less the dense references it and the block-sparse
+    # section now reuse from the linear section's: 160 s. What they leave goes to the
+    # transformer run after them (an open stage). The second: efficiency and one
+    # time-boxed run (150 + 240 s, the spare 60 s shared); kernels_long (8K, 16K) with a
+    # bigger budget, or once the others are complete.
+    stage_seconds={"kernel_tests": 120, "kernels": 160, "transformer": 170,
                    "efficiency": 150, "runs": 240, "kernels_long": 150},
     run_seconds=300,
     # About 60 s to read the data and compile, 60 s of training at least, the test.
@@ -135,8 +141,11 @@ DRY = Plan(
     name="dry run",
     # The Triton flavour in both dtypes (interpreted on CPU).
     kernel_tests_k="linear_attention and (triton-float32-causal or triton-bfloat16-causal)",
+    # Every section, each through one case where a case is mostly compile time (on 2 busy
+    # cores: a decay kind 3.5 s, a delta rule 10 s): the plumbing, not the speed.
     bench_kernels_args=("--batch_size=1", "--num_heads=1", "--head_dim=16",
                         "--repeats=1", "--modes=causal", "--densities=1.0,0.5",
+                        "--decays=scalar", "--delta_rules=gated_deltanet",
                         "--block_size=16", "--dtype=float32", "--interpret"),
     kernels_lengths=(64,),
     kernels_long_lengths=(32,),

@@ -13,13 +13,17 @@ sys.path.insert(0, sys.argv[1])
 from models import masks
 bsa = importlib.import_module("models.kernels.block_sparse_attention")
 lin = importlib.import_module("models.kernels.linear_attention")
+dr = importlib.import_module("models.kernels.delta_rule")
+from models.attention.delta import l2_normalise
 assert jax.device_count() == 4
 rng = np.random.default_rng(0)
 q, k, v, g = (jnp.asarray(rng.standard_normal((4, 4, 40, 8)), jnp.float32) for _ in range(4))
 padding = jnp.arange(40)[None] < jnp.array([[40], [9], [33], [40]])
 def check(attention, args, heads_split):
-    def run(q, k, v, g):
-        out, vjp = jax.vjp(attention, q, k, v)
+    # args: the inputs, then the outputs' cotangent.
+    def run(*args):
+        *inputs, g = args
+        out, vjp = jax.vjp(attention, *inputs)
         return out, vjp(g)
     expected = jax.jit(run)(*args)
     # Auto axes as the training loop's mesh; Explicit ones must work too.
@@ -27,8 +31,8 @@ def check(attention, args, heads_split):
         mesh = jax.make_mesh((2, 2), ("data", "model"), axis_types=(axis_type,) * 2)
         with jax.set_mesh(mesh), nnx.logical_axis_rules((("batch", "data"),
                                                          ("act_heads", "model"))):
-            x = [jax.device_put(a, NamedSharding(mesh, P("data", "model")))
-                 for a in args]
+            x = jax.tree.map(lambda a: jax.device_put(a, NamedSharding(
+                mesh, P("data", "model"))), list(args))
             jaxpr = str(jax.make_jaxpr(run)(*x))
             got = jax.jit(run)(*x)
         assert "shard_map" in jaxpr
@@ -45,15 +49,21 @@ for pattern in (masks.local(5) | masks.global_tokens([0]),
           (q, k, v, g), heads_split=pattern.num_heads is None)
 check(functools.partial(lin.linear_attention, causal=True, chunk_size=16),
       (jax.nn.elu(q) + 1, jax.nn.elu(k) + 1, v, g), heads_split=True)
+# The delta rule (two outputs: o and the final state S_L), gated.
+beta, log_alpha = (jnp.asarray(rng.standard_normal((4, 4, 40)), jnp.float32) for _ in range(2))
+s_cot = jnp.asarray(rng.standard_normal((4, 4, 8, 8)), jnp.float32)
+check(functools.partial(dr.delta_rule, chunk_size=16),
+      (l2_normalise(q), l2_normalise(k), v, jax.nn.sigmoid(beta),
+       jax.nn.log_sigmoid(3 * log_alpha), (g, s_cot)), heads_split=True)
 print("OK")
 """
 
 
 def test_kernels_run_per_shard_and_match_one_device(tmp_path):
     """Under a (data 2, model 2) mesh with the training loop's activation rules, the
-    block-sparse (with dropout: global batch/head hash indices) and linear-attention
-    kernels run per shard via shard_map and give the one-device values and gradients,
-    on Auto and Explicit mesh axes."""
+    block-sparse (with dropout: global batch/head hash indices), linear-attention and
+    delta-rule (gated; both outputs) kernels run per shard via shard_map and give the
+    one-device values and gradients, on Auto and Explicit mesh axes."""
     script = tmp_path / "sharded.py"
     script.write_text(_SHARDED_SCRIPT)
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
