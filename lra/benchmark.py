@@ -236,7 +236,9 @@ def build_model_with_impl(config, task_info, attention_impl: str) -> tuple[nnx.M
     Which values a variant takes is known only to its builder (and `Classifier` refuses any
     but "dense" for attention-free mixers), so the requested value is tried first: a
     ValueError (RegistryError included) there while "dense" builds means the variant lacks
-    that implementation. An error that "dense" gives too is the requested build's, raised.
+    that implementation. An error that "dense" gives too is not about the implementation:
+    the dense build's is raised (e.g. loglinear_mamba2 refusing a max_len over 16384, which
+    the requested build would hide behind "has one implementation").
     """
     from lra import train
 
@@ -250,8 +252,8 @@ def build_model_with_impl(config, task_info, attention_impl: str) -> tuple[nnx.M
     config.attention_impl = "dense"
     try:
         return train.build_model(config, task_info), "dense"
-    except Exception:  # noqa: BLE001  (not about the implementation: report the first)
-        raise error from None
+    except Exception as dense_error:  # noqa: BLE001  (not about the implementation)
+        raise dense_error from error
 
 
 def first_line(text: str, limit: int = 300) -> str:

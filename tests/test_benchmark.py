@@ -298,3 +298,14 @@ def test_fused_reference_without_dropout_where_the_backend_has_none(monkeypatch)
     assert row["impl"] == benchmark.FUSED_NO_DROPOUT and rates[0] == 0.1 and rates[-1] == 0
     monkeypatch.setattr(benchmark, "FLAGS", _flags(attention_impl="flash"))
     assert "no attention-weight dropout" in benchmark.measure_cell("local", 32)["error"]
+
+
+def test_a_variants_own_refusal_is_reported_not_the_implementation():
+    """loglinear_mamba2 refuses max_len over 16384 (its 15 level weights): a cell asked
+    with attention_impl=blocksparse reports that, not "has one implementation"."""
+    import configs.text
+    import lra.tasks
+    config = configs.text.get_config("model=loglinear_mamba2,runlocal")
+    config.max_length = 16384  # + the CLS slot: 16385 positions
+    with pytest.raises(ValueError, match="16384"):
+        benchmark.build_model_with_impl(config, lra.tasks.get("text"), "blocksparse")
