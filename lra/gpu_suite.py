@@ -59,7 +59,7 @@ next call, on whatever machine, skips what is complete).
 every stage in one call: two kernel tests (-k), bench_kernels at L=64 (every section, one
 decay kind and gated_deltanet only) and 32 (linear), the benchmark
 for transformer and linear at L=32/64 (and 128) with 16-wide one-layer models (compile and
-memory only), a `runlocal` ListOps transformer time-boxed at 12 s of training and tested
+memory only), a `runlocal` ListOps transformer time-boxed at 4 s of training and tested
 where it stopped, and a 2-step `linear` run, on a generated tiny set. Default --out:
 workdirs/gpu_suite_dry_run.
 
