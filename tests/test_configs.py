@@ -107,6 +107,7 @@ FULL_SIZE = {
     "reformer": {"n_buckets": 32, "n_hashes": 2, "chunk_len": 64},
     "sac": {"k": 32}, "clustered": {"num_clusters": 100, "topk": 32},
     "adaptive_span": {"ramp": 32.0}, "moba": {"block_size": 64, "top_k": 3},
+    "nsa": {"block_size": 64, "block_counts": 6, "window_size": 128},
     # truncation 1024 (4096 on Path-X): task-dependent, checked against the presets above.
     "mega": {"ndim": 16},
 }
