@@ -381,15 +381,7 @@ def make_config(q: jax.Array, k: jax.Array, v: jax.Array, log_a: jax.Array, *,
     if log_a.shape[:3] != q.shape[:3] or log_a.ndim != 4 or log_a.shape[3] not in (1, q.shape[3]):
         raise ValueError(f"log_a must be [B, H, L, 1] or [B, H, L, K] for q {q.shape}, got "
                          f"{log_a.shape}")
-    if backend not in ("pallas", "xla"):
-        raise ValueError(f"backend must be 'pallas' or 'xla', got {backend!r}")
-    device = jax.default_backend()
-    if platform is None:
-        platform = "tpu" if device == "tpu" else "gpu"
-    if platform not in ("gpu", "tpu"):
-        raise ValueError(f"platform must be 'gpu' or 'tpu', got {platform!r}")
-    if interpret is None:
-        interpret = device == "cpu"
+    platform, interpret = targets.resolve_backend(backend, platform, interpret)
     diagonal = log_a.shape[3] > 1
     if chunk_size is None:
         chunk_size = (_GATE_CHUNK if diagonal

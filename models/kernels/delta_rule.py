@@ -444,15 +444,7 @@ def make_config(q: jax.Array, k: jax.Array, v: jax.Array, beta: jax.Array,
     for name, x in (("beta", beta), ("log_alpha", log_alpha)):
         if x is not None and x.shape != q.shape[:3]:
             raise ValueError(f"{name} must be [B, H, L] = {q.shape[:3]}, got {x.shape}")
-    if backend not in ("pallas", "xla"):
-        raise ValueError(f"backend must be 'pallas' or 'xla', got {backend!r}")
-    device = jax.default_backend()
-    if platform is None:
-        platform = "tpu" if device == "tpu" else "gpu"
-    if platform not in ("gpu", "tpu"):
-        raise ValueError(f"platform must be 'gpu' or 'tpu', got {platform!r}")
-    if interpret is None:
-        interpret = device == "cpu"
+    platform, interpret = targets.resolve_backend(backend, platform, interpret)
     if chunk_size is None:
         chunk_size = min(_DEFAULT_CHUNK, max(16, pl.next_power_of_2(q.shape[2])))
     if chunk_size < 1 or chunk_size & (chunk_size - 1):

@@ -407,15 +407,7 @@ def make_config(q: jax.Array, *, causal: bool, backend: str = "pallas",
     Called directly, an unset platform or interpret follows this host's default backend;
     the public entry point passes both, for each platform the program may be lowered for
     (models/kernels/targets.py)."""
-    if backend not in ("pallas", "xla"):
-        raise ValueError(f"backend must be 'pallas' or 'xla', got {backend!r}")
-    device = jax.default_backend()
-    if platform is None:
-        platform = "tpu" if device == "tpu" else "gpu"
-    if platform not in ("gpu", "tpu"):
-        raise ValueError(f"platform must be 'gpu' or 'tpu', got {platform!r}")
-    if interpret is None:
-        interpret = device == "cpu"
+    platform, interpret = targets.resolve_backend(backend, platform, interpret)
     if chunk_size is None:
         chunk_size = _DEFAULT_CHUNK["xla" if backend == "xla" else platform]
         chunk_size = min(chunk_size, max(16, pl.next_power_of_2(q.shape[2])))

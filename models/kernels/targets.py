@@ -41,6 +41,23 @@ class Target(NamedTuple):
 
 
 @functools.cache
+def resolve_backend(backend: str, platform: str | None,
+                    interpret: bool | None) -> tuple[str, bool]:
+    """A chunked kernel's (platform, interpret) from its arguments: an unset platform
+    follows this host's default backend (TPU there, else the GPU flavour), an unset
+    interpret is True on a CPU host; bad values are refused in one line."""
+    if backend not in ("pallas", "xla"):
+        raise ValueError(f"backend must be 'pallas' or 'xla', got {backend!r}")
+    device = jax.default_backend()
+    if platform is None:
+        platform = "tpu" if device == "tpu" else "gpu"
+    if platform not in ("gpu", "tpu"):
+        raise ValueError(f"platform must be 'gpu' or 'tpu', got {platform!r}")
+    if interpret is None:
+        interpret = device == "cpu"
+    return platform, interpret
+
+
 def gpu_backend() -> str | None:
     """"triton" where this JAX lowers `pl.pallas_call` for a GPU through Triton, else None.
 
