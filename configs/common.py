@@ -13,7 +13,7 @@ import ml_collections
 from configs import presets, recipes
 from lra.errors import ConfigError
 
-ATTENTION_IMPLS = ("dense", "blocksparse", "pallas", "flash")
+ATTENTION_IMPLS = ("dense", "blocksparse", "pallas", "pallas_mosaic", "flash")
 
 
 # Config arguments every task config takes besides its own (`defaults` of parse_arg),
@@ -287,8 +287,8 @@ def apply_generation(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDic
 
 
 def apply_attention_impl(c: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> None:
-    """The config argument `attention_impl=<dense|blocksparse|pallas|flash>` (every task
-    config's): config.attention_impl, checked here so a typo fails at once."""
+    """The config argument `attention_impl=<dense|blocksparse|pallas|pallas_mosaic|flash>`
+    (every task config's): config.attention_impl, checked here so a typo fails at once."""
     if arg.get("attention_impl"):
         if arg.attention_impl not in ATTENTION_IMPLS:
             raise ConfigError(f"config argument attention_impl={arg.attention_impl!r}; choose "

@@ -15,11 +15,13 @@
 #   scripts/mad_cpu_grid.sh [DIR]                                  # default workdirs/mad_grid
 #   SEEDS=2 scripts/mad_cpu_grid.sh                                # a third seed, one queue
 #   python -m lra.synthetic_report DIR --out=results/cpu/mad_grid  # MAD's table (_mad.md)
+#   MODELS=kda,rwkv7 TASKS="compression memorization" SEEDS=0 scripts/mad_cpu_grid.sh DIR
+#                                                      # other rows / tasks (issue 71's rows)
 set -u
 DIR=${1:-workdirs/mad_grid}
-MODELS=transformer,linear,retnet,gla,deltanet,gated_deltanet,mamba2,local,s4d,s5,mega,lru,performer
-TASKS="in_context_recall noisy_in_context_recall compression memorization fuzzy_in_context_recall
-       selective_copying"
+MODELS=${MODELS:-transformer,linear,retnet,gla,deltanet,gated_deltanet,mamba2,local,s4d,s5,mega,lru,performer}
+TASKS=${TASKS:-"in_context_recall noisy_in_context_recall compression memorization
+       fuzzy_in_context_recall selective_copying"}
 PY=${PYTHON:-python}
 mkdir -p "$DIR"
 queue() {  # queue SEED

@@ -4,15 +4,9 @@ lowered for CUDA under an abstract H100 and exported for TPU, embeds the GPU or 
 kernels, not the interpreter: the kernels pick their form for the platform the program is
 lowered for (models/kernels/targets.py), not for the host that traces it. Lowered only:
 nothing here runs on a GPU or a TPU."""
-import jax
-import jax.numpy as jnp
 import pytest
-from flax import nnx
 
-import lra.tasks
 from configs import listops
-from lra import train
-from lra.training import objectives, optim
 from tests.kernels import lowering
 
 LENGTH = 64
@@ -48,24 +42,7 @@ def _train_step(model: str):
     config.max_length = LENGTH
     config.batch_size = BATCH
     config.attention_impl = "pallas"
-    task = lra.tasks.get("listops")
-    schedule = optim.learning_rate_schedule(config)
-    tx = optim.make_optimizer(config, schedule)
-
-    def init_state():
-        _, params, rest = nnx.split(train.build_model(config, task), nnx.Param, ...)
-        return {"step": jnp.int32(0), "params": params, "rest": rest,
-                "opt_state": tx.init(params)}
-
-    graphdef = nnx.split(nnx.eval_shape(lambda: train.build_model(config, task)), nnx.Param,
-                         ...)[0]
-    state = jax.eval_shape(init_state)
-    batch = {"inputs": jax.ShapeDtypeStruct((BATCH, LENGTH), jnp.int32),
-             "mask": jax.ShapeDtypeStruct((BATCH, LENGTH), jnp.bool_),
-             "targets": jax.ShapeDtypeStruct((BATCH,), jnp.int32)}
-    train_step, _ = objectives.make_steps(graphdef, tx, schedule, task.num_classes, config,
-                                          task.vocab_size)
-    return train_step, state, batch, config.num_layers
+    return lowering.train_step(config)
 
 
 def _check(model: str, calls: list[str], kernel_call: str, other: str, num_layers: int):

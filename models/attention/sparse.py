@@ -4,7 +4,9 @@
 is restricted to a pattern, computed either densely (`attention_impl="dense"`: the
 full masked L x L softmax), block-sparsely (`"blocksparse"`: only the non-empty
 blocks, `models.kernels.block_sparse_attention`; `"pallas"`: the same blocks through its
-flash-attention kernels, interpreted on CPU; attention dropout by a hashed mask), or by the
+flash-attention kernels, interpreted on CPU; attention dropout by a hashed mask;
+`"pallas_mosaic"`: as "pallas" with the forward as a Mosaic GPU kernel on a GPU,
+`models.kernels.block_sparse_mgpu`, where it takes the call), or by the
 platform's fused attention (`"flash"`: cuDNN on GPU, splash on TPU, an O(L)-memory chunked
 form on CPU; `models.kernels.flash_attention`). The builders
 below turn each paper's hyperparameters into a pattern; only `global` with extra
@@ -29,7 +31,7 @@ from models.attention.dense import MultiHeadAttention, dot_product_attention
 from models.kernels import block_sparse_attention
 from models.kernels.flash_attention import flash_attention
 
-IMPLS = ("dense", "blocksparse", "pallas", "flash")
+IMPLS = ("dense", "blocksparse", "pallas", "pallas_mosaic", "flash")
 
 
 class PatternAttention(MultiHeadAttention):
@@ -65,14 +67,16 @@ class PatternAttention(MultiHeadAttention):
             return flash_attention(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, pattern,
                                    padding_mask=padding_mask, dropout_rate=rate,
                                    dropout_seed=seed)
-        if self.attention_impl == "pallas":
+        if self.attention_impl in ("pallas", "pallas_mosaic"):
             # The kernels hash their own keep mask from one seed per call.
             rate = 0.0 if deterministic else self.attention_dropout.rate
             seed = self.dropout_seed() if rate > 0 else None
             return block_sparse_attention(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, pattern,
                                           padding_mask=padding_mask, backend="pallas",
                                           block_q=self.block_size, block_k=self.block_size,
-                                          dropout_rate=rate, dropout_seed=seed)
+                                          dropout_rate=rate, dropout_seed=seed,
+                                          gpu_form="mosaic" if self.attention_impl
+                                          == "pallas_mosaic" else "triton")
         if self.attention_impl == "blocksparse":
             return block_sparse_attention(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, pattern,
                                           padding_mask=padding_mask, block_q=self.block_size,
@@ -222,7 +226,7 @@ def build_transformer(*, dim: int, num_heads: int, max_len: int, causal: bool,
                       attention_dropout: float = 0.1, use_bias: bool = True,
                       attention_impl: str = "dense") -> MultiHeadAttention:
     del max_len  # any length works
-    if attention_impl in ("blocksparse", "pallas", "flash"):  # the full pattern
+    if attention_impl in ("blocksparse", "pallas", "pallas_mosaic", "flash"):  # full pattern
         # pallas: the kernel's own default tile (64 on GPU, 128 on TPU); flash: the fused
         # attention of the platform (models/kernels/flash_attention.py).
         return PatternAttention(pattern=masks.all_(), dim=dim, num_heads=num_heads,

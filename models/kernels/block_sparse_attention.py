@@ -47,9 +47,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from models import masks
-from models.kernels import reference, targets
+from models.kernels import block_sparse_mgpu, reference, targets
 from models.kernels.block_sparse_pallas import key_validity, sharded_pallas_attention
-from models.kernels.block_sparse_tiles import dropout_multiplier, make_config
+from models.kernels.block_sparse_tiles import GPU_FORMS, dropout_multiplier, make_config
 
 BACKENDS = ("xla", "pallas")
 DropoutFn = Callable[[jax.Array], jax.Array]
@@ -61,7 +61,7 @@ def block_sparse_attention(q_BxHxQxK: jax.Array, k_BxHxKvxK: jax.Array,
                            block_q: int | None = None, block_k: int | None = None,
                            dropout_fn: DropoutFn | None = None, dropout_rate: float = 0.0,
                            dropout_seed: jax.Array | None = None, platform: str | None = None,
-                           interpret: bool | None = None) -> jax.Array:
+                           interpret: bool | None = None, gpu_form: str = "triton") -> jax.Array:
     """softmax(q k^T / sqrt(K)) v restricted to `pattern`; returns BxHxQxD.
 
     `padding_mask` is bool BxKv (True = real key). Queries are the last Q of the Kv
@@ -79,7 +79,12 @@ def block_sparse_attention(q_BxHxQxK: jax.Array, k_BxHxKvxK: jax.Array,
     Pallas interpreter (default: on CPU only). Its tiles are rounded up to what the target
     takes (Triton: powers of two >= 16; Mosaic: multiples of 8, and of 128 for key tiles
     when compiled), which changes only the tiling, never the result.
+    `gpu_form="mosaic"` runs the GPU flavour's forward as the Mosaic GPU kernel
+    (`block_sparse_mgpu`; interpreted in the Mosaic GPU interpreter on CPU) where it takes
+    the call, else the Triton form, said once; the backward passes are Triton's.
     """
+    if gpu_form not in GPU_FORMS:
+        raise ValueError(f"gpu_form must be one of {', '.join(GPU_FORMS)}, got {gpu_form!r}")
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
     b, h, q_len, _ = q_BxHxQxK.shape
@@ -106,6 +111,13 @@ def block_sparse_attention(q_BxHxQxK: jax.Array, k_BxHxKvxK: jax.Array,
             cfg = make_config(q_BxHxQxK, k_BxHxKvxK, pattern, block_q=block_q,
                               block_k=block_k, platform=target.platform,
                               interpret=target.interpret, dropout_rate=dropout_rate)
+            if target.platform == "gpu" and gpu_form == "mosaic":
+                if not target.interpret or block_sparse_mgpu.interpreting():
+                    cfg = _mosaic_or_triton(cfg, q_BxHxQxK, v_BxHxKvxD)
+                else:
+                    targets.say_once("block-sparse attention: gpu_form='mosaic' runs the "
+                                     "Triton form in the interpreter here (the Mosaic GPU "
+                                     "interpreter: block_sparse_mgpu.interpreted())")
 
             def run(q, k, v, padding_mask, seed):
                 valid = key_validity(padding_mask, b, kv_len, cfg)
@@ -116,7 +128,8 @@ def block_sparse_attention(q_BxHxQxK: jax.Array, k_BxHxKvxK: jax.Array,
         # The kernel form follows the platform the program is lowered for (models/kernels/
         # targets.py), not the host that traces it.
         return targets.dispatch(build, (q_BxHxQxK, k_BxHxKvxK, v_BxHxKvxD, padding_mask, seed),
-                                platform=platform, interpret=interpret)
+                                platform=platform, interpret=interpret,
+                                mosaic_gpu=gpu_form == "mosaic" and block_sparse_mgpu.available())
     if dropout_rate:
         raise ValueError("backend='xla' takes dropout_fn, not dropout_rate")
     bq, bk = min(block_q or 64, q_len), min(block_k or 64, kv_len)
@@ -161,6 +174,20 @@ def block_sparse_attention(q_BxHxQxK: jax.Array, k_BxHxKvxK: jax.Array,
               for run in _runs(perm, group_of, where)]
     out = pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=2)
     return out.reshape(b, h, nq * bq, -1)[:, :, :q_len]
+
+
+def _mosaic_or_triton(cfg, q, v):
+    """cfg with the Mosaic GPU forward where it takes the call; else the Triton form, and
+    the reason said once (stderr)."""
+    tiled = cfg._replace(block_q=block_sparse_mgpu.BLOCK, block_k=block_sparse_mgpu.BLOCK)
+    why = block_sparse_mgpu.supports(tiled, q.dtype, q.shape[-1], v.shape[-1])
+    if why is None:  # its tiles are 64 x 64 whatever was asked: only the tiling changes
+        targets.say_once("block-sparse attention: Mosaic GPU forward "
+                         f"({'interpreted' if cfg.interpret else 'compiled'}), Triton backward")
+        return cfg._replace(block_q=block_sparse_mgpu.BLOCK, block_k=block_sparse_mgpu.BLOCK,
+                            gpu_form="mosaic")
+    targets.say_once(f"block-sparse attention: Triton form, not Mosaic GPU ({why})")
+    return cfg
 
 
 def _without_kernel(q_BxHxQxK, k_BxHxKvxK, v_BxHxKvxD, padding_mask, seed, *,

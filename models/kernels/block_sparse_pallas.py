@@ -27,7 +27,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 from models import layers
-from models.kernels import targets
+from models.kernels import block_sparse_mgpu, targets
 from models.kernels.block_sparse_tiles import (_F32, _Config, _Lists, _batch_head, _dkv_step,
                                                _dq_step, _drop, _fwd_finish, _fwd_init,
                                                _fwd_step, _keep, _lists)
@@ -109,6 +109,8 @@ def _tpu_query_major_maps(by_q: _Lists, nq: int, m: int):
 
 def _forward(q, k, v, valid, seed, cfg: _Config, poison=None):
     """Padded inputs -> (out, lse Lq x 1 per row)."""
+    if cfg.platform == "gpu" and cfg.gpu_form == "mosaic":
+        return block_sparse_mgpu.forward(q, k, v, valid, cfg, interpret=cfg.interpret)
     by_q, _ = _lists(cfg)
     b, h, lq, _ = q.shape
     dv, nq, bq, bk = v.shape[-1], cfg.num_q_blocks, cfg.block_q, cfg.block_k

@@ -25,6 +25,7 @@ _F32 = jnp.float32
 _NEG = -1e30
 # 64 x 64 tiles keep a Triton program within registers; 128 matches the TPU MXU and lanes.
 _DEFAULT_BLOCK = {"gpu": 64, "tpu": 128}
+GPU_FORMS = ("triton", "mosaic")
 
 
 class _Config(NamedTuple):
@@ -37,6 +38,9 @@ class _Config(NamedTuple):
     platform: str  # "gpu" (Triton) or "tpu" (Mosaic)
     interpret: bool
     dropout_rate: float = 0.0
+    # "triton", or "mosaic": the forward as a Mosaic GPU kernel (block_sparse_mgpu.py),
+    # the backward passes Triton's.
+    gpu_form: str = "triton"
 
     @property
     def num_q_blocks(self) -> int:
@@ -58,7 +62,7 @@ def _tile(block: int, length: int, platform: str) -> int:
 def make_config(q: jax.Array, k: jax.Array, pattern: masks.Pattern, *,
                 block_q: int | None = None, block_k: int | None = None,
                 platform: str | None = None, interpret: bool | None = None,
-                dropout_rate: float = 0.0) -> _Config:
+                dropout_rate: float = 0.0, gpu_form: str = "triton") -> _Config:
     """Resolves the kernel flavour, interpret mode and tile sizes.
 
     Called directly, an unset platform or interpret follows this host's default backend;
@@ -75,8 +79,10 @@ def make_config(q: jax.Array, k: jax.Array, pattern: masks.Pattern, *,
     if platform == "tpu" and not interpret and bk < kv_len:
         # The key-validity tile (1, bk) has bk on the lanes: compiled Mosaic wants 128s.
         bk = -(-bk // 128) * 128
+    if gpu_form not in GPU_FORMS:
+        raise ValueError(f"gpu_form must be one of {', '.join(GPU_FORMS)}, got {gpu_form!r}")
     return _Config(pattern, q_len, kv_len, bq, bk, 1.0 / math.sqrt(q.shape[-1]), platform,
-                   bool(interpret), float(dropout_rate))
+                   bool(interpret), float(dropout_rate), gpu_form)
 
 
 class _Lists(NamedTuple):

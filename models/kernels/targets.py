@@ -96,8 +96,8 @@ def describe_gpu(kernel: str = "attention_impl=pallas") -> str:
     """One line: what `attention_impl=pallas` runs on a GPU with this JAX."""
     version = f"JAX {jax.__version__}"
     if gpu_backend() == "triton":
-        return (f"{kernel} on GPU: Triton backend ({version}; deprecated upstream, "
-                f"no Mosaic GPU form yet)")
+        return (f"{kernel} on GPU: Triton backend ({version}; deprecated upstream; a Mosaic "
+                f"GPU form of the block-sparse forward: attention_impl=pallas_mosaic)")
     return (f"{kernel} on GPU: no Triton backend in {version} and no Mosaic GPU form of "
             f"these kernels: running their XLA path instead")
 
@@ -105,21 +105,24 @@ def describe_gpu(kernel: str = "attention_impl=pallas") -> str:
 _SAID: set[str] = set()
 
 
-def _say_once(line: str) -> None:
+def say_once(line: str) -> None:
+    """Prints `models.kernels: <line>` to stderr the first time only."""
     if line not in _SAID:
         _SAID.add(line)
         print(f"models.kernels: {line}", file=sys.stderr, flush=True)
 
 
-def targets(platform: str | None, interpret: bool | None) -> dict[str, Target]:
-    """The form of the kernel for each lowering platform."""
+def targets(platform: str | None, interpret: bool | None,
+            mosaic_gpu: bool = False) -> dict[str, Target]:
+    """The form of the kernel for each lowering platform. `mosaic_gpu`: the kernel has a
+    Mosaic GPU form it will take, so a JAX without Triton keeps the GPU flavour."""
     if platform not in (None, "gpu", "tpu"):
         raise ValueError(f"platform must be 'gpu' or 'tpu', got {platform!r}")
     out = {}
     for lowering in LOWERING_PLATFORMS:
         interp = lowering == "cpu" if interpret is None else bool(interpret)
         flavour = platform or ("tpu" if lowering == "tpu" else "gpu")
-        if flavour == "gpu" and not interp and gpu_backend() is None:
+        if flavour == "gpu" and not interp and gpu_backend() is None and not mosaic_gpu:
             out[lowering] = Target("xla", None, False)
         else:
             out[lowering] = Target("pallas", flavour, interp)
@@ -127,15 +130,15 @@ def targets(platform: str | None, interpret: bool | None) -> dict[str, Target]:
 
 
 def dispatch(build: Callable[[Target], Callable], args: tuple, *, platform: str | None,
-             interpret: bool | None):
+             interpret: bool | None, mosaic_gpu: bool = False):
     """`build(target)(*args)` for the platform the program is lowered for; on a GPU,
     says once (stderr) which backend the kernels run on.
 
     `build` is called once per distinct target, when traced (so its configuration errors
     surface for every platform the call could be lowered for)."""
-    per_platform = targets(platform, interpret)
+    per_platform = targets(platform, interpret, mosaic_gpu)
     if jax.default_backend() == "gpu":
-        _say_once(describe_gpu())
+        say_once(describe_gpu())
     fns: dict[Target, Callable] = {}
     for target in per_platform.values():
         if target not in fns:

@@ -6,12 +6,14 @@ TPU: `jax.export` for the tpu platform. Each returns the module's text."""
 import re
 
 import jax
+import jax.numpy as jnp
+from flax import nnx
 
 from models.kernels import targets
 
 TRITON = "__gpu$xla.gpu.triton"
 MOSAIC_TPU = "tpu_custom_call"
-MOSAIC_GPU = "mosaic_gpu"
+MOSAIC_GPU = "mosaic_gpu"  # JAX 0.12: mosaic_gpu_v2
 
 
 def for_cuda(fn, *args) -> str:
@@ -30,3 +32,31 @@ def custom_calls(text: str) -> list[str]:
     """Every custom call target in the module, in order."""
     return [a or b for a, b in re.findall(
         r'custom_call @([\w.$-]+)|call_target_name = "([^"]+)"', text)]
+
+
+def train_step(config):
+    """The training step and abstract (state, batch) of a ListOps-shaped `config` (its
+    max_length and batch_size), as lra.train builds them (the parameters never
+    materialise); and the number of layers."""
+    import lra.tasks
+    from lra import train
+    from lra.training import objectives, optim
+    task = lra.tasks.get("listops")
+    schedule = optim.learning_rate_schedule(config)
+    tx = optim.make_optimizer(config, schedule)
+
+    def init_state():
+        _, params, rest = nnx.split(train.build_model(config, task), nnx.Param, ...)
+        return {"step": jnp.int32(0), "params": params, "rest": rest,
+                "opt_state": tx.init(params)}
+
+    graphdef = nnx.split(nnx.eval_shape(lambda: train.build_model(config, task)), nnx.Param,
+                         ...)[0]
+    state = jax.eval_shape(init_state)
+    b, length = config.batch_size, config.max_length
+    batch = {"inputs": jax.ShapeDtypeStruct((b, length), jnp.int32),
+             "mask": jax.ShapeDtypeStruct((b, length), jnp.bool_),
+             "targets": jax.ShapeDtypeStruct((b,), jnp.int32)}
+    step, _ = objectives.make_steps(graphdef, tx, schedule, task.num_classes, config,
+                                    task.vocab_size)
+    return step, state, batch, config.num_layers

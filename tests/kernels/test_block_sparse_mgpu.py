@@ -1,0 +1,209 @@
+"""The block-sparse forward as a Mosaic GPU kernel (models/kernels/block_sparse_mgpu.py),
+checked on this CPU: its numerics in the Mosaic GPU interpreter (race detection on) against
+the Triton form's forward, the model path (`attention_impl=pallas_mosaic` through
+configs/listops.py) against `attention_impl=pallas`, and the training step lowered for
+sm_90 with the Mosaic GPU call in it. Needs a JAX with the Mosaic GPU interpreter (0.12:
+CI's newest-JAX stage, `make ci-latest`); on an older JAX only the fallback test runs.
+Nothing here runs on a GPU."""
+import collections
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import lra.tasks
+from configs import listops
+from lra import train
+from models import masks, precision
+from models.kernels import block_sparse_attention, block_sparse_mgpu, block_sparse_pallas
+from models.kernels.block_sparse_tiles import make_config
+from tests.kernels import lowering
+from tests.models.helpers import randomize_params
+
+needs_mgpu = pytest.mark.skipif(not block_sparse_mgpu.available(),
+                                reason=f"JAX {jax.__version__} has no Mosaic GPU interpreter")
+
+PATTERNS = {
+    "all": masks.all_(),
+    "causal": masks.causal(),
+    "local": masks.local(40),
+    "strided_or_local": masks.strided(24) | masks.local(8),
+    "per_head": masks.per_head([masks.causal(), masks.local(20)]),
+}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_interpreter():
+    """The GPU interpreter keeps global state that an exception leaves behind (its docs)."""
+    if block_sparse_mgpu.available():
+        from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
+        gpu_callbacks.reset_gpu_interpret_mode_state()
+    yield
+
+
+def _races_found() -> bool:
+    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+    return bool(interpret_pallas_call.get_races().races_found)
+
+
+def _inputs(b, h, q_len, kv_len, d, dtype, seed=0):
+    ks = jax.random.split(jax.random.key(seed), 3)
+    shapes = ((b, h, q_len, d), (b, h, kv_len, d), (b, h, kv_len, d))
+    return tuple(jax.random.normal(k, s, jnp.float32).astype(dtype) for k, s in zip(ks, shapes))
+
+
+@needs_mgpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name", list(PATTERNS))
+def test_forward_in_the_interpreter_equals_the_triton_forward(name, dtype):
+    """Output and log-sum-exp against the Triton forward on the same (16-bit) values in
+    float32; odd lengths (whole tiles padded), fewer queries than keys, padded keys (a
+    whole block of them), head dim 32 (padded to 64 inside), no races."""
+    pattern = PATTERNS[name]
+    b, h, q_len, kv_len, d = 2, 2, 100, 170, 32
+    q, k, v = _inputs(b, h, q_len, kv_len, d, dtype)
+    cfg = make_config(q, k, pattern, block_q=64, block_k=64, platform="gpu", interpret=True)
+    qp, kp, vp = block_sparse_pallas._padded_qkv(q, k, v, cfg)
+    lengths = jnp.array([kv_len, 57])  # batch 1: keys 57.. padded, blocks 1-2 wholly
+    valid = block_sparse_pallas.key_validity(jnp.arange(kv_len)[None] < lengths[:, None], b,
+                                             kv_len, cfg)
+    out, lse = jax.jit(lambda *a: block_sparse_mgpu.forward(*a, cfg, interpret=True))(
+        qp, kp, vp, valid)
+    assert not _races_found()
+    f32 = lambda x: x.astype(jnp.float32)
+    ref_out, ref_lse = block_sparse_pallas._forward(f32(qp), f32(kp), f32(vp), valid,
+                                                    jnp.zeros((4,), jnp.int32), cfg)
+    assert out.shape == ref_out.shape and out.dtype == q.dtype and lse.shape == ref_lse.shape
+    tol = 2.0 ** -7 if dtype == "bfloat16" else 2.0 ** -10  # the output's rounding
+    np.testing.assert_allclose(f32(out), ref_out, atol=tol * 2, rtol=tol)
+    np.testing.assert_allclose(lse, ref_lse, atol=1e-5, rtol=1e-5)
+
+
+@needs_mgpu
+def test_rows_without_keys_are_zero():
+    """A query whose keys are all masked gets output 0 and lse 0, as the Triton form."""
+    q, k, v = _inputs(1, 1, 64, 64, 64, "bfloat16")
+    pattern = masks.local(4)
+    cfg = make_config(q, k, pattern, block_q=64, block_k=64, platform="gpu", interpret=True)
+    valid = jnp.zeros((1, 1, 64), jnp.int32).at[..., :10].set(1)
+    out, lse = block_sparse_mgpu.forward(q, k, v, valid, cfg, interpret=True)
+    assert not np.any(np.asarray(out[0, 0, 20:], np.float32))  # rows 15.. see no valid key
+    assert not np.any(np.asarray(lse[0, 0, 20:]))
+    assert np.all(np.asarray(lse[0, 0, :10]) != 0)
+
+
+def _loss_and_grads(fn, q, k, v, mask):
+    return jax.value_and_grad(lambda q, k, v: jnp.sum(fn(q, k, v, mask).astype(jnp.float32)
+                                                     ** 2), argnums=(0, 1, 2))(q, k, v)
+
+
+def test_gpu_form_mosaic_equals_triton_with_gradients(capfd):
+    """`gpu_form="mosaic"` against the Triton form: output and gradients (the backward is
+    Triton's on the Mosaic forward's log-sum-exp). Under a JAX without the Mosaic GPU
+    interpreter this is the fallback: the Triton form, said once."""
+    q, k, v = _inputs(2, 2, 96, 96, 64, "bfloat16", seed=1)
+    mask = jnp.arange(96)[None] < jnp.array([[96], [70]])
+    run = lambda form: lambda q, k, v, m: block_sparse_attention(
+        q, k, v, masks.causal() | masks.global_tokens([0]), padding_mask=m, backend="pallas",
+        gpu_form=form)
+    with block_sparse_mgpu.interpreted():
+        (l1, g1), (l2, g2) = (_loss_and_grads(run(f), q, k, v, mask)
+                              for f in ("triton", "mosaic"))
+    err = capfd.readouterr().err
+    if block_sparse_mgpu.available():
+        assert "Mosaic GPU forward (interpreted), Triton backward" in err
+    else:
+        assert "Triton form, not Mosaic GPU (JAX" in err
+    assert abs(float(l1 - l2)) <= 2e-2 * abs(float(l1))
+    for a, b in zip(g1, g2):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        assert np.max(np.abs(a - b)) <= 3e-2 * np.max(np.abs(a)), np.max(np.abs(a - b))
+
+
+@needs_mgpu
+def test_float32_and_dropout_keep_the_triton_form(capfd):
+    """wgmma takes 16-bit operands and the hashed dropout is Triton's: those calls take
+    the Triton form and say why, once."""
+    q, k, v = _inputs(1, 1, 64, 64, 64, "float32")
+    with block_sparse_mgpu.interpreted():
+        out = block_sparse_attention(q, k, v, masks.causal(), backend="pallas",
+                                     gpu_form="mosaic")
+        ref = block_sparse_attention(q, k, v, masks.causal(), backend="pallas")
+        np.testing.assert_array_equal(out, ref)
+        assert ("Triton form, not Mosaic GPU (wgmma takes 16-bit operands"
+                in capfd.readouterr().err)
+        qb, kb, vb = (x.astype(jnp.bfloat16) for x in (q, k, v))
+        block_sparse_attention(qb, kb, vb, masks.causal(), backend="pallas", gpu_form="mosaic",
+                               dropout_rate=0.1, dropout_seed=jnp.int32(3))
+        assert "attention dropout is the Triton form's" in capfd.readouterr().err
+
+
+def test_outside_the_interpreter_switch_a_cpu_run_takes_the_triton_form(capfd):
+    """On a CPU, gpu_form="mosaic" runs the Triton form in the Pallas interpreter unless
+    asked for the Mosaic GPU interpreter (whose callbacks would keep the program from
+    lowering for a GPU too): same values as the Triton form, said once."""
+    q, k, v = _inputs(1, 2, 64, 64, 64, "bfloat16")
+    out = block_sparse_attention(q, k, v, masks.causal(), backend="pallas", gpu_form="mosaic")
+    ref = block_sparse_attention(q, k, v, masks.causal(), backend="pallas")
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(ref, np.float32))
+    assert "runs the Triton form in the interpreter here" in capfd.readouterr().err
+
+
+def test_unknown_gpu_form_is_refused():
+    q, k, v = _inputs(1, 1, 16, 16, 16, "float32")
+    with pytest.raises(ValueError, match="gpu_form must be one of triton, mosaic"):
+        block_sparse_attention(q, k, v, masks.causal(), backend="pallas", gpu_form="cutlass")
+
+
+def _config(arg, length=64):
+    config = listops.get_config(arg)
+    config.max_length, config.batch_size, config.dtype = length, 2, "bfloat16"
+    return config
+
+
+@needs_mgpu
+@pytest.mark.parametrize("arg", ["model=transformer,runlocal",
+                                 "model=local,runlocal,pretrain,causal"])
+def test_pallas_mosaic_equals_pallas_through_the_task_config(arg):
+    """configs/listops.py in bfloat16 with attention_impl=pallas_mosaic against the same
+    weights under attention_impl=pallas (Triton): the model's output and every gradient
+    (CLS prefix, padding; local's pattern as a causal LM)."""
+    task = lra.tasks.get("listops")
+    ref = randomize_params(train.build_model(_config(arg + ",attention_impl=pallas"), task),
+                           seed=2, scale=0.3)
+    mosaic = train.build_model(_config(arg + ",attention_impl=pallas_mosaic"), task)
+    nnx.update(mosaic, nnx.state(ref, nnx.Param))
+    tokens = jax.random.randint(jax.random.key(0), (2, 64), 1, task.vocab_size)
+    mask = jnp.arange(64)[None] < jnp.array([[64], [37]])
+
+    def loss_and_grads(model):
+        def loss(model):  # the bfloat16 compute view, as the training step runs it
+            out = precision.compute_view(model, jnp.bfloat16)(tokens, mask,
+                                                              deterministic=True)
+            return jnp.sum(out.astype(jnp.float32) ** 2)
+        return nnx.value_and_grad(loss)(model)
+
+    with block_sparse_mgpu.interpreted():
+        (l1, g1), (l2, g2) = loss_and_grads(ref), loss_and_grads(mosaic)
+    assert not _races_found()
+    assert abs(float(l1 - l2)) <= 2e-2 * abs(float(l1))
+    g1, g2 = (jax.tree.leaves(nnx.state(g, nnx.Param)) for g in (g1, g2))
+    scale = max(float(jnp.abs(a.astype(jnp.float32)).max()) for a in g1)
+    for a, b in zip(g1, g2):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        assert np.max(np.abs(a - b)) <= 5e-2 * np.max(np.abs(a)) + 1e-2 * scale
+
+
+@needs_mgpu
+def test_train_step_lowered_for_cuda_holds_the_mosaic_gpu_forward():
+    """The bfloat16 training step of configs/listops.py:model=transformer,runlocal,
+    attention_impl=pallas_mosaic lowered for sm_90 (an abstract H100): one Mosaic GPU call
+    per layer (the forward) and Triton's two backward passes per layer, no interpreter."""
+    config = _config("model=transformer,runlocal,attention_impl=pallas_mosaic")
+    config.attention_dropout_rate = 0.0  # dropout keeps the Triton form (tested above)
+    step, state, batch, layers = lowering.train_step(config)
+    calls = collections.Counter(lowering.custom_calls(lowering.for_cuda(step, state, batch)))
+    mosaic = sum(n for c, n in calls.items() if c.startswith(lowering.MOSAIC_GPU))
+    assert mosaic == layers and calls[lowering.TRITON] == 2 * layers, calls
