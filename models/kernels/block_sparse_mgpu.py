@@ -18,8 +18,9 @@ written for Mosaic GPU (`plgpu.kernel`), the way JAX's FlashAttention-3 example
   the Triton form's, so the backward passes (dQ, dK/dV) stay the Triton kernels.
 
 What it takes: 16-bit q/k/v (wgmma's operands; float32 stays on Triton), head dims padded
-to a multiple of 64 (one 128-byte swizzle row), 64 x 64 tiles, no attention dropout (the
-hashed dropout is the Triton form's). `supports(cfg, dtype)` says whether a call fits, and
+to a multiple of 64 (one 128-byte swizzle row), 64 x 64 tiles. Attention dropout is the
+Triton form's hashed keep mask (`block_sparse_tiles.dropout_multiplier`, the same bits),
+so its backward recomputes the same mask. `supports(cfg, dtype)` says whether a call fits, and
 why not in one line.
 
 Checked on a CPU only: numerics in the Mosaic GPU interpreter (`plgpu.InterpretGPUParams`,
@@ -35,7 +36,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from models.kernels.block_sparse_tiles import _F32, _NEG, _Config, _head_mask, _lists
+from models.kernels.block_sparse_tiles import (_F32, _NEG, _Config, _head_mask, _lists,
+                                               dropout_multiplier)
 
 BLOCK = 64  # a warpgroup's wgmma M; 64 16-bit values are one 128-byte swizzle row
 _LOG2E = 1.4426950408889634
@@ -78,8 +80,6 @@ def supports(cfg: _Config, dtype, dim_k: int, dim_v: int) -> str | None:
         return f"JAX {jax.__version__} lacks the Mosaic GPU API this kernel uses"
     if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         return f"wgmma takes 16-bit operands, got {jnp.dtype(dtype).name}"
-    if cfg.dropout_rate:
-        return "attention dropout is the Triton form's (hashed keep mask)"
     if (cfg.block_q, cfg.block_k) != (BLOCK, BLOCK):
         return f"tiles are {BLOCK} x {BLOCK}, got {cfg.block_q} x {cfg.block_k}"
     if max(dim_k, dim_v) > 256:
@@ -91,9 +91,10 @@ def _padded_dim(d: int) -> int:
     return -(-d // BLOCK) * BLOCK
 
 
-def forward(q, k, v, valid, cfg: _Config, interpret: bool = False):
-    """Padded 16-bit `[B, H, L, D]` q, k, v (L whole tiles) and int32 B x 1 x Kv key
-    validity -> (out `[B, H, Lq, Dv]`, lse `[B, H, Lq, 1]` f32), as the Triton forward."""
+def forward(q, k, v, valid, seed, cfg: _Config, interpret: bool = False):
+    """Padded 16-bit `[B, H, L, D]` q, k, v (L whole tiles), int32 B x 1 x Kv key
+    validity and the Triton form's int32 scalars (seed, batch offset, head offset, total
+    heads) -> (out `[B, H, Lq, Dv]`, lse `[B, H, Lq, 1]` f32), as the Triton forward."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     by_q, _ = _lists(cfg)
@@ -111,9 +112,10 @@ def forward(q, k, v, valid, cfg: _Config, interpret: bool = False):
     wgmma_rows = plgpu.Layout.WGMMA.reduce(1)  # one value per query row
     wgmma_cols = plgpu.Layout.WGMMA.reduce(0)  # one value per key column
 
-    def body(idx_g, cnt_g, full_g, q_g, k_g, v_g, valid_g, o_g, lse_g, q_s, p_s, o_s, lse_s,
-             bar):
+    def body(idx_g, cnt_g, full_g, seed_g, q_g, k_g, v_g, valid_g, o_g, lse_g, q_s, p_s, o_s,
+             lse_s, bar):
         bi, hi, qi = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("q")
+        batch_head = (seed_g[1] + bi) * seed_g[3] + seed_g[2] + hi  # as _batch_head
         row = (hi if per_head else 0) * nq + qi
         n = cnt_g[row]
         rows = pl.ds(qi * bq, bq)
@@ -142,8 +144,11 @@ def forward(q, k, v, valid, cfg: _Config, interpret: bool = False):
             p = jnp.where(keep, jnp.exp2((s - lax.broadcast_in_dim(m_new, (bq, bk), [0]))
                                          * _LOG2E), 0.0)
             alpha = jnp.exp2((m_i - m_new) * _LOG2E)
-            l_new = alpha * l_i + p.sum(axis=1)
+            l_new = alpha * l_i + p.sum(axis=1)  # undropped
 
+            if cfg.dropout_rate:  # the weights that reach V only (as _fwd_step)
+                p = p * dropout_multiplier(seed_g[0], batch_head, i - (cfg.kv_len - cfg.q_len),
+                                           kb * bk + j0, cfg.dropout_rate)
             # P goes through shared memory: the GPU interpreter takes wgmma operands from
             # shared memory only (JAX 0.12), so the register-operand form is untestable.
             p_s[...] = p.astype(dtype)
@@ -188,5 +193,5 @@ def forward(q, k, v, valid, cfg: _Config, interpret: bool = False):
                        plgpu.SMEM((bq,), _F32), plgpu.Barrier(num_barriers=1)],
         interpret=plgpu.InterpretGPUParams(detect_races=True) if interpret else False,
     )
-    out, lse = kernel(idx, cnt, full, q, k, v, valid)
+    out, lse = kernel(idx, cnt, full, seed, q, k, v, valid)
     return out[..., :dv0], lse[..., None]

@@ -110,7 +110,7 @@ def _tpu_query_major_maps(by_q: _Lists, nq: int, m: int):
 def _forward(q, k, v, valid, seed, cfg: _Config, poison=None):
     """Padded inputs -> (out, lse Lq x 1 per row)."""
     if cfg.platform == "gpu" and cfg.gpu_form == "mosaic":
-        return block_sparse_mgpu.forward(q, k, v, valid, cfg, interpret=cfg.interpret)
+        return block_sparse_mgpu.forward(q, k, v, valid, seed, cfg, interpret=cfg.interpret)
     by_q, _ = _lists(cfg)
     b, h, lq, _ = q.shape
     dv, nq, bq, bk = v.shape[-1], cfg.num_q_blocks, cfg.block_q, cfg.block_k

@@ -17,7 +17,7 @@ import lra.tasks
 from configs import listops
 from lra import train
 from models import masks, precision
-from models.kernels import block_sparse_attention, block_sparse_mgpu, block_sparse_pallas
+from models.kernels import block_sparse_attention, block_sparse_mgpu, block_sparse_pallas, targets
 from models.kernels.block_sparse_tiles import make_config
 from tests.kernels import lowering
 from tests.models.helpers import randomize_params
@@ -36,7 +36,9 @@ PATTERNS = {
 
 @pytest.fixture(autouse=True)
 def _fresh_interpreter():
-    """The GPU interpreter keeps global state that an exception leaves behind (its docs)."""
+    """The GPU interpreter keeps global state that an exception leaves behind (its docs);
+    each test hears the once-only lines anew."""
+    targets._SAID.clear()
     if block_sparse_mgpu.available():
         from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
         gpu_callbacks.reset_gpu_interpret_mode_state()
@@ -54,27 +56,33 @@ def _inputs(b, h, q_len, kv_len, d, dtype, seed=0):
     return tuple(jax.random.normal(k, s, jnp.float32).astype(dtype) for k, s in zip(ks, shapes))
 
 
+SCALARS = jnp.array([7, 0, 0, 2], jnp.int32)  # seed, batch offset, head offset, heads
+
+
 @needs_mgpu
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("dtype, dropout", [("bfloat16", 0.0), ("float16", 0.0),
+                                            ("bfloat16", 0.25)])
 @pytest.mark.parametrize("name", list(PATTERNS))
-def test_forward_in_the_interpreter_equals_the_triton_forward(name, dtype):
+def test_forward_in_the_interpreter_equals_the_triton_forward(name, dtype, dropout):
     """Output and log-sum-exp against the Triton forward on the same (16-bit) values in
     float32; odd lengths (whole tiles padded), fewer queries than keys, padded keys (a
-    whole block of them), head dim 32 (padded to 64 inside), no races."""
+    whole block of them), head dim 32 (padded to 64 inside), the hashed dropout, no
+    races."""
     pattern = PATTERNS[name]
     b, h, q_len, kv_len, d = 2, 2, 100, 170, 32
     q, k, v = _inputs(b, h, q_len, kv_len, d, dtype)
-    cfg = make_config(q, k, pattern, block_q=64, block_k=64, platform="gpu", interpret=True)
+    cfg = make_config(q, k, pattern, block_q=64, block_k=64, platform="gpu", interpret=True,
+                      dropout_rate=dropout)
     qp, kp, vp = block_sparse_pallas._padded_qkv(q, k, v, cfg)
     lengths = jnp.array([kv_len, 57])  # batch 1: keys 57.. padded, blocks 1-2 wholly
     valid = block_sparse_pallas.key_validity(jnp.arange(kv_len)[None] < lengths[:, None], b,
                                              kv_len, cfg)
     out, lse = jax.jit(lambda *a: block_sparse_mgpu.forward(*a, cfg, interpret=True))(
-        qp, kp, vp, valid)
+        qp, kp, vp, valid, SCALARS)
     assert not _races_found()
     f32 = lambda x: x.astype(jnp.float32)
-    ref_out, ref_lse = block_sparse_pallas._forward(f32(qp), f32(kp), f32(vp), valid,
-                                                    jnp.zeros((4,), jnp.int32), cfg)
+    ref_out, ref_lse = block_sparse_pallas._forward(f32(qp), f32(kp), f32(vp), valid, SCALARS,
+                                                    cfg)
     assert out.shape == ref_out.shape and out.dtype == q.dtype and lse.shape == ref_lse.shape
     tol = 2.0 ** -7 if dtype == "bfloat16" else 2.0 ** -10  # the output's rounding
     np.testing.assert_allclose(f32(out), ref_out, atol=tol * 2, rtol=tol)
@@ -88,7 +96,7 @@ def test_rows_without_keys_are_zero():
     pattern = masks.local(4)
     cfg = make_config(q, k, pattern, block_q=64, block_k=64, platform="gpu", interpret=True)
     valid = jnp.zeros((1, 1, 64), jnp.int32).at[..., :10].set(1)
-    out, lse = block_sparse_mgpu.forward(q, k, v, valid, cfg, interpret=True)
+    out, lse = block_sparse_mgpu.forward(q, k, v, valid, SCALARS, cfg, interpret=True)
     assert not np.any(np.asarray(out[0, 0, 20:], np.float32))  # rows 15.. see no valid key
     assert not np.any(np.asarray(lse[0, 0, 20:]))
     assert np.all(np.asarray(lse[0, 0, :10]) != 0)
@@ -99,15 +107,17 @@ def _loss_and_grads(fn, q, k, v, mask):
                                                      ** 2), argnums=(0, 1, 2))(q, k, v)
 
 
-def test_gpu_form_mosaic_equals_triton_with_gradients(capfd):
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+def test_gpu_form_mosaic_equals_triton_with_gradients(capfd, dropout):
     """`gpu_form="mosaic"` against the Triton form: output and gradients (the backward is
-    Triton's on the Mosaic forward's log-sum-exp). Under a JAX without the Mosaic GPU
-    interpreter this is the fallback: the Triton form, said once."""
+    Triton's on the Mosaic forward's log-sum-exp), with and without the hashed dropout.
+    Under a JAX without the Mosaic GPU interpreter this is the fallback: the Triton form,
+    said once."""
     q, k, v = _inputs(2, 2, 96, 96, 64, "bfloat16", seed=1)
     mask = jnp.arange(96)[None] < jnp.array([[96], [70]])
     run = lambda form: lambda q, k, v, m: block_sparse_attention(
         q, k, v, masks.causal() | masks.global_tokens([0]), padding_mask=m, backend="pallas",
-        gpu_form=form)
+        gpu_form=form, dropout_rate=dropout, dropout_seed=jnp.int32(5))
     with block_sparse_mgpu.interpreted():
         (l1, g1), (l2, g2) = (_loss_and_grads(run(f), q, k, v, mask)
                               for f in ("triton", "mosaic"))
@@ -123,9 +133,8 @@ def test_gpu_form_mosaic_equals_triton_with_gradients(capfd):
 
 
 @needs_mgpu
-def test_float32_and_dropout_keep_the_triton_form(capfd):
-    """wgmma takes 16-bit operands and the hashed dropout is Triton's: those calls take
-    the Triton form and say why, once."""
+def test_float32_keeps_the_triton_form(capfd):
+    """wgmma takes 16-bit operands: a float32 call takes the Triton form and says why."""
     q, k, v = _inputs(1, 1, 64, 64, 64, "float32")
     with block_sparse_mgpu.interpreted():
         out = block_sparse_attention(q, k, v, masks.causal(), backend="pallas",
@@ -134,10 +143,6 @@ def test_float32_and_dropout_keep_the_triton_form(capfd):
         np.testing.assert_array_equal(out, ref)
         assert ("Triton form, not Mosaic GPU (wgmma takes 16-bit operands"
                 in capfd.readouterr().err)
-        qb, kb, vb = (x.astype(jnp.bfloat16) for x in (q, k, v))
-        block_sparse_attention(qb, kb, vb, masks.causal(), backend="pallas", gpu_form="mosaic",
-                               dropout_rate=0.1, dropout_seed=jnp.int32(3))
-        assert "attention dropout is the Triton form's" in capfd.readouterr().err
 
 
 def test_outside_the_interpreter_switch_a_cpu_run_takes_the_triton_form(capfd):
@@ -202,7 +207,7 @@ def test_train_step_lowered_for_cuda_holds_the_mosaic_gpu_forward():
     attention_impl=pallas_mosaic lowered for sm_90 (an abstract H100): one Mosaic GPU call
     per layer (the forward) and Triton's two backward passes per layer, no interpreter."""
     config = _config("model=transformer,runlocal,attention_impl=pallas_mosaic")
-    config.attention_dropout_rate = 0.0  # dropout keeps the Triton form (tested above)
+    assert config.attention_dropout_rate > 0  # the hashed dropout, in both forms
     step, state, batch, layers = lowering.train_step(config)
     calls = collections.Counter(lowering.custom_calls(lowering.for_cuda(step, state, batch)))
     mosaic = sum(n for c, n in calls.items() if c.startswith(lowering.MOSAIC_GPU))
