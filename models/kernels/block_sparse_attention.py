@@ -79,9 +79,10 @@ def block_sparse_attention(q_BxHxQxK: jax.Array, k_BxHxKvxK: jax.Array,
     Pallas interpreter (default: on CPU only). Its tiles are rounded up to what the target
     takes (Triton: powers of two >= 16; Mosaic: multiples of 8, and of 128 for key tiles
     when compiled), which changes only the tiling, never the result.
-    `gpu_form="mosaic"` runs the GPU flavour's forward as the Mosaic GPU kernel
-    (`block_sparse_mgpu`; interpreted in the Mosaic GPU interpreter on CPU) where it takes
-    the call, else the Triton form, said once; the backward passes are Triton's.
+    `gpu_form="mosaic"` runs the GPU flavour as the Mosaic GPU kernels (`block_sparse_mgpu`:
+    forward, dQ and dK/dV; on CPU in the Mosaic GPU interpreter inside
+    `block_sparse_mgpu.interpreted()`) where they take the call, else the Triton form, said
+    once.
     """
     if gpu_form not in GPU_FORMS:
         raise ValueError(f"gpu_form must be one of {', '.join(GPU_FORMS)}, got {gpu_form!r}")
@@ -182,8 +183,8 @@ def _mosaic_or_triton(cfg, q, v):
     tiled = cfg._replace(block_q=block_sparse_mgpu.BLOCK, block_k=block_sparse_mgpu.BLOCK)
     why = block_sparse_mgpu.supports(tiled, q.dtype, q.shape[-1], v.shape[-1])
     if why is None:  # its tiles are 64 x 64 whatever was asked: only the tiling changes
-        targets.say_once("block-sparse attention: Mosaic GPU forward "
-                         f"({'interpreted' if cfg.interpret else 'compiled'}), Triton backward")
+        targets.say_once("block-sparse attention: Mosaic GPU kernels "
+                         f"({'interpreted' if cfg.interpret else 'compiled'})")
         return cfg._replace(block_q=block_sparse_mgpu.BLOCK, block_k=block_sparse_mgpu.BLOCK,
                             gpu_form="mosaic")
     targets.say_once(f"block-sparse attention: Triton form, not Mosaic GPU ({why})")

@@ -375,9 +375,13 @@ def _bwd_padded(q, k, v, valid, seed, out_p, lse, g, cfg: _Config, poison=None):
     gp = _pad(g, qp.shape[2], cfg)
     # delta_i = dO_i . O_i (in f32): the softmax Jacobian's row term.
     delta = jnp.sum(gp.astype(_F32) * out_p.astype(_F32), axis=-1, keepdims=True)
-    args = (qp, kp, vp, valid, seed, gp, lse, delta, cfg)
-    dq = _backward_dq(*args, None if poison is None else poison[:1])
-    dk, dv = _backward_dkv(*args, None if poison is None else poison[1:])
+    if cfg.platform == "gpu" and cfg.gpu_form == "mosaic":
+        dq, dk, dv = block_sparse_mgpu.backward(qp, kp, vp, valid, seed, gp, lse, delta, cfg,
+                                                interpret=cfg.interpret)
+    else:
+        args = (qp, kp, vp, valid, seed, gp, lse, delta, cfg)
+        dq = _backward_dq(*args, None if poison is None else poison[:1])
+        dk, dv = _backward_dkv(*args, None if poison is None else poison[1:])
     return (dq[:, :, :q.shape[2], :q.shape[3]].astype(q.dtype),
             dk[:, :, :k.shape[2], :k.shape[3]].astype(k.dtype),
             dv[:, :, :v.shape[2], :v.shape[3]].astype(v.dtype))
