@@ -35,7 +35,10 @@ full pattern through the kernel), the same timings of the Pallas flash-attention
 ratios to the XLA block-sparse backend (`backend="xla"`, same pattern and tile) and to
 fused dense softmax attention over all L x L pairs (the reference above). FLOPs count the kept blocks only:
 4 B H D (tile^2) per block forward (two matmuls); forward+backward is 3.5x forward (the
-backward recomputes the scores and does five matmuls in all).
+backward recomputes the scores and does five matmuls in all). On a GPU, the last four
+columns time the same calls as Mosaic GPU kernels (`gpu_form="mosaic"`,
+`attention_impl=pallas_mosaic`: models/kernels/block_sparse_mgpu.py, 64 x 64 tiles)
+beside the Triton ones ("Pallas"); "-" where not timed (why, on stderr).
 
 Delta rule (`models/kernels/delta_rule.py`; `--delta_rules`: deltanet, no decay, and
 gated_deltanet, a scalar decay per head and position): for each L, the Pallas kernels'
@@ -77,6 +80,7 @@ from lra.runs import cli
 from models import masks
 from models.attention.delta import chunk_delta_rule, l2_normalise
 from models.attention.retention import chunked_retention
+from models.kernels import block_sparse_mgpu
 from models.kernels.block_sparse_attention import block_sparse_attention
 from models.kernels.block_sparse_tiles import make_config as block_sparse_config
 from models.kernels.decayed_attention import decayed_linear_attention
@@ -351,8 +355,9 @@ def _block_sparse_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> No
     print("| L | density | Pallas fwd ms | Pallas fwd+bwd ms | TFLOP/s fwd | TFLOP/s fwd+bwd "
           "| XLA fwd ms | XLA fwd+bwd ms | vs XLA fwd | vs XLA fwd+bwd | dense fwd+bwd ms "
           "| vs dense fwd | vs dense fwd+bwd | XLA vs dense fwd+bwd "
-          "| every dense impl: fwd / fwd+bwd ms |")
-    print("|" + "---|" * 15)
+          "| every dense impl: fwd / fwd+bwd ms | Mosaic GPU fwd ms | Mosaic GPU fwd+bwd ms "
+          "| Mosaic GPU TFLOP/s fwd+bwd | Mosaic vs Pallas fwd+bwd |")
+    print("|" + "---|" * 19)
     rng = np.random.default_rng(0)
     for length in map(int, FLAGS.lengths):
         shape = (b, h, length, d)
@@ -361,6 +366,10 @@ def _block_sparse_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> No
         cfg = block_sparse_config(q, k, masks.all_(), block_q=FLAGS.block_size,
                               block_k=FLAGS.block_size)
         tile = cfg.block_q
+        mosaic_tile = block_sparse_mgpu.BLOCK
+        no_mosaic = _no_mosaic(cfg._replace(block_q=mosaic_tile, block_k=mosaic_tile), q)
+        if no_mosaic and length == int(FLAGS.lengths[0]):
+            print(f"no Mosaic GPU form timed: {no_mosaic}", file=sys.stderr)
         times_dense, dense_impl, every_dense = _time_dense(False, q, k, v, g)
         for density in map(float, FLAGS.densities):
             pattern = (masks.all_() if density >= 1.0
@@ -368,20 +377,26 @@ def _block_sparse_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> No
             kept = pattern.blocks(length, length, tile, tile).num_nonempty
             print(f"L={length} density={density}", file=sys.stderr)
             times = {}
-            for backend in ("pallas", "xla"):
-                if backend == "pallas" and not run_pallas:
-                    times[backend] = (None, None)
+            for name, backend in (("pallas", "pallas"), ("xla", "xla"), ("mosaic", "pallas")):
+                if ((backend == "pallas" and not run_pallas)
+                        or (name == "mosaic" and no_mosaic)):
+                    times[name] = (None, None)
                     continue
+                # The Mosaic form's tile is 64 (pattern.blocks of the same pattern, so the
+                # kept fraction is the same at tile 64 for the random pattern's tile).
                 attn = functools.partial(block_sparse_attention, pattern=pattern,
                                          backend=backend, block_q=tile, block_k=tile,
+                                         gpu_form="mosaic" if name == "mosaic" else "triton",
                                          **_dropout_args(backend, FLAGS.dropout_rate))
                 fwd, fwd_bwd = _fwd_and_fwd_bwd(attn)
-                times[backend] = (_time(fwd, q, k, v, repeats=FLAGS.repeats),
-                                  _time(fwd_bwd, q, k, v, g, repeats=FLAGS.repeats))
+                times[name] = (_time(fwd, q, k, v, repeats=FLAGS.repeats),
+                               _time(fwd_bwd, q, k, v, g, repeats=FLAGS.repeats))
             flops = 4.0 * b * h * d * tile * tile * kept
             pf, pfb = times["pallas"]
             tf_f = None if pf is None else flops / pf / 1e12
             tf_fb = None if pfb is None else 3.5 * flops / pfb / 1e12
+            mf, mfb = times["mosaic"]
+            tf_mfb = None if mfb is None else 3.5 * flops / mfb / 1e12
             ms = lambda t: _fmt(None if t is None else t * 1e3, ".2f")  # noqa: E731
             measured = kept / (-(-length // tile)) ** 2
             print(f"| {length} | {measured:.2f} | {ms(pf)} | {ms(pfb)} | {_fmt(tf_f, '.1f')} | "
@@ -389,8 +404,16 @@ def _block_sparse_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> No
                   f"{_ratio(times['xla'][0], pf)} | {_ratio(times['xla'][1], pfb)} | "
                   f"{ms(times_dense[1])} ({dense_impl}) | {_ratio(times_dense[0], pf)} | "
                   f"{_ratio(times_dense[1], pfb)} | {_ratio(times_dense[1], times['xla'][1])} "
-                  f"| {every_dense} |", flush=True)
+                  f"| {every_dense} | {ms(mf)} | {ms(mfb)} | {_fmt(tf_mfb, '.1f')} "
+                  f"| {_ratio(pfb, mfb)} |", flush=True)
     print()
+
+
+def _no_mosaic(cfg, q) -> str | None:
+    """Why the block-sparse Mosaic GPU form is not timed here (None: it is)."""
+    if jax.default_backend() != "gpu":
+        return "not on a GPU (its interpreter times nothing useful)"
+    return block_sparse_mgpu.supports(cfg, q.dtype, q.shape[-1], q.shape[-1])
 
 
 def _delta_inputs(rng, dtype, b: int, h: int, length: int, d: int):

@@ -116,11 +116,18 @@ def kernel(name: str) -> str:
     except (ValueError, TypeError):
         pass
     else:
+        impls = ["blocksparse", "pallas"]
+        try:
+            build("pallas_mosaic")
+            impls.append("pallas_mosaic")
+        except (ValueError, TypeError):
+            pass
+        sparse = "block-sparse (" + ", ".join(f"`{i}`" for i in impls) + ")"
         try:
             build("flash")
         except (ValueError, TypeError):
-            return "block-sparse (`blocksparse`, `pallas`)"
-        return "block-sparse (`blocksparse`, `pallas`), fused (`flash`)"
+            return sparse
+        return f"{sparse}, fused (`flash`)"
     try:
         build("pallas")
     except (ValueError, TypeError):  # fox: only its chunked form besides dense
