@@ -62,7 +62,8 @@ forward+backward is 2.75x forward at C = K = V = 64 (not the 3x convention), and
 inverse is 60% of the forward's FLOPs there.
 
 On CPU the Pallas kernels would run in the interpreter, which times nothing useful: they
-are skipped unless `--interpret`. Markdown goes to stdout, progress to stderr.
+are skipped unless `--interpret`. `--tune` (a GPU only) measures the Triton kernels' tiles
+and launch parameters and writes models/kernels/tuning.json instead (lra/kernel_tuning.py). Markdown goes to stdout, progress to stderr.
 """
 from __future__ import annotations
 
@@ -76,11 +77,12 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from lra import kernel_tuning
 from lra.runs import cli
 from models import masks
 from models.attention.delta import chunk_delta_rule, l2_normalise
 from models.attention.retention import chunked_retention
-from models.kernels import block_sparse_mgpu
+from models.kernels import block_sparse_mgpu, tuning
 from models.kernels.block_sparse_attention import block_sparse_attention
 from models.kernels.block_sparse_tiles import make_config as block_sparse_config
 from models.kernels.decayed_attention import decayed_linear_attention
@@ -112,6 +114,10 @@ def _define_flags() -> None:
     flags.DEFINE_list("densities", ["1.0", "0.5", "0.1"],
                       "Block-sparse: fractions of blocks kept (random block patterns).")
     flags.DEFINE_integer("block_size", None, "Block-sparse tile (default: the kernel's).")
+    flags.DEFINE_bool("tune", False, "Measure the Triton kernels' tile x num_warps x "
+                      "num_stages candidates at each length on this GPU and write the "
+                      "fastest into --tune_table (lra/kernel_tuning.py), instead of the tables.")
+    flags.DEFINE_string("tune_table", tuning.TABLE, "The tuning table --tune writes.")
     flags.DEFINE_float("dropout_rate", 0.0, "Block-sparse: attention dropout in the Pallas "
                        "kernel (hashed mask) and the XLA path (a Bernoulli mask); the dense "
                        "reference has none.")
@@ -242,6 +248,16 @@ def main(argv):
     dtype = jnp.dtype(FLAGS.dtype)
     b, h, d = FLAGS.batch_size, FLAGS.num_heads, FLAGS.head_dim
     run_pallas = jax.default_backend() != "cpu" or FLAGS.interpret
+    if FLAGS.tune:
+        if jax.default_backend() != "gpu":
+            cli.refuse(f"--tune times compiled GPU kernels; this host's backend is "
+                       f"{jax.default_backend()} (the interpreter's times say nothing)")
+        entries = kernel_tuning.tune(FLAGS.sections, FLAGS.lengths, b=b, h=h, d=d,
+                                     dtype=dtype, repeats=FLAGS.repeats,
+                                     table=FLAGS.tune_table, time_fn=_time)
+        print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}; written to "
+              f"{FLAGS.tune_table}\n\n{kernel_tuning.markdown(entries)}")
+        return
     print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}, B={b} H={h} "
           f"D={d} {FLAGS.dtype}; ratios = other time / Pallas time\n")
     if "linear" in FLAGS.sections:

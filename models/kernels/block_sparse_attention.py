@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from models import masks
-from models.kernels import block_sparse_mgpu, reference, targets
+from models.kernels import block_sparse_mgpu, reference, targets, tuning
 from models.kernels.block_sparse_pallas import key_validity, sharded_pallas_attention
 from models.kernels.block_sparse_tiles import GPU_FORMS, dropout_multiplier, make_config
 
@@ -109,9 +109,13 @@ def block_sparse_attention(q_BxHxQxK: jax.Array, k_BxHxKvxK: jax.Array,
             if target.backend == "xla":
                 return functools.partial(_without_kernel, pattern=pattern, block_q=block_q,
                                          block_k=block_k, dropout_rate=dropout_rate)
-            cfg = make_config(q_BxHxQxK, k_BxHxKvxK, pattern, block_q=block_q,
-                              block_k=block_k, platform=target.platform,
-                              interpret=target.interpret, dropout_rate=dropout_rate)
+            # The tuning table's tile where the caller gave none (compiled Triton only).
+            tile, launch = tuning.for_target("block_sparse", target, q_BxHxQxK.dtype,
+                                             q_BxHxQxK.shape[3], max(q_len, kv_len), None)
+            cfg = make_config(q_BxHxQxK, k_BxHxKvxK, pattern, block_q=block_q or tile,
+                              block_k=block_k or tile, platform=target.platform,
+                              interpret=targets.interpret_for(target, interpret),
+                              dropout_rate=dropout_rate)._replace(triton=launch)
             if target.platform == "gpu" and gpu_form == "mosaic":
                 if not target.interpret or block_sparse_mgpu.interpreting():
                     cfg = _mosaic_or_triton(cfg, q_BxHxQxK, v_BxHxKvxD)

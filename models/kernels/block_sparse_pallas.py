@@ -52,7 +52,7 @@ def _call(kernel, cfg: _Config, name: str, grid, inputs, in_specs, out_shapes, o
     if cfg.platform == "gpu":
         params = dict(grid=grid, in_specs=list(in_specs) + [_ANY_SPEC] * len(extra),
                       out_specs=out_specs,
-                      compiler_params=targets.triton_params(num_warps=4, num_stages=2))
+                      compiler_params=targets.triton_launch(cfg.triton, default=(4, 2)))
     else:
         params = dict(
             grid_spec=pltpu.PrefetchScalarGridSpec(

@@ -19,6 +19,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from models import masks
+from models.kernels import targets
 
 _F32 = jnp.float32
 # Masked logits: finite, so the running max of a tile with no key stays finite.
@@ -41,6 +42,8 @@ class _Config(NamedTuple):
     # "triton", or "mosaic": the forward as a Mosaic GPU kernel (block_sparse_mgpu.py),
     # the backward passes Triton's.
     gpu_form: str = "triton"
+    # Triton's (num_warps, num_stages) from models/kernels/tuning.py; None: the defaults
+    triton: tuple[int, int] | None = None
 
     @property
     def num_q_blocks(self) -> int:
@@ -82,7 +85,7 @@ def make_config(q: jax.Array, k: jax.Array, pattern: masks.Pattern, *,
     if gpu_form not in GPU_FORMS:
         raise ValueError(f"gpu_form must be one of {', '.join(GPU_FORMS)}, got {gpu_form!r}")
     return _Config(pattern, q_len, kv_len, bq, bk, 1.0 / math.sqrt(q.shape[-1]), platform,
-                   bool(interpret), float(dropout_rate), gpu_form)
+                   targets.interpret_mode(interpret, platform), float(dropout_rate), gpu_form)
 
 
 class _Lists(NamedTuple):

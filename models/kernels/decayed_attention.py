@@ -50,7 +50,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 from models import layers
-from models.kernels import targets
+from models.kernels import targets, tuning
 from models.kernels.linear_attention import (_ANY_SPEC, _F32, _mm, _mm_nt, _mm_tn,
                                              _poison_args)
 
@@ -67,6 +67,9 @@ class _Config(NamedTuple):
     backend: str  # "pallas" or "xla"
     platform: str  # "gpu" or "tpu": which pallas_call wrapper
     interpret: bool
+    # Triton's (num_warps, num_stages) from models/kernels/tuning.py; None: the defaults
+    triton: tuple[int, int] | None = None
+
 
 
 # --------------------------------------------------------------------------------------
@@ -246,7 +249,7 @@ def _run_gpu(pass_: _Pass, inputs, outs, cfg: _Config, poison=None):
         in_specs=[row_spec(x) for x in inputs] + [_ANY_SPEC] * len(extra),
         out_specs=[row_spec(o) for o in out_shapes],
         input_output_aliases=aliases,
-        compiler_params=targets.triton_params(num_warps=4, num_stages=1),
+        compiler_params=targets.triton_launch(cfg.triton, default=(4, 1)),
         interpret=cfg.interpret,
         name=_name(pass_),
     )(*inputs, *extra)
@@ -394,7 +397,8 @@ def make_config(q: jax.Array, k: jax.Array, v: jax.Array, log_a: jax.Array, *,
         raise ValueError(f"Triton chunks must be a power of two >= 16, got {chunk_size}")
     if backend == "pallas" and platform == "tpu" and chunk_size % 8:
         raise ValueError(f"TPU chunks must be a multiple of 8, got {chunk_size}")
-    return _Config(bool(strict), diagonal, int(chunk_size), backend, platform, bool(interpret))
+    return _Config(bool(strict), diagonal, int(chunk_size), backend, platform,
+                   targets.interpret_mode(interpret, platform))
 
 
 def decayed_linear_attention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array,
@@ -426,9 +430,12 @@ def decayed_linear_attention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array,
         raise ValueError(f"backend must be 'pallas' or 'xla', got {backend!r}")
 
     def build(target: targets.Target):
+        chunk, launch = tuning.for_target("decayed", target, q_BxHxLxK.dtype,
+                                          q_BxHxLxK.shape[3], q_BxHxLxK.shape[2], chunk_size)
         cfg = make_config(*args, strict=strict, backend=target.backend,
-                          chunk_size=chunk_size, platform=target.platform,
-                          interpret=target.interpret)
+                          chunk_size=chunk, platform=target.platform,
+                          interpret=targets.interpret_for(target, interpret))._replace(
+                              triton=launch)
 
         def run(q, k, v, log_a):
             return _decayed_attention(q, k, v, log_a, cfg)

@@ -66,7 +66,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 from models import layers
-from models.kernels import targets
+from models.kernels import targets, tuning
 from models.kernels.decayed_attention import _Config as _DecayConfig
 from models.kernels.decayed_attention import _chunk_sums, _decay
 from models.kernels.linear_attention import _F32, _mm, _mm_nt, _mm_tn
@@ -84,6 +84,9 @@ class _Config(NamedTuple):
     backend: str  # "pallas" or "xla"
     platform: str  # "gpu" or "tpu": which pallas_call wrapper
     interpret: bool | pltpu.InterpretParams  # the latter: Mosaic's TPU interpreter
+    # Triton's (num_warps, num_stages) from models/kernels/tuning.py; None: the defaults
+    triton: tuple[int, int] | None = None
+
 
 
 # --------------------------------------------------------------------------------------
@@ -297,7 +300,7 @@ def _run_gpu(pass_: _Pass, rows, chunks, init, row_outs, n_chunk_outs, cfg: _Con
         grid=(b, h),
         in_specs=[spec(x.shape) for x in ins],
         out_specs=[spec(o.shape) for o in out_shapes],
-        compiler_params=targets.triton_params(num_warps=4, num_stages=1),
+        compiler_params=targets.triton_launch(cfg.triton, default=(4, 1)),
         interpret=cfg.interpret,
         name=pass_.name,
     )(*ins)
@@ -454,11 +457,8 @@ def make_config(q: jax.Array, k: jax.Array, v: jax.Array, beta: jax.Array,
         raise ValueError(f"Triton chunks must be a power of two >= 16, got {chunk_size}")
     if backend == "pallas" and platform == "tpu" and chunk_size % 8:
         raise ValueError(f"TPU chunks must be a multiple of 8, got {chunk_size}")
-    if not isinstance(interpret, pltpu.InterpretParams):
-        interpret = bool(interpret)
-    elif platform != "tpu":
-        raise ValueError("pltpu.InterpretParams interprets the Mosaic (platform='tpu') form")
-    return _Config(int(chunk_size), backend, platform, interpret)
+    return _Config(int(chunk_size), backend, platform,
+                   targets.interpret_mode(interpret, platform))
 
 
 def delta_rule(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax.Array,
@@ -498,11 +498,12 @@ def delta_rule(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax.Array,
     args = (q, k, v, beta, log_a)
 
     def build(target: targets.Target):
-        tpu_interpreter = (target.interpret and target.platform == "tpu"
-                           and isinstance(interpret, pltpu.InterpretParams))
+        chunk, launch = tuning.for_target("delta", target, q.dtype, q.shape[3], q.shape[2],
+                                          chunk_size)
         cfg = make_config(q, k, v, beta, log_alpha_BxHxL, backend=target.backend,
-                          chunk_size=chunk_size, platform=target.platform,
-                          interpret=interpret if tpu_interpreter else target.interpret)
+                          chunk_size=chunk, platform=target.platform,
+                          interpret=targets.interpret_for(target, interpret))._replace(
+                              triton=launch)
 
         def run(*xs):
             return _delta_rule(*xs, cfg)

@@ -38,7 +38,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 from models import layers
-from models.kernels import targets
+from models.kernels import targets, tuning
 
 _F32 = jnp.float32
 # Chunk sizes that suit each target: a 64 x 64 score tile keeps a Triton program within
@@ -53,6 +53,9 @@ class _Config(NamedTuple):
     backend: str  # "pallas" or "xla"
     platform: str  # "gpu" or "tpu": which pallas_call wrapper
     interpret: bool
+    # Triton's (num_warps, num_stages) from models/kernels/tuning.py; None: the defaults
+    triton: tuple[int, int] | None = None
+
 
 
 # --------------------------------------------------------------------------------------
@@ -260,7 +263,7 @@ def _run_gpu(pass_: _Pass, inputs, out_dtypes, cfg: _Config, poison=None):
         in_specs=[row_spec(x) for x in inputs] + [_ANY_SPEC] * len(extra),
         out_specs=[row_spec(o) for o in out_shapes],
         input_output_aliases=aliases,
-        compiler_params=targets.triton_params(num_warps=4, num_stages=1),
+        compiler_params=targets.triton_launch(cfg.triton, default=(4, 1)),
         interpret=cfg.interpret,
         name=f"linear_attention_{pass_.emit.__name__.strip('_')}",
     )(*inputs, *extra)
@@ -417,7 +420,7 @@ def make_config(q: jax.Array, *, causal: bool, backend: str = "pallas",
     if backend == "pallas" and platform == "tpu" and chunk_size % 8:
         raise ValueError(f"TPU chunks must be a multiple of 8, got {chunk_size}")
     return _Config(bool(causal), float(eps), int(chunk_size), backend, platform,
-                   bool(interpret))
+                   targets.interpret_mode(interpret, platform))
 
 
 def linear_attention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax.Array, *,
@@ -445,9 +448,12 @@ def linear_attention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax.
         raise ValueError(f"backend must be 'pallas' or 'xla', got {backend!r}")
 
     def build(target: targets.Target):
+        chunk, launch = tuning.for_target("linear", target, q_BxHxLxK.dtype,
+                                          q_BxHxLxK.shape[3], q_BxHxLxK.shape[2], chunk_size)
         cfg = make_config(q_BxHxLxK, causal=causal, backend=target.backend,
-                          chunk_size=chunk_size, eps=eps, platform=target.platform,
-                          interpret=target.interpret)
+                          chunk_size=chunk, eps=eps, platform=target.platform,
+                          interpret=targets.interpret_for(target, interpret))._replace(
+                              triton=launch)
 
         def run(q, k, v):
             return _linear_attention(q, k, v, cfg)

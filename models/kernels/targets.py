@@ -27,6 +27,7 @@ from typing import Callable, NamedTuple
 
 import jax
 from jax import lax
+from jax.experimental.pallas import tpu as pltpu
 
 # The platforms `lax.platform_dependent` names (a lowering platform, not a device kind).
 LOWERING_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
@@ -56,6 +57,36 @@ def resolve_backend(backend: str, platform: str | None,
     if interpret is None:
         interpret = device == "cpu"
     return platform, interpret
+
+
+def interpret_mode(interpret, platform: str | None):
+    """A kernel config's interpret field: a `pltpu.InterpretParams` kept as given (Mosaic's
+    TPU interpreter, simulating VMEM, DMAs and semaphores, race detection if asked; the
+    TPU flavour only), anything else as a bool (the generic Pallas interpreter or none)."""
+    if isinstance(interpret, pltpu.InterpretParams):
+        if platform != "tpu":
+            raise ValueError("pltpu.InterpretParams interprets the Mosaic (platform='tpu') "
+                             "form")
+        return interpret
+    return bool(interpret)
+
+
+def interpret_for(target: "Target", interpret):
+    """The interpret mode of a kernel built for `target`: the caller's
+    `pltpu.InterpretParams` where that target is the interpreted TPU flavour, else the
+    target's own bool."""
+    if (target.interpret and target.platform == "tpu"
+            and isinstance(interpret, pltpu.InterpretParams)):
+        return interpret
+    return target.interpret
+
+
+def tpu_races_found() -> bool:
+    """Whether Mosaic's TPU interpreter found a race since its state was last reset (the
+    kernels' tests run it with `pltpu.InterpretParams(detect_races=True)`)."""
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call
+    races = getattr(interpret_pallas_call, "races", None)  # JAX 0.10-0.12: a module global
+    return bool(races is not None and races.races_found)
 
 
 def gpu_backend() -> str | None:
@@ -90,6 +121,13 @@ def triton_params(**kwargs):
     except ImportError:
         return None
     return triton.CompilerParams(**kwargs)
+
+
+def triton_launch(tuned: tuple[int, int] | None, default: tuple[int, int]):
+    """Triton's CompilerParams for a (num_warps, num_stages) from the tuning table, or the
+    kernel's default pair."""
+    num_warps, num_stages = tuned or default
+    return triton_params(num_warps=num_warps, num_stages=num_stages)
 
 
 def describe_gpu(kernel: str = "attention_impl=pallas") -> str:

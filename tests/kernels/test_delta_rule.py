@@ -21,6 +21,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from models.attention import delta
 from tests.kernels import lowering
+from tests.kernels.interpreters import TPU_INTERPRETER
 
 dr = importlib.import_module("models.kernels.delta_rule")
 
@@ -110,7 +111,7 @@ def test_equals_chunked_and_recurrent_forms(impl, gated, dtype):
     (q, k, v, beta, log_alpha), cot = _inputs(1)
     args = (q.astype(dtype), k.astype(dtype), v.astype(dtype), beta, log_alpha)
     fn = functools.partial(dr.delta_rule, backend=backend, platform=platform, chunk_size=16,
-                           interpret=pltpu.InterpretParams() if platform == "tpu" else None)
+                           interpret=TPU_INTERPRETER if platform == "tpu" else None)
     got = _value_and_grads(fn, args, cot, gated)
     assert got[0].dtype == dtype and got[1].dtype == jnp.float32
     assert [g.dtype for g in got[2:5]] == [dtype] * 3

@@ -13,6 +13,7 @@ import pytest
 
 from models.kernels import reference, targets
 from tests.kernels import lowering
+from tests.kernels.interpreters import TPU_INTERPRETER
 
 # The package re-exports the function under the module's name; fetch the module itself.
 la = importlib.import_module("models.kernels.linear_attention")
@@ -26,8 +27,8 @@ TOLERANCE = {jnp.float32: 2e-5, jnp.bfloat16: 3e-2}
 
 
 def _interpret(platform):
-    if platform == "tpu":
-        return jax.default_backend() != "tpu"
+    if platform == "tpu":  # Mosaic's TPU interpreter, race detection on (conftest.py)
+        return TPU_INTERPRETER if jax.default_backend() != "tpu" else False
     return None  # the default: interpret on CPU only
 
 
