@@ -137,7 +137,11 @@ def kernel(name: str) -> str:
     if module not in _KERNEL_OF_MODULE:
         raise SystemExit(f"{name}: attention_impl='pallas' built {module}; name its kernel "
                          "in scripts/variant_table.py _KERNEL_OF_MODULE")
-    return f"{_KERNEL_OF_MODULE[module]} (`pallas`)"
+    try:
+        build("pallas_mosaic")
+    except (ValueError, TypeError):
+        return f"{_KERNEL_OF_MODULE[module]} (`pallas`)"
+    return f"{_KERNEL_OF_MODULE[module]} (`pallas`, `pallas_mosaic`)"
 
 
 def rows() -> list[tuple[str, str, str, str, str]]:

@@ -78,7 +78,8 @@ from models.attention.linear_scan import (DEFAULT_CHUNK, _away_from_zero, _causa
                                           gated_linear_attention, linear_attention)
 from models.kernels.linear_attention import linear_attention as pallas_linear_attention
 
-IMPLS = ("dense", "pallas")  # the XLA (lax.scan) forms, or the Pallas kernels
+IMPLS = ("dense", "pallas", "pallas_mosaic")  # XLA (lax.scan) forms, or the Pallas kernels
+KERNEL_IMPLS = ("pallas", "pallas_mosaic")  # pallas_mosaic: the forward as Mosaic GPU
 FEATURE_KERNELS = ("softmax", "relu")
 FAST_WEIGHT_MAPS = ("dpfp", "elu")
 EPS = 1e-6  # the normalisers' eps (performer, rfa; linear's default)
@@ -111,10 +112,12 @@ class _KernelAttention(MultiHeadAttention, recurrent.RecurrentDecoding):
     def linear(self, phi_q_BxHxLxK: jax.Array, phi_k_BxHxLxK: jax.Array, v_BxHxLxD: jax.Array,
                eps: float = 1e-6) -> jax.Array:
         """`linear_attention` in this module's implementation (the kernel: its own chunk)."""
-        if self.attention_impl == "pallas":
-            return pallas_linear_attention(phi_q_BxHxLxK, phi_k_BxHxLxK, v_BxHxLxD,
-                                           causal=self.causal, backend="pallas",
-                                           eps=eps).astype(v_BxHxLxD.dtype)
+        if self.attention_impl in KERNEL_IMPLS:
+            return pallas_linear_attention(
+                phi_q_BxHxLxK, phi_k_BxHxLxK, v_BxHxLxD, causal=self.causal,
+                backend="pallas", eps=eps,
+                gpu_form="mosaic" if self.attention_impl == "pallas_mosaic" else "triton",
+            ).astype(v_BxHxLxD.dtype)
         return linear_attention(phi_q_BxHxLxK, phi_k_BxHxLxK, v_BxHxLxD, causal=self.causal,
                                 chunk_size=self.chunk_size, eps=eps)
 
@@ -213,7 +216,7 @@ def build_linear(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: 
                  eps: float = 1e-6, chunk_size: int = DEFAULT_CHUNK,
                  attention_impl: str = "dense") -> LinearAttention:
     del max_len  # any length
-    if rotary and attention_impl == "pallas":
+    if rotary and attention_impl in KERNEL_IMPLS:
         raise registry.RegistryError(
             "linear: pos_emb='rotary' needs rotated features in the numerator and plain ones "
             "in the denominator, which the Pallas kernel computes from one set; use "
@@ -326,7 +329,7 @@ def build_performer(*, dim: int, num_heads: int, max_len: int, causal: bool,
     redraw_interval: training calls between feature redraws (0 = never redraw).
     """
     del max_len  # any length
-    if attention_impl == "pallas" and causal and kernel == "softmax":
+    if attention_impl in KERNEL_IMPLS and causal and kernel == "softmax":
         raise registry.RegistryError("performer: causal FAVOR+ carries a decaying state "
                                      "that the Pallas kernel lacks; use attention_impl="
                                      "'dense' or kernel='relu'")
@@ -361,7 +364,7 @@ class RandomFeatureAttention(_KernelAttention):
         phi_q = trig_features(q_BxHxLxK, w_MxK, inv_tau_H)
         phi_k, v = self.drop_padded(trig_features(k_BxHxLxK, w_MxK, inv_tau_H), v_BxHxLxK,
                                     padding_mask)
-        if self.gate is None and self.attention_impl == "pallas":
+        if self.gate is None and self.attention_impl in KERNEL_IMPLS:
             return self.linear(phi_q, phi_k, v)
         if self.gate is None:
             num, den = _num_den(phi_q, phi_k, v, causal=self.causal,
@@ -414,7 +417,7 @@ class RandomFeatureAttention(_KernelAttention):
             decay_BxH, phi_k = jnp.exp(log_g_BxHx1[..., 0]), phi_k * write_BxHx1
         state = recurrent.add_token(state, phi_k, phi_k, v_BxHx1xK[:, :, 0], decay_BxH)
         num_BxHxK, den_BxH = recurrent.read(state, phi_q, phi_q)
-        if self.gate is None and self.attention_impl == "pallas":
+        if self.gate is None and self.attention_impl in KERNEL_IMPLS:
             return num_BxHxK / (den_BxH[..., None] + EPS), state  # the kernel's normaliser
         return num_BxHxK / _away_from_zero(den_BxH, EPS)[..., None], state
 
@@ -431,7 +434,7 @@ def build_rfa(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx
               attention_impl: str = "dense") -> RandomFeatureAttention:
     """gate=True (causal only): S_t = g_t S_{t-1} + (1 - g_t) phi(k_t) v_t^T."""
     del max_len  # any length
-    if attention_impl == "pallas" and gate:
+    if attention_impl in KERNEL_IMPLS and gate:
         raise registry.RegistryError("rfa: the gated state has no Pallas kernel; use "
                                      "attention_impl='dense'")
     return RandomFeatureAttention(dim=dim, num_heads=num_heads, causal=causal,

@@ -38,7 +38,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 from models import layers
-from models.kernels import targets, tuning
+from models.kernels import block_sparse_mgpu, linear_mgpu, targets, tuning
 
 _F32 = jnp.float32
 # Chunk sizes that suit each target: a 64 x 64 score tile keeps a Triton program within
@@ -53,6 +53,7 @@ class _Config(NamedTuple):
     backend: str  # "pallas" or "xla"
     platform: str  # "gpu" or "tpu": which pallas_call wrapper
     interpret: bool
+    gpu_form: str = "triton"  # "mosaic": the forward as Mosaic GPU (linear_mgpu.py)
     # Triton's (num_warps, num_stages) from models/kernels/tuning.py; None: the defaults
     triton: tuple[int, int] | None = None
 
@@ -370,6 +371,10 @@ def _unpad(x: jax.Array, like: jax.Array) -> jax.Array:
 
 def _forward(q, k, v, cfg: _Config, poison=None):
     inputs = (_pad(q, cfg, 1.0), _pad(k, cfg), _pad(v, cfg))
+    if cfg.backend == "pallas" and cfg.platform == "gpu" and cfg.gpu_form == "mosaic":
+        out = linear_mgpu.forward(*inputs, causal=cfg.causal, eps=cfg.eps,
+                                  interpret=cfg.interpret)
+        return _unpad(out, v)
     (out,) = _run(_FORWARD, inputs, (q.dtype,), cfg, poison)
     return _unpad(out, v)
 
@@ -426,8 +431,12 @@ def make_config(q: jax.Array, *, causal: bool, backend: str = "pallas",
 def linear_attention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax.Array, *,
                      causal: bool, backend: str = "pallas", chunk_size: int | None = None,
                      eps: float = 1e-6, platform: str | None = None,
-                     interpret: bool | None = None) -> jax.Array:
+                     interpret: bool | None = None, gpu_form: str = "triton") -> jax.Array:
     """Normalised linear attention on feature-mapped (non-negative) inputs.
+
+    `gpu_form="mosaic"`: the GPU flavour's forward as the Mosaic GPU kernel
+    (`linear_mgpu.py`, chunk 64, 16-bit, feature dims 64 or 128) where it takes the call,
+    else the Triton form, said once; the backward passes are Triton's.
 
     Args:
       q_BxHxLxK, k_BxHxLxK: feature-mapped queries and keys (e.g. elu + 1).
@@ -446,6 +455,8 @@ def linear_attention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax.
     """
     if backend not in ("pallas", "xla"):
         raise ValueError(f"backend must be 'pallas' or 'xla', got {backend!r}")
+    if gpu_form not in ("triton", "mosaic"):
+        raise ValueError(f"gpu_form must be 'triton' or 'mosaic', got {gpu_form!r}")
 
     def build(target: targets.Target):
         chunk, launch = tuning.for_target("linear", target, q_BxHxLxK.dtype,
@@ -454,6 +465,8 @@ def linear_attention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax.
                           chunk_size=chunk, eps=eps, platform=target.platform,
                           interpret=targets.interpret_for(target, interpret))._replace(
                               triton=launch)
+        if gpu_form == "mosaic" and target.platform == "gpu" and target.backend == "pallas":
+            cfg = _mosaic_or_triton(cfg, target, q_BxHxLxK, v_BxHxLxV)
 
         def run(q, k, v):
             return _linear_attention(q, k, v, cfg)
@@ -472,4 +485,24 @@ def linear_attention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax.
         return build(targets.Target("xla", None, False))(*args)
     # The kernel form follows the platform the program is lowered for (models/kernels/
     # targets.py), not the host that traces it.
-    return targets.dispatch(build, args, platform=platform, interpret=interpret)
+    return targets.dispatch(build, args, platform=platform, interpret=interpret,
+                            mosaic_gpu=gpu_form == "mosaic" and block_sparse_mgpu.available())
+
+
+def _mosaic_or_triton(cfg: _Config, target: targets.Target, q, v) -> _Config:
+    """cfg with the Mosaic GPU forward (chunk 64) where it takes the call; else the Triton
+    form, the reason said once. On CPU only inside `block_sparse_mgpu.interpreted()`."""
+    if target.interpret and not block_sparse_mgpu.interpreting():
+        targets.say_once("linear attention: gpu_form='mosaic' runs the Triton form in the "
+                         "interpreter here (the Mosaic GPU interpreter: "
+                         "block_sparse_mgpu.interpreted())")
+        return cfg
+    # Padded dims: Triton's (powers of two >= 16) are what the forward receives.
+    dims = (max(16, pl.next_power_of_2(q.shape[3])), max(16, pl.next_power_of_2(v.shape[3])))
+    why = linear_mgpu.supports(q.dtype, *dims, linear_mgpu.CHUNK)
+    if why is not None:
+        targets.say_once(f"linear attention: Triton form, not Mosaic GPU ({why})")
+        return cfg
+    targets.say_once("linear attention: Mosaic GPU forward "
+                     f"({'interpreted' if target.interpret else 'compiled'}), Triton backward")
+    return cfg._replace(chunk=linear_mgpu.CHUNK, gpu_form="mosaic")

@@ -1,0 +1,134 @@
+"""Chunked linear attention's forward pass as a Mosaic GPU kernel (issue 70).
+
+The forward pass of `linear_attention.py` (`_FORWARD`: emit, then fold each chunk into the
+state (S, z)) written for Mosaic GPU (`plgpu.kernel`), as `block_sparse_mgpu.py` is for the
+block-sparse kernel. One CTA (one warpgroup) per (batch, head) row walks its chunks of 64
+positions in order (`plgpu.emit_pipeline`: the next chunk's q, k, v TMA-loaded while this
+one computes; each output chunk stored by TMA while the next computes), carrying S (K x V)
+and z (K) in registers, float32:
+
+- causal: out = (q S + tril(q k^T) v) / (q . z + rowsum(tril(q k^T)) + eps), then
+  S += k^T v, z += colsum(k);
+- full: one pipeline folds every chunk into (S, z), a second emits q S / (q . z + eps).
+
+The matmuls are `wgmma`s on shared memory: S and the masked scores are rounded to the
+inputs' dtype on their way there, as the Triton form casts them (`_mm(..., dtype)`); the
+normaliser uses the float32 scores. The backward passes stay the Triton kernels (they take
+the forward's output). 16-bit inputs, head dims multiples of 64; `supports` says why not.
+
+Checked on a CPU only: numerics in the Mosaic GPU interpreter (race detection on) and the
+lowering for sm_90 (tests/kernels/test_linear_mgpu.py, JAX 0.12). Never run on a GPU.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from models.kernels import block_sparse_mgpu
+
+CHUNK = 64
+_F32 = jnp.float32
+
+
+def supports(dtype, dim_k: int, dim_v: int, chunk: int) -> str | None:
+    """None where the Mosaic GPU forward takes this call, else the reason in one line."""
+    if not block_sparse_mgpu.available():
+        return f"JAX {jax.__version__} lacks the Mosaic GPU API this kernel uses"
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        return f"wgmma takes 16-bit operands, got {jnp.dtype(dtype).name}"
+    if dim_k % 64 or dim_v % 64 or max(dim_k, dim_v) > 128:
+        return f"feature and value dims must be 64 or 128, got {dim_k} / {dim_v}"
+    if chunk != CHUNK:
+        return f"the chunk is {CHUNK}, got {chunk}"
+    return None
+
+
+def forward(q, k, v, *, causal: bool, eps: float, interpret: bool = False):
+    """`[B, H, L, K]` q, k and `[B, H, L, V]` v (L a multiple of the chunk, 16-bit) ->
+    out `[B, H, L, V]` in q's dtype, as `linear_attention._forward`."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    b, h, length, dk = q.shape
+    dv, dtype, c = v.shape[-1], q.dtype, CHUNK
+    n = length // c
+    swizzled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+    wgmma = plgpu.Layout.WGMMA
+    cols = wgmma.reduce(0)
+
+    def mma(a_s, b_s, shape):
+        def run(acc_ref):
+            plgpu.wgmma(acc_ref, a_s, b_s)
+            return acc_ref[...]
+        return pl.run_scoped(run, plgpu.ACC(shape, _F32))
+
+    def fold(k_s, v_s, state):
+        s, z = state
+        z = z + plgpu.load(k_s, layout=wgmma).astype(_F32).sum(axis=0)
+        # A fence between this register read of k_s and the TMA that refills its slot
+        # after the step (the async proxy), as the interpreter's race detector asks.
+        plgpu.commit_smem()
+        return s + mma(k_s.transpose((1, 0)), v_s, (dk, dv)), z
+
+    def emit(i, q_s, o_s, o_g, s_s, state, k_s=None, v_s=None, p_s=None):
+        s, z = state
+        s_s[...] = s.astype(dtype)  # rounded as the Triton form's _mm(q, s, dtype)
+        plgpu.commit_smem()
+        num = mma(q_s, s_s, (c, dv))
+        q = plgpu.load(q_s, layout=wgmma).astype(_F32)
+        den = (q * lax.broadcast_in_dim(z, (c, dk), [1])).sum(axis=1)
+        if k_s is not None:  # causal: this chunk's own keys, lower-triangular
+            scores = mma(q_s, k_s.transpose((1, 0)), (c, c))
+            row = plgpu.broadcasted_iota(jnp.int32, (c, c), 0, layout=wgmma)
+            col = plgpu.broadcasted_iota(jnp.int32, (c, c), 1, layout=wgmma)
+            scores = jnp.where(row >= col, scores, 0.0)
+            den = den + scores.sum(axis=1)
+            p_s[...] = scores.astype(dtype)
+            plgpu.commit_smem()
+            num = num + mma(p_s, v_s, (c, dv))
+        out = (num / lax.broadcast_in_dim(den + eps, (c, dv), [0])).astype(dtype)
+        # The interpreter has no predicated stores (emit_pipeline's out_specs): the chunk
+        # goes out by hand, once the previous one has left o_s.
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        o_s[...] = out
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(o_s, o_g.at[pl.ds(i * c, c)])
+
+    def body(q_g, k_g, v_g, o_g, s_s, p_s, o_s):
+        bi, hi = lax.axis_index("b"), lax.axis_index("h")
+        init = (plgpu.layout_cast(jnp.zeros((dk, dv), _F32), wgmma),
+                plgpu.layout_cast(jnp.zeros((dk,), _F32), cols))
+        chunk = lambda width: plgpu.BlockSpec((c, width), lambda i: (i, 0),
+                                              transforms=swizzled)
+        rows = (q_g.at[bi, hi], k_g.at[bi, hi], v_g.at[bi, hi])
+        out_row = o_g.at[bi, hi]
+        if causal:
+            def step(idx, q_s, k_s, v_s, state):
+                emit(idx[0], q_s, o_s, out_row, s_s, state, k_s, v_s, p_s)
+                return fold(k_s, v_s, state)
+
+            plgpu.emit_pipeline(step, grid=(n,), max_concurrent_steps=2, init_carry=init,
+                                in_specs=[chunk(dk), chunk(dk), chunk(dv)])(*rows)
+            plgpu.wait_smem_to_gmem(0)
+            return
+        state = plgpu.emit_pipeline(
+            lambda _, k_s, v_s, state: fold(k_s, v_s, state), grid=(n,),
+            max_concurrent_steps=2, init_carry=init,
+            in_specs=[chunk(dk), chunk(dv)])(rows[1], rows[2])
+
+        def emit_step(idx, q_s):
+            emit(idx[0], q_s, o_s, out_row, s_s, state)
+
+        plgpu.emit_pipeline(emit_step, grid=(n,), max_concurrent_steps=2,
+                            in_specs=[chunk(dk)])(rows[0])
+        plgpu.wait_smem_to_gmem(0)
+
+    kernel = plgpu.kernel(
+        body, out_type=jax.ShapeDtypeStruct((b, h, length, dv), dtype),
+        grid=(b, h), grid_names=("b", "h"),
+        scratch_types=[plgpu.SMEM((dk, dv), dtype, transforms=swizzled),
+                       plgpu.SMEM((c, c), dtype, transforms=swizzled),
+                       plgpu.SMEM((c, dv), dtype, transforms=swizzled)],
+        interpret=plgpu.InterpretGPUParams(detect_races=True) if interpret else False)
+    return kernel(q, k, v)

@@ -1,0 +1,150 @@
+"""Chunked linear attention's forward as a Mosaic GPU kernel (models/kernels/
+linear_mgpu.py), checked on this CPU: in the Mosaic GPU interpreter (race detection on)
+against the Triton forward, with gradients (the backward stays Triton's), through
+configs/listops.py (`model=linear,attention_impl=pallas_mosaic`), and the bf16 training
+step lowered for sm_90. Needs JAX's Mosaic GPU interpreter (0.12: CI's newest-JAX stage);
+on an older JAX only the fallback runs. Nothing here runs on a GPU."""
+import collections
+import importlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import lra.tasks
+from configs import listops
+from lra import train
+from models import precision
+from models.kernels import block_sparse_mgpu, linear_mgpu, targets
+from tests.kernels import lowering
+from tests.models.helpers import randomize_params
+
+# The module (models.kernels exports its function under the same name).
+la = importlib.import_module("models.kernels.linear_attention")
+needs_mgpu = pytest.mark.skipif(not block_sparse_mgpu.available(),
+                                reason=f"JAX {jax.__version__} has no Mosaic GPU interpreter")
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    targets._SAID.clear()
+    if block_sparse_mgpu.available():
+        from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
+        gpu_callbacks.reset_gpu_interpret_mode_state()
+    yield
+
+
+def _races_found() -> bool:
+    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+    return bool(interpret_pallas_call.get_races().races_found)
+
+
+def _inputs(length, dk, dv, dtype, seed=0):
+    ks = jax.random.split(jax.random.key(seed), 4)
+    q, k = (jax.nn.elu(jax.random.normal(kk, (2, 2, length, dk))) + 1 for kk in ks[:2])
+    v, g = (jax.random.normal(kk, (2, 2, length, dv)) for kk in ks[2:])
+    return tuple(x.astype(dtype) for x in (q, k, v, g))
+
+
+@needs_mgpu
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("dk, dtype", [(64, "bfloat16"), (128, "bfloat16"), (64, "float16")])
+def test_forward_in_the_interpreter_equals_the_triton_forward(causal, dk, dtype):
+    """Padded rows (L 150 in chunks of 64), feature dims 64 and 128, no races: the same
+    roundings as the Triton form (S and the masked scores in the inputs' dtype)."""
+    q, k, v, _ = _inputs(150, dk, 64, dtype)
+    cfg = la.make_config(q, causal=causal, chunk_size=64, platform="gpu", interpret=True)
+    qp, kp, vp = la._pad(q, cfg, 1.0), la._pad(k, cfg), la._pad(v, cfg)
+    out = jax.jit(lambda *a: linear_mgpu.forward(*a, causal=causal, eps=cfg.eps,
+                                                 interpret=True))(qp, kp, vp)
+    assert not _races_found()
+    ref = la._run(la._FORWARD, (qp, kp, vp), (q.dtype,), cfg)[0]
+    f32 = lambda x: np.asarray(x, np.float32)
+    np.testing.assert_allclose(f32(out), f32(ref), atol=2.0 ** -8, rtol=2.0 ** -7)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_gpu_form_mosaic_equals_triton_with_gradients(capfd, causal):
+    """Output and gradients of q, k, v against the Triton form; under a JAX without the
+    Mosaic GPU interpreter, the fallback (the Triton form, said once)."""
+    q, k, v, g = _inputs(100, 64, 64, "bfloat16", seed=1)
+
+    def run(form):
+        def f(q, k, v):
+            return la.linear_attention(q, k, v, causal=causal, backend="pallas",
+                                       chunk_size=64, gpu_form=form)
+        out, vjp = jax.vjp(f, q, k, v)
+        return (out, *vjp(g))
+
+    with block_sparse_mgpu.interpreted():
+        ref, got = run("triton"), run("mosaic")
+    err = capfd.readouterr().err
+    if block_sparse_mgpu.available():
+        assert "Mosaic GPU forward (interpreted), Triton backward" in err
+    else:
+        assert "Triton form, not Mosaic GPU (JAX" in err
+    for a, b in zip(ref, got):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        assert np.max(np.abs(a - b)) <= 1e-2 * np.max(np.abs(a))
+
+
+def test_refusals():
+    q, k, v, _ = _inputs(16, 16, 16, "float32")
+    with pytest.raises(ValueError, match="gpu_form must be 'triton' or 'mosaic'"):
+        la.linear_attention(q, k, v, causal=True, gpu_form="cutlass")
+    why = linear_mgpu.supports(jnp.float32, 64, 64, 64)
+    assert "wgmma takes 16-bit" in why or "lacks the Mosaic GPU API" in why
+    assert linear_mgpu.supports(jnp.bfloat16, 32, 64, 64) is not None
+
+
+def _config(arg, length=64):
+    config = listops.get_config(arg)
+    config.max_length, config.batch_size, config.dtype = length, 2, "bfloat16"
+    config.qkv_dim = 64 * config.num_heads  # the kernel's feature dim: 64 per head
+    return config
+
+
+@needs_mgpu
+def test_pallas_mosaic_equals_pallas_through_the_task_config():
+    """configs/listops.py:model=linear,...,pretrain,causal in bfloat16 with
+    attention_impl=pallas_mosaic against attention_impl=pallas on the same weights: the
+    loss and every gradient (64 features per head)."""
+    arg = "model=linear,runlocal,pretrain,causal"
+    task = lra.tasks.get("listops")
+    ref = randomize_params(train.build_model(_config(arg + ",attention_impl=pallas"), task),
+                           seed=2, scale=0.3)
+    mosaic = train.build_model(_config(arg + ",attention_impl=pallas_mosaic"), task)
+    nnx.update(mosaic, nnx.state(ref, nnx.Param))
+    tokens = jax.random.randint(jax.random.key(0), (2, 64), 1, task.vocab_size)
+    mask = jnp.arange(64)[None] < jnp.array([[64], [37]])
+
+    def loss_and_grads(model):
+        def loss(model):
+            out = precision.compute_view(model, jnp.bfloat16)(tokens, mask,
+                                                              deterministic=True)
+            return jnp.sum(out.astype(jnp.float32) ** 2)
+        return nnx.value_and_grad(loss)(model)
+
+    with block_sparse_mgpu.interpreted():
+        (l1, g1), (l2, g2) = loss_and_grads(ref), loss_and_grads(mosaic)
+    assert not _races_found()
+    assert abs(float(l1 - l2)) <= 2e-2 * abs(float(l1))
+    g1, g2 = (jax.tree.leaves(nnx.state(g, nnx.Param)) for g in (g1, g2))
+    scale = max(float(jnp.abs(a.astype(jnp.float32)).max()) for a in g1)
+    for a, b in zip(g1, g2):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        assert np.max(np.abs(a - b)) <= 5e-2 * np.max(np.abs(a)) + 1e-2 * scale
+
+
+@needs_mgpu
+def test_train_step_lowered_for_cuda_holds_the_mosaic_gpu_forward():
+    """The bf16 training step of configs/listops.py:model=linear,runlocal,
+    attention_impl=pallas_mosaic lowered for sm_90: one Mosaic GPU call per layer (the
+    forward) and Triton's two backward passes per layer."""
+    step, state, batch, layers = lowering.train_step(_config(
+        "model=linear,runlocal,attention_impl=pallas_mosaic"))
+    calls = collections.Counter(lowering.custom_calls(lowering.for_cuda(step, state, batch)))
+    mosaic = sum(n for c, n in calls.items() if c.startswith(lowering.MOSAIC_GPU))
+    assert mosaic == layers and calls[lowering.TRITON] == 2 * layers, calls
