@@ -382,6 +382,10 @@ def _forward(q, k, v, cfg: _Config, poison=None):
 def _backward(q, k, v, out, g, cfg: _Config, poison=None):
     qp, kp, vp = _pad(q, cfg, 1.0), _pad(k, cfg), _pad(v, cfg)
     gp, outp = _pad(g, cfg), _pad(out, cfg)
+    if cfg.backend == "pallas" and cfg.platform == "gpu" and cfg.gpu_form == "mosaic":
+        dq, dk, dv = linear_mgpu.backward(qp, kp, vp, outp, gp, causal=cfg.causal,
+                                          eps=cfg.eps, interpret=cfg.interpret)
+        return _unpad(dq, q), _unpad(dk, k), _unpad(dv, v)
     dq, dnum = _run(_BACKWARD_DQ, (qp, kp, vp, gp), (q.dtype, _F32), cfg,
                     None if poison is None else poison[:2])
     dk, dv = _run(_BACKWARD_DKV, (qp, kp, vp, outp, dnum), (k.dtype, v.dtype), cfg,
@@ -435,8 +439,8 @@ def linear_attention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax.
     """Normalised linear attention on feature-mapped (non-negative) inputs.
 
     `gpu_form="mosaic"`: the GPU flavour's forward as the Mosaic GPU kernel
-    (`linear_mgpu.py`, chunk 64, 16-bit, feature dims 64 or 128) where it takes the call,
-    else the Triton form, said once; the backward passes are Triton's.
+    (`linear_mgpu.py`: forward and both backward passes; chunk 64, 16-bit, feature dims 64
+    or 128) where it takes the call, else the Triton form, said once.
 
     Args:
       q_BxHxLxK, k_BxHxLxK: feature-mapped queries and keys (e.g. elu + 1).
@@ -490,7 +494,7 @@ def linear_attention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax.
 
 
 def _mosaic_or_triton(cfg: _Config, target: targets.Target, q, v) -> _Config:
-    """cfg with the Mosaic GPU forward (chunk 64) where it takes the call; else the Triton
+    """cfg with the Mosaic GPU kernels (chunk 64) where they take the call; else the Triton
     form, the reason said once. On CPU only inside `block_sparse_mgpu.interpreted()`."""
     if target.interpret and not block_sparse_mgpu.interpreting():
         targets.say_once("linear attention: gpu_form='mosaic' runs the Triton form in the "
@@ -503,6 +507,6 @@ def _mosaic_or_triton(cfg: _Config, target: targets.Target, q, v) -> _Config:
     if why is not None:
         targets.say_once(f"linear attention: Triton form, not Mosaic GPU ({why})")
         return cfg
-    targets.say_once("linear attention: Mosaic GPU forward "
-                     f"({'interpreted' if target.interpret else 'compiled'}), Triton backward")
+    targets.say_once("linear attention: Mosaic GPU kernels "
+                     f"({'interpreted' if target.interpret else 'compiled'})")
     return cfg._replace(chunk=linear_mgpu.CHUNK, gpu_form="mosaic")

@@ -1,7 +1,8 @@
-"""Chunked linear attention's forward pass as a Mosaic GPU kernel (issue 70).
+"""Chunked linear attention as Mosaic GPU kernels (issue 70): forward, dq, dk/dv.
 
-The forward pass of `linear_attention.py` (`_FORWARD`: emit, then fold each chunk into the
-state (S, z)) written for Mosaic GPU (`plgpu.kernel`), as `block_sparse_mgpu.py` is for the
+The three passes of `linear_attention.py` (`_FORWARD`: emit, then fold each chunk into the
+state (S, z); `_BACKWARD_DQ` over the same state; `_BACKWARD_DKV` in reverse over the
+later positions' (R, r)) written for Mosaic GPU (`plgpu.kernel`), as `block_sparse_mgpu.py` is for the
 block-sparse kernel. One CTA (one warpgroup) per (batch, head) row walks its chunks of 64
 positions in order (`plgpu.emit_pipeline`: the next chunk's q, k, v TMA-loaded while this
 one computes; each output chunk stored by TMA while the next computes), carrying S (K x V)
@@ -13,8 +14,9 @@ and z (K) in registers, float32:
 
 The matmuls are `wgmma`s on shared memory: S and the masked scores are rounded to the
 inputs' dtype on their way there, as the Triton form casts them (`_mm(..., dtype)`); the
-normaliser uses the float32 scores. The backward passes stay the Triton kernels (they take
-the forward's output). 16-bit inputs, head dims multiples of 64; `supports` says why not.
+normaliser uses the float32 scores. The backward passes likewise (dnum kept in float32
+between them, as the Triton form keeps it). 16-bit inputs, feature dims 64 or 128;
+`supports` says why not.
 
 Checked on a CPU only: numerics in the Mosaic GPU interpreter (race detection on) and the
 lowering for sm_90 (tests/kernels/test_linear_mgpu.py, JAX 0.12). Never run on a GPU.
@@ -132,3 +134,191 @@ def forward(q, k, v, *, causal: bool, eps: float, interpret: bool = False):
                        plgpu.SMEM((c, dv), dtype, transforms=swizzled)],
         interpret=plgpu.InterpretGPUParams(detect_races=True) if interpret else False)
     return kernel(q, k, v)
+
+
+def backward(q, k, v, out, g, *, causal: bool, eps: float, interpret: bool = False):
+    """The Triton form's two backward passes (`linear_attention._BACKWARD_DQ`, then
+    `_BACKWARD_DKV` in reverse chunk order) as Mosaic GPU kernels, on the forward's padded
+    inputs, its output and the cotangent -> (dq, dk, dv) in the inputs' dtypes."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    b, h, length, dk = q.shape
+    dv, dtype, c = v.shape[-1], q.dtype, CHUNK
+    n = length // c
+    swizzled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+    wgmma = plgpu.Layout.WGMMA
+    cols, rows_l = wgmma.reduce(0), wgmma.reduce(1)
+    params = plgpu.InterpretGPUParams(detect_races=True) if interpret else False
+    g = g.astype(dtype)
+
+    def mma(a_s, b_s, shape):
+        def run(acc_ref):
+            plgpu.wgmma(acc_ref, a_s, b_s)
+            return acc_ref[...]
+        return pl.run_scoped(run, plgpu.ACC(shape, _F32))
+
+    def tril():
+        row = plgpu.broadcasted_iota(jnp.int32, (c, c), 0, layout=wgmma)
+        col = plgpu.broadcasted_iota(jnp.int32, (c, c), 1, layout=wgmma)
+        return row >= col
+
+    def to_smem(ref, x):
+        ref[...] = x.astype(ref.dtype)
+        plgpu.commit_smem()
+
+    def store(x, o_s, o_g, i):
+        """A chunk out by TMA once the previous one has left o_s."""
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        o_s[...] = x.astype(o_s.dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(o_s, o_g.at[pl.ds(i * c, c)])
+
+    def spec(width, reverse=False, swizzle=True):
+        index = (lambda i: (n - 1 - i, 0)) if reverse else (lambda i: (i, 0))
+        return plgpu.BlockSpec((c, width), index, **({"transforms": swizzled} if swizzle
+                                                      else {}))
+
+    def zeros(shape, layout):
+        return plgpu.layout_cast(jnp.zeros(shape, _F32), layout)
+
+    def kv_fold(k_s, v_s, state):  # (S, z) += (k^T v, colsum k), as the forward
+        s, z = state
+        z = z + plgpu.load(k_s, layout=wgmma).astype(_F32).sum(axis=0)
+        plgpu.commit_smem()  # the register read before the slot's refill (see forward)
+        return s + mma(k_s.transpose((1, 0)), v_s, (dk, dv)), z
+
+    # --- dq and dnum: the forward's order and state -----------------------------------
+    def dq_body(q_g, k_g, v_g, g_g, dq_g, dn_g, s_s, p_s, dn16_s, dq_s, dn_s):
+        bi, hi = lax.axis_index("b"), lax.axis_index("h")
+        init = (zeros((dk, dv), wgmma), zeros((dk,), cols))
+
+        def emit(i, q_s, g_s, state, k_s=None, v_s=None):
+            s, z = state
+            to_smem(s_s, s)  # S in the inputs' dtype, as _mm(q, s, dtype)
+            num = mma(q_s, s_s, (c, dv))
+            qr = plgpu.load(q_s, layout=wgmma).astype(_F32)
+            den = (qr * lax.broadcast_in_dim(z, (c, dk), [1])).sum(axis=1)
+            if causal:
+                scores = jnp.where(tril(), mma(q_s, k_s.transpose((1, 0)), (c, c)), 0.0)
+                den = den + scores.sum(axis=1)
+                to_smem(p_s, scores)
+                num = num + mma(p_s, v_s, (c, dv))
+            den = den + eps
+            dnum = (plgpu.load(g_s, layout=wgmma).astype(_F32)
+                    / lax.broadcast_in_dim(den, (c, dv), [0]))
+            dden = -(dnum * num / lax.broadcast_in_dim(den, (c, dv), [0])).sum(axis=1)
+            to_smem(dn16_s, dnum)
+            dq = (mma(dn16_s, s_s.transpose((1, 0)), (c, dk))
+                  + lax.broadcast_in_dim(dden, (c, dk), [0])
+                  * lax.broadcast_in_dim(z, (c, dk), [1]))
+            if causal:
+                p = mma(dn16_s, v_s.transpose((1, 0)), (c, c))
+                p = jnp.where(tril(), p + lax.broadcast_in_dim(dden, (c, c), [0]), 0.0)
+                to_smem(p_s, p)
+                dq = dq + mma(p_s, k_s, (c, dk))
+            store(dq, dq_s, dq_g.at[bi, hi], i)
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            dn_s[...] = dnum
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(dn_s, dn_g.at[bi, hi, pl.ds(i * c, c)])
+
+        row = lambda x: x.at[bi, hi]
+        if causal:
+            def step(idx, q_s, k_s, v_s, g_s, state):
+                emit(idx[0], q_s, g_s, state, k_s, v_s)
+                return kv_fold(k_s, v_s, state)
+
+            plgpu.emit_pipeline(step, grid=(n,), max_concurrent_steps=2, init_carry=init,
+                                in_specs=[spec(dk), spec(dk), spec(dv), spec(dv)])(
+                row(q_g), row(k_g), row(v_g), row(g_g))
+        else:
+            state = plgpu.emit_pipeline(
+                lambda _, k_s, v_s, st: kv_fold(k_s, v_s, st), grid=(n,),
+                max_concurrent_steps=2, init_carry=init,
+                in_specs=[spec(dk), spec(dv)])(row(k_g), row(v_g))
+            plgpu.emit_pipeline(lambda idx, q_s, g_s: emit(idx[0], q_s, g_s, state),
+                                grid=(n,), max_concurrent_steps=2,
+                                in_specs=[spec(dk), spec(dv)])(row(q_g), row(g_g))
+        plgpu.wait_smem_to_gmem(0)
+
+    dq, dnum = plgpu.kernel(
+        dq_body, out_type=(jax.ShapeDtypeStruct((b, h, length, dk), dtype),
+                           jax.ShapeDtypeStruct((b, h, length, dv), _F32)),
+        grid=(b, h), grid_names=("b", "h"),
+        scratch_types=[plgpu.SMEM((dk, dv), dtype, transforms=swizzled),
+                       plgpu.SMEM((c, c), dtype, transforms=swizzled),
+                       plgpu.SMEM((c, dv), dtype, transforms=swizzled),
+                       plgpu.SMEM((c, dk), dtype, transforms=swizzled),
+                       plgpu.SMEM((c, dv), _F32)],
+        interpret=params)(q, k, v, g)
+
+    # --- dk and dv: reverse order over (R, r) = sums over later positions -------------
+    def dkv_body(q_g, k_g, v_g, o_g, dn_g, dk_g, dv_g, r_s, p_s, sc_s, dn16_s, dk_s, dv_s):
+        bi, hi = lax.axis_index("b"), lax.axis_index("h")
+        init = (zeros((dk, dv), wgmma), zeros((dk,), cols))
+
+        def dden_of(o_s, dn_s):
+            dnum = plgpu.load(dn_s, layout=wgmma)
+            dden = -(dnum * plgpu.load(o_s, layout=wgmma).astype(_F32)).sum(axis=1)
+            to_smem(dn16_s, dnum)  # also fences the register reads above
+            return dden
+
+        def q_fold(q_s, dden, state):  # (R, r) += (q^T dnum, q^T dden)
+            r_mat, r_vec = state
+            qr = plgpu.load(q_s, layout=wgmma).astype(_F32)
+            r_vec = r_vec + (qr * lax.broadcast_in_dim(dden, (c, dk), [0])).sum(axis=0)
+            plgpu.commit_smem()
+            return r_mat + mma(q_s.transpose((1, 0)), dn16_s, (dk, dv)), r_vec
+
+        def emit(i, k_s, v_s, state, q_s=None, dden=None):
+            r_mat, r_vec = state
+            to_smem(r_s, r_mat)
+            d_k = (mma(v_s, r_s.transpose((1, 0)), (c, dk))
+                   + lax.broadcast_in_dim(r_vec, (c, dk), [1]))
+            d_v = mma(k_s, r_s, (c, dv))
+            if causal:
+                p = mma(dn16_s, v_s.transpose((1, 0)), (c, c))
+                p = jnp.where(tril(), p + lax.broadcast_in_dim(dden, (c, c), [0]), 0.0)
+                scores = jnp.where(tril(), mma(q_s, k_s.transpose((1, 0)), (c, c)), 0.0)
+                to_smem(p_s, p)
+                to_smem(sc_s, scores)
+                d_k = d_k + mma(p_s.transpose((1, 0)), q_s, (c, dk))
+                d_v = d_v + mma(sc_s.transpose((1, 0)), dn16_s, (c, dv))
+            store(d_k, dk_s, dk_g.at[bi, hi], i)
+            store(d_v, dv_s, dv_g.at[bi, hi], i)
+
+        row = lambda x: x.at[bi, hi]
+        if causal:
+            def step(idx, q_s, k_s, v_s, o_s, dn_s, state):
+                dden = dden_of(o_s, dn_s)
+                emit(n - 1 - idx[0], k_s, v_s, state, q_s, dden)
+                return q_fold(q_s, dden, state)
+
+            plgpu.emit_pipeline(
+                step, grid=(n,), max_concurrent_steps=2, init_carry=init,
+                in_specs=[spec(dk, True), spec(dk, True), spec(dv, True), spec(dv, True),
+                          spec(dv, True, swizzle=False)])(
+                row(q_g), row(k_g), row(v_g), row(o_g), row(dn_g))
+        else:
+            state = plgpu.emit_pipeline(
+                lambda _, q_s, o_s, dn_s, st: q_fold(q_s, dden_of(o_s, dn_s), st),
+                grid=(n,), max_concurrent_steps=2, init_carry=init,
+                in_specs=[spec(dk), spec(dv), spec(dv, swizzle=False)])(
+                row(q_g), row(o_g), row(dn_g))
+            plgpu.emit_pipeline(lambda idx, k_s, v_s: emit(idx[0], k_s, v_s, state),
+                                grid=(n,), max_concurrent_steps=2,
+                                in_specs=[spec(dk), spec(dv)])(row(k_g), row(v_g))
+        plgpu.wait_smem_to_gmem(0)
+
+    d_k, d_v = plgpu.kernel(
+        dkv_body, out_type=(jax.ShapeDtypeStruct((b, h, length, dk), k.dtype),
+                            jax.ShapeDtypeStruct((b, h, length, dv), v.dtype)),
+        grid=(b, h), grid_names=("b", "h"),
+        scratch_types=[plgpu.SMEM((dk, dv), dtype, transforms=swizzled),
+                       plgpu.SMEM((c, c), dtype, transforms=swizzled),
+                       plgpu.SMEM((c, c), dtype, transforms=swizzled),
+                       plgpu.SMEM((c, dv), dtype, transforms=swizzled),
+                       plgpu.SMEM((c, dk), k.dtype, transforms=swizzled),
+                       plgpu.SMEM((c, dv), v.dtype, transforms=swizzled)],
+        interpret=params)(q, k, v, out.astype(dtype), dnum)
+    return dq, d_k, d_v
