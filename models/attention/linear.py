@@ -79,7 +79,7 @@ from models.attention.linear_scan import (DEFAULT_CHUNK, _away_from_zero, _causa
 from models.kernels.linear_attention import linear_attention as pallas_linear_attention
 
 IMPLS = ("dense", "pallas", "pallas_mosaic")  # XLA (lax.scan) forms, or the Pallas kernels
-KERNEL_IMPLS = ("pallas", "pallas_mosaic")  # pallas_mosaic: the forward as Mosaic GPU
+KERNEL_IMPLS = ("pallas", "pallas_mosaic")  # pallas_mosaic: the Mosaic GPU kernels
 FEATURE_KERNELS = ("softmax", "relu")
 FAST_WEIGHT_MAPS = ("dpfp", "elu")
 EPS = 1e-6  # the normalisers' eps (performer, rfa; linear's default)

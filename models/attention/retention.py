@@ -72,7 +72,7 @@ from models.kernels.decayed_attention import decayed_linear_attention
 
 State = dict[str, jax.Array]
 GROUP_NORMS = ("rms", "layer")
-IMPLS = ("dense", "pallas")  # the XLA chunked forms, or the Pallas kernels
+IMPLS = ("dense", "pallas", "pallas_mosaic")  # XLA chunked forms, or the Pallas kernels
 
 
 # ----------------------------------------------------------------------------- core math
@@ -150,17 +150,20 @@ def bidirectional_retention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array,
 
 
 def pallas_retention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax.Array,
-                     log_a_BxHxLxG: jax.Array, *, causal: bool) -> jax.Array:
+                     log_a_BxHxLxG: jax.Array, *, causal: bool,
+                     gpu_form: str = "triton") -> jax.Array:
     """`chunked_retention`'s output (causal) or `bidirectional_retention` (not causal)
     through the Pallas kernels (their own chunk; the kernel flavour and interpret mode
     follow the platform the program is lowered for: models/kernels/targets.py). The
-    kernels return no final state."""
-    forward = decayed_linear_attention(q_BxHxLxK, k_BxHxLxK, v_BxHxLxV, log_a_BxHxLxG)
+    kernels return no final state. gpu_form: "triton" or "mosaic" (Mosaic GPU kernels on
+    a GPU where they take the call: `decayed_linear_attention`)."""
+    forward = decayed_linear_attention(q_BxHxLxK, k_BxHxLxK, v_BxHxLxV, log_a_BxHxLxG,
+                                       gpu_form=gpu_form)
     if causal:
         return forward
     flip = functools.partial(jnp.flip, axis=2)
     backward = decayed_linear_attention(flip(q_BxHxLxK), flip(k_BxHxLxK), flip(v_BxHxLxV),
-                                        flip(log_a_BxHxLxG), strict=True)
+                                        flip(log_a_BxHxLxG), strict=True, gpu_form=gpu_form)
     return forward + flip(backward)
 
 
@@ -303,8 +306,10 @@ class _DecayedAttention(nnx.Module):
                  deterministic: bool = True) -> jax.Array:
         del deterministic  # no dropout inside (fla's layers have none)
         q, k, v, log_a = self.heads(x_BxLxD, padding_mask)
-        if self.attention_impl == "pallas":
-            o_BxHxLxV = pallas_retention(q, k, v, log_a, causal=self.causal)
+        if self.attention_impl in ("pallas", "pallas_mosaic"):
+            o_BxHxLxV = pallas_retention(
+                q, k, v, log_a, causal=self.causal,
+                gpu_form="mosaic" if self.attention_impl == "pallas_mosaic" else "triton")
         elif self.causal:
             o_BxHxLxV, _ = chunked_retention(q, k, v, log_a, chunk_size=self.chunk_size)
         else:

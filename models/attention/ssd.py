@@ -58,7 +58,7 @@ DEFAULT_CHUNK = 256  # mamba_ssm's chunk size
 STATE_SIZE = 128  # mamba_ssm's d_state
 A_INIT_RANGE = (1.0, 16.0)  # mamba_ssm: A ~ U(1, 16), A_log = log A
 NEG_FLOOR = 1e-20  # allow_neg_eigval: |a| below this is taken as this (log and its gradient)
-IMPLS = ("dense", "pallas")  # chunk_ssd (XLA), or the Pallas decayed-attention kernels
+IMPLS = ("dense", "pallas", "pallas_mosaic")  # chunk_ssd (XLA), or the decayed kernels
 
 
 # ----------------------------------------------------------------------------- core math
@@ -221,7 +221,7 @@ class Mamba2(nnx.Module):
             raise registry.RegistryError(
                 f"attention_impl={attention_impl!r} is not available for mamba2; valid: "
                 f"{', '.join(IMPLS)}")
-        if neg_eigval and attention_impl == "pallas":
+        if neg_eigval and attention_impl in ("pallas", "pallas_mosaic"):
             raise registry.RegistryError(
                 "mamba2: allow_neg_eigval's signed decays are not in the Pallas "
                 "decayed-attention kernels (log decays only); use attention_impl=dense")
@@ -269,10 +269,11 @@ class Mamba2(nnx.Module):
         dt_BxLxH, log_a_BxLxH, sign_BxLxH = direction.transition(dt_raw_BxLxH, real_BxL)
         dt_BxHxL, log_a_BxHxL = dt_BxLxH.transpose(0, 2, 1), log_a_BxLxH.transpose(0, 2, 1)
         sign_BxHxL = None if sign_BxLxH is None else sign_BxLxH.transpose(0, 2, 1)
-        if self.attention_impl == "pallas" and not with_state:
+        if self.attention_impl in ("pallas", "pallas_mosaic") and not with_state:
             # Queries C, keys B, values dt x, one log decay per head and position.
+            form = "mosaic" if self.attention_impl == "pallas_mosaic" else "triton"
             y, h = decayed_linear_attention(c, b, x * dt_BxHxL[..., None],
-                                            log_a_BxHxL[..., None]), None
+                                            log_a_BxHxL[..., None], gpu_form=form), None
         else:
             y, h = chunk_ssd(x * dt_BxHxL[..., None], log_a_BxHxL, b, c, sign_BxHxL,
                              chunk_size=self.chunk_size)

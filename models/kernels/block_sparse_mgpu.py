@@ -91,6 +91,13 @@ def supports(cfg: _Config, dtype, dim_k: int, dim_v: int) -> str | None:
     return None
 
 
+def _tile_of(scalar, like):
+    """A scalar as a tile shaped (and laid out) like `like`: a per-head pattern selects by
+    `where(head == h, ...)`, and Mosaic GPU has no implicit broadcast of a scalar
+    condition (a scalar operand of arithmetic is fine)."""
+    return like * 0 + scalar
+
+
 def _padded_dim(d: int) -> int:
     return -(-d // BLOCK) * BLOCK
 
@@ -141,7 +148,7 @@ def forward(q, k, v, valid, seed, cfg: _Config, interpret: bool = False):
             s = pl.run_scoped(qk, plgpu.ACC((bq, bk), _F32)) * cfg.scale
             key_ok = plgpu.load(valid_s, layout=wgmma_cols) != 0
             keep = lax.broadcast_in_dim(key_ok, (bq, bk), [1])
-            pattern_ok = _head_mask(cfg.pattern, hi, i, kb * bk + j0)
+            pattern_ok = _head_mask(cfg.pattern, _tile_of(hi, i), i, kb * bk + j0)
             keep = keep & (pattern_ok | (full_g[slot] != 0))
             s = jnp.where(keep, s, _NEG)
             m_new = jnp.maximum(m_i, s.max(axis=1))
@@ -260,7 +267,8 @@ def _backward_dq(q, k, v, valid, seed, do, lse, delta, cfg, interpret, plgpu):
             s = _mma(plgpu, q_s, k_s.transpose((1, 0)), (bq, bk)) * cfg.scale
             keep = lax.broadcast_in_dim(plgpu.load(valid_s, layout=wgmma_cols) != 0,
                                         (bq, bk), [1])
-            keep = keep & (_head_mask(cfg.pattern, hi, i, kb * bk + j0) | (full_g[slot] != 0))
+            keep = keep & (_head_mask(cfg.pattern, _tile_of(hi, i), i, kb * bk + j0)
+                           | (full_g[slot] != 0))
             p = jnp.where(keep, jnp.exp2((s - lse_b) * _LOG2E), 0.0)
             dp = _mma(plgpu, do_s, v_s.transpose((1, 0)), (bq, bk))
             if cfg.dropout_rate:
@@ -331,7 +339,8 @@ def _backward_dkv(q, k, v, valid, seed, do, lse, delta, cfg, interpret, plgpu):
             qb = idx_g[slot]
             i = qb * bq + i0
             st = _mma(plgpu, k_s, q_s.transpose((1, 0)), (bk, bq)) * cfg.scale
-            keep = key_ok & (_head_mask(cfg.pattern, hi, i, j) | (full_g[slot] != 0))
+            keep = key_ok & (_head_mask(cfg.pattern, _tile_of(hi, i), i, j)
+                             | (full_g[slot] != 0))
             lse_c = lax.broadcast_in_dim(plgpu.load(lse_s, layout=wgmma_cols), (bk, bq), [1])
             delta_c = lax.broadcast_in_dim(plgpu.load(delta_s, layout=wgmma_cols), (bk, bq),
                                            [1])

@@ -50,7 +50,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 from models import layers
-from models.kernels import targets, tuning
+from models.kernels import block_sparse_mgpu, decayed_mgpu, targets, tuning
 from models.kernels.linear_attention import (_ANY_SPEC, _F32, _mm, _mm_nt, _mm_tn,
                                              _poison_args)
 
@@ -69,6 +69,7 @@ class _Config(NamedTuple):
     interpret: bool
     # Triton's (num_warps, num_stages) from models/kernels/tuning.py; None: the defaults
     triton: tuple[int, int] | None = None
+    gpu_form: str = "triton"  # "mosaic": the Mosaic GPU kernels (decayed_mgpu.py)
 
 
 
@@ -331,7 +332,15 @@ def _unpad(x: jax.Array, like: jax.Array) -> jax.Array:
     return x[:, :, :like.shape[2], :like.shape[3]]
 
 
+def _mosaic(cfg: _Config) -> bool:
+    return cfg.backend == "pallas" and cfg.platform == "gpu" and cfg.gpu_form == "mosaic"
+
+
 def _forward(q, k, v, log_a, cfg: _Config, poison=None):
+    if _mosaic(cfg):
+        qp, kp, vp, lap = _padded(q, k, v, log_a, cfg)
+        return _unpad(decayed_mgpu.forward(qp, kp, vp, lap[..., 0], strict=cfg.strict,
+                                           interpret=cfg.interpret), v)
     (o,) = _run(_FORWARD, _padded(q, k, v, log_a, cfg), ((_width(v.shape[3], cfg), v.dtype),),
                 cfg, poison)
     return _unpad(o, v)
@@ -341,10 +350,15 @@ def _backward(q, k, v, log_a, g, cfg: _Config, poison=None):
     """dq, dk (float32), dv (v's dtype) and d log a (float32)."""
     inputs = _padded(q, k, v, log_a, cfg) + (_pad(g.astype(v.dtype), cfg),)
     wk, wv = _width(q.shape[3], cfg), _width(v.shape[3], cfg)
-    (dq,) = _run(_BACKWARD_DQ, inputs, ((wk, _F32),), cfg,
-                 None if poison is None else poison[:1])
-    dk, dv = _run(_BACKWARD_DKV, inputs, ((wk, _F32), (wv, v.dtype)), cfg,
-                  None if poison is None else poison[1:])
+    if _mosaic(cfg):
+        qp, kp, vp, lap, gp = inputs
+        dq, dk, dv = decayed_mgpu.backward(qp, kp, vp, lap[..., 0], gp, strict=cfg.strict,
+                                           interpret=cfg.interpret)
+    else:
+        (dq,) = _run(_BACKWARD_DQ, inputs, ((wk, _F32),), cfg,
+                     None if poison is None else poison[:1])
+        dk, dv = _run(_BACKWARD_DKV, inputs, ((wk, _F32), (wv, v.dtype)), cfg,
+                      None if poison is None else poison[1:])
     dq, dk, dv = _unpad(dq, q), _unpad(dk, k), _unpad(dv, v)
     db = q.astype(_F32) * dq - k.astype(_F32) * dk
     if not cfg.diagonal:
@@ -405,8 +419,13 @@ def decayed_linear_attention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array,
                              v_BxHxLxV: jax.Array, log_a_BxHxLxG: jax.Array, *,
                              strict: bool = False, backend: str = "pallas",
                              chunk_size: int | None = None, platform: str | None = None,
-                             interpret: bool | None = None) -> jax.Array:
+                             interpret: bool | None = None, gpu_form: str = "triton"
+                             ) -> jax.Array:
     """o_i = sum_{j<=i} q_i diag(prod_{j<s<=i} a_s) k_j^T v_j (j < i if `strict`).
+
+    `gpu_form="mosaic"`: the GPU flavour as the Mosaic GPU kernels (`decayed_mgpu.py`,
+    scalar decays, chunk 64, 16-bit, dims 64 or 128) where they take the call, else the
+    Triton form, said once.
 
     Args:
       q_BxHxLxK, k_BxHxLxK: queries and keys (no feature map, no scaling here).
@@ -428,6 +447,8 @@ def decayed_linear_attention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array,
     args = (q_BxHxLxK, k_BxHxLxK, v_BxHxLxV, log_a_BxHxLxG)
     if backend not in ("pallas", "xla"):
         raise ValueError(f"backend must be 'pallas' or 'xla', got {backend!r}")
+    if gpu_form not in ("triton", "mosaic"):
+        raise ValueError(f"gpu_form must be 'triton' or 'mosaic', got {gpu_form!r}")
 
     def build(target: targets.Target):
         chunk, launch = tuning.for_target("decayed", target, q_BxHxLxK.dtype,
@@ -436,6 +457,8 @@ def decayed_linear_attention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array,
                           chunk_size=chunk, platform=target.platform,
                           interpret=targets.interpret_for(target, interpret))._replace(
                               triton=launch)
+        if gpu_form == "mosaic" and target.platform == "gpu" and target.backend == "pallas":
+            cfg = _mosaic_or_triton(cfg, target, q_BxHxLxK, v_BxHxLxV)
 
         def run(q, k, v, log_a):
             return _decayed_attention(q, k, v, log_a, cfg)
@@ -453,4 +476,23 @@ def decayed_linear_attention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array,
         return build(targets.Target("xla", None, False))(*args)
     # The kernel form follows the platform the program is lowered for (models/kernels/
     # targets.py), not the host that traces it.
-    return targets.dispatch(build, args, platform=platform, interpret=interpret)
+    return targets.dispatch(build, args, platform=platform, interpret=interpret,
+                            mosaic_gpu=gpu_form == "mosaic" and block_sparse_mgpu.available())
+
+
+def _mosaic_or_triton(cfg: _Config, target: targets.Target, q, v) -> _Config:
+    """cfg with the Mosaic GPU kernels (chunk 64) where they take the call; else the Triton
+    form, the reason said once. On CPU only inside `block_sparse_mgpu.interpreted()`."""
+    if target.interpret and not block_sparse_mgpu.interpreting():
+        targets.say_once("decayed attention: gpu_form='mosaic' runs the Triton form in the "
+                         "interpreter here (the Mosaic GPU interpreter: "
+                         "block_sparse_mgpu.interpreted())")
+        return cfg
+    why = decayed_mgpu.supports(q.dtype, _width(q.shape[3], cfg), _width(v.shape[3], cfg),
+                                cfg.diagonal)
+    if why is not None:
+        targets.say_once(f"decayed attention: Triton form, not Mosaic GPU ({why})")
+        return cfg
+    targets.say_once("decayed attention: Mosaic GPU kernels "
+                     f"({'interpreted' if target.interpret else 'compiled'})")
+    return cfg._replace(chunk=decayed_mgpu.CHUNK, gpu_form="mosaic")

@@ -240,3 +240,23 @@ def test_train_step_lowered_for_cuda_holds_the_mosaic_gpu_kernels():
     calls = collections.Counter(lowering.custom_calls(lowering.for_cuda(step, state, batch)))
     mosaic = sum(n for c, n in calls.items() if c.startswith(lowering.MOSAIC_GPU))
     assert mosaic == 3 * layers and lowering.TRITON not in calls, calls
+
+
+@needs_mgpu
+@pytest.mark.parametrize("name, dropout", [("causal", 0.0), ("strided_or_local", 0.1),
+                                           ("per_head", 0.0)])
+def test_each_pass_lowers_for_sm90(name, dropout):
+    """Mosaic GPU's layout inference runs at lowering, not in the interpreter: forward and
+    backward of partial-block patterns (the predicate in registers), per-head lists and the
+    dropout hash lowered for an abstract H100: three Mosaic GPU calls."""
+    q = jax.ShapeDtypeStruct((1, 2, 256, 64), jnp.bfloat16)
+
+    def loss(q):
+        out = block_sparse_attention(q, q, q, PATTERNS[name], backend="pallas",
+                                     gpu_form="mosaic", dropout_rate=dropout,
+                                     dropout_seed=jnp.int32(1))
+        return jnp.sum(out.astype(jnp.float32))
+
+    found = lowering.custom_calls(lowering.for_cuda(jax.grad(loss), q))
+    assert sum(c.startswith(lowering.MOSAIC_GPU) for c in found) == 3, found
+    assert lowering.TRITON not in found

@@ -164,3 +164,18 @@ def test_train_step_lowered_for_cuda_holds_the_mosaic_gpu_kernels():
     calls = collections.Counter(lowering.custom_calls(lowering.for_cuda(step, state, batch)))
     mosaic = sum(n for c, n in calls.items() if c.startswith(lowering.MOSAIC_GPU))
     assert mosaic == 3 * layers and lowering.TRITON not in calls, calls
+
+
+@needs_mgpu
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("dk", [64, 128])
+def test_each_pass_lowers_for_sm90(causal, dk):
+    """Mosaic GPU's layout inference runs at lowering, not in the interpreter: the three
+    passes lowered for an abstract H100, one Mosaic GPU call each."""
+    q = jax.ShapeDtypeStruct((1, 2, 128, dk), jnp.bfloat16)
+    v = jax.ShapeDtypeStruct((1, 2, 128, 64), jnp.bfloat16)
+    for fn, calls in ((lambda q, v: linear_mgpu.forward(q, q, v, causal=causal, eps=1e-6), 1),
+                      (lambda q, v: linear_mgpu.backward(q, q, v, v, v, causal=causal,
+                                                         eps=1e-6), 2)):
+        found = lowering.custom_calls(lowering.for_cuda(fn, q, v))
+        assert sum(c.startswith(lowering.MOSAIC_GPU) for c in found) == calls, found

@@ -1,0 +1,79 @@
+"""What the chunked Mosaic GPU kernels share (linear_mgpu.py, decayed_mgpu.py): one
+warpgroup per (batch, head) row walks its chunks by `plgpu.emit_pipeline`, matmuls are
+`wgmma`s on 128-byte-swizzled shared memory, outputs leave by TMA chunk by chunk."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+_F32 = jnp.float32
+
+
+class Toolkit:
+    """The helpers of one kernel: `plgpu` is passed in (imported where the API exists)."""
+
+    def __init__(self, plgpu, chunk: int, num_chunks: int, interpret: bool):
+        self.plgpu, self.c, self.n = plgpu, chunk, num_chunks
+        self.swizzled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+        self.wgmma = plgpu.Layout.WGMMA
+        self.rows, self.cols = self.wgmma.reduce(1), self.wgmma.reduce(0)
+        self.params = plgpu.InterpretGPUParams(detect_races=True) if interpret else False
+
+    def mma(self, a_s, b_s, shape):
+        """a @ b of two shared-memory tiles (transposed views allowed), f32, in registers."""
+        plgpu = self.plgpu
+
+        def run(acc_ref):
+            plgpu.wgmma(acc_ref, a_s, b_s)
+            return acc_ref[...]
+        return pl.run_scoped(run, plgpu.ACC(shape, _F32))
+
+    def load(self, ref, layout=None):
+        return self.plgpu.load(ref, layout=self.wgmma if layout is None else layout)
+
+    def to_smem(self, ref, x):
+        """x into a shared-memory tile in the tile's dtype, fenced for the next wgmma (and
+        for the TMA that refills a slot this step read)."""
+        ref[...] = x.astype(ref.dtype)
+        self.plgpu.commit_smem()
+
+    def fence(self):
+        """Orders this step's register reads of its input slots before their refill."""
+        self.plgpu.commit_smem()
+
+    def store(self, x, o_s, o_row, i):
+        """Chunk i of a row out by TMA, once the previous chunk has left o_s (the GPU
+        interpreter has no predicated stores, so not emit_pipeline's out_specs)."""
+        plgpu = self.plgpu
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        o_s[...] = x.astype(o_s.dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(o_s, o_row.at[pl.ds(i * self.c, self.c)])
+
+    def spec(self, width: int | None, reverse: bool = False, swizzle: bool = True):
+        """A chunk of a row (width None: a vector of the chunk's positions)."""
+        n = self.n
+        index = (lambda i: (n - 1 - i, 0)) if reverse else (lambda i: (i, 0))
+        if width is None:
+            return self.plgpu.BlockSpec((self.c,), lambda i: index(i)[:1])
+        return self.plgpu.BlockSpec((self.c, width), index,
+                                    **({"transforms": self.swizzled} if swizzle else {}))
+
+    def zeros(self, shape, layout=None):
+        return self.plgpu.layout_cast(jnp.zeros(shape, _F32),
+                                      self.wgmma if layout is None else layout)
+
+    def iotas(self):
+        c, wgmma = self.c, self.wgmma
+        return (self.plgpu.broadcasted_iota(jnp.int32, (c, c), 0, layout=wgmma),
+                self.plgpu.broadcasted_iota(jnp.int32, (c, c), 1, layout=wgmma))
+
+    def smem(self, shape, dtype, swizzle: bool = True):
+        return self.plgpu.SMEM(shape, dtype, **({"transforms": self.swizzled} if swizzle
+                                                else {}))
+
+    @staticmethod
+    def bcast(x, shape, dim: int):
+        """A vector along `dim` of a 2-D shape."""
+        return lax.broadcast_in_dim(x, shape, [dim])

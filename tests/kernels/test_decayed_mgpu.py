@@ -1,0 +1,155 @@
+"""Decayed linear attention with a scalar decay (retnet, mamba2) as Mosaic GPU kernels
+(models/kernels/decayed_mgpu.py), checked on this CPU: the three passes in the Mosaic GPU
+interpreter (race detection on) against the Triton passes, with gradients (d log a
+included), through configs/listops.py (`model=retnet,attention_impl=pallas_mosaic`), the
+gate's fallback, and the bf16 training step lowered for sm_90. Needs JAX's Mosaic GPU
+interpreter (0.12: CI's newest-JAX stage). Nothing here runs on a GPU."""
+import collections
+import importlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import lra.tasks
+from configs import listops
+from lra import train
+from models import precision
+from models.kernels import block_sparse_mgpu, decayed_mgpu, targets
+from tests.kernels import lowering
+from tests.models.helpers import randomize_params
+
+da = importlib.import_module("models.kernels.decayed_attention")
+needs_mgpu = pytest.mark.skipif(not block_sparse_mgpu.available(),
+                                reason=f"JAX {jax.__version__} has no Mosaic GPU interpreter")
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    targets._SAID.clear()
+    if block_sparse_mgpu.available():
+        from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
+        gpu_callbacks.reset_gpu_interpret_mode_state()
+    yield
+
+
+def _races_found() -> bool:
+    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+    return bool(interpret_pallas_call.get_races().races_found)
+
+
+def _inputs(length, gates=1, seed=0, dtype="bfloat16"):
+    ks = jax.random.split(jax.random.key(seed), 5)
+    q, k, v, g = (jax.random.normal(kk, (2, 2, length, 64)).astype(dtype) for kk in ks[:4])
+    log_a = jax.nn.log_sigmoid(3 * jax.random.normal(ks[4], (2, 2, length, gates)))
+    return q, k, v, log_a, g
+
+
+@needs_mgpu
+@pytest.mark.parametrize("strict", [False, True], ids=["inclusive", "strict"])
+def test_passes_in_the_interpreter_equal_the_triton_passes(strict):
+    """Forward, dq and dk/dv on padded rows (L 150, decays from ~1 to ~e^-10) against the
+    Triton passes on the same inputs; no races."""
+    q, k, v, log_a, g = _inputs(150)
+    cfg = da.make_config(q, k, v, log_a, strict=strict, chunk_size=64, platform="gpu",
+                         interpret=True)
+    got = (da._forward(q, k, v, log_a, cfg._replace(gpu_form="mosaic")),
+           *da._backward(q, k, v, log_a, g, cfg._replace(gpu_form="mosaic")))
+    assert not _races_found()
+    ref = (da._forward(q, k, v, log_a, cfg), *da._backward(q, k, v, log_a, g, cfg))
+    for name, a, r in zip(["o", "dq", "dk", "dv", "dlog_a"], got, ref):
+        assert a.shape == r.shape and a.dtype == r.dtype, name
+        a, r = np.asarray(a, np.float32), np.asarray(r, np.float32)
+        assert np.max(np.abs(a - r)) <= 1e-3 * np.max(np.abs(r)), name
+
+
+def test_gpu_form_mosaic_with_gradients_and_the_gate_fallback(capfd):
+    """Through `decayed_linear_attention`: equal to the Triton form with gradients of all
+    four inputs; a diagonal gate keeps the Triton form and says why (under a JAX without
+    the Mosaic GPU interpreter, both are the fallback)."""
+    q, k, v, log_a, g = _inputs(100, seed=1)
+
+    def run(form, log_a):
+        out, vjp = jax.vjp(lambda *xs: da.decayed_linear_attention(
+            *xs, backend="pallas", chunk_size=64, gpu_form=form), q, k, v, log_a)
+        return (out, *vjp(g))
+
+    with block_sparse_mgpu.interpreted():
+        ref, got = run("triton", log_a), run("mosaic", log_a)
+        gate = _inputs(100, gates=64, seed=2)[3]
+        np.testing.assert_array_equal(run("mosaic", gate)[0], run("triton", gate)[0])
+    err = capfd.readouterr().err
+    if block_sparse_mgpu.available():
+        assert "decayed attention: Mosaic GPU kernels (interpreted)" in err
+        assert "a diagonal gate's C x C x K decay has no Mosaic GPU form" in err
+    for a, b in zip(ref, got):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        assert np.max(np.abs(a - b)) <= 1e-2 * np.max(np.abs(a))
+    with pytest.raises(ValueError, match="gpu_form must be 'triton' or 'mosaic'"):
+        da.decayed_linear_attention(q, k, v, log_a, gpu_form="cutlass")
+
+
+def _config(arg, length=64):
+    config = listops.get_config(arg)
+    config.max_length, config.batch_size, config.dtype = length, 2, "bfloat16"
+    config.qkv_dim = 64 * config.num_heads  # the kernel's dims: 64 per head
+    return config
+
+
+@needs_mgpu
+def test_pallas_mosaic_equals_pallas_through_the_task_config():
+    """configs/listops.py:model=retnet,...,pretrain,causal in bfloat16: the loss and every
+    gradient under attention_impl=pallas_mosaic against attention_impl=pallas."""
+    arg = "model=retnet,runlocal,pretrain,causal"
+    task = lra.tasks.get("listops")
+    ref = randomize_params(train.build_model(_config(arg + ",attention_impl=pallas"), task),
+                           seed=2, scale=0.3)
+    mosaic = train.build_model(_config(arg + ",attention_impl=pallas_mosaic"), task)
+    nnx.update(mosaic, nnx.state(ref, nnx.Param))
+    tokens = jax.random.randint(jax.random.key(0), (2, 64), 1, task.vocab_size)
+    mask = jnp.arange(64)[None] < jnp.array([[64], [37]])
+
+    def loss_and_grads(model):
+        def loss(model):
+            out = precision.compute_view(model, jnp.bfloat16)(tokens, mask,
+                                                              deterministic=True)
+            return jnp.sum(out.astype(jnp.float32) ** 2)
+        return nnx.value_and_grad(loss)(model)
+
+    with block_sparse_mgpu.interpreted():
+        (l1, g1), (l2, g2) = loss_and_grads(ref), loss_and_grads(mosaic)
+    assert not _races_found()
+    assert abs(float(l1 - l2)) <= 2e-2 * abs(float(l1))
+    g1, g2 = (jax.tree.leaves(nnx.state(g, nnx.Param)) for g in (g1, g2))
+    scale = max(float(jnp.abs(a.astype(jnp.float32)).max()) for a in g1)
+    for a, b in zip(g1, g2):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        assert np.max(np.abs(a - b)) <= 5e-2 * np.max(np.abs(a)) + 1e-2 * scale
+
+
+@needs_mgpu
+def test_train_step_lowered_for_cuda_holds_the_mosaic_gpu_kernels():
+    """The bf16 training step of configs/listops.py:model=retnet,runlocal,
+    attention_impl=pallas_mosaic (bidirectional: two scans a layer) lowered for sm_90:
+    three Mosaic GPU calls per scan, no Triton call."""
+    step, state, batch, layers = lowering.train_step(_config(
+        "model=retnet,runlocal,attention_impl=pallas_mosaic"))
+    calls = collections.Counter(lowering.custom_calls(lowering.for_cuda(step, state, batch)))
+    mosaic = sum(n for c, n in calls.items() if c.startswith(lowering.MOSAIC_GPU))
+    assert mosaic == 2 * 3 * layers and lowering.TRITON not in calls, calls
+    assert decayed_mgpu.supports(jnp.bfloat16, 64, 64, False) is None
+
+
+@needs_mgpu
+@pytest.mark.parametrize("strict", [False, True], ids=["inclusive", "strict"])
+def test_each_pass_lowers_for_sm90(strict):
+    """Mosaic GPU's layout inference runs at lowering, not in the interpreter: every pass
+    lowered for an abstract H100, one Mosaic GPU call each."""
+    q = jax.ShapeDtypeStruct((1, 2, 128, 64), jnp.bfloat16)
+    la = jax.ShapeDtypeStruct((1, 2, 128), jnp.float32)
+    for fn, calls in ((lambda q, la: decayed_mgpu.forward(q, q, q, la, strict=strict), 1),
+                      (lambda q, la: decayed_mgpu.backward(q, q, q, la, q, strict=strict), 2)):
+        found = lowering.custom_calls(lowering.for_cuda(fn, q, la))
+        assert sum(c.startswith(lowering.MOSAIC_GPU) for c in found) == calls, found
