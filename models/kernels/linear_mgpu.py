@@ -29,6 +29,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from models.kernels import block_sparse_mgpu
+from models.kernels.mgpu_common import Toolkit
 
 CHUNK = 64
 _F32 = jnp.float32
@@ -47,6 +48,16 @@ def supports(dtype, dim_k: int, dim_v: int, chunk: int) -> str | None:
     return None
 
 
+def _kv_fold(t: Toolkit, k_s, v_s, state):
+    """(S, z) += (k^T v, colsum k): a chunk folded into the forward's state."""
+    s, z = state
+    z = z + t.load(k_s).astype(_F32).sum(axis=0)
+    # A fence between this register read of k_s and the TMA that refills its slot after
+    # the step (the async proxy), as the interpreter's race detector asks.
+    t.fence()
+    return s + t.mma(k_s.transpose((1, 0)), v_s, (k_s.shape[1], v_s.shape[1])), z
+
+
 def forward(q, k, v, *, causal: bool, eps: float, interpret: bool = False):
     """`[B, H, L, K]` q, k and `[B, H, L, V]` v (L a multiple of the chunk, 16-bit) ->
     out `[B, H, L, V]` in q's dtype, as `linear_attention._forward`."""
@@ -55,23 +66,11 @@ def forward(q, k, v, *, causal: bool, eps: float, interpret: bool = False):
     b, h, length, dk = q.shape
     dv, dtype, c = v.shape[-1], q.dtype, CHUNK
     n = length // c
-    swizzled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-    wgmma = plgpu.Layout.WGMMA
-    cols = wgmma.reduce(0)
-
-    def mma(a_s, b_s, shape):
-        def run(acc_ref):
-            plgpu.wgmma(acc_ref, a_s, b_s)
-            return acc_ref[...]
-        return pl.run_scoped(run, plgpu.ACC(shape, _F32))
+    t = Toolkit(plgpu, c, n, interpret)
+    swizzled, wgmma, cols, mma = t.swizzled, t.wgmma, t.cols, t.mma
 
     def fold(k_s, v_s, state):
-        s, z = state
-        z = z + plgpu.load(k_s, layout=wgmma).astype(_F32).sum(axis=0)
-        # A fence between this register read of k_s and the TMA that refills its slot
-        # after the step (the async proxy), as the interpreter's race detector asks.
-        plgpu.commit_smem()
-        return s + mma(k_s.transpose((1, 0)), v_s, (dk, dv)), z
+        return _kv_fold(t, k_s, v_s, state)
 
     def emit(i, q_s, o_s, o_g, s_s, state, k_s=None, v_s=None, p_s=None):
         s, z = state
@@ -89,13 +88,7 @@ def forward(q, k, v, *, causal: bool, eps: float, interpret: bool = False):
             p_s[...] = scores.astype(dtype)
             plgpu.commit_smem()
             num = num + mma(p_s, v_s, (c, dv))
-        out = (num / lax.broadcast_in_dim(den + eps, (c, dv), [0])).astype(dtype)
-        # The interpreter has no predicated stores (emit_pipeline's out_specs): the chunk
-        # goes out by hand, once the previous one has left o_s.
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-        o_s[...] = out
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(o_s, o_g.at[pl.ds(i * c, c)])
+        t.store(num / lax.broadcast_in_dim(den + eps, (c, dv), [0]), o_s, o_g, i)
 
     def body(q_g, k_g, v_g, o_g, s_s, p_s, o_s):
         bi, hi = lax.axis_index("b"), lax.axis_index("h")
@@ -132,7 +125,7 @@ def forward(q, k, v, *, causal: bool, eps: float, interpret: bool = False):
         scratch_types=[plgpu.SMEM((dk, dv), dtype, transforms=swizzled),
                        plgpu.SMEM((c, c), dtype, transforms=swizzled),
                        plgpu.SMEM((c, dv), dtype, transforms=swizzled)],
-        interpret=plgpu.InterpretGPUParams(detect_races=True) if interpret else False)
+        interpret=t.params)
     return kernel(q, k, v)
 
 
@@ -145,47 +138,18 @@ def backward(q, k, v, out, g, *, causal: bool, eps: float, interpret: bool = Fal
     b, h, length, dk = q.shape
     dv, dtype, c = v.shape[-1], q.dtype, CHUNK
     n = length // c
-    swizzled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-    wgmma = plgpu.Layout.WGMMA
-    cols, rows_l = wgmma.reduce(0), wgmma.reduce(1)
-    params = plgpu.InterpretGPUParams(detect_races=True) if interpret else False
+    t = Toolkit(plgpu, c, n, interpret)
+    wgmma, cols, params = t.wgmma, t.cols, t.params
+    swizzled, mma, to_smem, store, spec, zeros = (t.swizzled, t.mma, t.to_smem, t.store,
+                                                  t.spec, t.zeros)
     g = g.astype(dtype)
 
-    def mma(a_s, b_s, shape):
-        def run(acc_ref):
-            plgpu.wgmma(acc_ref, a_s, b_s)
-            return acc_ref[...]
-        return pl.run_scoped(run, plgpu.ACC(shape, _F32))
-
     def tril():
-        row = plgpu.broadcasted_iota(jnp.int32, (c, c), 0, layout=wgmma)
-        col = plgpu.broadcasted_iota(jnp.int32, (c, c), 1, layout=wgmma)
+        row, col = t.iotas()
         return row >= col
 
-    def to_smem(ref, x):
-        ref[...] = x.astype(ref.dtype)
-        plgpu.commit_smem()
-
-    def store(x, o_s, o_g, i):
-        """A chunk out by TMA once the previous one has left o_s."""
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-        o_s[...] = x.astype(o_s.dtype)
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(o_s, o_g.at[pl.ds(i * c, c)])
-
-    def spec(width, reverse=False, swizzle=True):
-        index = (lambda i: (n - 1 - i, 0)) if reverse else (lambda i: (i, 0))
-        return plgpu.BlockSpec((c, width), index, **({"transforms": swizzled} if swizzle
-                                                      else {}))
-
-    def zeros(shape, layout):
-        return plgpu.layout_cast(jnp.zeros(shape, _F32), layout)
-
-    def kv_fold(k_s, v_s, state):  # (S, z) += (k^T v, colsum k), as the forward
-        s, z = state
-        z = z + plgpu.load(k_s, layout=wgmma).astype(_F32).sum(axis=0)
-        plgpu.commit_smem()  # the register read before the slot's refill (see forward)
-        return s + mma(k_s.transpose((1, 0)), v_s, (dk, dv)), z
+    def kv_fold(k_s, v_s, state):
+        return _kv_fold(t, k_s, v_s, state)
 
     # --- dq and dnum: the forward's order and state -----------------------------------
     def dq_body(q_g, k_g, v_g, g_g, dq_g, dn_g, s_s, p_s, dn16_s, dq_s, dn_s):
