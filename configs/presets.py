@@ -14,6 +14,10 @@ what the size means:
   attends to the same fraction of the keys at any length. A `mini` config with 64 tokens
   gets ListOps' window of 128 of 2000 tokens as a window of 4, not a window that covers
   the whole input (dense attention under another name).
+- "blocks": as "linear", but at least MIN_BLOCK (4) tokens (or the stated value, if
+  smaller): the blocks that MoBA and NSA select by their pooled keys, and NSA's window. A
+  block of one token is top-k token attention, not block selection (MoBA and NSA at MAD's
+  32 tokens got blocks of 1 before this floor).
 - "sqrt": a side of a rectangle on the raster of ceil(sqrt(L)) columns (local_2d's query
   and flange sizes): value * sqrt(L / L_ref), so the area fraction stays.
 - "summaries": a rank or a bottleneck, i.e. how many summaries the method computes
@@ -262,8 +266,8 @@ LENGTH_SCALED: dict[str, dict[str, str]] = {
                  "flange_width": "sqrt"},
     "longformer": {"window": "linear"},  # num_global: a count of tokens
     "bigbird": {"block": "linear"},  # random/global blocks: counts of blocks
-    "moba": {"block_size": "linear"},  # top_k: a count of blocks
-    "nsa": {"block_size": "linear", "window_size": "linear"},  # block_counts: a count
+    "moba": {"block_size": "blocks"},  # top_k: a count of blocks
+    "nsa": {"block_size": "blocks", "window_size": "blocks"},  # block_counts: a count
     "sinkhorn": {"block_size": "linear"},
     "reformer": {"chunk_len": "linear"},  # n_buckets: derived, see _scaled
     # SAC's k: the edges (keys) a node's softmax weighs; k = 1 is a hard gather whose q.k
@@ -279,6 +283,11 @@ LENGTH_SCALED: dict[str, dict[str, str]] = {
 # "segment_len").
 BLOCK_LENGTH_KEYS = ("segment_len", "mem_len")
 
+
+# The fewest tokens a "blocks" size keeps: MoBA and NSA choose blocks by their pooled keys,
+# and a block of one token (ListOps' 64 of 2000 at MAD's 32 tokens) is top-k token
+# attention, not block selection; nor is a sliding window of 2 NSA's window branch.
+MIN_BLOCK = 4
 
 # The fewest summaries (or keys a query's softmax weighs) a short input still gets from a
 # "summaries" size, unless the stated value is smaller: 8 is the smallest size the
@@ -314,6 +323,8 @@ def _scaled(model: str, hparams: dict[str, Any], ratio: float,
         if rule == "summaries":
             length = round(ratio * reference)  # max_length
             size = min(int(value), max(MIN_SUMMARIES, length // 4))
+        elif rule == "blocks":
+            size = max(min(int(value), MIN_BLOCK), _round(value * ratio))
         else:
             size = _round(value * (ratio if rule == "linear" else math.sqrt(ratio)))
         out[key] = float(size) if isinstance(value, float) else size

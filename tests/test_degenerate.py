@@ -67,7 +67,22 @@ def test_bottlenecks_keep_a_floor_and_stay_a_compression():
     assert at("local", "listops", 64)["window"] == 4
     for model, keys in presets.LENGTH_SCALED.items():
         for key, rule in keys.items():
-            assert rule in ("linear", "sqrt", "summaries"), (model, key, rule)
+            assert rule in ("linear", "sqrt", "summaries", "blocks"), (model, key, rule)
+
+
+def test_selected_blocks_keep_a_floor():
+    """MoBA's and NSA's blocks (and NSA's window) scale with the length but keep at least
+    presets.MIN_BLOCK tokens: at MAD's 32 tokens the linear rule gave blocks of one token
+    (top-k token attention) and a window of 2; the stated values at the reference."""
+    at = lambda model, length: presets.model_hparams(model, "listops", max_length=length)
+    assert presets.MIN_BLOCK == 4
+    assert at("moba", 32) == {"block_size": 4, "top_k": 3}
+    assert at("nsa", 32) == {"block_size": 4, "block_counts": 6, "window_size": 4}
+    assert at("nsa", 256)["block_size"] == 8 and at("nsa", 256)["window_size"] == 16
+    assert at("moba", 2000)["block_size"] == 64 and at("nsa", 2000)["window_size"] == 128
+    mad = importlib.import_module("configs.mad").get_config(
+        "model=moba,task=memorization,mini")
+    assert mad.max_length == 32 and mad.model_hparams.block_size == 4
 
 
 def test_linear_scaling_degenerated():
