@@ -35,10 +35,12 @@ full pattern through the kernel), the same timings of the Pallas flash-attention
 ratios to the XLA block-sparse backend (`backend="xla"`, same pattern and tile) and to
 fused dense softmax attention over all L x L pairs (the reference above). FLOPs count the kept blocks only:
 4 B H D (tile^2) per block forward (two matmuls); forward+backward is 3.5x forward (the
-backward recomputes the scores and does five matmuls in all). On a GPU, the last four
-columns time the same calls as Mosaic GPU kernels (`gpu_form="mosaic"`,
-`attention_impl=pallas_mosaic`: models/kernels/block_sparse_mgpu.py, 64 x 64 tiles)
-beside the Triton ones ("Pallas"); "-" where not timed (why, on stderr).
+backward recomputes the scores and does five matmuls in all).
+
+Mosaic GPU forms (`attention_impl=pallas_mosaic`: models/kernels/block_sparse_mgpu.py,
+linear_mgpu.py, decayed_mgpu.py; 64 x 64 tiles, chunks of 64): on a GPU the linear,
+decayed (scalar decays) and block-sparse tables time the same calls through them in their
+last columns, beside the Triton ones ("Pallas"); "-" where not timed (why, on stderr).
 
 Delta rule (`models/kernels/delta_rule.py`; `--delta_rules`: deltanet, no decay, and
 gated_deltanet, a scalar decay per head and position): for each L, the Pallas kernels'
@@ -82,7 +84,7 @@ from lra.runs import cli
 from models import masks
 from models.attention.delta import chunk_delta_rule, l2_normalise
 from models.attention.retention import chunked_retention
-from models.kernels import block_sparse_mgpu, tuning
+from models.kernels import block_sparse_mgpu, decayed_mgpu, linear_mgpu, tuning
 from models.kernels.block_sparse_attention import block_sparse_attention
 from models.kernels.block_sparse_tiles import make_config as block_sparse_config
 from models.kernels.decayed_attention import decayed_linear_attention
@@ -275,8 +277,9 @@ def _linear_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> None:
     print("| L | mode | Pallas fwd ms | Pallas fwd+bwd ms | TFLOP/s fwd | TFLOP/s fwd+bwd "
           "| XLA fwd ms | XLA fwd+bwd ms | vs XLA fwd | vs XLA fwd+bwd | dense fwd+bwd ms "
           "| vs dense fwd | vs dense fwd+bwd | XLA vs dense fwd+bwd "
-          "| every dense impl: fwd / fwd+bwd ms |")
-    print("|" + "---|" * 15)
+          f"| every dense impl: fwd / fwd+bwd ms | {MOSAIC_COLUMNS} |")
+    print("|" + "---|" * 18)
+    no_mosaic = _no_mosaic_chunked(linear_mgpu.supports(dtype, d, d, linear_mgpu.CHUNK))
     rng = np.random.default_rng(0)
     for length in map(int, FLAGS.lengths):
         shape = (b, h, length, d)
@@ -287,12 +290,14 @@ def _linear_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> None:
             causal = mode == "causal"
             print(f"L={length} {mode}", file=sys.stderr)
             times = {}
-            for name, backend in (("pallas", "pallas"), ("xla", "xla")):
-                if name == "pallas" and not run_pallas:
+            for name, backend in (("pallas", "pallas"), ("xla", "xla"), ("mosaic", "pallas")):
+                if ((backend == "pallas" and not run_pallas)
+                        or (name == "mosaic" and no_mosaic)):
                     times[name] = (None, None)
                     continue
                 attn = functools.partial(linear_attention, causal=causal, backend=backend,
-                                         chunk_size=FLAGS.chunk_size)
+                                         chunk_size=FLAGS.chunk_size,
+                                         gpu_form="mosaic" if name == "mosaic" else "triton")
                 fwd, fwd_bwd = _fwd_and_fwd_bwd(attn)
                 times[name] = (_time(fwd, q, k, v, repeats=FLAGS.repeats),
                                _time(fwd_bwd, q, k, v, g, repeats=FLAGS.repeats))
@@ -307,7 +312,8 @@ def _linear_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> None:
                   f"{_fmt(tf_fb, '.1f')} | {ms(times['xla'][0])} | {ms(times['xla'][1])} | "
                   f"{_ratio(times['xla'][0], pf)} | {_ratio(times['xla'][1], pfb)} | "
                   f"{ms(times['dense'][1])} ({dense_impl}) | {_ratio(times['dense'][0], pf)} | "
-                  f"{_ratio(times['dense'][1], pfb)} | {every_dense} |", flush=True)
+                  f"{_ratio(times['dense'][1], pfb)} | {every_dense} | "
+                  f"{_mosaic_cells(times['mosaic'], pfb)} |", flush=True)
 
     print()
 
@@ -319,8 +325,8 @@ def _decayed_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> None:
     print("| L | decay | Pallas fwd ms | Pallas fwd+bwd ms | XLA fwd ms | XLA fwd+bwd ms "
           "| vs XLA fwd | vs XLA fwd+bwd | chunked_retention fwd ms "
           "| chunked_retention fwd+bwd ms | vs chunked_retention fwd "
-          "| vs chunked_retention fwd+bwd |")
-    print("|" + "---|" * 12)
+          f"| vs chunked_retention fwd+bwd | {MOSAIC_COLUMNS} |")
+    print("|" + "---|" * 15)
     rng = np.random.default_rng(0)
     for length in map(int, FLAGS.lengths):
         shape = (b, h, length, d)
@@ -331,13 +337,16 @@ def _decayed_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> None:
             logits = rng.standard_normal((b, h, length, d if decay == "gate" else 1))
             log_a = jnp.asarray(jax.nn.log_sigmoid(logits + 4.0) / 16.0, jnp.float32)
             print(f"L={length} {decay}", file=sys.stderr)
+            no_mosaic = _no_mosaic_chunked(decayed_mgpu.supports(dtype, d, d, decay == "gate"))
             times = {}
-            for name, backend in (("pallas", "pallas"), ("xla", "xla")):
-                if name == "pallas" and not run_pallas:
+            for name, backend in (("pallas", "pallas"), ("xla", "xla"), ("mosaic", "pallas")):
+                if ((backend == "pallas" and not run_pallas)
+                        or (name == "mosaic" and no_mosaic)):
                     times[name] = (None, None)
                     continue
                 attn = functools.partial(decayed_linear_attention, backend=backend,
-                                         chunk_size=FLAGS.chunk_size)
+                                         chunk_size=FLAGS.chunk_size,
+                                         gpu_form="mosaic" if name == "mosaic" else "triton")
                 fwd, fwd_bwd = _fwd_and_fwd_bwd(attn)
                 times[name] = (_time(fwd, q, k, v, log_a, repeats=FLAGS.repeats),
                                _time(fwd_bwd, q, k, v, log_a, g, repeats=FLAGS.repeats))
@@ -350,7 +359,8 @@ def _decayed_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> None:
             (pf, pfb), (xf, xfb), (mf, mfb) = times["pallas"], times["xla"], times["model"]
             print(f"| {length} | {decay} | {ms(pf)} | {ms(pfb)} | {ms(xf)} | {ms(xfb)} | "
                   f"{_ratio(xf, pf)} | {_ratio(xfb, pfb)} | {ms(mf)} | {ms(mfb)} | "
-                  f"{_ratio(mf, pf)} | {_ratio(mfb, pfb)} |", flush=True)
+                  f"{_ratio(mf, pf)} | {_ratio(mfb, pfb)} | "
+                  f"{_mosaic_cells(times['mosaic'], pfb)} |", flush=True)
     print()
 
 
@@ -423,6 +433,25 @@ def _block_sparse_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> No
                   f"| {every_dense} | {ms(mf)} | {ms(mfb)} | {_fmt(tf_mfb, '.1f')} "
                   f"| {_ratio(pfb, mfb)} |", flush=True)
     print()
+
+
+# The Mosaic GPU forms' columns (attention_impl=pallas_mosaic; '-' where not timed).
+MOSAIC_COLUMNS = "Mosaic GPU fwd ms | Mosaic GPU fwd+bwd ms | Mosaic vs Pallas fwd+bwd"
+
+
+def _mosaic_cells(times, pallas_fwd_bwd) -> str:
+    mf, mfb = times
+    ms = lambda t: _fmt(None if t is None else t * 1e3, ".2f")  # noqa: E731
+    return f"{ms(mf)} | {ms(mfb)} | {_ratio(pallas_fwd_bwd, mfb)}"
+
+
+def _no_mosaic_chunked(why: str | None) -> str | None:
+    """Why a chunked kernel's Mosaic GPU form is not timed here (None: it is), said once."""
+    if jax.default_backend() != "gpu":
+        return "not on a GPU"
+    if why:
+        print(f"no Mosaic GPU form timed: {why}", file=sys.stderr)
+    return why
 
 
 def _no_mosaic(cfg, q) -> str | None:
