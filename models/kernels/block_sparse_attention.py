@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from models import masks
-from models.kernels import block_sparse_mgpu, reference, targets, tuning
+from models.kernels import block_sparse_mgpu, mgpu_common, reference, targets, tuning
 from models.kernels.block_sparse_pallas import key_validity, sharded_pallas_attention
 from models.kernels.block_sparse_tiles import GPU_FORMS, dropout_multiplier, make_config
 
@@ -117,12 +117,7 @@ def block_sparse_attention(q_BxHxQxK: jax.Array, k_BxHxKvxK: jax.Array,
                               interpret=targets.interpret_for(target, interpret),
                               dropout_rate=dropout_rate)._replace(triton=launch)
             if target.platform == "gpu" and gpu_form == "mosaic":
-                if not target.interpret or block_sparse_mgpu.interpreting():
-                    cfg = _mosaic_or_triton(cfg, q_BxHxQxK, v_BxHxKvxD)
-                else:
-                    targets.say_once("block-sparse attention: gpu_form='mosaic' runs the "
-                                     "Triton form in the interpreter here (the Mosaic GPU "
-                                     "interpreter: block_sparse_mgpu.interpreted())")
+                cfg = _mosaic_or_triton(cfg, q_BxHxQxK, v_BxHxKvxD)
 
             def run(q, k, v, padding_mask, seed):
                 valid = key_validity(padding_mask, b, kv_len, cfg)
@@ -182,16 +177,13 @@ def block_sparse_attention(q_BxHxQxK: jax.Array, k_BxHxKvxK: jax.Array,
 
 
 def _mosaic_or_triton(cfg, q, v):
-    """cfg with the Mosaic GPU forward where it takes the call; else the Triton form, and
-    the reason said once (stderr)."""
+    """cfg with the Mosaic GPU kernels where they take the call (their tiles are 64 x 64
+    whatever was asked: only the tiling changes)."""
     tiled = cfg._replace(block_q=block_sparse_mgpu.BLOCK, block_k=block_sparse_mgpu.BLOCK)
-    why = block_sparse_mgpu.supports(tiled, q.dtype, q.shape[-1], v.shape[-1])
-    if why is None:  # its tiles are 64 x 64 whatever was asked: only the tiling changes
-        targets.say_once("block-sparse attention: Mosaic GPU kernels "
-                         f"({'interpreted' if cfg.interpret else 'compiled'})")
-        return cfg._replace(block_q=block_sparse_mgpu.BLOCK, block_k=block_sparse_mgpu.BLOCK,
-                            gpu_form="mosaic")
-    targets.say_once(f"block-sparse attention: Triton form, not Mosaic GPU ({why})")
+    why = lambda: block_sparse_mgpu.supports(tiled, q.dtype, q.shape[-1],  # noqa: E731
+                                             v.shape[-1])
+    if mgpu_common.takes("block-sparse attention", cfg.interpret, why):
+        return tiled._replace(gpu_form="mosaic")
     return cfg
 
 

@@ -50,7 +50,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 from models import layers
-from models.kernels import block_sparse_mgpu, decayed_mgpu, targets, tuning
+from models.kernels import block_sparse_mgpu, decayed_mgpu, mgpu_common, targets, tuning
 from models.kernels.linear_attention import (_ANY_SPEC, _F32, _mm, _mm_nt, _mm_tn,
                                              _poison_args)
 
@@ -481,18 +481,9 @@ def decayed_linear_attention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array,
 
 
 def _mosaic_or_triton(cfg: _Config, target: targets.Target, q, v) -> _Config:
-    """cfg with the Mosaic GPU kernels (chunk 64) where they take the call; else the Triton
-    form, the reason said once. On CPU only inside `block_sparse_mgpu.interpreted()`."""
-    if target.interpret and not block_sparse_mgpu.interpreting():
-        targets.say_once("decayed attention: gpu_form='mosaic' runs the Triton form in the "
-                         "interpreter here (the Mosaic GPU interpreter: "
-                         "block_sparse_mgpu.interpreted())")
-        return cfg
-    why = decayed_mgpu.supports(q.dtype, _width(q.shape[3], cfg), _width(v.shape[3], cfg),
-                                cfg.diagonal)
-    if why is not None:
-        targets.say_once(f"decayed attention: Triton form, not Mosaic GPU ({why})")
-        return cfg
-    targets.say_once("decayed attention: Mosaic GPU kernels "
-                     f"({'interpreted' if target.interpret else 'compiled'})")
-    return cfg._replace(chunk=decayed_mgpu.CHUNK, gpu_form="mosaic")
+    """cfg with the Mosaic GPU kernels (chunk 64) where they take the call."""
+    why = lambda: decayed_mgpu.supports(q.dtype, _width(q.shape[3], cfg),  # noqa: E731
+                                        _width(v.shape[3], cfg), cfg.diagonal)
+    if mgpu_common.takes("decayed attention", target.interpret, why):
+        return cfg._replace(chunk=decayed_mgpu.CHUNK, gpu_form="mosaic")
+    return cfg

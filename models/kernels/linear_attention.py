@@ -38,7 +38,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 from models import layers
-from models.kernels import block_sparse_mgpu, linear_mgpu, targets, tuning
+from models.kernels import block_sparse_mgpu, linear_mgpu, mgpu_common, targets, tuning
 
 _F32 = jnp.float32
 # Chunk sizes that suit each target: a 64 x 64 score tile keeps a Triton program within
@@ -494,19 +494,10 @@ def linear_attention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax.
 
 
 def _mosaic_or_triton(cfg: _Config, target: targets.Target, q, v) -> _Config:
-    """cfg with the Mosaic GPU kernels (chunk 64) where they take the call; else the Triton
-    form, the reason said once. On CPU only inside `block_sparse_mgpu.interpreted()`."""
-    if target.interpret and not block_sparse_mgpu.interpreting():
-        targets.say_once("linear attention: gpu_form='mosaic' runs the Triton form in the "
-                         "interpreter here (the Mosaic GPU interpreter: "
-                         "block_sparse_mgpu.interpreted())")
-        return cfg
-    # Padded dims: Triton's (powers of two >= 16) are what the forward receives.
+    """cfg with the Mosaic GPU kernels (chunk 64) where they take the call; the dims they
+    see are Triton's padded ones (powers of two >= 16)."""
     dims = (max(16, pl.next_power_of_2(q.shape[3])), max(16, pl.next_power_of_2(v.shape[3])))
-    why = linear_mgpu.supports(q.dtype, *dims, linear_mgpu.CHUNK)
-    if why is not None:
-        targets.say_once(f"linear attention: Triton form, not Mosaic GPU ({why})")
-        return cfg
-    targets.say_once("linear attention: Mosaic GPU kernels "
-                     f"({'interpreted' if target.interpret else 'compiled'})")
-    return cfg._replace(chunk=linear_mgpu.CHUNK, gpu_form="mosaic")
+    why = lambda: linear_mgpu.supports(q.dtype, *dims, linear_mgpu.CHUNK)  # noqa: E731
+    if mgpu_common.takes("linear attention", target.interpret, why):
+        return cfg._replace(chunk=linear_mgpu.CHUNK, gpu_form="mosaic")
+    return cfg

@@ -77,3 +77,24 @@ class Toolkit:
     def bcast(x, shape, dim: int):
         """A vector along `dim` of a 2-D shape."""
         return lax.broadcast_in_dim(x, shape, [dim])
+
+
+def takes(kernel: str, interpret: bool, why_not) -> bool:
+    """Whether a call asked for `gpu_form="mosaic"` runs its Mosaic GPU kernels: on a GPU
+    where `why_not()` (the kernel's `supports`) is None; on CPU only inside
+    `block_sparse_mgpu.interpreted()` (the Mosaic GPU interpreter's ordered callbacks keep
+    a program from also lowering for a GPU). Says once, on stderr, which form runs."""
+    from models.kernels import block_sparse_mgpu, targets
+
+    if interpret and not block_sparse_mgpu.interpreting():
+        targets.say_once(f"{kernel}: gpu_form='mosaic' runs the Triton form in the "
+                         "interpreter here (the Mosaic GPU interpreter: "
+                         "block_sparse_mgpu.interpreted())")
+        return False
+    why = why_not()
+    if why is not None:
+        targets.say_once(f"{kernel}: Triton form, not Mosaic GPU ({why})")
+        return False
+    targets.say_once(f"{kernel}: Mosaic GPU kernels "
+                     f"({'interpreted' if interpret else 'compiled'})")
+    return True

@@ -5,25 +5,20 @@ configs/listops.py) against `attention_impl=pallas`, and the training step lower
 sm_90 with the Mosaic GPU call in it. Needs a JAX with the Mosaic GPU interpreter (0.12:
 CI's newest-JAX stage, `make ci-latest`); on an older JAX only the fallback test runs.
 Nothing here runs on a GPU."""
-import collections
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
-import lra.tasks
-from configs import listops
-from lra import train
-from models import masks, precision
-from models.kernels import block_sparse_attention, block_sparse_mgpu, block_sparse_pallas, targets
+from models import masks
+from models.kernels import block_sparse_attention, block_sparse_mgpu, block_sparse_pallas
 from models.kernels.block_sparse_tiles import make_config
 from tests.kernels import lowering
-from tests.models.helpers import randomize_params
+from tests.kernels.interpreters import (assert_pallas_mosaic_equals_pallas, gpu_races_found,
+                                        listops_bf16, mosaic_calls_in_train_step, needs_mgpu,
+                                        reset_gpu_interpreter)
 
-needs_mgpu = pytest.mark.skipif(not block_sparse_mgpu.available(),
-                                reason=f"JAX {jax.__version__} has no Mosaic GPU interpreter")
 
 PATTERNS = {
     "all": masks.all_(),
@@ -36,18 +31,11 @@ PATTERNS = {
 
 @pytest.fixture(autouse=True)
 def _fresh_interpreter():
-    """The GPU interpreter keeps global state that an exception leaves behind (its docs);
-    each test hears the once-only lines anew."""
-    targets._SAID.clear()
-    if block_sparse_mgpu.available():
-        from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
-        gpu_callbacks.reset_gpu_interpret_mode_state()
+    reset_gpu_interpreter()
     yield
 
 
-def _races_found() -> bool:
-    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
-    return bool(interpret_pallas_call.get_races().races_found)
+_races_found = gpu_races_found
 
 
 def _inputs(b, h, q_len, kv_len, d, dtype, seed=0):
@@ -190,12 +178,6 @@ def test_unknown_gpu_form_is_refused():
         block_sparse_attention(q, k, v, masks.causal(), backend="pallas", gpu_form="cutlass")
 
 
-def _config(arg, length=64):
-    config = listops.get_config(arg)
-    config.max_length, config.batch_size, config.dtype = length, 2, "bfloat16"
-    return config
-
-
 @needs_mgpu
 @pytest.mark.parametrize("arg", ["model=transformer,runlocal",
                                  "model=local,runlocal,pretrain,causal"])
@@ -203,30 +185,7 @@ def test_pallas_mosaic_equals_pallas_through_the_task_config(arg):
     """configs/listops.py in bfloat16 with attention_impl=pallas_mosaic against the same
     weights under attention_impl=pallas (Triton): the model's output and every gradient
     (CLS prefix, padding; local's pattern as a causal LM)."""
-    task = lra.tasks.get("listops")
-    ref = randomize_params(train.build_model(_config(arg + ",attention_impl=pallas"), task),
-                           seed=2, scale=0.3)
-    mosaic = train.build_model(_config(arg + ",attention_impl=pallas_mosaic"), task)
-    nnx.update(mosaic, nnx.state(ref, nnx.Param))
-    tokens = jax.random.randint(jax.random.key(0), (2, 64), 1, task.vocab_size)
-    mask = jnp.arange(64)[None] < jnp.array([[64], [37]])
-
-    def loss_and_grads(model):
-        def loss(model):  # the bfloat16 compute view, as the training step runs it
-            out = precision.compute_view(model, jnp.bfloat16)(tokens, mask,
-                                                              deterministic=True)
-            return jnp.sum(out.astype(jnp.float32) ** 2)
-        return nnx.value_and_grad(loss)(model)
-
-    with block_sparse_mgpu.interpreted():
-        (l1, g1), (l2, g2) = loss_and_grads(ref), loss_and_grads(mosaic)
-    assert not _races_found()
-    assert abs(float(l1 - l2)) <= 2e-2 * abs(float(l1))
-    g1, g2 = (jax.tree.leaves(nnx.state(g, nnx.Param)) for g in (g1, g2))
-    scale = max(float(jnp.abs(a.astype(jnp.float32)).max()) for a in g1)
-    for a, b in zip(g1, g2):
-        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-        assert np.max(np.abs(a - b)) <= 5e-2 * np.max(np.abs(a)) + 1e-2 * scale
+    assert_pallas_mosaic_equals_pallas(arg)
 
 
 @needs_mgpu
@@ -234,12 +193,10 @@ def test_train_step_lowered_for_cuda_holds_the_mosaic_gpu_kernels():
     """The bfloat16 training step of configs/listops.py:model=transformer,runlocal,
     attention_impl=pallas_mosaic lowered for sm_90 (an abstract H100): one Mosaic GPU call
     per pass (forward, dQ, dK/dV) per layer, no Triton call, no interpreter."""
-    config = _config("model=transformer,runlocal,attention_impl=pallas_mosaic")
-    assert config.attention_dropout_rate > 0  # the hashed dropout, in both forms
-    step, state, batch, layers = lowering.train_step(config)
-    calls = collections.Counter(lowering.custom_calls(lowering.for_cuda(step, state, batch)))
-    mosaic = sum(n for c, n in calls.items() if c.startswith(lowering.MOSAIC_GPU))
-    assert mosaic == 3 * layers and lowering.TRITON not in calls, calls
+    arg = "model=transformer,runlocal,attention_impl=pallas_mosaic"
+    assert listops_bf16(arg).attention_dropout_rate > 0  # the hashed dropout, both forms
+    mosaic, triton, layers = mosaic_calls_in_train_step(arg)
+    assert (mosaic, triton) == (3 * layers, 0)
 
 
 @needs_mgpu

@@ -14,7 +14,6 @@ import lra.tasks
 from configs import listops
 from lra import train
 from lra.errors import ConfigError
-from lra.training import objectives, optim
 from models import masks
 from models.attention.dense import dot_product_attention
 from models.kernels import flash_attention as fa
@@ -193,23 +192,7 @@ def test_config_argument_refuses_an_unknown_impl():
 def _train_step(arg: str, dtype: str, dropout: float = 0.0, length: int = 64):
     config = _config(arg + ",attention_impl=flash", length)
     config.dtype, config.attention_dropout_rate = dtype, dropout
-    task = lra.tasks.get("listops")
-    schedule = optim.learning_rate_schedule(config)
-    tx = optim.make_optimizer(config, schedule)
-
-    def init_state():
-        _, params, rest = nnx.split(train.build_model(config, task), nnx.Param, ...)
-        return {"step": jnp.int32(0), "params": params, "rest": rest,
-                "opt_state": tx.init(params)}
-
-    graphdef = nnx.split(nnx.eval_shape(lambda: train.build_model(config, task)), nnx.Param,
-                         ...)[0]
-    batch = {"inputs": jax.ShapeDtypeStruct((2, length), jnp.int32),
-             "mask": jax.ShapeDtypeStruct((2, length), jnp.bool_),
-             "targets": jax.ShapeDtypeStruct((2,), jnp.int32)}
-    step, _ = objectives.make_steps(graphdef, tx, schedule, task.num_classes, config,
-                                    task.vocab_size)
-    return step, jax.eval_shape(init_state), batch, config.num_layers
+    return lowering.train_step(config)
 
 
 @pytest.fixture

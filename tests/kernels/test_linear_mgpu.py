@@ -4,41 +4,30 @@ forward and both backward passes), checked on this CPU: in the Mosaic GPU interp
 configs/listops.py (`model=linear,attention_impl=pallas_mosaic`), and the bf16 training
 step lowered for sm_90. Needs JAX's Mosaic GPU interpreter (0.12: CI's newest-JAX stage);
 on an older JAX only the fallback runs. Nothing here runs on a GPU."""
-import collections
 import importlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
-import lra.tasks
-from configs import listops
-from lra import train
-from models import precision
-from models.kernels import block_sparse_mgpu, linear_mgpu, targets
+from models.kernels import block_sparse_mgpu, linear_mgpu
 from tests.kernels import lowering
-from tests.models.helpers import randomize_params
+from tests.kernels.interpreters import (assert_pallas_mosaic_equals_pallas, gpu_races_found,
+                                        mosaic_calls_in_train_step, needs_mgpu,
+                                        reset_gpu_interpreter)
 
 # The module (models.kernels exports its function under the same name).
 la = importlib.import_module("models.kernels.linear_attention")
-needs_mgpu = pytest.mark.skipif(not block_sparse_mgpu.available(),
-                                reason=f"JAX {jax.__version__} has no Mosaic GPU interpreter")
 
 
 @pytest.fixture(autouse=True)
 def _fresh():
-    targets._SAID.clear()
-    if block_sparse_mgpu.available():
-        from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
-        gpu_callbacks.reset_gpu_interpret_mode_state()
+    reset_gpu_interpreter()
     yield
 
 
-def _races_found() -> bool:
-    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
-    return bool(interpret_pallas_call.get_races().races_found)
+_races_found = gpu_races_found
 
 
 def _inputs(length, dk, dv, dtype, seed=0):
@@ -115,43 +104,12 @@ def test_refusals():
     assert linear_mgpu.supports(jnp.bfloat16, 32, 64, 64) is not None
 
 
-def _config(arg, length=64):
-    config = listops.get_config(arg)
-    config.max_length, config.batch_size, config.dtype = length, 2, "bfloat16"
-    config.qkv_dim = 64 * config.num_heads  # the kernel's feature dim: 64 per head
-    return config
-
-
 @needs_mgpu
 def test_pallas_mosaic_equals_pallas_through_the_task_config():
     """configs/listops.py:model=linear,...,pretrain,causal in bfloat16 with
     attention_impl=pallas_mosaic against attention_impl=pallas on the same weights: the
     loss and every gradient (64 features per head)."""
-    arg = "model=linear,runlocal,pretrain,causal"
-    task = lra.tasks.get("listops")
-    ref = randomize_params(train.build_model(_config(arg + ",attention_impl=pallas"), task),
-                           seed=2, scale=0.3)
-    mosaic = train.build_model(_config(arg + ",attention_impl=pallas_mosaic"), task)
-    nnx.update(mosaic, nnx.state(ref, nnx.Param))
-    tokens = jax.random.randint(jax.random.key(0), (2, 64), 1, task.vocab_size)
-    mask = jnp.arange(64)[None] < jnp.array([[64], [37]])
-
-    def loss_and_grads(model):
-        def loss(model):
-            out = precision.compute_view(model, jnp.bfloat16)(tokens, mask,
-                                                              deterministic=True)
-            return jnp.sum(out.astype(jnp.float32) ** 2)
-        return nnx.value_and_grad(loss)(model)
-
-    with block_sparse_mgpu.interpreted():
-        (l1, g1), (l2, g2) = loss_and_grads(ref), loss_and_grads(mosaic)
-    assert not _races_found()
-    assert abs(float(l1 - l2)) <= 2e-2 * abs(float(l1))
-    g1, g2 = (jax.tree.leaves(nnx.state(g, nnx.Param)) for g in (g1, g2))
-    scale = max(float(jnp.abs(a.astype(jnp.float32)).max()) for a in g1)
-    for a, b in zip(g1, g2):
-        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-        assert np.max(np.abs(a - b)) <= 5e-2 * np.max(np.abs(a)) + 1e-2 * scale
+    assert_pallas_mosaic_equals_pallas("model=linear,runlocal,pretrain,causal", head_dim=64)
 
 
 @needs_mgpu
@@ -159,11 +117,8 @@ def test_train_step_lowered_for_cuda_holds_the_mosaic_gpu_kernels():
     """The bf16 training step of configs/listops.py:model=linear,runlocal,
     attention_impl=pallas_mosaic lowered for sm_90: three Mosaic GPU calls per layer (the
     forward, dq and dk/dv passes) and no Triton call."""
-    step, state, batch, layers = lowering.train_step(_config(
-        "model=linear,runlocal,attention_impl=pallas_mosaic"))
-    calls = collections.Counter(lowering.custom_calls(lowering.for_cuda(step, state, batch)))
-    mosaic = sum(n for c, n in calls.items() if c.startswith(lowering.MOSAIC_GPU))
-    assert mosaic == 3 * layers and lowering.TRITON not in calls, calls
+    mosaic, triton, layers = mosaic_calls_in_train_step("model=linear,runlocal,attention_impl=pallas_mosaic", head_dim=64)
+    assert (mosaic, triton) == (3 * layers, 0)
 
 
 @needs_mgpu
