@@ -56,6 +56,10 @@ KEEP_REASONS = {
                                 "mh-attention: rotary_emb_dim 8, a head's 8 dims)",
     ("local", "pos_emb"): "MAD's sliding-window attention rotates queries and keys "
                           "(mad-lab mh-sliding-attention: rotary_emb_dim 8)",
+    ("nsa", "pos_emb"): "softmax attention, as MAD's attention layers: rotated (fla's NSA "
+                        "layer always rotates queries and keys)",
+    ("moba", "pos_emb"): "softmax attention, as MAD's attention layers: rotated (MoBA runs "
+                         "inside RoPE attention, MoonshotAI/MoBA)",
 }
 
 # Zoology's MQAR models (HazyResearch/zoology at d88d6f5474f36998d82d5c3bd58a190248d0a669,
@@ -85,7 +89,9 @@ ZOOLOGY_MQAR = {
 # MAD's models (athms/mad-lab at 0f49a45: benchmark.py's default layers mh-attention,
 # swiglu, mh-attention, swiglu; configs/layers/*.yml): dim 128; mh-attention 16 heads with
 # rotary on all of a head's 8 dims (rotary_emb_dim 8), mh-sliding-attention likewise;
-# the other mixers (mh-linear-attention, mh-hyena, mamba, GLA) no positions; no shared
+# the other mixers (mh-linear-attention, mh-hyena, mamba, GLA) no positions (issue 71's
+# softmax-attention rows NSA and MoBA rotate as the attention layers do; FoX's forget gate
+# and PaTH's Householder transforms are their positions, so they get none); no shared
 # convolution (Mamba keeps its d_conv 4 and Hyena its short filter there: here the
 # variants' own are off, so that none has one); a pre-norm stack (RMSNorm there, LayerNorm
 # here) with a SwiGLU channel mixer after every mixer (a GELU MLP of 4x here).
@@ -97,6 +103,7 @@ MAD = {
     "builtin_conv": 0,
     "num_heads": 16,
     "keep": {"transformer": {"pos_emb": "rotary"}, "local": {"pos_emb": "rotary"},
+             "nsa": {"pos_emb": "rotary"}, "moba": {"pos_emb": "rotary"},
              "retnet": {"num_heads": 8, "pos_emb": "rotary"}},
     "ablate": "",
 }
