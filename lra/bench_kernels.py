@@ -63,6 +63,11 @@ its transposes: 18 C^2 K + 10 C^2 V + 14 C K V + 4 C^3 (1 + log2 C) in all, so
 forward+backward is 2.75x forward at C = K = V = 64 (not the 3x convention), and the
 inverse is 60% of the forward's FLOPs there.
 
+Every table ends with the HBM floor of a row (MB a pass must move at least: each input
+read and each output written once; forward+backward adds the inputs, the output and the
+cotangent read again and the gradients written): the GPU suite divides it by the device's
+bandwidth and prints the Pallas times as a % of that floor.
+
 On CPU the Pallas kernels would run in the interpreter, which times nothing useful: they
 are skipped unless `--interpret`. `--tune` (a GPU only) measures the Triton kernels' tiles
 and launch parameters and writes models/kernels/tuning.json instead (lra/kernel_tuning.py). Markdown goes to stdout, progress to stderr.
@@ -237,6 +242,20 @@ def delta_flops(batch: int, heads: int, length: int, k_dim: int, v_dim: int, chu
     return float(batch * heads * -(-length // c) * per_chunk)
 
 
+# The HBM floor: the bytes a pass must move at least (every input read once, every output
+# written once; forward+backward: the forward, then its inputs, its output and the
+# cotangent read and one gradient per input written). lra.gpu_suite divides it by the
+# device's bandwidth (% of the bandwidth floor beside the TFLOP/s).
+FLOOR_COLUMN = "HBM floor MB fwd / fwd+bwd"
+
+
+def hbm_floor_mb(inputs, out_bytes: int) -> str:
+    read = sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in inputs)
+    fwd = read + out_bytes
+    fwd_bwd = fwd + read + 2 * out_bytes + read  # inputs, output, cotangent; gradients
+    return f"{fwd / 1e6:.1f} / {fwd_bwd / 1e6:.1f}"
+
+
 def _fmt(x: float | None, spec: str) -> str:
     return "n/a" if x is None else format(x, spec)
 
@@ -277,8 +296,8 @@ def _linear_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> None:
     print("| L | mode | Pallas fwd ms | Pallas fwd+bwd ms | TFLOP/s fwd | TFLOP/s fwd+bwd "
           "| XLA fwd ms | XLA fwd+bwd ms | vs XLA fwd | vs XLA fwd+bwd | dense fwd+bwd ms "
           "| vs dense fwd | vs dense fwd+bwd | XLA vs dense fwd+bwd "
-          f"| every dense impl: fwd / fwd+bwd ms | {MOSAIC_COLUMNS} |")
-    print("|" + "---|" * 18)
+          f"| every dense impl: fwd / fwd+bwd ms | {MOSAIC_COLUMNS} | {FLOOR_COLUMN} |")
+    print("|" + "---|" * 19)
     no_mosaic = _no_mosaic_chunked(linear_mgpu.supports(dtype, d, d, linear_mgpu.CHUNK))
     rng = np.random.default_rng(0)
     for length in map(int, FLAGS.lengths):
@@ -312,8 +331,10 @@ def _linear_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> None:
                   f"{_fmt(tf_fb, '.1f')} | {ms(times['xla'][0])} | {ms(times['xla'][1])} | "
                   f"{_ratio(times['xla'][0], pf)} | {_ratio(times['xla'][1], pfb)} | "
                   f"{ms(times['dense'][1])} ({dense_impl}) | {_ratio(times['dense'][0], pf)} | "
-                  f"{_ratio(times['dense'][1], pfb)} | {every_dense} | "
-                  f"{_mosaic_cells(times['mosaic'], pfb)} |", flush=True)
+                  f"{_ratio(times['dense'][1], pfb)} | "
+                  f"{_ratio(times['dense'][1], times['xla'][1])} | {every_dense} | "
+                  f"{_mosaic_cells(times['mosaic'], pfb)} | {hbm_floor_mb((q, k, v), v.nbytes)} |",
+                  flush=True)
 
     print()
 
@@ -325,8 +346,8 @@ def _decayed_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> None:
     print("| L | decay | Pallas fwd ms | Pallas fwd+bwd ms | XLA fwd ms | XLA fwd+bwd ms "
           "| vs XLA fwd | vs XLA fwd+bwd | chunked_retention fwd ms "
           "| chunked_retention fwd+bwd ms | vs chunked_retention fwd "
-          f"| vs chunked_retention fwd+bwd | {MOSAIC_COLUMNS} |")
-    print("|" + "---|" * 15)
+          f"| vs chunked_retention fwd+bwd | {MOSAIC_COLUMNS} | {FLOOR_COLUMN} |")
+    print("|" + "---|" * 16)
     rng = np.random.default_rng(0)
     for length in map(int, FLAGS.lengths):
         shape = (b, h, length, d)
@@ -360,7 +381,8 @@ def _decayed_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> None:
             print(f"| {length} | {decay} | {ms(pf)} | {ms(pfb)} | {ms(xf)} | {ms(xfb)} | "
                   f"{_ratio(xf, pf)} | {_ratio(xfb, pfb)} | {ms(mf)} | {ms(mfb)} | "
                   f"{_ratio(mf, pf)} | {_ratio(mfb, pfb)} | "
-                  f"{_mosaic_cells(times['mosaic'], pfb)} |", flush=True)
+                  f"{_mosaic_cells(times['mosaic'], pfb)} | "
+                  f"{hbm_floor_mb((q, k, v, log_a), v.nbytes)} |", flush=True)
     print()
 
 
@@ -382,8 +404,8 @@ def _block_sparse_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> No
           "| XLA fwd ms | XLA fwd+bwd ms | vs XLA fwd | vs XLA fwd+bwd | dense fwd+bwd ms "
           "| vs dense fwd | vs dense fwd+bwd | XLA vs dense fwd+bwd "
           "| every dense impl: fwd / fwd+bwd ms | Mosaic GPU fwd ms | Mosaic GPU fwd+bwd ms "
-          "| Mosaic GPU TFLOP/s fwd+bwd | Mosaic vs Pallas fwd+bwd |")
-    print("|" + "---|" * 19)
+          f"| Mosaic GPU TFLOP/s fwd+bwd | Mosaic vs Pallas fwd+bwd | {FLOOR_COLUMN} |")
+    print("|" + "---|" * 20)
     rng = np.random.default_rng(0)
     for length in map(int, FLAGS.lengths):
         shape = (b, h, length, d)
@@ -431,7 +453,7 @@ def _block_sparse_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> No
                   f"{ms(times_dense[1])} ({dense_impl}) | {_ratio(times_dense[0], pf)} | "
                   f"{_ratio(times_dense[1], pfb)} | {_ratio(times_dense[1], times['xla'][1])} "
                   f"| {every_dense} | {ms(mf)} | {ms(mfb)} | {_fmt(tf_mfb, '.1f')} "
-                  f"| {_ratio(pfb, mfb)} |", flush=True)
+                  f"| {_ratio(pfb, mfb)} | {hbm_floor_mb((q, k, v), v.nbytes)} |", flush=True)
     print()
 
 
@@ -485,8 +507,8 @@ def _delta_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> None:
           "| XLA fwd ms | XLA fwd+bwd ms | vs XLA fwd | vs XLA fwd+bwd "
           "| chunk_delta_rule fwd ms | chunk_delta_rule fwd+bwd ms | vs chunk_delta_rule fwd "
           "| vs chunk_delta_rule fwd+bwd | dense fwd+bwd ms | vs dense fwd | vs dense fwd+bwd "
-          "| every dense impl: fwd / fwd+bwd ms |")
-    print("|" + "---|" * 18)
+          f"| every dense impl: fwd / fwd+bwd ms | {FLOOR_COLUMN} |")
+    print("|" + "---|" * 19)
     rng = np.random.default_rng(0)
     for length in map(int, FLAGS.lengths):
         q, k, v, g, beta, log_a = _delta_inputs(rng, dtype, b, h, length, d)
@@ -521,7 +543,7 @@ def _delta_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> None:
                   f"{_ratio(xfb, pfb)} | {ms(mf)} | {ms(mfb)} | {_ratio(mf, pf)} | "
                   f"{_ratio(mfb, pfb)} | {ms(times['dense'][1])} ({dense_impl}) | "
                   f"{_ratio(times['dense'][0], pf)} | {_ratio(times['dense'][1], pfb)} | "
-                  f"{every_dense} |", flush=True)
+                  f"{every_dense} | {hbm_floor_mb(args, v.nbytes)} |", flush=True)
     print()
 
 

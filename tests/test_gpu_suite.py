@@ -482,3 +482,20 @@ def test_full_plan_with_stand_in_commands(tmp_path, monkeypatch, listops_dir):
     launches.clear()
     assert gpu_suite.main([f"--out={out}", "--stages=runs", "--budget_minutes=60"]) == 1
     assert [m for m, _, _ in launches] == ["performer", "local"]
+
+
+def test_bandwidth_fraction_of_the_hbm_floor():
+    """bench_kernels' HBM floor column over the device's bandwidth (an H100's 3350 GB/s):
+    100 MB take 0.0299 ms, so a 0.05 ms forward is at 59.7% of the floor; without a
+    bandwidth the table is unchanged; a row without numbers gets n/a."""
+    table = ("| L | Pallas fwd ms | Pallas fwd+bwd ms | HBM floor MB fwd / fwd+bwd |\n"
+             "|---|---|---|---|\n"
+             "| 4096 | 0.05 | 0.15 | 100.0 / 300.0 |\n"
+             "| 8192 | n/a | n/a | 200.0 / 600.0 |")
+    gbps = common.hbm_gbps(H100["kind"])
+    assert gbps == 3350.0 and common.hbm_gbps("NVIDIA H200") == 4800.0
+    out = bench_stages.with_bandwidth_fraction(table, gbps).splitlines()
+    assert out[0].endswith("| % HBM floor fwd | % HBM floor fwd+bwd |")
+    assert out[1].endswith("|---|---|")
+    assert out[2].endswith("| 59.7% | 59.7% |") and out[3].endswith("| n/a | n/a |")
+    assert bench_stages.with_bandwidth_fraction(table, None) == table

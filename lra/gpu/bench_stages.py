@@ -15,7 +15,7 @@ import time
 
 from lra.gpu.common import (GRACE_S, LRA_VARIANTS, PASS_SHARES, SUBQUADRATIC_MAX_EXPONENT,
                             Plan, StageResult, Suite, _log, _size, bf16_peak_tflops, display,
-                            run_command, write_atomic)
+                            hbm_gbps, run_command, write_atomic)
 
 
 # --- kernel_tests: pytest tests/kernels ------------------------------------------------
@@ -169,12 +169,17 @@ def _bench_kernels(suite: Suite, limit: float, lengths: tuple[int, ...], name: s
                           f"{outcome.describe()}")
     bf16 = "--dtype=bfloat16" in suite.plan.bench_kernels_args
     peak = bf16_peak_tflops(suite.device["kind"]) if bf16 else None
+    gbps = hbm_gbps(suite.device["kind"])
     note = (f"% peak: TFLOP/s over {peak:g} TFLOP/s, the device's dense bf16 peak "
             "(NVIDIA's datasheet)." if peak else
             f"No % of peak: no bf16 peak known for {suite.device['kind']}"
             + ("" if bf16 else " (and the inputs are not bfloat16)") + ".")
+    note += (f" % of the HBM floor: the floor's bytes at {gbps:g} GB/s (NVIDIA's datasheet) "
+             "over the Pallas time (100% = bandwidth-bound)." if gbps else
+             f" No % of the HBM floor: no bandwidth known for {suite.device['kind']}.")
+    merged = with_peak_fraction(merge_bench_outputs(outputs), peak)
     body = (f"Lengths {', '.join(map(str, lengths))}: " + "; ".join(states) + ".\n\n"
-            f"{note}\n\n{with_peak_fraction(merge_bench_outputs(outputs), peak)}")
+            f"{note}\n\n{with_bandwidth_fraction(merged, gbps)}")
     status = ("failed" if any(": exit" in s for s in states)
               else "complete" if all("complete" in s or "done in" in s for s in states)
               else "partial")
@@ -207,6 +212,43 @@ def merge_bench_outputs(outputs: list[str]) -> str:
             lines += [t, ""]
         parts.append("\n".join(lines + section["table"]))
     return "\n\n".join(parts) + "\n"
+
+
+def with_bandwidth_fraction(markdown: str, gbps: float | None) -> str:
+    """bench_kernels' tables with two columns more: the HBM floor's time at `gbps` over
+    the Pallas fwd and fwd+bwd times, in % (unchanged without a bandwidth)."""
+    if not gbps:
+        return markdown
+    out, columns = [], None
+    floor = "HBM floor MB fwd / fwd+bwd"
+    for line in markdown.splitlines():
+        if not line.startswith("|"):
+            columns = None
+            out.append(line)
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if columns is None and floor in cells and "Pallas fwd ms" in cells:
+            columns = [cells.index(floor), cells.index("Pallas fwd ms"),
+                       cells.index("Pallas fwd+bwd ms")]
+            out.append(line + " % HBM floor fwd | % HBM floor fwd+bwd |")
+        elif columns is not None and set(line) <= set("|-"):
+            out.append(line + "---|---|")
+        elif columns is not None:
+            extra = []
+            try:
+                mb = [float(x) for x in cells[columns[0]].split("/")]
+            except (ValueError, IndexError):
+                mb = None
+            for mb_i, i in zip(mb or [None, None], columns[1:]):
+                try:
+                    floor_ms = mb_i * 1e6 / (gbps * 1e9) * 1e3
+                    extra.append(f"{100 * floor_ms / float(cells[i]):.1f}%")
+                except (TypeError, ValueError, IndexError, ZeroDivisionError):
+                    extra.append("n/a")
+            out.append(line + f" {extra[0]} | {extra[1]} |")
+        else:
+            out.append(line)
+    return "\n".join(out)
 
 
 def with_peak_fraction(markdown: str, peak: float | None) -> str:

@@ -441,6 +441,18 @@ def probe_device() -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+# HBM bandwidth (GB/s) from NVIDIA's datasheets, matched like the peaks above.
+HBM_GBPS = (("H100 NVL", 3900.0), ("H100 PCIe", 2000.0), ("H100", 3350.0), ("H200", 4800.0),
+            ("A100-SXM4-80GB", 2039.0), ("A100", 1555.0))
+
+
+def hbm_gbps(device_kind: str) -> float | None:
+    for name, gbps in HBM_GBPS:
+        if name in device_kind:
+            return gbps
+    return None
+
+
 def bf16_peak_tflops(device_kind: str) -> float | None:
     for name, peak in BF16_PEAK_TFLOPS:
         if name in device_kind:
