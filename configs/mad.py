@@ -24,7 +24,8 @@ Arguments after the colon (comma separated):
                  docs/tasks_and_data.md, "MAD beside mad-lab's benchmark")
   scaffold=<name> what every mixer shares (configs/scaffold.py): `mad` (default), MAD's
                  models (mad-lab benchmark.py at 0f49a45): no positions but in the
-                 attention layers (transformer, local: rotary, as mh-attention), no short
+                 softmax-attention layers (transformer, local, nsa, moba: rotary, as
+                 mh-attention), no short
                  convolution (the variants' own off), 16 heads (RetNet keeps 8); `own`:
                  each variant's own (the runs before 2026-12-03)
   short_conv=<k> a shared short causal convolution of kernel k before every mixer
