@@ -78,10 +78,28 @@ def available() -> bool:
                                           "InterpretGPUParams", "SwizzleTransform"))
 
 
+# The GPUs these kernels are written for: Hopper (wgmma and TMA, sm_90a). Blackwell's
+# matmuls are tcgen05 (no wgmma), Ampere has neither.
+HOPPER = ("H100", "H200", "H800", "H20", "GH200")
+
+
+def not_hopper() -> str | None:
+    """Why the GPU the program is for cannot run these kernels (None: a Hopper, or no GPU
+    known: the interpreter, or a lowering without a named device)."""
+    from models.kernels import tuning
+    kind = tuning.device_kind()
+    if kind is None or any(h in kind for h in HOPPER):
+        return None
+    return (f"the Mosaic GPU kernels are written for Hopper (wgmma, TMA: sm_90a), not "
+            f"{kind}")
+
+
 def supports(cfg: _Config, dtype, dim_k: int, dim_v: int) -> str | None:
     """None where the Mosaic GPU forward takes this call, else the reason in one line."""
     if not available():
         return f"JAX {jax.__version__} lacks the Mosaic GPU API this kernel uses"
+    if not_hopper():
+        return not_hopper()
     if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         return f"wgmma takes 16-bit operands, got {jnp.dtype(dtype).name}"
     if (cfg.block_q, cfg.block_k) != (BLOCK, BLOCK):

@@ -217,3 +217,21 @@ def test_each_pass_lowers_for_sm90(name, dropout):
     found = lowering.custom_calls(lowering.for_cuda(jax.grad(loss), q))
     assert sum(c.startswith(lowering.MOSAIC_GPU) for c in found) == 3, found
     assert lowering.TRITON not in found
+
+
+def test_a_gpu_other_than_hopper_keeps_the_triton_form():
+    """wgmma and TMA are Hopper's: lowered for an abstract B200 (Blackwell: tcgen05) or an
+    A100, every Mosaic GPU kernel declines with the reason; for an H100 (or no device
+    named) they take the call, where this JAX has them."""
+    from models.kernels import decayed_mgpu, linear_mgpu, targets
+    q = jnp.ones((1, 1, 64, 64), jnp.bfloat16)
+    cfg = make_config(q, q, masks.causal(), block_q=64, block_k=64, platform="gpu")
+    for kind in ("NVIDIA B200", "NVIDIA A100-SXM4-80GB"):
+        with targets.abstract_gpu(kind):
+            for why in (block_sparse_mgpu.supports(cfg, q.dtype, 64, 64),
+                        linear_mgpu.supports(q.dtype, 64, 64, 64),
+                        decayed_mgpu.supports(q.dtype, 64, 64, False)):
+                assert why and ("written for Hopper" in why or "lacks the Mosaic" in why)
+    with targets.abstract_gpu():  # an H100
+        assert block_sparse_mgpu.not_hopper() is None
+    assert block_sparse_mgpu.not_hopper() is None  # no device named: the interpreter
