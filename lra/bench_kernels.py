@@ -70,7 +70,8 @@ bandwidth and prints the Pallas times as a % of that floor.
 
 On CPU the Pallas kernels would run in the interpreter, which times nothing useful: they
 are skipped unless `--interpret`. `--tune` (a GPU only) measures the Triton kernels' tiles
-and launch parameters and writes models/kernels/tuning.json instead (lra/kernel_tuning.py). Markdown goes to stdout, progress to stderr.
+and launch parameters and writes models/kernels/tuning.json instead
+(lra/gpu/kernel_tuning.py). Markdown goes to stdout, progress to stderr.
 """
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from lra import kernel_tuning
+from lra.gpu import kernel_tuning
 from lra.runs import cli
 from models import masks
 from models.attention.delta import chunk_delta_rule, l2_normalise
@@ -123,7 +124,8 @@ def _define_flags() -> None:
     flags.DEFINE_integer("block_size", None, "Block-sparse tile (default: the kernel's).")
     flags.DEFINE_bool("tune", False, "Measure the Triton kernels' tile x num_warps x "
                       "num_stages candidates at each length on this GPU and write the "
-                      "fastest into --tune_table (lra/kernel_tuning.py), instead of the tables.")
+                      "fastest into --tune_table (lra/gpu/kernel_tuning.py), instead of the "
+                      "tables.")
     flags.DEFINE_string("tune_table", tuning.TABLE, "The tuning table --tune writes.")
     flags.DEFINE_float("dropout_rate", 0.0, "Block-sparse: attention dropout in the Pallas "
                        "kernel (hashed mask) and the XLA path (a Bernoulli mask); the dense "

@@ -92,7 +92,8 @@ def forward(q, k, v, log_a, *, strict: bool, interpret: bool = False):
             t.to_smem(st_s, st)
             o = t.mma(p_s, v_s, (c, dv)) + t.mma(qd_s, st_s.transpose((1, 0)), (c, dv))
             t.store(o, o_s, out_row, idx[0])
-            return st * jnp.exp(t.bcast(e, (dv, dk), 1)) + t.mma(v_s.transpose((1, 0)), kd_s, (dv, dk))
+            return (st * jnp.exp(t.bcast(e, (dv, dk), 1))
+                    + t.mma(v_s.transpose((1, 0)), kd_s, (dv, dk)))
 
         row = lambda x: x.at[bi, hi]
         plgpu.emit_pipeline(step, grid=(t.n,), max_concurrent_steps=2,
@@ -132,7 +133,8 @@ def backward(q, k, v, log_a, do, *, strict: bool, interpret: bool = False):
             dq = (t.mma(p_s, k_s, (c, dk))
                   + t.mma(do_s, st_s, (c, dk)) * jnp.exp(t.bcast(b, (c, dk), 0)))
             t.store(dq, dq_s, dq_g.at[bi, hi], idx[0])
-            return st * jnp.exp(t.bcast(e, (dv, dk), 1)) + t.mma(v_s.transpose((1, 0)), kd_s, (dv, dk))
+            return (st * jnp.exp(t.bcast(e, (dv, dk), 1))
+                    + t.mma(v_s.transpose((1, 0)), kd_s, (dv, dk)))
 
         row = lambda x: x.at[bi, hi]
         plgpu.emit_pipeline(step, grid=(t.n,), max_concurrent_steps=2,
@@ -167,7 +169,8 @@ def backward(q, k, v, log_a, do, *, strict: bool, interpret: bool = False):
                    + t.mma(kd_s, rt_s.transpose((1, 0)), (c, dv)))
             t.store(d_k, dk_s, dk_g.at[bi, hi], i)
             t.store(d_v, dv_s, dv_g.at[bi, hi], i)
-            return rt * jnp.exp(t.bcast(e, (dv, dk), 1)) + t.mma(do_s.transpose((1, 0)), qd_s, (dv, dk))
+            return (rt * jnp.exp(t.bcast(e, (dv, dk), 1))
+                    + t.mma(do_s.transpose((1, 0)), qd_s, (dv, dk)))
 
         row = lambda x: x.at[bi, hi]
         plgpu.emit_pipeline(

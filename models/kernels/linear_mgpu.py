@@ -2,8 +2,8 @@
 
 The three passes of `linear_attention.py` (`_FORWARD`: emit, then fold each chunk into the
 state (S, z); `_BACKWARD_DQ` over the same state; `_BACKWARD_DKV` in reverse over the
-later positions' (R, r)) written for Mosaic GPU (`plgpu.kernel`), as `block_sparse_mgpu.py` is for the
-block-sparse kernel. One CTA (one warpgroup) per (batch, head) row walks its chunks of 64
+later positions' (R, r)) written for Mosaic GPU (`plgpu.kernel`), as
+`block_sparse_mgpu.py` is for the block-sparse kernel. One CTA (one warpgroup) per (batch, head) row walks its chunks of 64
 positions in order (`plgpu.emit_pipeline`: the next chunk's q, k, v TMA-loaded while this
 one computes; each output chunk stored by TMA while the next computes), carrying S (K x V)
 and z (K) in registers, float32:

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from lra import kernel_tuning
+from lra.gpu import kernel_tuning
 from models import masks
 from models.kernels import targets, tuning
 from models.kernels.block_sparse_attention import block_sparse_attention
