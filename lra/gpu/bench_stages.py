@@ -214,41 +214,51 @@ def merge_bench_outputs(outputs: list[str]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def _append_columns(markdown: str, wanted: list[str], names: list[str], values) -> str:
+    """bench_kernels' tables whose header has every column of `wanted`, with `names`
+    appended; each row's new cells are `values(cells, index)` (index: wanted -> its
+    column)."""
+    out, index = [], None
+    for line in markdown.splitlines():
+        if not line.startswith("|"):
+            index = None
+            out.append(line)
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if index is None and all(w in cells for w in wanted):
+            index = {w: cells.index(w) for w in wanted}
+            out.append(line + "".join(f" {n} |" for n in names))
+        elif index is not None and set(line) <= set("|-"):
+            out.append(line + "---|" * len(names))
+        elif index is not None:
+            out.append(line + "".join(f" {v} |" for v in values(cells, index)))
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
+def _percent(numerator, denominator) -> str:
+    try:
+        return f"{100 * numerator() / float(denominator()):.1f}%"
+    except (TypeError, ValueError, IndexError, ZeroDivisionError):
+        return "n/a"
+
+
 def with_bandwidth_fraction(markdown: str, gbps: float | None) -> str:
     """bench_kernels' tables with two columns more: the HBM floor's time at `gbps` over
     the Pallas fwd and fwd+bwd times, in % (unchanged without a bandwidth)."""
     if not gbps:
         return markdown
-    out, columns = [], None
     floor = "HBM floor MB fwd / fwd+bwd"
-    for line in markdown.splitlines():
-        if not line.startswith("|"):
-            columns = None
-            out.append(line)
-            continue
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if columns is None and floor in cells and "Pallas fwd ms" in cells:
-            columns = [cells.index(floor), cells.index("Pallas fwd ms"),
-                       cells.index("Pallas fwd+bwd ms")]
-            out.append(line + " % HBM floor fwd | % HBM floor fwd+bwd |")
-        elif columns is not None and set(line) <= set("|-"):
-            out.append(line + "---|---|")
-        elif columns is not None:
-            extra = []
-            try:
-                mb = [float(x) for x in cells[columns[0]].split("/")]
-            except (ValueError, IndexError):
-                mb = None
-            for mb_i, i in zip(mb or [None, None], columns[1:]):
-                try:
-                    floor_ms = mb_i * 1e6 / (gbps * 1e9) * 1e3
-                    extra.append(f"{100 * floor_ms / float(cells[i]):.1f}%")
-                except (TypeError, ValueError, IndexError, ZeroDivisionError):
-                    extra.append("n/a")
-            out.append(line + f" {extra[0]} | {extra[1]} |")
-        else:
-            out.append(line)
-    return "\n".join(out)
+
+    def values(cells, index):
+        mb = cells[index[floor]].split("/")
+        return [_percent(lambda i=i: float(mb[i]) * 1e6 / (gbps * 1e9) * 1e3,
+                         lambda t=t: cells[index[t]])
+                for i, t in enumerate(("Pallas fwd ms", "Pallas fwd+bwd ms"))]
+
+    return _append_columns(markdown, [floor, "Pallas fwd ms", "Pallas fwd+bwd ms"],
+                           ["% HBM floor fwd", "% HBM floor fwd+bwd"], values)
 
 
 def with_peak_fraction(markdown: str, peak: float | None) -> str:
@@ -256,29 +266,13 @@ def with_peak_fraction(markdown: str, peak: float | None) -> str:
     `peak` (unchanged without a peak)."""
     if not peak:
         return markdown
-    out, columns = [], None
-    for line in markdown.splitlines():
-        if not line.startswith("|"):
-            columns = None
-            out.append(line)
-            continue
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if columns is None and "TFLOP/s fwd" in cells:
-            columns = [cells.index("TFLOP/s fwd"), cells.index("TFLOP/s fwd+bwd")]
-            out.append(line + " % peak fwd | % peak fwd+bwd |")
-        elif columns is not None and set(line) <= set("|-"):
-            out.append(line + "---|---|")
-        elif columns is not None:
-            extra = []
-            for i in columns:
-                try:
-                    extra.append(f"{100 * float(cells[i]) / peak:.1f}%")
-                except (ValueError, IndexError):
-                    extra.append("n/a")
-            out.append(line + f" {extra[0]} | {extra[1]} |")
-        else:
-            out.append(line)
-    return "\n".join(out)
+
+    def values(cells, index):
+        return [_percent(lambda c=c: float(cells[index[c]]), lambda: peak)
+                for c in ("TFLOP/s fwd", "TFLOP/s fwd+bwd")]
+
+    return _append_columns(markdown, ["TFLOP/s fwd", "TFLOP/s fwd+bwd"],
+                           ["% peak fwd", "% peak fwd+bwd"], values)
 
 
 # --- efficiency: lra.benchmark ---------------------------------------------------------
