@@ -49,7 +49,7 @@ import numpy as np
 from models import masks
 from models.kernels import block_sparse_mgpu, mgpu_common, reference, targets, tuning
 from models.kernels.block_sparse_pallas import key_validity, sharded_pallas_attention
-from models.kernels.block_sparse_tiles import GPU_FORMS, dropout_multiplier, make_config
+from models.kernels.block_sparse_tiles import dropout_multiplier, make_config
 
 BACKENDS = ("xla", "pallas")
 DropoutFn = Callable[[jax.Array], jax.Array]
@@ -81,11 +81,10 @@ def block_sparse_attention(q_BxHxQxK: jax.Array, k_BxHxKvxK: jax.Array,
     when compiled), which changes only the tiling, never the result.
     `gpu_form="mosaic"` runs the GPU flavour as the Mosaic GPU kernels (`block_sparse_mgpu`:
     forward, dQ and dK/dV; on CPU in the Mosaic GPU interpreter inside
-    `block_sparse_mgpu.interpreted()`) where they take the call, else the Triton form, said
+    `mgpu_common.interpreted()`) where they take the call, else the Triton form, said
     once.
     """
-    if gpu_form not in GPU_FORMS:
-        raise ValueError(f"gpu_form must be one of {', '.join(GPU_FORMS)}, got {gpu_form!r}")
+    mgpu_common.check_gpu_form(gpu_form)
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
     b, h, q_len, _ = q_BxHxQxK.shape
@@ -118,6 +117,8 @@ def block_sparse_attention(q_BxHxQxK: jax.Array, k_BxHxKvxK: jax.Array,
                               dropout_rate=dropout_rate)._replace(triton=launch)
             if target.platform == "gpu" and gpu_form == "mosaic":
                 cfg = _mosaic_or_triton(cfg, q_BxHxQxK, v_BxHxKvxD)
+                if cfg.gpu_form != "mosaic" and targets.triton_missing(target):
+                    return build(targets.Target("xla", None, False))
 
             def run(q, k, v, padding_mask, seed):
                 valid = key_validity(padding_mask, b, kv_len, cfg)
@@ -129,7 +130,7 @@ def block_sparse_attention(q_BxHxQxK: jax.Array, k_BxHxKvxK: jax.Array,
         # targets.py), not the host that traces it.
         return targets.dispatch(build, (q_BxHxQxK, k_BxHxKvxK, v_BxHxKvxD, padding_mask, seed),
                                 platform=platform, interpret=interpret,
-                                mosaic_gpu=gpu_form == "mosaic" and block_sparse_mgpu.available())
+                                mosaic_gpu=gpu_form == "mosaic" and mgpu_common.available())
     if dropout_rate:
         raise ValueError("backend='xla' takes dropout_fn, not dropout_rate")
     bq, bk = min(block_q or 64, q_len), min(block_k or 64, kv_len)

@@ -33,13 +33,12 @@ race detection on) and the lowering for sm_90 under an abstract H100
 """
 from __future__ import annotations
 
-import contextlib
-
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from models.kernels import mgpu_common
 from models.kernels.block_sparse_tiles import (_F32, _NEG, _Config, _head_mask, _lists,
                                                dropout_multiplier)
 
@@ -47,59 +46,10 @@ BLOCK = 64  # a warpgroup's wgmma M; 64 16-bit values are one 128-byte swizzle r
 _LOG2E = 1.4426950408889634
 
 
-_INTERPRET = [False]
-
-
-@contextlib.contextmanager
-def interpreted():
-    """Within it, a CPU run of `gpu_form="mosaic"` takes this kernel in the Mosaic GPU
-    interpreter; outside it takes the Triton form in the Pallas interpreter. The GPU
-    interpreter's ordered callbacks cannot sit beside a compiled form in
-    `lax.platform_dependent`, so a program traced inside it lowers for the CPU only."""
-    _INTERPRET.append(True)
-    try:
-        yield
-    finally:
-        _INTERPRET.pop()
-
-
-def interpreting() -> bool:
-    return _INTERPRET[-1]
-
-
-def available() -> bool:
-    """Whether this JAX has the Mosaic GPU API the kernel is written against (0.12's:
-    `plgpu.kernel` grids, `emit_pipeline` carries, the GPU interpreter)."""
-    try:
-        from jax.experimental.pallas import mosaic_gpu as plgpu
-    except ImportError:
-        return False
-    return all(hasattr(plgpu, n) for n in ("kernel", "emit_pipeline", "wgmma", "ACC",
-                                          "InterpretGPUParams", "SwizzleTransform"))
-
-
-# The GPUs these kernels are written for: Hopper (wgmma and TMA, sm_90a). Blackwell's
-# matmuls are tcgen05 (no wgmma), Ampere has neither.
-HOPPER = ("H100", "H200", "H800", "H20", "GH200")
-
-
-def not_hopper() -> str | None:
-    """Why the GPU the program is for cannot run these kernels (None: a Hopper, or no GPU
-    known: the interpreter, or a lowering without a named device)."""
-    from models.kernels import tuning
-    kind = tuning.device_kind()
-    if kind is None or any(h in kind for h in HOPPER):
-        return None
-    return (f"the Mosaic GPU kernels are written for Hopper (wgmma, TMA: sm_90a), not "
-            f"{kind}")
-
-
 def supports(cfg: _Config, dtype, dim_k: int, dim_v: int) -> str | None:
     """None where the Mosaic GPU forward takes this call, else the reason in one line."""
-    if not available():
-        return f"JAX {jax.__version__} lacks the Mosaic GPU API this kernel uses"
-    if not_hopper():
-        return not_hopper()
+    if mgpu_common.unavailable():
+        return mgpu_common.unavailable()
     if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         return f"wgmma takes 16-bit operands, got {jnp.dtype(dtype).name}"
     if (cfg.block_q, cfg.block_k) != (BLOCK, BLOCK):

@@ -19,14 +19,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from models import masks
-from models.kernels import targets
+from models.kernels import mgpu_common, targets
 
 _F32 = jnp.float32
 # Masked logits: finite, so the running max of a tile with no key stays finite.
 _NEG = -1e30
 # 64 x 64 tiles keep a Triton program within registers; 128 matches the TPU MXU and lanes.
 _DEFAULT_BLOCK = {"gpu": 64, "tpu": 128}
-GPU_FORMS = ("triton", "mosaic")
 
 
 class _Config(NamedTuple):
@@ -39,8 +38,7 @@ class _Config(NamedTuple):
     platform: str  # "gpu" (Triton) or "tpu" (Mosaic)
     interpret: bool
     dropout_rate: float = 0.0
-    # "triton", or "mosaic": the forward as a Mosaic GPU kernel (block_sparse_mgpu.py),
-    # the backward passes Triton's.
+    # "triton", or "mosaic": the Mosaic GPU kernels (block_sparse_mgpu.py).
     gpu_form: str = "triton"
     # Triton's (num_warps, num_stages) from models/kernels/tuning.py; None: the defaults
     triton: tuple[int, int] | None = None
@@ -82,8 +80,7 @@ def make_config(q: jax.Array, k: jax.Array, pattern: masks.Pattern, *,
     if platform == "tpu" and not interpret and bk < kv_len:
         # The key-validity tile (1, bk) has bk on the lanes: compiled Mosaic wants 128s.
         bk = -(-bk // 128) * 128
-    if gpu_form not in GPU_FORMS:
-        raise ValueError(f"gpu_form must be one of {', '.join(GPU_FORMS)}, got {gpu_form!r}")
+    mgpu_common.check_gpu_form(gpu_form)
     return _Config(pattern, q_len, kv_len, bq, bk, 1.0 / math.sqrt(q.shape[-1]), platform,
                    targets.interpret_mode(interpret, platform), float(dropout_rate), gpu_form)
 

@@ -50,7 +50,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 from models import layers
-from models.kernels import block_sparse_mgpu, decayed_mgpu, mgpu_common, targets, tuning
+from models.kernels import decayed_mgpu, mgpu_common, targets, tuning
 from models.kernels.linear_attention import (_ANY_SPEC, _F32, _mm, _mm_nt, _mm_tn,
                                              _poison_args)
 
@@ -447,8 +447,7 @@ def decayed_linear_attention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array,
     args = (q_BxHxLxK, k_BxHxLxK, v_BxHxLxV, log_a_BxHxLxG)
     if backend not in ("pallas", "xla"):
         raise ValueError(f"backend must be 'pallas' or 'xla', got {backend!r}")
-    if gpu_form not in ("triton", "mosaic"):
-        raise ValueError(f"gpu_form must be 'triton' or 'mosaic', got {gpu_form!r}")
+    mgpu_common.check_gpu_form(gpu_form)
 
     def build(target: targets.Target):
         chunk, launch = tuning.for_target("decayed", target, q_BxHxLxK.dtype,
@@ -459,6 +458,8 @@ def decayed_linear_attention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array,
                               triton=launch)
         if gpu_form == "mosaic" and target.platform == "gpu" and target.backend == "pallas":
             cfg = _mosaic_or_triton(cfg, target, q_BxHxLxK, v_BxHxLxV)
+            if cfg.gpu_form != "mosaic" and targets.triton_missing(target):
+                return build(targets.Target("xla", None, False))
 
         def run(q, k, v, log_a):
             return _decayed_attention(q, k, v, log_a, cfg)
@@ -477,7 +478,7 @@ def decayed_linear_attention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array,
     # The kernel form follows the platform the program is lowered for (models/kernels/
     # targets.py), not the host that traces it.
     return targets.dispatch(build, args, platform=platform, interpret=interpret,
-                            mosaic_gpu=gpu_form == "mosaic" and block_sparse_mgpu.available())
+                            mosaic_gpu=gpu_form == "mosaic" and mgpu_common.available())
 
 
 def _mosaic_or_triton(cfg: _Config, target: targets.Target, q, v) -> _Config:

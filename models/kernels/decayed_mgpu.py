@@ -22,7 +22,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from models.kernels import block_sparse_mgpu
+from models.kernels import mgpu_common
 from models.kernels.mgpu_common import Toolkit
 
 CHUNK = 64
@@ -31,10 +31,8 @@ _F32 = jnp.float32
 
 def supports(dtype, dim_k: int, dim_v: int, diagonal: bool) -> str | None:
     """None where the Mosaic GPU kernels take this call, else the reason in one line."""
-    if not block_sparse_mgpu.available():
-        return f"JAX {jax.__version__} lacks the Mosaic GPU API this kernel uses"
-    if block_sparse_mgpu.not_hopper():
-        return block_sparse_mgpu.not_hopper()
+    if mgpu_common.unavailable():
+        return mgpu_common.unavailable()
     if diagonal:
         return "a diagonal gate's C x C x K decay has no Mosaic GPU form"
     if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):

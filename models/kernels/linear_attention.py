@@ -38,7 +38,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 from models import layers
-from models.kernels import block_sparse_mgpu, linear_mgpu, mgpu_common, targets, tuning
+from models.kernels import linear_mgpu, mgpu_common, targets, tuning
 
 _F32 = jnp.float32
 # Chunk sizes that suit each target: a 64 x 64 score tile keeps a Triton program within
@@ -53,7 +53,7 @@ class _Config(NamedTuple):
     backend: str  # "pallas" or "xla"
     platform: str  # "gpu" or "tpu": which pallas_call wrapper
     interpret: bool
-    gpu_form: str = "triton"  # "mosaic": the forward as Mosaic GPU (linear_mgpu.py)
+    gpu_form: str = "triton"  # "mosaic": the Mosaic GPU kernels (linear_mgpu.py)
     # Triton's (num_warps, num_stages) from models/kernels/tuning.py; None: the defaults
     triton: tuple[int, int] | None = None
 
@@ -438,9 +438,9 @@ def linear_attention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax.
                      interpret: bool | None = None, gpu_form: str = "triton") -> jax.Array:
     """Normalised linear attention on feature-mapped (non-negative) inputs.
 
-    `gpu_form="mosaic"`: the GPU flavour's forward as the Mosaic GPU kernel
-    (`linear_mgpu.py`: forward and both backward passes; chunk 64, 16-bit, feature dims 64
-    or 128) where it takes the call, else the Triton form, said once.
+    `gpu_form="mosaic"`: the GPU flavour as the Mosaic GPU kernels (`linear_mgpu.py`:
+    forward and both backward passes; chunk 64, 16-bit, feature dims 64 or 128) where they
+    take the call, else the Triton form, said once.
 
     Args:
       q_BxHxLxK, k_BxHxLxK: feature-mapped queries and keys (e.g. elu + 1).
@@ -459,8 +459,7 @@ def linear_attention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax.
     """
     if backend not in ("pallas", "xla"):
         raise ValueError(f"backend must be 'pallas' or 'xla', got {backend!r}")
-    if gpu_form not in ("triton", "mosaic"):
-        raise ValueError(f"gpu_form must be 'triton' or 'mosaic', got {gpu_form!r}")
+    mgpu_common.check_gpu_form(gpu_form)
 
     def build(target: targets.Target):
         chunk, launch = tuning.for_target("linear", target, q_BxHxLxK.dtype,
@@ -471,6 +470,8 @@ def linear_attention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax.
                               triton=launch)
         if gpu_form == "mosaic" and target.platform == "gpu" and target.backend == "pallas":
             cfg = _mosaic_or_triton(cfg, target, q_BxHxLxK, v_BxHxLxV)
+            if cfg.gpu_form != "mosaic" and targets.triton_missing(target):
+                return build(targets.Target("xla", None, False))
 
         def run(q, k, v):
             return _linear_attention(q, k, v, cfg)
@@ -490,7 +491,7 @@ def linear_attention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax.
     # The kernel form follows the platform the program is lowered for (models/kernels/
     # targets.py), not the host that traces it.
     return targets.dispatch(build, args, platform=platform, interpret=interpret,
-                            mosaic_gpu=gpu_form == "mosaic" and block_sparse_mgpu.available())
+                            mosaic_gpu=gpu_form == "mosaic" and mgpu_common.available())
 
 
 def _mosaic_or_triton(cfg: _Config, target: targets.Target, q, v) -> _Config:

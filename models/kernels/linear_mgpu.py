@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from models.kernels import block_sparse_mgpu
+from models.kernels import mgpu_common
 from models.kernels.mgpu_common import Toolkit
 
 CHUNK = 64
@@ -37,10 +37,8 @@ _F32 = jnp.float32
 
 def supports(dtype, dim_k: int, dim_v: int, chunk: int) -> str | None:
     """None where the Mosaic GPU forward takes this call, else the reason in one line."""
-    if not block_sparse_mgpu.available():
-        return f"JAX {jax.__version__} lacks the Mosaic GPU API this kernel uses"
-    if block_sparse_mgpu.not_hopper():
-        return block_sparse_mgpu.not_hopper()
+    if mgpu_common.unavailable():
+        return mgpu_common.unavailable()
     if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         return f"wgmma takes 16-bit operands, got {jnp.dtype(dtype).name}"
     if dim_k % 64 or dim_v % 64 or max(dim_k, dim_v) > 128:

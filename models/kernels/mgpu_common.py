@@ -3,11 +3,74 @@ warpgroup per (batch, head) row walks its chunks by `plgpu.emit_pipeline`, matmu
 `wgmma`s on 128-byte-swizzled shared memory, outputs leave by TMA chunk by chunk."""
 from __future__ import annotations
 
+import contextlib
+
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
 _F32 = jnp.float32
+GPU_FORMS = ("triton", "mosaic")  # a kernel's `gpu_form`: which GPU kernels it runs
+
+_INTERPRET = [False]
+
+
+@contextlib.contextmanager
+def interpreted():
+    """Within it, a CPU run of `gpu_form="mosaic"` takes this kernel in the Mosaic GPU
+    interpreter; outside it takes the Triton form in the Pallas interpreter. The GPU
+    interpreter's ordered callbacks cannot sit beside a compiled form in
+    `lax.platform_dependent`, so a program traced inside it lowers for the CPU only."""
+    _INTERPRET.append(True)
+    try:
+        yield
+    finally:
+        _INTERPRET.pop()
+
+
+def interpreting() -> bool:
+    return _INTERPRET[-1]
+
+
+def available() -> bool:
+    """Whether this JAX has the Mosaic GPU API the kernel is written against (0.12's:
+    `plgpu.kernel` grids, `emit_pipeline` carries, the GPU interpreter)."""
+    try:
+        from jax.experimental.pallas import mosaic_gpu as plgpu
+    except ImportError:
+        return False
+    return all(hasattr(plgpu, n) for n in ("kernel", "emit_pipeline", "wgmma", "ACC",
+                                          "InterpretGPUParams", "SwizzleTransform"))
+
+
+# The GPUs these kernels are written for: Hopper (wgmma and TMA, sm_90a). Blackwell's
+# matmuls are tcgen05 (no wgmma), Ampere has neither.
+HOPPER = ("H100", "H200", "H800", "H20", "GH200")
+
+
+def not_hopper() -> str | None:
+    """Why the GPU the program is for cannot run these kernels (None: a Hopper, or no GPU
+    known: the interpreter, or a lowering without a named device)."""
+    from models.kernels import tuning  # tuning imports targets only: no circle
+    kind = tuning.device_kind()
+    if kind is None or any(h in kind for h in HOPPER):
+        return None
+    return (f"the Mosaic GPU kernels are written for Hopper (wgmma, TMA: sm_90a), not "
+            f"{kind}")
+
+
+def unavailable() -> str | None:
+    """Why no Mosaic GPU kernel can run here (this JAX, the GPU named), or None."""
+    if not available():
+        import jax
+        return f"JAX {jax.__version__} lacks the Mosaic GPU API these kernels use"
+    return not_hopper()
+
+
+def check_gpu_form(gpu_form: str) -> None:
+    if gpu_form not in GPU_FORMS:
+        raise ValueError(f"gpu_form must be one of {', '.join(GPU_FORMS)}, got {gpu_form!r}")
+
 
 
 class Toolkit:
@@ -82,14 +145,14 @@ class Toolkit:
 def takes(kernel: str, interpret: bool, why_not) -> bool:
     """Whether a call asked for `gpu_form="mosaic"` runs its Mosaic GPU kernels: on a GPU
     where `why_not()` (the kernel's `supports`) is None; on CPU only inside
-    `block_sparse_mgpu.interpreted()` (the Mosaic GPU interpreter's ordered callbacks keep
+    `interpreted()` (the Mosaic GPU interpreter's ordered callbacks keep
     a program from also lowering for a GPU). Says once, on stderr, which form runs."""
-    from models.kernels import block_sparse_mgpu, targets
+    from models.kernels import targets
 
-    if interpret and not block_sparse_mgpu.interpreting():
+    if interpret and not interpreting():
         targets.say_once(f"{kernel}: gpu_form='mosaic' runs the Triton form in the "
                          "interpreter here (the Mosaic GPU interpreter: "
-                         "block_sparse_mgpu.interpreted())")
+                         "mgpu_common.interpreted())")
         return False
     why = why_not()
     if why is not None:

@@ -98,7 +98,8 @@ def gpu_backend() -> str | None:
     register a `pallas_call` GPU lowering for Triton's CompilerParams only (a deprecation
     warning: "will be removed"); Mosaic GPU kernels go through `plgpu.kernel`, whose
     lowering has no `dot_general` (matmuls are `plgpu.wgmma` / `tcgen05_mma` on shared
-    memory), so these kernels have no Mosaic GPU form: Triton while it exists, then XLA.
+    memory), so a Mosaic GPU form is a rewrite: block_sparse_mgpu, linear_mgpu and
+    decayed_mgpu (gpu_form="mosaic"); otherwise Triton while it exists, then XLA.
     """
     try:
         from jax._src import deprecations
@@ -130,12 +131,19 @@ def triton_launch(tuned: tuple[int, int] | None, default: tuple[int, int]):
     return triton_params(num_warps=num_warps, num_stages=num_stages)
 
 
+def triton_missing(target: Target) -> bool:
+    """A compiled GPU target without Pallas's Triton backend: where a kernel's Mosaic GPU
+    form declines, its XLA path runs (as `targets` chooses for every other call)."""
+    return target.platform == "gpu" and not target.interpret and gpu_backend() is None
+
+
 def describe_gpu(kernel: str = "attention_impl=pallas") -> str:
     """One line: what `attention_impl=pallas` runs on a GPU with this JAX."""
     version = f"JAX {jax.__version__}"
     if gpu_backend() == "triton":
-        return (f"{kernel} on GPU: Triton backend ({version}; deprecated upstream; a Mosaic "
-                f"GPU form of the block-sparse forward: attention_impl=pallas_mosaic)")
+        return (f"{kernel} on GPU: Triton backend ({version}; deprecated upstream; Mosaic "
+                f"GPU kernels for block-sparse, linear and scalar-decayed attention: "
+                f"attention_impl=pallas_mosaic)")
     return (f"{kernel} on GPU: no Triton backend in {version} and no Mosaic GPU form of "
             f"these kernels: running their XLA path instead")
 

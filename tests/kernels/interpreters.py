@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from models.kernels import block_sparse_mgpu, targets
+from models.kernels import mgpu_common, targets
 
 TPU_INTERPRETER = pltpu.InterpretParams(detect_races=True)
 
-needs_mgpu = pytest.mark.skipif(not block_sparse_mgpu.available(),
+needs_mgpu = pytest.mark.skipif(not mgpu_common.available(),
                                 reason=f"JAX {jax.__version__} has no Mosaic GPU interpreter")
 
 
@@ -28,7 +28,7 @@ def reset_gpu_interpreter() -> None:
     """A fresh Mosaic GPU interpreter (an exception leaves its state behind, its docs say)
     and the once-only lines heard anew."""
     targets._SAID.clear()
-    if block_sparse_mgpu.available():
+    if mgpu_common.available():
         from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
         gpu_callbacks.reset_gpu_interpret_mode_state()
 
@@ -76,7 +76,7 @@ def assert_pallas_mosaic_equals_pallas(arg: str, head_dim: int | None = None) ->
             return jnp.sum(out.astype(jnp.float32) ** 2)
         return nnx.value_and_grad(loss)(model)
 
-    with block_sparse_mgpu.interpreted():
+    with mgpu_common.interpreted():
         (l1, g1), (l2, g2) = loss_and_grads(ref), loss_and_grads(mosaic)
     assert not gpu_races_found()
     assert abs(float(l1 - l2)) <= 2e-2 * abs(float(l1))

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from models import masks
-from models.kernels import block_sparse_attention, block_sparse_mgpu, block_sparse_pallas
+from models.kernels import (block_sparse_attention, block_sparse_mgpu, block_sparse_pallas,
+                            mgpu_common)
 from models.kernels.block_sparse_tiles import make_config
 from tests.kernels import lowering
 from tests.kernels.interpreters import (assert_pallas_mosaic_equals_pallas, gpu_races_found,
@@ -134,11 +135,11 @@ def test_gpu_form_mosaic_equals_triton_with_gradients(capfd, dropout):
     run = lambda form: lambda q, k, v, m: block_sparse_attention(
         q, k, v, masks.causal() | masks.global_tokens([0]), padding_mask=m, backend="pallas",
         gpu_form=form, dropout_rate=dropout, dropout_seed=jnp.int32(5))
-    with block_sparse_mgpu.interpreted():
+    with mgpu_common.interpreted():
         (l1, g1), (l2, g2) = (_loss_and_grads(run(f), q, k, v, mask)
                               for f in ("triton", "mosaic"))
     err = capfd.readouterr().err
-    if block_sparse_mgpu.available():
+    if mgpu_common.available():
         assert "Mosaic GPU kernels (interpreted)" in err
     else:
         assert "Triton form, not Mosaic GPU (JAX" in err
@@ -152,7 +153,7 @@ def test_gpu_form_mosaic_equals_triton_with_gradients(capfd, dropout):
 def test_float32_keeps_the_triton_form(capfd):
     """wgmma takes 16-bit operands: a float32 call takes the Triton form and says why."""
     q, k, v = _inputs(1, 1, 64, 64, 64, "float32")
-    with block_sparse_mgpu.interpreted():
+    with mgpu_common.interpreted():
         out = block_sparse_attention(q, k, v, masks.causal(), backend="pallas",
                                      gpu_form="mosaic")
         ref = block_sparse_attention(q, k, v, masks.causal(), backend="pallas")
@@ -233,5 +234,25 @@ def test_a_gpu_other_than_hopper_keeps_the_triton_form():
                         decayed_mgpu.supports(q.dtype, 64, 64, False)):
                 assert why and ("written for Hopper" in why or "lacks the Mosaic" in why)
     with targets.abstract_gpu():  # an H100
-        assert block_sparse_mgpu.not_hopper() is None
-    assert block_sparse_mgpu.not_hopper() is None  # no device named: the interpreter
+        assert mgpu_common.not_hopper() is None
+    assert mgpu_common.not_hopper() is None  # no device named: the interpreter
+
+
+@pytest.mark.parametrize("kernel", ["block_sparse", "linear"])
+def test_without_triton_a_declined_mosaic_call_takes_the_xla_path(monkeypatch, kernel):
+    """A JAX without Pallas's Triton backend keeps the GPU flavour for gpu_form="mosaic";
+    where the Mosaic GPU kernels then decline (float32 here), the XLA path runs, not a
+    Triton kernel that does not exist: the values of backend="xla". Run on this CPU as a
+    compiled GPU target would be (interpret=False)."""
+    import importlib
+    la = importlib.import_module("models.kernels.linear_attention")
+    from models.kernels import targets
+    monkeypatch.setattr(mgpu_common, "available", lambda: True)
+    monkeypatch.setattr(targets, "gpu_backend", lambda: None)
+    q, k, v = (jnp.abs(x) for x in _inputs(1, 2, 40, 40, 16, "float32"))
+    if kernel == "block_sparse":
+        call = lambda **kw: block_sparse_attention(q, k, v, masks.causal(), **kw)
+    else:
+        call = lambda **kw: la.linear_attention(q, k, v, causal=True, **kw)
+    got = call(backend="pallas", gpu_form="mosaic", interpret=False)
+    np.testing.assert_allclose(got, call(backend="xla"), rtol=1e-5, atol=1e-6)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models.kernels import block_sparse_mgpu, decayed_mgpu
+from models.kernels import decayed_mgpu, mgpu_common
 from tests.kernels import lowering
 from tests.kernels.interpreters import (assert_pallas_mosaic_equals_pallas, gpu_races_found,
                                         mosaic_calls_in_train_step, needs_mgpu,
@@ -65,18 +65,18 @@ def test_gpu_form_mosaic_with_gradients_and_the_gate_fallback(capfd):
             *xs, backend="pallas", chunk_size=64, gpu_form=form), q, k, v, log_a)
         return (out, *vjp(g))
 
-    with block_sparse_mgpu.interpreted():
+    with mgpu_common.interpreted():
         ref, got = run("triton", log_a), run("mosaic", log_a)
         gate = _inputs(100, gates=64, seed=2)[3]
         np.testing.assert_array_equal(run("mosaic", gate)[0], run("triton", gate)[0])
     err = capfd.readouterr().err
-    if block_sparse_mgpu.available():
+    if mgpu_common.available():
         assert "decayed attention: Mosaic GPU kernels (interpreted)" in err
         assert "a diagonal gate's C x C x K decay has no Mosaic GPU form" in err
     for a, b in zip(ref, got):
         a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
         assert np.max(np.abs(a - b)) <= 1e-2 * np.max(np.abs(a))
-    with pytest.raises(ValueError, match="gpu_form must be 'triton' or 'mosaic'"):
+    with pytest.raises(ValueError, match="gpu_form must be one of triton, mosaic"):
         da.decayed_linear_attention(q, k, v, log_a, gpu_form="cutlass")
 
 

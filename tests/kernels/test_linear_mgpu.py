@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models.kernels import block_sparse_mgpu, linear_mgpu
+from models.kernels import linear_mgpu, mgpu_common
 from tests.kernels import lowering
 from tests.kernels.interpreters import (assert_pallas_mosaic_equals_pallas, gpu_races_found,
                                         mosaic_calls_in_train_step, needs_mgpu,
@@ -83,10 +83,10 @@ def test_gpu_form_mosaic_equals_triton_with_gradients(capfd, causal):
         out, vjp = jax.vjp(f, q, k, v)
         return (out, *vjp(g))
 
-    with block_sparse_mgpu.interpreted():
+    with mgpu_common.interpreted():
         ref, got = run("triton"), run("mosaic")
     err = capfd.readouterr().err
-    if block_sparse_mgpu.available():
+    if mgpu_common.available():
         assert "Mosaic GPU kernels (interpreted)" in err
     else:
         assert "Triton form, not Mosaic GPU (JAX" in err
@@ -97,7 +97,7 @@ def test_gpu_form_mosaic_equals_triton_with_gradients(capfd, causal):
 
 def test_refusals():
     q, k, v, _ = _inputs(16, 16, 16, "float32")
-    with pytest.raises(ValueError, match="gpu_form must be 'triton' or 'mosaic'"):
+    with pytest.raises(ValueError, match="gpu_form must be one of triton, mosaic"):
         la.linear_attention(q, k, v, causal=True, gpu_form="cutlass")
     why = linear_mgpu.supports(jnp.float32, 64, 64, 64)
     assert "wgmma takes 16-bit" in why or "lacks the Mosaic GPU API" in why

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 from models import masks
-from models.kernels import block_sparse_mgpu
+from models.kernels import mgpu_common
 from models.kernels.block_sparse_attention import block_sparse_attention
 
 la = importlib.import_module("models.kernels.linear_attention")
 da = importlib.import_module("models.kernels.decayed_attention")
 
 pytestmark = pytest.mark.skipif(
-    jax.default_backend() != "gpu" or not block_sparse_mgpu.available(),
+    jax.default_backend() != "gpu" or not mgpu_common.available(),
     reason="compiled Mosaic GPU kernels need a GPU and JAX's Mosaic GPU API (0.12)")
 
 
