@@ -42,7 +42,9 @@ Three forms, equal (tests/models/test_delta.py):
 attention_impl="pallas" runs both training scans (and the prompt's) through
 `models.kernels.delta_rule` (the chunked form's forward and backward passes as Triton
 kernels on GPU, Mosaic on TPU, interpreted on CPU), at the kernel's chunk (64, fla's) rather
-than the layer's chunk_size; "dense" (the default) runs `chunk_delta_rule` under XLA.
+than the layer's chunk_size; "pallas_mosaic" the same with the Mosaic GPU kernels on a
+Hopper (`models.kernels.delta_mgpu`; Triton where they decline, said once); "dense" (the
+default) runs `chunk_delta_rule` under XLA.
 
 causal=False (LRA's classifiers): a forward and a backward scan, summed before the
 output norm and gate. The backward scan is the causal layer run on the reversed
@@ -72,7 +74,9 @@ NORM_EPS = 1e-5  # fla's output RMSNorm
 A_INIT_RANGE = (0.0, 16.0)  # fla GatedDeltaNet: A ~ U(0, 16), A_log = log A
 DT_INIT_RANGE = (1e-3, 1e-1)  # dt log-uniform in it, at least DT_INIT_FLOOR (Mamba-2)
 DT_INIT_FLOOR = 1e-4
-IMPLS = ("dense", "pallas")  # chunk_delta_rule (XLA), or the Pallas delta-rule kernel
+# chunk_delta_rule (XLA), or the Pallas delta-rule kernels (pallas_mosaic: their Mosaic GPU
+# form on a Hopper, models/kernels/delta_mgpu.py)
+IMPLS = ("dense", "pallas", "pallas_mosaic")
 
 
 # ----------------------------------------------------------------------------- core math
@@ -413,8 +417,9 @@ class DeltaNet(nnx.Module, recurrent.RecurrentDecoding):
     def scan(self, direction: ScanDirection, q, k, v, x_BxLxD, real_BxL):
         """One direction's outputs BxHxLxV and final state, chunked."""
         q, k, v, beta, g = direction.features(q, k, v, x_BxLxD, real_BxL)
-        if self.attention_impl == "pallas":
-            return delta_rule(q, k, v, beta, g)
+        if self.attention_impl in ("pallas", "pallas_mosaic"):
+            form = "mosaic" if self.attention_impl == "pallas_mosaic" else "triton"
+            return delta_rule(q, k, v, beta, g, gpu_form=form)
         return chunk_delta_rule(q, k, v, beta, g, chunk_size=self.chunk_size)
 
     def attend(self, q_BxHxLxK, k_BxHxLxK, v_BxHxLxV, x_BxLxD, padding_mask):

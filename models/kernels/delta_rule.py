@@ -14,7 +14,8 @@ first): the chunk algorithm, written as steps on the 2-D arrays of one chunk of 
 of a row, run three ways: a Triton kernel (one program per (batch, head), a `fori_loop`
 over the chunks carrying the state in registers), a Mosaic TPU kernel (grid (batch, head,
 chunk), the state in VMEM scratch across the sequential chunk axis) and plain JAX
-(`lax.scan` over the chunks, backend="xla"), all under one custom VJP.
+(`lax.scan` over the chunks, backend="xla"), all under one custom VJP; and, as a rewrite
+of the same steps for Hopper, Mosaic GPU kernels (`delta_mgpu.py`, `gpu_form="mosaic"`).
 
 One chunk (b_i = the inclusive sum of log alpha from the chunk's start, by masked sums of
 iotas as decayed_attention's `_chunk_sums`: neither Triton nor Mosaic lowers a cumsum;
@@ -66,7 +67,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 from models import layers
-from models.kernels import targets, tuning
+from models.kernels import delta_mgpu, mgpu_common, targets, tuning
 from models.kernels.decayed_attention import _Config as _DecayConfig
 from models.kernels.decayed_attention import _chunk_sums, _decay
 from models.kernels.linear_attention import _F32, _mm, _mm_nt, _mm_tn
@@ -86,6 +87,7 @@ class _Config(NamedTuple):
     interpret: bool | pltpu.InterpretParams  # the latter: Mosaic's TPU interpreter
     # Triton's (num_warps, num_stages) from models/kernels/tuning.py; None: the defaults
     triton: tuple[int, int] | None = None
+    gpu_form: str = "triton"  # "mosaic": the Mosaic GPU kernels (delta_mgpu.py)
 
 
 
@@ -396,12 +398,51 @@ def _padded(q, k, v, beta, log_a, cfg: _Config):
             _pad(log_a.astype(_F32)[..., None], cfg, 1))
 
 
+def _mosaic(cfg: _Config) -> bool:
+    return cfg.backend == "pallas" and cfg.platform == "gpu" and cfg.gpu_form == "mosaic"
+
+
+def _value_blocks(x: jax.Array, axis: int) -> list[jax.Array]:
+    """x cut along its value axis into the Mosaic kernels' blocks. Each value channel of
+    the state evolves on its own (S's rows: the keys, beta and alpha act from the right),
+    so a wide value head is the kernels run per block, the key-side gradients summed."""
+    width = delta_mgpu.VALUE_BLOCK
+    return [lax.slice_in_dim(x, j, j + width, axis=axis)
+            for j in range(0, x.shape[axis], width)]
+
+
+def _mosaic_forward(rows, states: bool, cfg: _Config):
+    """(o, [start states,] S_L) of the padded rows by the Mosaic GPU kernels."""
+    q, k, v, beta, log_a = rows
+    outs = [delta_mgpu.forward(q, k, vj, beta[..., 0], log_a[..., 0], states=states,
+                               interpret=cfg.interpret) for vj in _value_blocks(v, 3)]
+    o, s = (jnp.concatenate([x[i] for x in outs], axis=a) for i, a in ((0, 3), (1, 2)))
+    if states:
+        return o, jnp.concatenate([x[2] for x in outs], axis=3), s
+    return o, s
+
+
+def _mosaic_backward(rows, states, ds, cfg: _Config):
+    """dq, dk, dv, d beta, d log alpha (float32; the last two `[B, H, L, 1]`)."""
+    q, k, v, beta, log_a, do = rows
+    grads = [delta_mgpu.backward(q, k, vj, beta[..., 0], log_a[..., 0], doj, sj, dsj,
+                                 interpret=cfg.interpret)
+             for vj, doj, sj, dsj in zip(_value_blocks(v, 3), _value_blocks(do, 3),
+                                         _value_blocks(states, 3), _value_blocks(ds, 2))]
+    dq, dk, dbeta, dlog_a = (sum(g[i] for g in grads) for i in (0, 1, 3, 4))
+    return (dq, dk, jnp.concatenate([g[2] for g in grads], axis=3), dbeta[..., None],
+            dlog_a[..., None])
+
+
 def _forward(q, k, v, beta, log_a, cfg: _Config, states: bool = False):
     """o (v's dtype) and S_L (float32); with `states`, ((o, S_L), the state each chunk
     starts from `[B, H, N, V, K]`: the backward's residual)."""
     rows = _padded(q, k, v, beta, log_a, cfg)
-    outs = _run(_FORWARD_STATES if states else _FORWARD, rows, (), None,
-                ((rows[2].shape[3], v.dtype),), int(states), cfg)
+    if _mosaic(cfg):
+        outs = _mosaic_forward(rows, states, cfg)
+    else:
+            outs = _run(_FORWARD_STATES if states else _FORWARD, rows, (), None,
+                    ((rows[2].shape[3], v.dtype),), int(states), cfg)
     o, s = outs[0][:, :, :v.shape[2], :v.shape[3]], outs[-1][:, :, :v.shape[3], :k.shape[3]]
     return ((o, s), outs[1]) if states else (o, s)
 
@@ -423,9 +464,12 @@ def _delta_rule_bwd(cfg: _Config, residuals, cotangents):
     wk, wv = rows[0].shape[3], rows[2].shape[3]
     ds = jnp.pad(ds.astype(_F32), ((0, 0), (0, 0), (0, wv - ds.shape[2]),
                                    (0, wk - ds.shape[3])))
-    dq, dk, dv, dbeta, dlog_a, _ = _run(
-        _BACKWARD, rows, (states,), ds,
-        ((wk, _F32), (wk, _F32), (wv, _F32), (1, _F32), (1, _F32)), 0, cfg)
+    if _mosaic(cfg):
+        dq, dk, dv, dbeta, dlog_a = _mosaic_backward(rows, states, ds, cfg)
+    else:
+        dq, dk, dv, dbeta, dlog_a, _ = _run(
+            _BACKWARD, rows, (states,), ds,
+            ((wk, _F32), (wk, _F32), (wv, _F32), (1, _F32), (1, _F32)), 0, cfg)
     length = q.shape[2]
     grads = (dq[:, :, :length, :q.shape[3]], dk[:, :, :length, :k.shape[3]],
              dv[:, :, :length, :v.shape[3]], dbeta[:, :, :length, 0],
@@ -465,7 +509,8 @@ def delta_rule(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax.Array,
                beta_BxHxL: jax.Array, log_alpha_BxHxL: jax.Array | None = None, *,
                scale: float | None = None, chunk_size: int | None = None,
                backend: str = "pallas", platform: str | None = None,
-               interpret: bool | None = None) -> tuple[jax.Array, jax.Array]:
+               interpret: bool | None = None, gpu_form: str = "triton"
+               ) -> tuple[jax.Array, jax.Array]:
     """The (gated) delta rule, chunked: `models.attention.delta.chunk_delta_rule`'s result.
 
     Args:
@@ -482,6 +527,10 @@ def delta_rule(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax.Array,
         `models/kernels/targets.py`).
       interpret: run the kernel in the Pallas interpreter; by default on CPU only. With
         platform="tpu", a `pltpu.InterpretParams` runs Mosaic's TPU interpreter instead.
+      gpu_form: "triton", or "mosaic": the GPU flavour as the Mosaic GPU kernels
+        (`delta_mgpu.py`: chunk 64, 16-bit, key dim 64, value dims a multiple of 64: a
+        kernel per 64 value channels) where they take the call, else the
+        Triton form, said once.
 
     Returns:
       o `[B, H, L, V]` in v's dtype and the final state S_L `[B, H, V, K]` float32.
@@ -491,6 +540,7 @@ def delta_rule(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax.Array,
         raise ValueError(f"backend must be 'pallas' or 'xla', got {backend!r}")
     if isinstance(interpret, pltpu.InterpretParams) and platform != "tpu":
         raise ValueError("pltpu.InterpretParams interprets the Mosaic (platform='tpu') form")
+    mgpu_common.check_gpu_form(gpu_form)
     q, k, v, beta = q_BxHxLxK, k_BxHxLxK, v_BxHxLxV, beta_BxHxL
     scale = q.shape[3] ** -0.5 if scale is None else scale
     q = (q.astype(_F32) * scale).astype(q.dtype)
@@ -504,6 +554,10 @@ def delta_rule(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax.Array,
                           chunk_size=chunk, platform=target.platform,
                           interpret=targets.interpret_for(target, interpret))._replace(
                               triton=launch)
+        if gpu_form == "mosaic" and target.platform == "gpu" and target.backend == "pallas":
+            cfg = _mosaic_or_triton(cfg, target, q, v)
+            if cfg.gpu_form != "mosaic" and targets.triton_missing(target):
+                return build(targets.Target("xla", None, False))
 
         def run(*xs):
             return _delta_rule(*xs, cfg)
@@ -526,4 +580,13 @@ def delta_rule(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array, v_BxHxLxV: jax.Array,
 
     if backend == "xla":
         return build(targets.Target("xla", None, False))(*args)
-    return targets.dispatch(build, args, platform=platform, interpret=interpret)
+    return targets.dispatch(build, args, platform=platform, interpret=interpret,
+                            mosaic_gpu=gpu_form == "mosaic" and mgpu_common.available())
+
+
+def _mosaic_or_triton(cfg: _Config, target: targets.Target, q, v) -> _Config:
+    """cfg with the Mosaic GPU kernels (chunk 64) where they take the call."""
+    why = lambda: delta_mgpu.supports(q.dtype, q.shape[3], v.shape[3])  # noqa: E731
+    if mgpu_common.takes("delta rule", target.interpret, why):
+        return cfg._replace(chunk=delta_mgpu.CHUNK, gpu_form="mosaic")
+    return cfg
