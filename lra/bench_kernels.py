@@ -38,8 +38,8 @@ fused dense softmax attention over all L x L pairs (the reference above). FLOPs 
 backward recomputes the scores and does five matmuls in all).
 
 Mosaic GPU forms (`attention_impl=pallas_mosaic`: models/kernels/block_sparse_mgpu.py,
-linear_mgpu.py, decayed_mgpu.py; 64 x 64 tiles, chunks of 64): on a GPU the linear,
-decayed (scalar decays) and block-sparse tables time the same calls through them in their
+linear_mgpu.py, decayed_mgpu.py, delta_mgpu.py; 64 x 64 tiles, chunks of 64): on a GPU the
+linear, decayed (scalar decays), block-sparse and delta-rule tables time the same calls through them in their
 last columns, beside the Triton ones ("Pallas"); "-" where not timed (why, on stderr).
 
 Delta rule (`models/kernels/delta_rule.py`; `--delta_rules`: deltanet, no decay, and
@@ -90,7 +90,7 @@ from lra.runs import cli
 from models import masks
 from models.attention.delta import chunk_delta_rule, l2_normalise
 from models.attention.retention import chunked_retention
-from models.kernels import block_sparse_mgpu, decayed_mgpu, linear_mgpu, tuning
+from models.kernels import block_sparse_mgpu, decayed_mgpu, delta_mgpu, linear_mgpu, tuning
 from models.kernels.block_sparse_attention import block_sparse_attention
 from models.kernels.block_sparse_tiles import make_config as block_sparse_config
 from models.kernels.decayed_attention import decayed_linear_attention
@@ -509,8 +509,9 @@ def _delta_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> None:
           "| XLA fwd ms | XLA fwd+bwd ms | vs XLA fwd | vs XLA fwd+bwd "
           "| chunk_delta_rule fwd ms | chunk_delta_rule fwd+bwd ms | vs chunk_delta_rule fwd "
           "| vs chunk_delta_rule fwd+bwd | dense fwd+bwd ms | vs dense fwd | vs dense fwd+bwd "
-          f"| every dense impl: fwd / fwd+bwd ms | {FLOOR_COLUMN} |")
-    print("|" + "---|" * 19)
+          f"| every dense impl: fwd / fwd+bwd ms | {MOSAIC_COLUMNS} | {FLOOR_COLUMN} |")
+    print("|" + "---|" * 22)
+    no_mosaic = _no_mosaic_chunked(delta_mgpu.supports(dtype, d, d))
     rng = np.random.default_rng(0)
     for length in map(int, FLAGS.lengths):
         q, k, v, g, beta, log_a = _delta_inputs(rng, dtype, b, h, length, d)
@@ -523,9 +524,13 @@ def _delta_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> None:
                                                   chunk_size=FLAGS.chunk_size)),
                      ("xla", functools.partial(delta_rule, backend="xla",
                                                chunk_size=FLAGS.chunk_size)),
-                     ("model", chunk_delta_rule))
+                     ("model", chunk_delta_rule),
+                     ("mosaic", functools.partial(delta_rule, backend="pallas",
+                                                  chunk_size=FLAGS.chunk_size,
+                                                  gpu_form="mosaic")))
             for name, rule_fn in forms:
-                if name == "pallas" and not run_pallas:
+                if (name in ("pallas", "mosaic") and not run_pallas
+                        or name == "mosaic" and no_mosaic):
                     times[name] = (None, None)
                     continue
                 # o in v's dtype (chunk_delta_rule's is float32): the cotangent's.
@@ -545,7 +550,8 @@ def _delta_section(dtype, b: int, h: int, d: int, run_pallas: bool) -> None:
                   f"{_ratio(xfb, pfb)} | {ms(mf)} | {ms(mfb)} | {_ratio(mf, pf)} | "
                   f"{_ratio(mfb, pfb)} | {ms(times['dense'][1])} ({dense_impl}) | "
                   f"{_ratio(times['dense'][0], pf)} | {_ratio(times['dense'][1], pfb)} | "
-                  f"{every_dense} | {hbm_floor_mb(args, v.nbytes)} |", flush=True)
+                  f"{every_dense} | {_mosaic_cells(times['mosaic'], pfb)} | "
+                  f"{hbm_floor_mb(args, v.nbytes)} |", flush=True)
     print()
 
 

@@ -417,9 +417,16 @@ class DeltaNet(nnx.Module, recurrent.RecurrentDecoding):
     def scan(self, direction: ScanDirection, q, k, v, x_BxLxD, real_BxL):
         """One direction's outputs BxHxLxV and final state, chunked."""
         q, k, v, beta, g = direction.features(q, k, v, x_BxLxD, real_BxL)
-        if self.attention_impl in ("pallas", "pallas_mosaic"):
-            form = "mosaic" if self.attention_impl == "pallas_mosaic" else "triton"
-            return delta_rule(q, k, v, beta, g, gpu_form=form)
+        if self.attention_impl == "pallas":
+            return delta_rule(q, k, v, beta, g)
+        if self.attention_impl == "pallas_mosaic":
+            # The Mosaic GPU kernels take 16-bit q, k, v (wgmma operands): under a 16-bit
+            # compute view the features go in that dtype, as fla's layers hand bf16 to
+            # their kernels under autocast; beta and the gate stay float32.
+            if jnp.dtype(x_BxLxD.dtype).itemsize == 2:
+                q, k, v = (t.astype(x_BxLxD.dtype) for t in (q, k, v))
+            o, s = delta_rule(q, k, v, beta, g, gpu_form="mosaic")
+            return o.astype(jnp.float32), s
         return chunk_delta_rule(q, k, v, beta, g, chunk_size=self.chunk_size)
 
     def attend(self, q_BxHxLxK, k_BxHxLxK, v_BxHxLxV, x_BxLxD, padding_mask):
