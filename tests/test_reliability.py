@@ -738,3 +738,28 @@ def test_a_child_that_exits_3_during_jaxlibs_abort_shows_only_its_own_line():
     errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
     assert len(errors) == 1 and "another process probably died" in errors[0], proc.stderr
     assert "step 3" in proc.stderr
+
+
+def test_a_model_hparam_the_preset_leaves_out_can_be_overridden(tmp_path):
+    """`--config.model_hparams.<name>` for a builder argument the variant's preset does not
+    set (fox's forget_gate): taken by lra.launch and recorded in results.json; a name the variant does not take is refused in one line,
+    naming those it does; the sweep's expected config holds it (its own run folder)."""
+    from lra.runs import hparams, plan
+
+    assert "forget_gate" not in listops.get_config("model=fox,runlocal").model_hparams
+    code, _, err = _launch(tmp_path / "on", "--config=configs/mqar.py:model=fox,runlocal",
+                           "--config.model_hparams.forget_gate=False",
+                           "--config.num_train_steps=1", "--config.eval_frequency=1")
+    assert code == 0, err
+    with open(tmp_path / "on" / "results.json") as f:
+        results = json.load(f)
+    assert results["config"]["model_hparams"]["forget_gate"] is False
+    code, _, err = _launch(tmp_path / "bad", "--config=configs/mqar.py:model=fox,runlocal",
+                           "--config.model_hparams.forget_gat=False")
+    _assert_one_line(code, err, "fox takes no hparam 'forget_gat'; it takes: "
+                     "attention_dropout, attention_impl, forget_gate")
+    expected = plan.expected_config("mqar", "fox", 0, "runlocal",
+                                    ["model_hparams.forget_gate=False"])
+    assert expected["model_hparams"]["forget_gate"] is False
+    assert [hparams.parse_value(t) for t in ("false", "True", "3", "0.5", "(1, 2)", "abc")] == [
+        False, True, 3, 0.5, (1, 2), "abc"]

@@ -15,7 +15,7 @@ import sys
 
 from absl import flags
 
-from lra.runs import cli
+from lra.runs import cli, hparams
 
 # Where the packages are (the checkout, or site-packages after `pip install .`): the task
 # configs are imported from there; runs run in cli.run_root().
@@ -251,22 +251,29 @@ def command(task: str, model: str, seed: int, config_arg: str, workdir: str,
             *([f"--import={','.join(imports)}"] if imports else [])]
 
 
-def expected_config(task: str, model: str, seed: int, config_arg: str,
-                    overrides: list[str]) -> dict:
-    """The resolved config launch.py builds for this run, as results.json records it
-    (JSON types). Raises what parsing the config raises (a bad override value, ...)."""
+def _parse_config(argv: list[str]):
     from ml_collections import config_flags
 
-    if REPO not in sys.path:  # task configs import `configs.common`
-        sys.path.insert(0, REPO)
-    argv = ["launch.py", *config_flags_of(task, model, seed, config_arg, overrides)]
     values = flags.FlagValues()  # not absl's global FLAGS: no names claimed, none reused
     config_flags.DEFINE_config_file("config", None, "", flag_values=values,
                                     lock_config=True, sys_argv=argv)
     values(argv)
+    return values.config
+
+
+def expected_config(task: str, model: str, seed: int, config_arg: str,
+                    overrides: list[str]) -> dict:
+    """The resolved config launch.py builds for this run, as results.json records it
+    (JSON types). Raises what parsing the config raises (a bad override value, ...)."""
+    if REPO not in sys.path:  # task configs import `configs.common`
+        sys.path.insert(0, REPO)
+    argv = ["launch.py", *config_flags_of(task, model, seed, config_arg, overrides)]
+    argv, new_hparams = hparams.split(argv, _parse_config)
+    config = _parse_config(argv)
+    hparams.apply(config, new_hparams)
     from configs import common  # as lra/train.py resolves it before the run is built
 
-    config = common.resolve(values.config)
+    config = common.resolve(config)
     return json.loads(json.dumps(config.to_dict(), default=str))
 
 
