@@ -15,7 +15,11 @@ configs record: vocabulary, steps, short_conv, ...); a directory with several se
 a section per setting. The learning rate and weight decay are tuned per cell (TUNED): runs
 of a cell at several values (`lra.sweep --grid=learning_rate=...`) are its grid, and the
 values with the best validation accuracy (the seeds' mean of best_eval_accuracy) are the
-cell's, as Zoology picks the best lr per width. Written:
+cell's, as Zoology picks the best lr per width. A model_hparams override a sweep gave a
+run (`--override` or `--grid=model_hparams.<name>=...`, from the run's sweep.json, kept
+in the runs record) makes another model of the variant: its own row, named by it (`fox
+[forget_gate False]`), as a capacity set away from the presets is (`local [window 32]`).
+Written:
 
   <out>.md   per setting and (L, kv): test accuracy at the queried positions (%), mean ±
              standard deviation over seeds (n), per width; per model its parameter count
@@ -207,7 +211,8 @@ def row_name(r: dict, reference: dict | None = None) -> tuple[str, list[str]]:
 
     c = card_of(r)
     if not c or not reference:
-        return r["model"], []
+        notes = _override_notes(r, [])
+        return r["model"] + (f" [{', '.join(notes)}]" if notes else ""), []
     differ = card_lib.differences(c, reference)
     notes = [card_lib.note(f, card_lib.base_value(c, f)) for f in differ]
     # A knob the variant keeps against the scaffold (RetNet's heads) names the row too,
@@ -217,6 +222,7 @@ def row_name(r: dict, reference: dict | None = None) -> tuple[str, list[str]]:
               for f in card_lib.COMPARED if f in kept and f in reference
               and not card_lib.agree(card_lib.base_value(c, f), reference[f])]
     notes += _capacity_notes(r, c)
+    notes += _override_notes(r, notes)
     undeclared = [f for f in differ if f not in scaffold.ablated(r["config"])]
     return r["model"] + (f" [{', '.join(notes)}]" if notes else ""), undeclared
 
@@ -236,6 +242,21 @@ def _capacity_notes(r: dict, c: dict) -> list[str]:
         return []
     return [f"{k} {v}" for k, v in (c.get("capacity") or {}).items()
             if k in preset and preset[k] != v]
+
+
+def _override_notes(r: dict, notes: list[str]) -> list[str]:
+    """'forget_gate False', 'block_counts 3' for each model_hparams override a sweep gave the
+    run (`overrides`, from its sweep.json) that no note names yet: another model of the
+    variant, its own row (the report would otherwise fold it into the variant's cell)."""
+    named = {n.split(" ")[0] for n in notes}
+    out = []
+    for o in r.get("overrides") or []:
+        field, _, value = o.partition("=")
+        if field.startswith("model_hparams.") and "." not in field[len("model_hparams."):]:
+            key = field[len("model_hparams."):]
+            if key not in named:
+                out.append(f"{key} {value}")
+    return out
 
 
 def cells(results: list[dict]) -> list[dict]:
@@ -683,6 +704,8 @@ def load_sources(sources: list[str]) -> tuple[list[dict], list[str]]:
             if not os.path.isdir(source):
                 raise FileNotFoundError(f"{source}: neither a directory nor a .jsonl file")
             found, bad = results_lib.load(source)
+            for r in found:  # a sweep's run: the overrides it was given (sweep.json)
+                r.setdefault("overrides", _sweep_overrides(r["_path"]))
             runs += found
             skipped += bad
             continue
@@ -703,6 +726,14 @@ def load_sources(sources: list[str]) -> tuple[list[dict], list[str]]:
                 r["_path"] = r.get("run_dir") or where
                 runs.append(r)
     return runs, skipped
+
+
+def _sweep_overrides(run_dir: str) -> list[str]:
+    try:
+        with open(os.path.join(run_dir, "sweep.json"), encoding="utf-8") as f:
+            return list(json.load(f).get("overrides") or [])
+    except (OSError, ValueError):
+        return []
 
 
 def _run_key(r: dict) -> str:

@@ -12,9 +12,10 @@ from lra.runs import results as results_lib
 
 
 def _write_run(root, model, seed, accuracy, *, length=32, width=0, lr=None, pos=None,
-               short_conv=None, val=None, wd=None, ablate="", hparams=None):
+               short_conv=None, val=None, wd=None, ablate="", hparams=None, overrides=None):
     """A run of configs/mqar.py's runlocal; `pos`, `short_conv`: its scaffold's positions
-    and shared convolution instead of the zoology scaffold's (none, 3)."""
+    and shared convolution instead of the zoology scaffold's (none, 3); `overrides`: a
+    sweep's run given these (its sweep.json)."""
     c = mqar.get_config(f"model={model},runlocal")
     if pos:
         c.scaffold.pos_emb = pos
@@ -34,7 +35,12 @@ def _write_run(root, model, seed, accuracy, *, length=32, width=0, lr=None, pos=
         config["weight_decay"] = wd
     folder = os.path.join(root, f"L{length}-d{width}", model,
                           f"seed{seed}-{lr}-{pos}-{short_conv}-{wd}-{len(hparams or ())}")
+    folder += f"-{len(overrides or ())}"
     os.makedirs(folder)
+    if overrides:
+        with open(os.path.join(folder, "sweep.json"), "w") as f:
+            json.dump({"task": "mqar", "model": model, "seed": seed,
+                       "config_arg": "runlocal", "overrides": overrides}, f)
     with open(os.path.join(folder, "results.json"), "w") as f:
         json.dump({"task": "mqar", "model": model, "test_accuracy": accuracy,
                    "best_eval_accuracy": (accuracy if val is None
@@ -437,6 +443,25 @@ def test_a_window_other_than_the_presets_is_named(tmp_path):
                 ).read()
     assert "| local | 10.0 ± 0.0 (2) <" in text
     assert "| local [window 32] | 90.0 ± 0.0 (2) =" in text
+
+
+def test_a_model_hparams_override_is_a_row_of_its_own(tmp_path):
+    """A sweep's model_hparams override that is no capacity on the card (fox's forget gate,
+    NSA's block count) is another model: its own row, named by the override, not folded
+    into the variant's cell; the runs record keeps the overrides, so the committed record
+    regenerates the same rows."""
+    runs = tmp_path / "runs"
+    for seed in (0, 1):
+        _write_run(str(runs), "fox", seed, 0.12)
+        _write_run(str(runs), "fox", seed, 0.99, hparams={"forget_gate": False},
+                   overrides=["model_hparams.forget_gate=False"])
+    out = str(tmp_path / "mqar")
+    text = open(synthetic_report.report(str(runs), out)[0]).read()
+    assert "| fox | 12.0 ± 0.0 (2) <" in text
+    assert "| fox [forget_gate False] | 99.0 ± 0.0 (2) =" in text
+    again = open(synthetic_report.report(out + "_runs.jsonl", str(tmp_path / "again"))[0]
+                 ).read()
+    assert "| fox [forget_gate False] | 99.0 ± 0.0 (2) =" in again
 
 
 def test_a_kept_knob_names_the_row_and_keeps_it_ranked(tmp_path):
