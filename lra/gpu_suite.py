@@ -11,6 +11,11 @@ installed), in this order, each with the seconds the plan gives it (lra.gpu.comm
 stage_seconds); a stage that does not fit waits for the next call. The next call (the same
 command, the same --out) skips the stages whose file says complete and plans the rest:
 
+  0. tune (90 s)    `lra.bench_kernels --tune` at 4K (bfloat16), a kernel per command
+                   (block-sparse, linear, decayed, delta rule): each Triton kernel's
+                   fastest tile x num_warps x num_stages -> tuning.md, tuning.json, merged
+                   into the checkout's models/kernels/tuning.json for the stages after it
+                   (and at the start of every later call); commit it from there
   1. kernel_tests (120 s)  `pytest tests/kernels` natively (Triton kernels compiled, not
                    interpreted; float32 and bfloat16, slow cases included; 4 xdist
                    workers) -> kernels_tests.md
@@ -23,7 +28,7 @@ command, the same --out) skips the stages whose file says complete and plans the
                    trained for the time the stage has, stopped (SIGTERM: a checkpoint) and
                    tested where it stopped, its test accuracy beside LRA's 36.37 and its
                    steps beside LRA's 5000 -> transformer.md
-     (the first call: 450 s)
+     (the first call: tune, kernel_tests and kernels, 370 s; transformer waits)
   4. efficiency (150 s, stretches) `lra.benchmark` (one training step of LRA's text
                    model) for LRA's ten and transformer at 1K-4K in float32; 8K and 16K for the
                    variants whose memory grew at most L^1.5 over 1K-4K; then a bfloat16
@@ -31,7 +36,7 @@ command, the same --out) skips the stages whose file says complete and plans the
   5. runs (240 s, stretches) time-boxed full-size ListOps runs of the other variants
                    (performer, local, linear, then LRA's others), at most 300 s each,
                    each tested where it stopped -> runs.md
-     (the second call at 7.5 minutes: efficiency and one run)
+     (the second call at 7.5 minutes: transformer, efficiency and a run's start)
   6. kernels_long (150 s) `lra.bench_kernels` at 8K and 16K -> kernels_long.md
 
 data/listops is generated in the background at the start of a call that runs stages 3 or
@@ -90,8 +95,8 @@ from typing import Callable
 from lra.gpu.common import (CALL_MINUTES, DRY, DRY_CALL_MINUTES, FULL, GRACE_S, REPO,
                             StageResult, Suite, _log, _stop_group, display, file_status,
                             plan_call, probe_device, stage_limit, write_atomic)
-from lra.gpu.bench_stages import (stage_efficiency, stage_kernel_tests, stage_kernels,
-                                  stage_kernels_long)
+from lra.gpu.bench_stages import (merge_tuning, stage_efficiency, stage_kernel_tests,
+                                  stage_kernels, stage_kernels_long, stage_tune)
 from lra.gpu.run_stages import stage_runs, stage_transformer, start_listops_generator
 # Re-exported: tests and users reach these as gpu_suite.X (to stand in for one, patch the
 # module that calls it: lra.gpu.bench_stages.run_command, not gpu_suite.run_command).
@@ -108,6 +113,9 @@ class Stage:
 
 
 STAGES = [
+    Stage("tune", "tuning.md",
+          "Triton tiles and launch parameters tuned on this device (lra.bench_kernels --tune)",
+          stage_tune),
     Stage("kernel_tests", "kernels_tests.md",
           "Kernel tests, natively (Triton kernels compiled; float32 and bfloat16)",
           stage_kernel_tests),
@@ -209,8 +217,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "results/gpu; with --dry_run workdirs/gpu_suite_dry_run).")
     parser.add_argument("--budget_minutes", type=float, default=None,
                         help=f"Wall time for this call's stages (default {CALL_MINUTES:g}: "
-                        "the first call is the kernel tests, the 4K kernel table and one "
-                        f"time-boxed ListOps run; dry run {DRY_CALL_MINUTES:g}).")
+                        "the first call tunes the kernels' tiles, runs the kernel tests and "
+                        f"the 4K kernel table; dry run {DRY_CALL_MINUTES:g}).")
     parser.add_argument("--dry_run", action="store_true", help="Tiny sizes, for CPU.")
     parser.add_argument("--force", action="store_true",
                         help="Run the stages whose file says complete again.")
@@ -308,6 +316,9 @@ def _run_call(args, argv, plan, out, started, budget, todo, planned, line) -> in
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     stages = {s.name: s for s in STAGES}
     statuses = []
+    # An earlier call's tuned tiles (a fresh machine's checkout has the committed table):
+    # this call's kernels run with them.
+    merge_tuning(suite)
     try:
         if any(name in NEEDS_LISTOPS for name, _ in planned):
             start_listops_generator(suite)

@@ -75,13 +75,14 @@ def test_dry_run_writes_every_stage_and_a_rerun_skips_them(tmp_path, monkeypatch
     row = re.search(r"^\| 64 \| gated_deltanet \|.*$", delta, re.M)
     assert row, kernels
     row = [c.strip() for c in row.group(0).strip("|").split("|")]
-    assert len(row) == 19, row  # ... every dense impl, the HBM floor
+    assert len(row) == 22, row  # ... every dense impl, the Mosaic GPU form, the HBM floor
     assert all(re.fullmatch(r"[\d.]+", c) for c in row[2:8] + row[10:12]), row
     assert re.fullmatch(r"[\d.]+ \(flash\)", row[14]), row
     # Every dense implementation is timed in its own column (on CPU, XLA only).
     # Every dense implementation timed, ours (flash) and XLA's last.
     assert re.search(r"\| flash [\d.]+ / [\d.]+; (.*; )?xla [\d.]+ / [\d.]+ \|", kernels), kernels
-    assert re.fullmatch(r"[\d.]+ / [\d.]+", row[18]), row  # MB: fwd / fwd+bwd
+    assert row[18:21] == ["n/a"] * 3, row  # no Mosaic GPU form off a GPU
+    assert re.fullmatch(r"[\d.]+ / [\d.]+", row[21]), row  # MB: fwd / fwd+bwd
     assert "| 32 | causal |" in (out / "kernels_long.md").read_text()
     # The time-boxed run: stopped after its training time, tested at the step it reached.
     transformer = (out / "transformer.md").read_text()
@@ -99,7 +100,11 @@ def test_dry_run_writes_every_stage_and_a_rerun_skips_them(tmp_path, monkeypatch
     assert re.search(r"\| linear \| finished in \d+ s \| 2 / 2 \|", runs), runs
     assert list((out / "runs" / "listops" / "linear").glob("*/results.json"))
     summary = (out / "summary.md").read_text()
-    assert summary.count("| complete in ") == 6, summary
+    assert summary.count("| complete in ") == 7, summary
+    # No tiles tuned off a GPU (--tune refuses the interpreter): said, nothing merged.
+    tune = (out / "tuning.md").read_text()
+    assert "status: complete in " in tune and "nothing to tune here" in tune
+    assert not (out / "tuning.json").exists()
     # What a call brings back: the results without checkpoints and generated data.
     with tarfile.open(tmp_path / "back.tgz") as tar:
         names = tar.getnames()
@@ -147,31 +152,75 @@ def test_dry_run_writes_every_stage_and_a_rerun_skips_them(tmp_path, monkeypatch
 
 def test_first_call_fits_a_lent_gpu(tmp_path, capsys):
     """A lent GPU gives 15 minutes a session (start included), 10 a command: the default
-    call is the kernel tests, the 4K kernel table and one time-boxed full-size transformer
-    run, planned within 8 minutes with the wheels' install and the packing; the next call
-    is the efficiency table and more runs."""
+    call tunes the Triton kernels' tiles (stretched into the spare), runs the kernel tests
+    and the 4K kernel table, planned within 8 minutes with the wheels' install and the
+    packing; the next call is the time-boxed full-size transformer run and the efficiency
+    table."""
     first = common.plan_call(gpu_suite.STAGE_NAMES, 60 * common.CALL_MINUTES, common.FULL)
-    assert first == [("kernel_tests", 120), ("kernels", 160), ("transformer", 170)]
+    assert first == [("tune", 170), ("kernel_tests", 120), ("kernels", 160)]
     # The efficiency table's rows on a device: LRA's Table 2 (a cell is 30-35 s of an H100).
     assert bench_stages.bench_models(common.FULL) == common.LRA_VARIANTS
     assert sum(s for _, s in first) + common.CALL_OVERHEAD_S <= 8 * 60
-    # Each stage's limit as the call goes: early finishes go to the time-boxed run.
+    # Each stage's limit as the call goes: the last stage gets what the others leave.
     assert [common.stage_limit(first, i, left, common.FULL)
-            for i, left in ((0, 450), (1, 400), (2, 290))] == [120, 160, 290]
+            for i, left in ((0, 450), (1, 300), (2, 180))] == [170, 120, 180]
     assert gpu_suite.main([f"--out={tmp_path}", "--plan"]) == 0
     assert capsys.readouterr().out == (
-        f"full, --out={tmp_path}: this call (450 s): kernel_tests 120 s, kernels 160 s, "
-        "transformer 170 s; next call: efficiency, runs, kernels_long\n")
+        f"full, --out={tmp_path}: this call (450 s): tune 170 s, kernel_tests 120 s, "
+        "kernels 160 s; next call: transformer, efficiency, runs, kernels_long\n")
     for stage in gpu_suite.STAGES[:3]:
         (tmp_path / stage.filename).write_text("mode: full\nstatus: complete in 1 s\n")
     assert gpu_suite.main([f"--out={tmp_path}", "--plan"]) == 0
     assert capsys.readouterr().out == (
-        f"full, --out={tmp_path}: this call (450 s): efficiency 173 s, runs 277 s; next "
-        "call: kernels_long\n")
-    # A session's rest after the first call (4 minutes): the efficiency table alone.
-    assert common.plan_call(["efficiency", "runs", "kernels_long"], 240,
-                            common.FULL) == [("efficiency", 240)]
+        f"full, --out={tmp_path}: this call (450 s): transformer 239 s, efficiency 211 s; "
+        "next call: runs, kernels_long\n")
+    # A session's rest after the first call (4 minutes): the transformer run alone.
+    assert common.plan_call(["transformer", "efficiency", "runs", "kernels_long"], 240,
+                            common.FULL) == [("transformer", 240)]
     assert common.plan_call(["runs"], 100, common.FULL) == []
+
+
+def test_tune_stage_tunes_a_kernel_a_command_and_merges_the_table(tmp_path, monkeypatch):
+    """The tune stage with a stand-in for lra.bench_kernels --tune: a section per command,
+    block-sparse first, each writing its entry into <out>/tuning.json; the entries merged
+    into the checkout's table (here a copy) and shown; a section that did not complete is
+    tuned by the next call, one that did is not tuned again."""
+    from models.kernels import tuning
+
+    table = tmp_path / "checkout_tuning.json"
+    table.write_text(open(tuning.TABLE).read())
+    monkeypatch.setattr(tuning, "TABLE", str(table))
+    ran = []
+
+    def fake(cmd, **kwargs):
+        args = dict(a[2:].split("=", 1) for a in cmd[3:] if "=" in a)
+        ran.append(args["sections"])
+        if args["sections"] == "decayed":  # stopped at its limit
+            return gpu_suite.Outcome(None, 5.0, "", "")
+        kernel = "block_sparse" if args["sections"] == "block_sparse" else args["sections"]
+        tile = "block" if kernel == "block_sparse" else "chunk"
+        tuning.write([{"kernel": kernel, "device": "NVIDIA H100 80GB HBM3",
+                       "dtype": "bfloat16", "head_dim": 64, "length": 4096, tile: 128,
+                       "num_warps": 8, "num_stages": 2, "fwd_bwd_ms": 1.5, "candidates": 12,
+                       "source": "measured 2026-12-05 jax 0.11.2"}], args["tune_table"])
+        return gpu_suite.Outcome(0, 5.0, "tuned\n", "")
+
+    monkeypatch.setattr(bench_stages, "run_command", fake)
+    monkeypatch.setattr(gpu_suite, "probe_device", lambda: H100)
+    out = tmp_path / "gpu"
+    assert gpu_suite.main([f"--out={out}", "--stages=tune"]) == 0
+    assert ran == ["block_sparse", "linear", "decayed", "delta"]
+    text = (out / "tuning.md").read_text()
+    assert "status: partial in " in text and "decayed partial: " in text
+    assert "| block_sparse | NVIDIA H100 80GB HBM3 | bfloat16 | 64 | 4096 | 128 | 8 | 2 |" \
+        in text
+    # Measured entries replace the committed defaults of their key; decayed's stays.
+    merged = {e["kernel"]: e["source"] for e in tuning.load(str(table))
+              if e["device"] == "NVIDIA H100 80GB HBM3" and e["length"] == 4096}
+    assert merged["delta"].startswith("measured") and merged["decayed"].startswith("default")
+    ran.clear()
+    assert gpu_suite.main([f"--out={out}", "--stages=tune"]) == 0
+    assert ran == ["decayed"]
 
 
 def test_wheels_check(tmp_path, capsys):

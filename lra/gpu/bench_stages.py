@@ -18,6 +18,81 @@ from lra.gpu.common import (GRACE_S, LRA_VARIANTS, PASS_SHARES, SUBQUADRATIC_MAX
                             hbm_gbps, run_command, write_atomic)
 
 
+# --- tune: lra.bench_kernels --tune ----------------------------------------------------
+
+TUNE_MIN_S = 20  # a section is not started with less (its candidates' compilations)
+
+
+def tuning_table(suite: Suite) -> str:
+    return os.path.join(suite.out, "tuning.json")
+
+
+def merge_tuning(suite: Suite) -> int:
+    """<out>/tuning.json's entries into this checkout's models/kernels/tuning.json (the
+    table every later command reads), when the plan says so; how many were merged."""
+    from models.kernels import tuning
+
+    table = tuning_table(suite)
+    if not suite.plan.merge_tuning or not os.path.exists(table):
+        return 0
+    entries = tuning.load(table)
+    tuning.write(entries, tuning.TABLE)
+    _log(f"tune: {len(entries)} measured entries of {table} merged into {tuning.TABLE}")
+    return len(entries)
+
+
+def stage_tune(suite: Suite, limit: float) -> StageResult:
+    """lra.bench_kernels --tune, a section per command (block-sparse first), into
+    <out>/tuning.json, merged into the checkout's table for the stages after it. A
+    section's output is kept in <out>/logs/tune_<section>.md once it completes (a rerun
+    tunes only the others)."""
+    from lra.gpu import kernel_tuning
+    from models.kernels import tuning
+
+    if not suite.plan.tune_sections:
+        return StageResult("complete", "nothing to tune here: --tune times compiled GPU "
+                           "kernels, and this plan runs none", "", [])
+    start, commands, states, done_all = time.monotonic(), [], [], True
+    lengths = ",".join(map(str, suite.plan.tune_lengths))
+    os.makedirs(suite.logs, exist_ok=True)
+    for section in suite.plan.tune_sections:
+        cmd = [sys.executable, "-m", "lra.bench_kernels", "--tune", f"--sections={section}",
+               f"--lengths={lengths}", f"--tune_table={tuning_table(suite)}",
+               *suite.plan.bench_kernels_args]
+        done = os.path.join(suite.logs, f"tune_{section}.md")
+        stamp = f"command: {display(cmd)}\n"
+        if os.path.exists(done) and open(done, encoding="utf-8").read().startswith(stamp):
+            states.append(f"{section} complete earlier")
+            continue
+        left = limit - (time.monotonic() - start) - GRACE_S - 5
+        if left < min(TUNE_MIN_S, limit / 2):
+            states.append(f"{section} not started: no time left")
+            done_all = False
+            continue
+        commands.append(display(cmd))
+        _log(f"tune: {section} (limit {left:.0f} s): {display(cmd)}")
+        outcome = run_command(cmd, timeout=left, xla_flags=suite.plan.xla_flags,
+                              log_path=os.path.join(suite.logs, "tune.log"))
+        if outcome.returncode == 0:
+            write_atomic(done, stamp + outcome.stdout)
+            states.append(f"{section} {outcome.describe()}")
+        else:
+            done_all = False
+            states.append(f"{section} {'partial' if outcome.timed_out else 'failed'}: "
+                          f"{outcome.describe()}")
+    merged = merge_tuning(suite)
+    entries = tuning.load(tuning_table(suite))
+    body = ("The fastest tile x num_warps x num_stages of each Triton kernel at each length "
+            "(causal forward+backward, the benchmark's B, H, D), measured here; merged into "
+            f"models/kernels/tuning.json for this call's later stages ({merged} entries). "
+            "Commit it: `python -c 'from models.kernels import tuning; tuning.write("
+            "tuning.load(\"<this folder>/tuning.json\"))'`.\n\n"
+            + (kernel_tuning.markdown(entries) if entries else "No entry yet.") + "\n")
+    failed = any(" failed:" in s for s in states)
+    status = "failed" if failed else "complete" if done_all else "partial"
+    return StageResult(status, "; ".join(states), body, commands)
+
+
 # --- kernel_tests: pytest tests/kernels ------------------------------------------------
 
 

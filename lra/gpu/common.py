@@ -29,11 +29,12 @@ RUN_ORDER = ["transformer", "performer", "local", "linear", "linformer", "reform
 # and at most 10 minutes per command: one call of the suite (`--budget_minutes`, default
 # CALL_MINUTES) plans the stages that fit in its budget (`plan_call`), in STAGES' order,
 # each with the seconds its Plan gives it (Plan.stage_seconds); a stage that does not fit
-# waits for the next call. The first call on a fresh --out is the kernel tests, the 4K
-# kernel table and one time-boxed full-size ListOps run of transformer (450 s); the second
-# continues with the efficiency table and more runs (docs/gpu_suite.md).
+# waits for the next call. The first call on a fresh --out tunes the Triton kernels' tiles,
+# runs the kernel tests and the 4K kernel table (450 s, the tuning stretched into the
+# rest); the second the time-boxed full-size ListOps run of transformer and the efficiency
+# table, then more runs (docs/gpu_suite.md).
 CALL_MINUTES = 7.5
-DRY_CALL_MINUTES = 13.5  # the dry run's stages, all in one call (DRY.stage_seconds)
+DRY_CALL_MINUTES = 14  # the dry run's stages, all in one call (DRY.stage_seconds)
 # Seconds of a call that are not the suite's: installing the carried wheels, jax's first
 # start in the probe, packing the results. A call's command ends within budget + this.
 CALL_OVERHEAD_S = 30
@@ -93,6 +94,12 @@ class Plan:
     max_train_s: float = 0  # a time-boxed run's training stops after this (0: its limit)
     transformer_overrides: tuple[str, ...] = ()  # after run_overrides, transformer stage
     bench_models: tuple[str, ...] | None = None  # None: every registered variant
+    # The tune stage: lra.bench_kernels --tune per section at these lengths; with
+    # merge_tuning, its table is merged into this checkout's models/kernels/tuning.json,
+    # which the later stages' commands read (on CPU no section: --tune refuses there).
+    tune_sections: tuple[str, ...] = ()
+    tune_lengths: tuple[int, ...] = ()
+    merge_tuning: bool = False
     bench_lra_only: bool = False  # with bench_models None: LRA's variants only
     xla_flags: str = ""  # added to XLA_FLAGS for every command
 
@@ -118,7 +125,7 @@ FULL = Plan(
     # takes 30-35 s, so every registered variant (47 x 4 lengths x 2 dtypes) would be
     # about 3.5 hours of device time; these 11 are about 25 minutes a dtype, resumable.
     bench_lra_only=True,
-    # The first call: 120 + 160 + 170 = 450 s (CALL_MINUTES). kernel_tests took 68 s on an
+    # Measured before the tune stage: kernel_tests took 68 s on an
     # H200 (results/gpu/h200) before test_delta_rule.py (about 15 Triton compilations and
     # two tests of ListOps training steps through the config, like flash's 20 s ones on a
     # GPU; in 4 workers).
@@ -129,8 +136,18 @@ FULL = Plan(
     # transformer run after them (an open stage). The second: efficiency and one
     # time-boxed run (150 + 240 s, the spare 60 s shared); kernels_long (8K, 16K) with a
     # bigger budget, or once the others are complete.
-    stage_seconds={"kernel_tests": 120, "kernels": 160, "transformer": 170,
+    # tune first (issue 70: the kernels stage then times the tuned tiles): the block-sparse
+    # kernel's 12 candidates at 4K (its cuDNN goal), then linear's 12, decayed's and the
+    # delta rule's 8 each, a compilation and a few calls each; a section not reached in
+    # its time is tuned by the next call. The first call: tune 90 + kernel_tests 120 +
+    # kernels 160 = 370 s, the spare 80 s to tune; transformer (170) waits for the second.
+    tune_sections=("block_sparse", "linear", "decayed", "delta"),
+    tune_lengths=(4096,),
+    merge_tuning=True,
+    stage_seconds={"tune": 90, "kernel_tests": 120, "kernels": 160, "transformer": 170,
                    "efficiency": 150, "runs": 240, "kernels_long": 150},
+    # tune stretches: the first call's 80 spare seconds go to it (170 s for four kernels).
+    open_stages=frozenset({"tune", "transformer", "efficiency", "runs"}),
     run_seconds=300,
     # About 60 s to read the data and compile, 60 s of training at least, the test.
     min_run_s=210,
@@ -168,7 +185,7 @@ DRY = Plan(
     min_pass_s=0,
     # Limits only (every stage in one call): on 2 busy cores the dry run takes 1-4 minutes;
     # the transformer stage's run is time-boxed by max_train_s, not by its limit.
-    stage_seconds={"kernel_tests": 120, "kernels": 120, "transformer": 150,
+    stage_seconds={"tune": 30, "kernel_tests": 120, "kernels": 120, "transformer": 150,
                    "efficiency": 180, "runs": 120, "kernels_long": 120},
     test_reserve_s=20,
     # The transformer stage's run is time-boxed as on a GPU: more steps than its training
