@@ -148,8 +148,6 @@ def card_of(r: dict) -> dict:
     if key not in _CARDS:
         import ml_collections
 
-        from lra.runs import card as card_lib
-
         try:
             _CARDS[key] = card_of_config(ml_collections.ConfigDict(r["config"]))
         except Exception:  # noqa: BLE001  (a config this code cannot build: no card)

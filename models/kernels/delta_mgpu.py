@@ -13,12 +13,13 @@ sums, the decay Gamma and every row sum in registers, the matmuls `wgmma`s.
 Roundings follow the Triton form: a matmul the Triton step does in the inputs' dtype takes
 bf16 / fp16 operands here (one wgmma); one it does in float32 (the UT transform
 T = (I + A)^-1 by blocked doubling, W = T K', U = T V', and their cotangents) takes each
-float32 operand as the sum of two bf16 parts, hi + lo, and three wgmmas (hi hi + hi lo +
-lo hi: about 16 bits of mantissa, as tf32x3 is about 21). Hopper's tensor cores have no
-full-float32 product; the split is what runs on the GPU and what the interpreter checks
-(an f32 wgmma would be tf32 on the GPU and exact in the interpreter: a check that could
-not fail). Operands are staged in shared memory scoped to the matmul (`pl.run_scoped`), as
-the Mosaic GPU interpreter takes wgmma operands from shared memory only.
+float32 operand as the sum of two 16-bit parts, hi + lo, and three wgmmas (hi hi + hi lo +
+lo hi: about 16 bits of mantissa in bf16, 22 in fp16; tf32x3 is about 21). Hopper's
+tensor cores have no full-float32 product; the split is what runs on the GPU and what the
+interpreter checks (an f32 wgmma would be tf32 on the GPU and exact in the interpreter: a
+check that could not fail). Operands are staged in shared memory scoped to the matmul
+(`pl.run_scoped`), as the Mosaic GPU interpreter takes wgmma operands from shared memory
+only.
 
 16-bit q, k, v with key and value dims 64 per call: the backward's two slots of the chunk's
 start state (V x K float32) beside the pipelined rows, the float32 output tiles and the
@@ -69,16 +70,17 @@ class _Ops:
     def mm(self, a, b, shape, *, ta: bool = False, tb: bool = False, exact: bool = False):
         """a @ b (a^T with `ta`, b^T with `tb`) to `shape`, float32. a and b are register
         arrays or shared-memory refs (16-bit, taken as they are). `exact`: the Triton
-        form's float32 product (a register operand split hi + lo, three wgmmas at most);
-        else its 16-bit one (a register operand in the inputs' dtype, one wgmma)."""
+        form's float32 product (a register operand split hi + lo in the inputs' dtype, as
+        wgmma's two operands share one; three wgmmas at most); else its 16-bit one (a
+        register operand in the inputs' dtype, one wgmma)."""
         t = self.t
         parts = []  # per operand: its 16-bit register parts, or None for a ref
         for x in (a, b):
             if not isinstance(x, jax.Array):
                 parts.append(None)
             elif exact:
-                hi = x.astype(jnp.bfloat16)
-                parts.append([hi, (x - hi.astype(_F32)).astype(jnp.bfloat16)])
+                hi = x.astype(self.dtype)
+                parts.append([hi, (x - hi.astype(_F32)).astype(self.dtype)])
             else:
                 parts.append([x.astype(self.dtype)])
         scratch = [t.smem(p.shape, p.dtype) for ps in parts if ps for p in ps]
@@ -238,7 +240,7 @@ def backward(q, k, v, beta, log_a, do, states, ds_last, *, interpret: bool = Fal
         i = n - 1 - idx[0]
         ch = _Chunk(ops, k_s, v_s, be_s, la_s, la2_s, dk, dv)
         s = t.load(s_s)
-        q_, do_ = t.load(q_s).astype(_F32), t.load(do_s).astype(_F32)
+        q_ = t.load(q_s).astype(_F32)
         t.fence()
         row, col = t.iotas()
         rows_k = lambda x: t.bcast(x, (c, dk), 0)  # noqa: E731

@@ -52,12 +52,13 @@ def _close(got, ref, tol, names):
 
 
 @needs_mgpu
-@pytest.mark.parametrize("gated", [True, False], ids=["gated", "deltanet"])
-def test_passes_in_the_interpreter_equal_the_triton_passes(gated):
+@pytest.mark.parametrize("gated, dtype", [(True, jnp.bfloat16), (False, jnp.float16)],
+                         ids=["gated-bf16", "deltanet-fp16"])
+def test_passes_in_the_interpreter_equal_the_triton_passes(gated, dtype):
     """Both kernels on padded rows (L 150: two chunks and a padded third) against the
     Triton passes: o within one bf16 rounding, the start states, S_L and every gradient
     within 5e-3 of their scale (measured <= 2e-3); no races."""
-    (q, k, v, beta, log_a), (g, ds) = _inputs(150, gated=gated)
+    (q, k, v, beta, log_a), (g, ds) = _inputs(150, gated=gated, dtype=dtype)
     log_a = jnp.zeros(beta.shape) if log_a is None else log_a
     cfg = dr.make_config(q, k, v, beta, log_a, chunk_size=64, platform="gpu", interpret=True)
     rows = dr._padded(q, k, v, beta, log_a, cfg)
