@@ -288,15 +288,6 @@ def fold_model_override(argv: list[str]) -> list[str]:
     return rest
 
 
-def _parse_config(argv: list[str]):
-    """The config a command line builds, parsed apart from absl's global flags."""
-    values = flags.FlagValues()
-    config_flags.DEFINE_config_file("config", None, "", flag_values=values,
-                                    lock_config=True, sys_argv=argv)
-    values(argv, known_only=True)  # --workdir and the others: absl's, parsed after
-    return values.config
-
-
 def parse_flags(argv: list[str]) -> list[str]:
     """absl's parsing, with config mistakes reported in one line instead of a traceback."""
     init_distributed(argv)
@@ -306,7 +297,7 @@ def parse_flags(argv: list[str]) -> list[str]:
     cli.import_variants(cli.import_flag(argv))
     try:
         argv = cli.with_config_paths(fold_model_override(argv))
-        argv, new_hparams = hparams.split(argv, _parse_config)
+        argv, new_hparams = hparams.split(argv)
         # ml_collections reads a config's overrides from sys.argv when the flag is parsed:
         # the ones split off must not be there then (the log's command line keeps them).
         given, sys.argv = sys.argv, argv

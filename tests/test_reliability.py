@@ -742,8 +742,9 @@ def test_a_child_that_exits_3_during_jaxlibs_abort_shows_only_its_own_line():
 
 def test_a_model_hparam_the_preset_leaves_out_can_be_overridden(tmp_path):
     """`--config.model_hparams.<name>` for a builder argument the variant's preset does not
-    set (fox's forget_gate): taken by lra.launch and recorded in results.json; a name the variant does not take is refused in one line,
-    naming those it does; the sweep's expected config holds it (its own run folder)."""
+    set (fox's forget_gate): taken by lra.launch and recorded in results.json; a name the
+    variant does not take (naming those it does), or a value not of its default's type, is
+    refused in one line; the sweep's expected config holds it (its own run folder)."""
     from lra.runs import hparams, plan
 
     assert "forget_gate" not in listops.get_config("model=fox,runlocal").model_hparams
@@ -758,6 +759,9 @@ def test_a_model_hparam_the_preset_leaves_out_can_be_overridden(tmp_path):
                            "--config.model_hparams.forget_gat=False")
     _assert_one_line(code, err, "fox takes no hparam 'forget_gat'; it takes: "
                      "attention_dropout, attention_impl, forget_gate")
+    code, _, err = _launch(tmp_path / "typed", "--config=configs/mqar.py:model=fox,runlocal",
+                           "--config.model_hparams.forget_gate=maybe")
+    _assert_one_line(code, err, "fox's forget_gate is a bool (default True)")
     expected = plan.expected_config("mqar", "fox", 0, "runlocal",
                                     ["model_hparams.forget_gate=False"])
     assert expected["model_hparams"]["forget_gate"] is False

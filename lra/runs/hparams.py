@@ -29,16 +29,14 @@ def parse_value(text: str):
         return text
 
 
-def split(argv: list[str], build) -> tuple[list[str], dict]:
+def split(argv: list[str]) -> tuple[list[str], dict]:
     """(argv without the model_hparams overrides the config lacks, {name: value} of those).
-
-    `build(argv)` parses a command line into its config (without touching absl's global
-    flags). A name the config's variant does not take raises ConfigError."""
+    A name the config's variant does not take raises ConfigError."""
     found = {i: m.groups() for i, a in enumerate(argv) if (m := _OVERRIDE.match(a))}
     if not found:
         return argv, {}
     rest = [a for i, a in enumerate(argv) if i not in found]
-    config = build(rest)
+    config = parse_config(rest)
     from lra.errors import ConfigError
     from models import registry
 
@@ -48,11 +46,41 @@ def split(argv: list[str], build) -> tuple[list[str], dict]:
         if name in config.model_hparams:
             keep.append(i)
         elif name in takes:
-            extra[name] = parse_value(text)
+            extra[name] = _typed(config.model, name, parse_value(text), takes[name])
         else:
             raise ConfigError(f"--config.model_hparams.{name}: {config.model} takes no "
                               f"hparam {name!r}; it takes: {', '.join(sorted(takes))}")
     return [a for i, a in enumerate(argv) if i not in found or i in keep], extra
+
+
+def _typed(model: str, name: str, value, default):
+    """value, checked against the type of the builder's default (an int for a float is
+    taken as that float); a default of None or none at all takes any value."""
+    import inspect
+
+    from lra.errors import ConfigError
+
+    if default is None or default is inspect.Parameter.empty:
+        return value
+    if isinstance(default, float) and type(value) is int:
+        return float(value)
+    if type(value) is not type(default):
+        raise ConfigError(f"--config.model_hparams.{name}={value!r}: {model}'s {name} is "
+                          f"a {type(default).__name__} (default {default!r})")
+    return value
+
+
+def parse_config(argv: list[str]):
+    """The config a command line builds, parsed apart from absl's global flags (no names
+    claimed, none reused); flags other than --config's are left alone."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "", flag_values=values,
+                                    lock_config=True, sys_argv=argv)
+    values(argv, known_only=True)
+    return values.config
 
 
 def apply(config, extra: dict) -> None:

@@ -13,8 +13,6 @@ import json
 import os
 import sys
 
-from absl import flags
-
 from lra.runs import cli, hparams
 
 # Where the packages are (the checkout, or site-packages after `pip install .`): the task
@@ -251,16 +249,6 @@ def command(task: str, model: str, seed: int, config_arg: str, workdir: str,
             *([f"--import={','.join(imports)}"] if imports else [])]
 
 
-def _parse_config(argv: list[str]):
-    from ml_collections import config_flags
-
-    values = flags.FlagValues()  # not absl's global FLAGS: no names claimed, none reused
-    config_flags.DEFINE_config_file("config", None, "", flag_values=values,
-                                    lock_config=True, sys_argv=argv)
-    values(argv)
-    return values.config
-
-
 def expected_config(task: str, model: str, seed: int, config_arg: str,
                     overrides: list[str]) -> dict:
     """The resolved config launch.py builds for this run, as results.json records it
@@ -268,8 +256,8 @@ def expected_config(task: str, model: str, seed: int, config_arg: str,
     if REPO not in sys.path:  # task configs import `configs.common`
         sys.path.insert(0, REPO)
     argv = ["launch.py", *config_flags_of(task, model, seed, config_arg, overrides)]
-    argv, new_hparams = hparams.split(argv, _parse_config)
-    config = _parse_config(argv)
+    argv, new_hparams = hparams.split(argv)
+    config = hparams.parse_config(argv)
     hparams.apply(config, new_hparams)
     from configs import common  # as lra/train.py resolves it before the run is built
 
