@@ -21,8 +21,8 @@ REPO = cli.PACKAGES_ROOT
 
 
 # What fills each task's data folder (docs/tasks_and_data.md, "Getting the data"): LRA's
-# archives for the tasks that have no generator, the generators for the others. A mini's folder gets the mini's own
-# generator arguments (configs/<task>.py docstrings).
+# archives for the tasks that have no generator, the generators for the others. A mini's
+# folder gets the mini's own generator arguments (configs/<task>.py docstrings).
 DOWNLOADED = ("text", "retrieval", "image", "mnist")
 LISTOPS_MINI_ARGS = ("--num_train_samples=20000 --num_valid_samples=1000 "
                      "--num_test_samples=1000 --min_length=10 --max_length=60 --max_depth=4")
