@@ -38,8 +38,17 @@ def has_lengths(r: dict) -> bool:
 
 
 def row_label(r: dict) -> str:
+    """The model, ` [neg_eig]` where its transitions reach [-1, 1]: allow_neg_eigval as the
+    run set it, else its builder's default (gated_deltaproduct's is fla's True)."""
     hparams = (r.get("config") or {}).get("model_hparams") or {}
-    return r["model"] + (" [neg_eig]" if hparams.get("allow_neg_eigval") else "")
+    neg = hparams.get("allow_neg_eigval")
+    if neg is None:
+        from models import registry
+        try:
+            neg = registry.accepted_hparams(r["model"]).get("allow_neg_eigval")
+        except Exception:  # noqa: BLE001  (a variant this code no longer has)
+            neg = None
+    return r["model"] + (" [neg_eig]" if neg is True else "")
 
 
 def panel_name(r: dict) -> str:

@@ -538,3 +538,20 @@ def test_length_report_command_writes_only_the_length_files(tmp_path, capsys):
                                                   "ff_runs.jsonl"]
     assert length_report.main(["prog", str(tmp_path / "o")], out=str(tmp_path / "x")) == 2
     assert "no run with length_accuracy" in capsys.readouterr().err
+
+
+def test_a_rows_eigenvalue_range_follows_its_builders_default():
+    """gated_deltaproduct's builder defaults to allow_neg_eigval (fla's): a run that leaves
+    it unset is [neg_eig], one that turns it off is not; deltanet's default is off."""
+    from lra import length_report
+
+    def run(model, hparams):
+        return {"model": model, "config": {"model_hparams": hparams}}
+
+    assert length_report.row_label(run("gated_deltaproduct", {})) == \
+        "gated_deltaproduct [neg_eig]"
+    assert length_report.row_label(
+        run("gated_deltaproduct", {"allow_neg_eigval": False})) == "gated_deltaproduct"
+    assert length_report.row_label(run("deltanet", {})) == "deltanet"
+    assert length_report.row_label(run("deltanet", {"allow_neg_eigval": True})) == \
+        "deltanet [neg_eig]"
