@@ -98,8 +98,9 @@ def gpu_backend() -> str | None:
     register a `pallas_call` GPU lowering for Triton's CompilerParams only (a deprecation
     warning: "will be removed"); Mosaic GPU kernels go through `plgpu.kernel`, whose
     lowering has no `dot_general` (matmuls are `plgpu.wgmma` / `tcgen05_mma` on shared
-    memory), so a Mosaic GPU form is a rewrite: block_sparse_mgpu, linear_mgpu and
-    decayed_mgpu (gpu_form="mosaic"); otherwise Triton while it exists, then XLA.
+    memory), so a Mosaic GPU form is a rewrite: block_sparse_mgpu, linear_mgpu,
+    decayed_mgpu and delta_mgpu (gpu_form="mosaic"); otherwise Triton while it exists, then
+    XLA.
     """
     try:
         from jax._src import deprecations
@@ -142,8 +143,8 @@ def describe_gpu(kernel: str = "attention_impl=pallas") -> str:
     version = f"JAX {jax.__version__}"
     if gpu_backend() == "triton":
         return (f"{kernel} on GPU: Triton backend ({version}; deprecated upstream; Mosaic "
-                f"GPU kernels for block-sparse, linear and scalar-decayed attention: "
-                f"attention_impl=pallas_mosaic)")
+                f"GPU kernels for block-sparse, linear and scalar-decayed attention and the "
+                f"delta rule: attention_impl=pallas_mosaic)")
     return (f"{kernel} on GPU: no Triton backend in {version} and no Mosaic GPU form of "
             f"these kernels: running their XLA path instead")
 
