@@ -1,6 +1,6 @@
 """On a GPU only (skipped elsewhere): the Mosaic GPU kernels compiled (gpu_form="mosaic":
-block-sparse, linear and decayed attention) against the Triton kernels, output and
-gradients, bf16. The GPU suite's kernel-test stage selects these (their names avoid its
+block-sparse, linear and decayed attention, the delta rule) against the Triton kernels,
+output and gradients, bf16. The GPU suite's kernel-test stage selects these (their names avoid its
 "not mosaic" filter, which leaves out the TPU flavour); on this CPU their numerics are
 checked in the Mosaic GPU interpreter (test_*_mgpu.py)."""
 import importlib
@@ -16,6 +16,7 @@ from models.kernels.block_sparse_attention import block_sparse_attention
 
 la = importlib.import_module("models.kernels.linear_attention")
 da = importlib.import_module("models.kernels.decayed_attention")
+dr = importlib.import_module("models.kernels.delta_rule")
 
 pytestmark = pytest.mark.skipif(
     jax.default_backend() != "gpu" or not mgpu_common.available(),
@@ -32,7 +33,16 @@ def _calls():
             jax.nn.elu(q) + 1, jax.nn.elu(k) + 1, v, causal=True, gpu_form=form),
         "decayed_scalar": lambda form, q, k, v: da.decayed_linear_attention(
             q, k, v, jnp.full(q.shape[:3] + (1,), -0.05), gpu_form=form),
+        # gated_deltanet's shape: unit keys, beta in (0, 1), a decay per position.
+        "delta_rule_gated": lambda form, q, k, v: dr.delta_rule(
+            q, _unit(k), v, jnp.full(q.shape[:3], 0.5), jnp.full(q.shape[:3], -0.05),
+            gpu_form=form)[0],
     }
+
+
+def _unit(x):
+    x = x.astype(jnp.float32)
+    return (x / jnp.linalg.norm(x, axis=-1, keepdims=True)).astype(jnp.bfloat16)
 
 
 @pytest.mark.parametrize("name", list(_calls()))
