@@ -61,9 +61,11 @@ def stage_tune(suite: Suite, limit: float) -> StageResult:
                *suite.plan.bench_kernels_args]
         done = os.path.join(suite.logs, f"tune_{section}.md")
         stamp = f"command: {display(cmd)}\n"
-        if os.path.exists(done) and open(done, encoding="utf-8").read().startswith(stamp):
-            states.append(f"{section} complete earlier")
-            continue
+        if os.path.exists(done):
+            with open(done, encoding="utf-8") as f:
+                if f.read().startswith(stamp):  # the same command: tuned already
+                    states.append(f"{section} complete earlier")
+                    continue
         left = limit - (time.monotonic() - start) - GRACE_S - 5
         if left < min(TUNE_MIN_S, limit / 2):
             states.append(f"{section} not started: no time left")
