@@ -441,7 +441,7 @@ def _forward(q, k, v, beta, log_a, cfg: _Config, states: bool = False):
     if _mosaic(cfg):
         outs = _mosaic_forward(rows, states, cfg)
     else:
-            outs = _run(_FORWARD_STATES if states else _FORWARD, rows, (), None,
+        outs = _run(_FORWARD_STATES if states else _FORWARD, rows, (), None,
                     ((rows[2].shape[3], v.dtype),), int(states), cfg)
     o, s = outs[0][:, :, :v.shape[2], :v.shape[3]], outs[-1][:, :, :v.shape[3], :k.shape[3]]
     return ((o, s), outs[1]) if states else (o, s)
