@@ -767,3 +767,25 @@ def test_a_model_hparam_the_preset_leaves_out_can_be_overridden(tmp_path):
     assert expected["model_hparams"]["forget_gate"] is False
     assert [hparams.parse_value(t) for t in ("false", "True", "3", "0.5", "(1, 2)", "abc")] == [
         False, True, 3, 0.5, (1, 2), "abc"]
+
+
+def test_a_child_that_segfaults_during_jaxlibs_abort_gives_the_one_line_error():
+    """CI (2026-12-05, stop 83): after jaxlib's fatal line, the child died of SIGSEGV (a
+    thread crashed while the process was torn down) instead of SIGABRT; the supervisor
+    showed the stack dumps and died of SIGSEGV too. Now a segfault after the fatal line is
+    jaxlib's abort: one line, exit 3."""
+    child = ("import sys, os, signal\n"
+             "sys.stderr.write('I1205 step 3\\n')\n"
+             "sys.stderr.write('F1205 client.cc:1] Terminating process because the JAX "
+             "distributed service detected fatal errors.\\n')\n"
+             "sys.stderr.write('Fatal Python error: Segmentation fault\\n')\n"
+             "sys.stderr.flush(); signal.signal(signal.SIGSEGV, signal.SIG_DFL)\n"
+             "os.kill(os.getpid(), signal.SIGSEGV)\n")
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys; from lra.training import supervisor; sys.exit("
+         f"supervisor.run_child(['-c', {child!r}], 'process 1 of 2', None))"],
+        capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 3, (proc.returncode, proc.stderr)
+    assert "Fatal Python error" not in proc.stderr, proc.stderr
+    errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+    assert len(errors) == 1 and "another process probably died" in errors[0], proc.stderr

@@ -15,7 +15,8 @@ out, so `launch.py` runs a multi-process run's work in a child process and this 
 - forwards SIGTERM and SIGINT to the child (a scheduler's preemption notice reaches the
   training loop as before), and the child dies with the parent (PR_SET_PDEATHSIG on
   Linux), so a SIGKILL to the parent still kills the whole process, as before;
-- exits with the child's code (or dies of its signal), except after jaxlib's abort: then one line says what
+- exits with the child's code (or dies of its signal), except after jaxlib's abort (SIGABRT,
+  or a segfault during it, after the fatal line): then one line says what
   happened, where the last complete checkpoint is, and how to resume, with exit 3
   (EXIT_LOST_PEER, as a failed collective gives). An abort without that fatal line is
   shown whole (its held-back text included) with the child's own code. A child that exits
@@ -44,6 +45,10 @@ _FATAL = re.compile(r"Terminating process because the JAX distributed service de
 # a process restarted while the others ran).
 _REINCARNATION = re.compile(r"\] (\d+) unexpectedly tried to connect with a different "
                             r"incarnation")
+# How a child dies of jaxlib's abort once its fatal line is out: SIGABRT, or SIGSEGV / SIGBUS
+# when another thread (orbax's checkpoint thread, in CI on 2026-12-05) crashes while the
+# process is being torn down, before the abort lands.
+_ABORT_SIGNALS = (signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS)
 # A process the coordinator never registered: its RegisterTask call ran out of time (a
 # duplicate --process_id, whose arrival stops the run it joins, or no process 0 there).
 _NOT_REGISTERED = re.compile(r"DEADLINE_EXCEEDED[\s\S]*CoordinationService/RegisterTask")
@@ -128,7 +133,7 @@ def run_child(argv: list[str], who: str, workdir: str | None) -> int:
     reader.join(timeout=10)
     for sig, previous in forwarded.items():
         signal.signal(sig, previous)
-    if code == -signal.SIGABRT and fatal.is_set():
+    if -code in _ABORT_SIGNALS and fatal.is_set():
         sys.stdout.flush()
         # jaxlib's status (which call failed) comes after its fatal line: held back.
         print(abort_message(who, "".join(seen + held), workdir), file=sys.stderr,
