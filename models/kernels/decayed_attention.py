@@ -339,8 +339,13 @@ def _mosaic(cfg: _Config) -> bool:
 def _forward(q, k, v, log_a, cfg: _Config, poison=None):
     if _mosaic(cfg):
         qp, kp, vp, lap = _padded(q, k, v, log_a, cfg)
-        return _unpad(decayed_mgpu.forward(qp, kp, vp, lap[..., 0], strict=cfg.strict,
-                                           interpret=cfg.interpret), v)
+        if cfg.diagonal:
+            o = decayed_mgpu.gate_forward(qp, kp, vp, decayed_mgpu.chunk_sums(lap),
+                                          strict=cfg.strict, interpret=cfg.interpret)
+        else:
+            o = decayed_mgpu.forward(qp, kp, vp, lap[..., 0], strict=cfg.strict,
+                                     interpret=cfg.interpret)
+        return _unpad(o, v)
     (o,) = _run(_FORWARD, _padded(q, k, v, log_a, cfg), ((_width(v.shape[3], cfg), v.dtype),),
                 cfg, poison)
     return _unpad(o, v)
@@ -352,8 +357,13 @@ def _backward(q, k, v, log_a, g, cfg: _Config, poison=None):
     wk, wv = _width(q.shape[3], cfg), _width(v.shape[3], cfg)
     if _mosaic(cfg):
         qp, kp, vp, lap, gp = inputs
-        dq, dk, dv = decayed_mgpu.backward(qp, kp, vp, lap[..., 0], gp, strict=cfg.strict,
-                                           interpret=cfg.interpret)
+        if cfg.diagonal:
+            dq, dk, dv = decayed_mgpu.gate_backward(
+                qp, kp, vp, decayed_mgpu.chunk_sums(lap), gp, strict=cfg.strict,
+                interpret=cfg.interpret)
+        else:
+            dq, dk, dv = decayed_mgpu.backward(qp, kp, vp, lap[..., 0], gp,
+                                               strict=cfg.strict, interpret=cfg.interpret)
     else:
         (dq,) = _run(_BACKWARD_DQ, inputs, ((wk, _F32),), cfg,
                      None if poison is None else poison[:1])
@@ -424,7 +434,8 @@ def decayed_linear_attention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array,
     """o_i = sum_{j<=i} q_i diag(prod_{j<s<=i} a_s) k_j^T v_j (j < i if `strict`).
 
     `gpu_form="mosaic"`: the GPU flavour as the Mosaic GPU kernels (`decayed_mgpu.py`,
-    scalar decays, chunk 64, 16-bit, dims 64 or 128) where they take the call, else the
+    chunk 64, dims 64 or 128; scalar decays in 16 bits, gates in bfloat16) where they
+    take the call, else the
     Triton form, said once.
 
     Args:

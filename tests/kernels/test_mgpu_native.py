@@ -33,6 +33,9 @@ def _calls():
             jax.nn.elu(q) + 1, jax.nn.elu(k) + 1, v, causal=True, gpu_form=form),
         "decayed_scalar": lambda form, q, k, v: da.decayed_linear_attention(
             q, k, v, jnp.full(q.shape[:3] + (1,), -0.05), gpu_form=form),
+        # gla's shape: a gate per key feature, from ~1 to ~e^-3 a position.
+        "decayed_gate": lambda form, q, k, v: da.decayed_linear_attention(
+            q, k, v, jax.nn.log_sigmoid(q.astype(jnp.float32) + 2.0), gpu_form=form),
         # gated_deltanet's shape: unit keys, beta in (0, 1), a decay per position.
         "delta_rule_gated": lambda form, q, k, v: dr.delta_rule(
             q, _unit(k), v, jnp.full(q.shape[:3], 0.5), jnp.full(q.shape[:3], -0.05),

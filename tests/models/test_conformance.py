@@ -80,19 +80,22 @@ def test_capabilities_are_well_formed(name):
 @pytest.mark.parametrize("name", VARIANTS)
 def test_jit_matches_eager_shape_dtype_finite(name):
     """Eager and jitted outputs agree, with the input's shape, float32 and finite, at
-    max_len with and without padding; variable-length variants also at a shorter length
-    (jitted). The eager pass compiles every operation on its own (2-8 s a variant), so it
-    is here only, in one test per variant; the other tests call the variants jitted
-    (`helpers.apply`)."""
+    max_len (padded where the variant takes padding; jitted also without); variable-length
+    variants also at a shorter length (jitted). The eager pass compiles every operation on
+    its own (2-8 s a variant), so it runs once, here only; the other tests call the
+    variants jitted (`helpers.apply`), the unpadded input included (test_padding_invariance,
+    test_vmap_matches_batch)."""
     caps = registry.capabilities(name)
     model = build(name)
-    for mask_kind in [None, "padding"] if caps.padding else [None]:
-        x, mask = random_x(), mask_for(mask_kind)
-        y_eager = model(x, padding_mask=mask, deterministic=True)
-        assert y_eager.shape == (BATCH, LEN, DIM)
-        assert y_eager.dtype == jnp.float32
-        assert np.isfinite(np.asarray(y_eager)).all()
-        assert_close(apply(model, x, padding_mask=mask), y_eager)
+    x, mask = random_x(), mask_for("padding" if caps.padding else None)
+    y_eager = model(x, padding_mask=mask, deterministic=True)
+    assert y_eager.shape == (BATCH, LEN, DIM)
+    assert y_eager.dtype == jnp.float32
+    assert np.isfinite(np.asarray(y_eager)).all()
+    assert_close(apply(model, x, padding_mask=mask), y_eager)
+    if caps.padding:
+        y = apply(model, x)
+        assert y.shape == (BATCH, LEN, DIM) and np.isfinite(np.asarray(y)).all()
     if caps.variable_length:
         y = apply(model, random_x(length=SHORT_LEN))
         assert y.shape == (BATCH, SHORT_LEN, DIM) and y.dtype == jnp.float32
