@@ -67,3 +67,31 @@ def test_train_step_exported_for_tpu_embeds_mosaic(model):
     text = lowering.for_tpu(train_step, state, batch)
     _check(model, lowering.custom_calls(text), lowering.MOSAIC_TPU, lowering.TRITON,
            num_layers)
+
+
+@pytest.mark.parametrize("model", [pytest.param(m, marks=[] if m in ("gla", "local") else
+                                                [pytest.mark.slow])
+                                   for m in ("local", "linear", "gla", "gated_deltanet")])
+def test_pallas_mosaic_on_a_blackwell_takes_the_triton_form(model, capfd):
+    """attention_impl=pallas_mosaic lowered for an abstract B200 (sm_100: tcgen05, no
+    wgmma): the Hopper-only Mosaic GPU kernels step aside for the Triton form, every call
+    of it, and say why once; the Triton kernels lower for sm_100."""
+    config = listops.get_config(f"model={model},runlocal")
+    config.max_length, config.batch_size = LENGTH, BATCH
+    config.attention_impl, config.dtype = "pallas_mosaic", "bfloat16"
+    if model == "gla":
+        config.qkv_dim = 128 * config.num_heads  # keys 64 wide: a shape the kernels take
+    train_step, state, batch, num_layers = lowering.train_step(config)
+    try:
+        text = lowering.for_cuda(train_step, state, batch, device_kind="NVIDIA B200",
+                                 num_cores=148)
+    except Exception as e:  # noqa: BLE001
+        if "B200" in str(e) or "compute capability" in str(e).lower():
+            pytest.skip(f"this JAX cannot lower Triton for a B200: {e}")
+        raise
+    calls = lowering.custom_calls(text)
+    assert not any(c.startswith(lowering.MOSAIC_GPU) for c in calls), calls
+    _check(model, calls, lowering.TRITON, lowering.MOSAIC_TPU, num_layers)
+    err = capfd.readouterr().err
+    if "lacks the Mosaic GPU API" not in err:
+        assert "written for Hopper (wgmma, TMA: sm_90a), not NVIDIA B200" in err, err

@@ -16,8 +16,8 @@ MOSAIC_TPU = "tpu_custom_call"
 MOSAIC_GPU = "mosaic_gpu"  # JAX 0.12: mosaic_gpu_v2
 
 
-def for_cuda(fn, *args) -> str:
-    with targets.abstract_gpu():
+def for_cuda(fn, *args, device_kind: str = targets.H100, num_cores: int = 132) -> str:
+    with targets.abstract_gpu(device_kind, num_cores):
         return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
