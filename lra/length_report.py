@@ -10,8 +10,8 @@ and `depth_accuracy` (config.eval_depth_buckets).
 A panel is one task setting (the runs' configs agreeing in everything but the model, its
 presets, the seed and the width: lra.synthetic_report's settings), e.g. parity at one
 recipe; a line is one row name (the model, ` [neg_eig]` for the negative-eigenvalue
-forms), its points the seeds' mean test accuracy at each length, error bars the seeds'
-min to max. For a task whose test split is made at the training length (niah, MQAR: no
+forms, the scaffold fields a run changed: ` [pos rotary]`), its points the seeds' mean
+test accuracy at each length, error bars the seeds' min to max. For a task whose test split is made at the training length (niah, MQAR: no
 `Task.at_length`), the run's own test is the point at its training length; a state-
 tracking test spans lengths (40..L) and is left out. The training length is the dashed
 line (state tracking: the longest training row). Baselines per panel: the majority
@@ -37,9 +37,12 @@ def has_lengths(r: dict) -> bool:
                                           or r.get("split_accuracy"))
 
 
-def row_label(r: dict) -> str:
-    """The model, ` [neg_eig]` where its transitions reach [-1, 1]: allow_neg_eigval as the
-    run set it, else its builder's default (gated_deltaproduct's is fla's True)."""
+def row_label(r: dict, reference: dict | None = None) -> str:
+    """The model, with in brackets `neg_eig` where its transitions reach [-1, 1]
+    (allow_neg_eigval as the run set it, else its builder's default: gated_deltaproduct's
+    is fla's True) and the scaffold card's fields in which it differs from its setting's
+    `reference` card (`pos rotary`: a scaffold ablation is a row of its own, never a seed
+    of the model's row)."""
     hparams = (r.get("config") or {}).get("model_hparams") or {}
     neg = hparams.get("allow_neg_eigval")
     if neg is None:
@@ -48,7 +51,13 @@ def row_label(r: dict) -> str:
             neg = registry.accepted_hparams(r["model"]).get("allow_neg_eigval")
         except Exception:  # noqa: BLE001  (a variant this code no longer has)
             neg = None
-    return r["model"] + (" [neg_eig]" if neg is True else "")
+    notes = ["neg_eig"] if neg is True else []
+    card = sr.card_of(r) if reference else {}
+    if card:
+        from lra.runs import card as card_lib
+        notes += [card_lib.note(f, card_lib.base_value(card, f))
+                  for f in card_lib.differences(card, reference)]
+    return r["model"] + (f" [{', '.join(notes)}]" if notes else "")
 
 
 def panel_name(r: dict) -> str:
@@ -115,10 +124,11 @@ def cells(runs: list[dict]) -> list[dict]:
     """One dict per (panel, row): its points {length: stats} and depths
     {(length, lo, hi): stats}, params, majority, chance."""
     groups: dict[tuple, list[dict]] = {}
+    references = sr.reference_cards([r for r in runs if has_lengths(r)])
     for r in runs:
         if has_lengths(r):
             key = (panel_name(r), sr._setting(r), int(r["config"].get("emb_dim", 0)),
-                   row_label(r))
+                   row_label(r, references.get(sr._setting(r))))
             groups.setdefault(key, []).append(r)
     out = []
     for (panel, setting, width, label), group in sorted(groups.items(), key=repr):

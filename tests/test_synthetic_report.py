@@ -477,18 +477,24 @@ def test_a_kept_knob_names_the_row_and_keeps_it_ranked(tmp_path):
 
 
 def _write_length_run(root, model, seed, lengths, *, neg_eig=False, depths=None,
-                      task="state_tracking", splits=None):
+                      task="state_tracking", splits=None, scaffold=None):
     """A results.json as train_and_evaluate writes it with config.eval_lengths: the
-    test weights at each length (and, for niah, per depth range)."""
+    test weights at each length (and, for niah, per depth range); `scaffold`: fields of
+    config.scaffold the run overrode."""
     from configs import flipflop as ff_config
     from configs import niah as niah_config
     from configs import state_tracking as st_config
 
     arg = f"model={model},runlocal{',neg_eig' if neg_eig else ''}"
     make = {"state_tracking": st_config, "niah": niah_config, "flipflop": ff_config}[task]
-    config = common.resolve(make.get_config(arg)).to_dict()
+    config = make.get_config(arg)
+    for name, value in (scaffold or {}).items():
+        setattr(config.scaffold, name, value)
+    config = common.resolve(config).to_dict()
     config["random_seed"] = seed
-    folder = os.path.join(root, task, model + ("-neg" if neg_eig else ""), f"seed{seed}")
+    folder = os.path.join(root, task, model + ("-neg" if neg_eig else "")
+                          + ("-" + "-".join(map(str, scaffold.values())) if scaffold else ""),
+                          f"seed{seed}")
     os.makedirs(folder)
     with open(os.path.join(folder, "results.json"), "w") as f:
         json.dump({"task": task, "model": model, "test_accuracy": 0.9,
@@ -538,6 +544,24 @@ def test_length_report_command_writes_only_the_length_files(tmp_path, capsys):
                                                   "ff_runs.jsonl"]
     assert length_report.main(["prog", str(tmp_path / "o")], out=str(tmp_path / "x")) == 2
     assert "no run with length_accuracy" in capsys.readouterr().err
+
+
+def test_a_scaffold_ablation_is_a_row_of_its_own_in_the_length_table(tmp_path):
+    """niah's transformer without positions (its scaffold's) and with rotary positions
+    (`--override=scaffold.pos_emb=rotary --override=scaffold.ablate=positions`): two rows,
+    not two seeds of one (the table of 2026-12-05 first showed them as one row, 73.1 ±
+    37.9 at 2K)."""
+    from lra import length_report
+
+    runs = tmp_path / "runs"
+    _write_length_run(runs, "transformer", 0, {96: 1.0}, task="niah")
+    _write_length_run(runs, "transformer", 0, {96: 0.4}, task="niah",
+                      scaffold={"pos_emb": "rotary", "ablate": "positions"})
+    _write_length_run(runs, "gla", 0, {96: 0.1}, task="niah")
+    assert length_report.main(["prog", str(runs)], out=str(tmp_path / "niah")) == 0
+    text = (tmp_path / "niah_lengths.md").read_text()
+    assert "| transformer | 1,234 | 90.0 (1) | 100.0 (1) |" in text, text
+    assert "| transformer [pos rotary] | 1,234 | 90.0 (1) | 40.0 (1) |" in text, text
 
 
 def test_a_rows_eigenvalue_range_follows_its_builders_default():
