@@ -200,7 +200,7 @@ def markdown(all_cells: list[dict], source: str) -> str:
         lines.append(f"| majority label (the test split's) | - | {majority:.1f} |"
                      + " |" * (len(lengths) - 1))
         if group[0]["chance"] is not None:
-            lines.append(f"| chance | - | " + " | ".join(
+            lines.append("| chance | - | " + " | ".join(
                 f"{group[0]['chance']:.1f}" for _ in lengths) + " |")
         depth_keys = sorted({k for c in group for k in c["depths"]})
         if depth_keys:
