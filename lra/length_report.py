@@ -11,12 +11,12 @@ A panel is one task setting (the runs' configs agreeing in everything but the mo
 presets, the seed and the width: lra.synthetic_report's settings), e.g. parity at one
 recipe; a line is one row name (the model, ` [neg_eig]` for the negative-eigenvalue
 forms, the scaffold fields a run changed: ` [pos rotary]`), its points the seeds' mean
-test accuracy at each length, error bars the seeds' min to max. For a task whose test split is made at the training length (niah, MQAR: no
-`Task.at_length`), the run's own test is the point at its training length; a state-
-tracking test spans lengths (40..L) and is left out. The training length is the dashed
-line (state tracking: the longest training row). Baselines per panel: the majority
-label's share of the test split's labels (from the runs) and chance (one label of the
-task's answer set, where it has one).
+test accuracy at each length, error bars the seeds' min to max. For a task whose test
+split is made at the training length (niah, MQAR: no `Task.at_length`), the run's own
+test is the point at its training length; a state-tracking test spans lengths (40..L)
+and is left out. The training length is the dashed line (state tracking: the longest
+training row). Baselines per panel: the majority label's share of the test split's labels
+(from the runs) and chance (one label of the task's answer set, where it has one).
 
 Splits (config.eval_splits, flip-flop's sparse and dense tails): columns after the
 lengths, at the training length.

@@ -435,8 +435,7 @@ def decayed_linear_attention(q_BxHxLxK: jax.Array, k_BxHxLxK: jax.Array,
 
     `gpu_form="mosaic"`: the GPU flavour as the Mosaic GPU kernels (`decayed_mgpu.py`,
     chunk 64, dims 64 or 128; scalar decays in 16 bits, gates in bfloat16) where they
-    take the call, else the
-    Triton form, said once.
+    take the call, else the Triton form, said once.
 
     Args:
       q_BxHxLxK, k_BxHxLxK: queries and keys (no feature map, no scaling here).

@@ -221,16 +221,18 @@ def _gate_sums(t: Toolkit, b_s, dk: int):
     return b, row, ends[-1], ends
 
 
-def _split(t: Toolkit, x_s, b, row, end, dk: int, keys: bool):
-    """Sub-chunk s's half of the split (module comment): keys k o exp(E_s - b) on s's rows,
-    queries q o exp(b - E_s) on the rows from s's first on; 0 elsewhere."""
-    s, ends = end
+def _sub_weights(t: Toolkit, b, row, ends, s: int, dk: int):
+    """Sub-chunk s's two halves of the split (module comment), C x K: the keys'
+    exp(E_s - b) on s's rows and the queries' exp(b - E_s) on the rows from s's first on,
+    0 elsewhere (masked before the exp)."""
     e_s = t.bcast(ends[s], (t.c, dk), 1)
-    if keys:
-        w = jnp.where((row >= SUB * s) & (row < SUB * s + SUB), e_s - b, -jnp.inf)
-    else:
-        w = jnp.where(row >= SUB * s, b - e_s, -jnp.inf)
-    return t.load(x_s).astype(_F32) * jnp.exp(w)
+    in_s = (row >= SUB * s) & (row < SUB * s + SUB)
+    return (jnp.exp(jnp.where(in_s, e_s - b, -jnp.inf)),
+            jnp.exp(jnp.where(row >= SUB * s, b - e_s, -jnp.inf)))
+
+
+def _scaled(t: Toolkit, x_s, w):
+    return t.load(x_s).astype(_F32) * w
 
 
 def _gate_scores(t: Toolkit, q_s, k_s, b, row, ends, qd, kd, dk, seen):
@@ -240,16 +242,18 @@ def _gate_scores(t: Toolkit, q_s, k_s, b, row, ends, qd, kd, dk, seen):
     c = t.c
     scores = t.zeros((c, c))
     for s in range(c // SUB):
-        _hi_lo(t, *qd, _split(t, q_s, b, row, (s, ends), dk, keys=False))
-        _hi_lo(t, *kd, _split(t, k_s, b, row, (s, ends), dk, keys=True))
+        key_w, query_w = _sub_weights(t, b, row, ends, s, dk)
+        _hi_lo(t, *qd, _scaled(t, q_s, query_w))
+        _hi_lo(t, *kd, _scaled(t, k_s, key_w))
         scores = scores + _mm3(t, qd, [x.transpose((1, 0)) for x in kd], (c, c))
     return jnp.where(seen, scores, 0.0)
 
 
 def _hi_lo(t: Toolkit, hi_s, lo_s, x):
     """x (float32) into two 16-bit tiles, hi + lo (about 16 bits of mantissa in bf16): the
-    Triton form's dq and dk of a gate are float32 products of the score cotangents and the
-    decayed keys or queries, which one 16-bit wgmma would round to 8 bits."""
+    Triton form computes a gate's scores, and dq's and dk's products of the score
+    cotangents with the decayed keys or queries, in float32, which one 16-bit wgmma would
+    round to 8 bits."""
     hi = x.astype(hi_s.dtype)
     t.to_smem(hi_s, hi)
     t.to_smem(lo_s, x - hi.astype(_F32))
@@ -331,11 +335,10 @@ def gate_backward(q, k, v, b, do, *, strict: bool, interpret: bool = False):
             dp = jnp.where(_seen(t, strict), t.mma(do_s, v_s.transpose((1, 0)), (c, c)), 0.0)
             dq = t.zeros((c, dk))
             for s in range(c // SUB):
+                key_w, query_w = _sub_weights(t, bb, row, ends, s, dk)
                 _hi_lo(t, p_s, pl_s, jnp.where(in_sub(s), dp, 0.0))
-                _hi_lo(t, kd_s, kl_s, _split(t, k_s, bb, row, (s, ends), dk, keys=True))
-                e_s = t.bcast(ends[s], (c, dk), 1)
-                dq = dq + _mm3(t, (p_s, pl_s), (kd_s, kl_s), (c, dk)) * jnp.exp(
-                    jnp.where(row >= SUB * s, bb - e_s, -jnp.inf))
+                _hi_lo(t, kd_s, kl_s, _scaled(t, k_s, key_w))
+                dq = dq + _mm3(t, (p_s, pl_s), (kd_s, kl_s), (c, dk)) * query_w
             t.to_smem(st_s, st)
             dq = dq + t.mma(do_s, st_s, (c, dk)) * jnp.exp(bb)
             t.store(dq, dq_s, dq_g.at[bi, hi], idx[0])
@@ -371,16 +374,14 @@ def gate_backward(q, k, v, b, do, *, strict: bool, interpret: bool = False):
             dp = jnp.where(seen, t.mma(do_s, v_s.transpose((1, 0)), (c, c)), 0.0)
             scores, d_k = t.zeros((c, c)), t.zeros((c, dk))
             for s in range(c // SUB):
-                _hi_lo(t, qd_s, ql_s, _split(t, q_s, bb, row, (s, ends), dk, keys=False))
-                _hi_lo(t, kd_s, kl_s, _split(t, k_s, bb, row, (s, ends), dk, keys=True))
+                key_w, query_w = _sub_weights(t, bb, row, ends, s, dk)
+                _hi_lo(t, qd_s, ql_s, _scaled(t, q_s, query_w))
+                _hi_lo(t, kd_s, kl_s, _scaled(t, k_s, key_w))
                 _hi_lo(t, p_s, pl_s, jnp.where(in_sub(s), dp, 0.0))
                 scores = scores + _mm3(t, (qd_s, ql_s), (kd_s.transpose((1, 0)),
                                                          kl_s.transpose((1, 0))), (c, c))
-                e_s = t.bcast(ends[s], (c, dk), 1)
-                in_s = (row >= SUB * s) & (row < SUB * s + SUB)
                 d_k = d_k + _mm3(t, (p_s.transpose((1, 0)), pl_s.transpose((1, 0))),
-                                 (qd_s, ql_s), (c, dk)) * jnp.exp(
-                    jnp.where(in_s, e_s - bb, -jnp.inf))
+                                 (qd_s, ql_s), (c, dk)) * key_w
             t.to_smem(sc_s, jnp.where(seen, scores, 0.0))
             r = t.bcast(e, (c, dk), 1) - bb
             t.to_smem(qd_s, t.load(q_s).astype(_F32) * jnp.exp(bb))

@@ -24,10 +24,10 @@ only.
 16-bit q, k, v with key and value dims 64 per call: the backward's two slots of the chunk's
 start state (V x K float32) beside the pipelined rows, the float32 output tiles and the
 scoped operands overfill Hopper's shared memory at 128 keys (lowered for sm_90 with JAX
-0.12.0.1: "smem_bytes=349208 > max_smem_bytes=232448"; the forward alone fits). A wider value head (gated_deltanet's
-expand_v 2) is one call per 64 value channels (`delta_rule._value_blocks`: every value
-channel of the state evolves on its own; the key-side gradients are summed), which redoes
-the UT transform per block. Other shapes: `supports` says why not, and the Triton form runs.
+0.12.0.1: "smem_bytes=349208 > max_smem_bytes=232448"; the forward alone fits). A wider
+value head (gated_deltanet's expand_v 2) is one call per 64 value channels
+(`delta_rule._value_blocks`: every value channel of the state evolves on its own; the
+key-side gradients are summed), which redoes the UT transform per block. Other shapes: `supports` says why not, and the Triton form runs.
 
 Checked on a CPU only: the Mosaic GPU interpreter (race detection on) against the Triton
 passes and the lowering for sm_90 (tests/kernels/test_delta_mgpu.py, JAX 0.12). Never run
