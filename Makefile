@@ -1,5 +1,5 @@
 # make demo: install, generate a small ListOps set, train `transformer`, print the results.
-# make test: install, run the default test suite (what CI runs).
+# make test: install, run the default test suite (CI's first stage; test-exhaustive its second).
 # make venv-latest / test-latest / test-jax-gpu: the same suite on today's JAX (below).
 PY ?= python3
 VENV := .venv
@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 DEMO_DATA := data/listops_mini
 DEMO_WORKDIR := workdirs/demo/listops_mini_transformer
 
-.PHONY: demo test venv clean-demo tensorboard bench-kernels bench gpu-wheels gpu-results \
+.PHONY: demo test test-exhaustive venv clean-demo tensorboard bench-kernels bench gpu-wheels gpu-results \
     venv-latest test-latest test-jax-gpu ci-latest
 
 $(STAMP): requirements.txt requirements-dev.txt
@@ -33,6 +33,12 @@ clean-demo:
 
 test: $(STAMP)
 	$(PYTHON) -m pytest -n 2 -q
+
+# make test-exhaustive: the rest of the per-variant cross products (tests/tiers.py: every
+# variant, every setting), which `make test` leaves out to stay under 20 minutes; CI runs
+# it after `make test`.
+test-exhaustive: $(STAMP)
+	$(PYTHON) -m pytest -n 2 -q -m exhaustive
 
 # make tensorboard LOGDIR=<workdir or sweep dir>: TensorBoard on the event files runs write
 # (tensorboardX writes them; TensorBoard itself lives in its own venv, .venv-tensorboard,

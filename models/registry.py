@@ -296,6 +296,14 @@ def capabilities(name: str) -> Capabilities:
     return _entry(name).capabilities
 
 
+def module_of(name: str) -> str:
+    """The module whose builder registers `name` (`models.attention.sparse` for
+    transformer, local, bigbird, ...): variants of one module share their code, and the
+    test suite's default tier takes one of each (tests/tiers.py)."""
+    builder = _entry(name).builder
+    return getattr(builder, "__module__", None) or type(builder).__module__
+
+
 def accepted_hparams(name: str) -> dict[str, Any]:
     """Accepted hparams of `name` and their defaults (`inspect.Parameter.empty` if required)."""
     return dict(_entry(name).hparams)

@@ -15,6 +15,7 @@ from configs import listops
 from lra import train
 from models import precision, registry
 from models.encoder import pool
+from tests import tiers
 from tests.models.helpers import randomize_params
 
 LENGTH = 32
@@ -92,7 +93,7 @@ def bfloat16_gradients_ok(name: str) -> bool:
     return all(bool(jnp.all(jnp.isfinite(g))) and g.dtype == jnp.float32 for g in leaves)
 
 
-@pytest.mark.parametrize("name", registry.available())
+@pytest.mark.parametrize("name", tiers.variants())  # one per module by default
 def test_every_variant_computes_in_bfloat16_close_to_float32(name):
     err, bf16_stream = relative_error(name)
     assert err < LOOSER.get(name, TOLERANCE), err

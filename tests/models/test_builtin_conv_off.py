@@ -13,6 +13,7 @@ import pytest
 from flax import nnx
 
 from models import registry
+from tests import tiers
 from tests.models.helpers import check_prefill_and_steps, normal, randomize_params
 
 NAMES = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct", "mamba2", "loglinear_mamba2")
@@ -35,8 +36,8 @@ def conv_paths(mixer) -> list[str]:
             if "conv" in str(p[-1])]
 
 
-@pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("causal", [True, tiers.exhaustive(False)])
+@pytest.mark.parametrize("name", tiers.variants(NAMES))  # one per module by default
 def test_off_is_a_one_tap_identity_convolution(name, causal):
     off = build(name, 0, causal=causal)
     assert conv_paths(off) == []
@@ -60,7 +61,7 @@ def test_off_is_a_one_tap_identity_convolution(name, causal):
     assert not np.allclose(np.asarray(y_moved)[0, 10], np.asarray(y_off)[0, 10])
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", tiers.variants(NAMES))
 def test_off_decodes_as_the_parallel_form(name):
     """Prompts of 1, 5 and 9 tokens (right-padded to 9), then steps: the parallel causal
     form's outputs at every position; the cache holds no convolution window."""

@@ -13,6 +13,7 @@ import pytest
 from flax import nnx
 
 from models import registry
+from tests import tiers
 from tests.models.helpers import apply, normal
 
 BATCH, LEN, DIM, HEADS, MAX_LEN = 2, 16, 32, 2, 16
@@ -22,6 +23,9 @@ TOL = dict(rtol=1e-5, atol=1e-5)
 DENSE_PARAMS = ("query", "key", "value", "out")
 
 VARIANTS = registry.available()
+# The per-variant properties below take one variant of each models/ module in the default
+# tier and the others in the exhaustive one (tests/tiers.py; CI runs both).
+TIERED = tiers.variants(VARIANTS)
 
 
 class ThroughCarry(nnx.Module):
@@ -77,14 +81,15 @@ def test_capabilities_are_well_formed(name):
     assert caps.dense_equivalent is None or isinstance(caps.dense_equivalent, dict)
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("name", VARIANTS)
 def test_jit_matches_eager_shape_dtype_finite(name):
     """Eager and jitted outputs agree, with the input's shape, float32 and finite, at
     max_len (padded where the variant takes padding; jitted also without); variable-length
     variants also at a shorter length (jitted). The eager pass compiles every operation on
-    its own (2-8 s a variant), so it runs once, here only; the other tests call the
-    variants jitted (`helpers.apply`), the unpadded input included (test_padding_invariance,
-    test_vmap_matches_batch)."""
+    its own (2-8 s a variant), so it runs once, here only, in the exhaustive tier; the
+    other tests call the variants jitted (`helpers.apply`), the unpadded input included
+    (test_padding_invariance, test_vmap_matches_batch)."""
     caps = registry.capabilities(name)
     model = build(name)
     x, mask = random_x(), mask_for("padding" if caps.padding else None)
@@ -102,8 +107,20 @@ def test_jit_matches_eager_shape_dtype_finite(name):
         assert np.isfinite(np.asarray(y)).all()
 
 
-@pytest.mark.parametrize("mask_kind", [None, "padding"])
-@pytest.mark.parametrize("name", VARIANTS)
+def _vmap_cases() -> list:
+    """(name, mask_kind): the padded case where the variant takes padding, else the plain
+    one, in the default tier; the other one exhaustive."""
+    cases = []
+    for p in TIERED:
+        name, marks = (p.values[0], p.marks) if hasattr(p, "values") else (p, ())
+        main = "padding" if registry.capabilities(name).padding else None
+        for kind in (None, "padding"):
+            extra = () if kind == main else (tiers.EXHAUSTIVE,)
+            cases.append(pytest.param(name, kind, marks=(*marks, *extra)))
+    return cases
+
+
+@pytest.mark.parametrize("name,mask_kind", _vmap_cases())
 def test_vmap_matches_batch(name, mask_kind):
     skip_unless(mask_kind is None or registry.capabilities(name).padding, "no padding support")
     model = build(name)
@@ -121,7 +138,7 @@ def test_vmap_matches_batch(name, mask_kind):
     assert_close(y_vmap, y_batch)
 
 
-@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("name", TIERED)
 def test_gradients_finite_and_nonzero(name):
     caps = registry.capabilities(name)
     model = build(name)
@@ -143,7 +160,7 @@ def test_gradients_finite_and_nonzero(name):
     assert np.abs(np.asarray(grad_x)).max() > 0
 
 
-@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("name", TIERED)
 def test_padding_invariance(name):
     skip_unless(registry.capabilities(name).padding, "no padding support")
     model = build(name)
@@ -156,7 +173,7 @@ def test_padding_invariance(name):
     assert_close(np.asarray(y)[real], np.asarray(y_changed)[real])
 
 
-@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("name", TIERED)
 def test_prefix_matches_padded(name):
     caps = registry.capabilities(name)
     skip_unless(caps.padding and caps.variable_length, "needs padding and variable length")
@@ -168,8 +185,8 @@ def test_prefix_matches_padded(name):
     assert_close(y_padded[:, :SHORT_LEN], y_prefix)
 
 
-@pytest.mark.parametrize("t", [0, 6, LEN - 2])
-@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("t", [tiers.exhaustive(0), 6, tiers.exhaustive(LEN - 2)])
+@pytest.mark.parametrize("name", TIERED)
 def test_causality(name, t):
     skip_unless(registry.capabilities(name).causal, "not causal")
     model = build(name, causal=True)
@@ -205,9 +222,11 @@ def dense_twin(variant: nnx.Module, causal: bool) -> nnx.Module:
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("mask_kind", [None, "padding"])
-@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("mask_kind", [tiers.exhaustive(None), "padding"])
+@pytest.mark.parametrize("name", TIERED)
 def test_reduces_to_dense(name, mask_kind, causal):
+    """The unpadded cases are exhaustive: every variant with a dense limit takes padding,
+    and the padded case checks the same outputs at the real positions."""
     caps = registry.capabilities(name)
     skip_unless(caps.dense_equivalent is not None, "no dense limit")
     skip_unless(mask_kind is None or caps.padding, "no padding support")
@@ -224,7 +243,7 @@ def test_reduces_to_dense(name, mask_kind, causal):
         assert_close(np.asarray(y_variant)[real], np.asarray(y_dense)[real])
 
 
-@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("name", TIERED)
 def test_dropout(name):
     with_dropout = "attention_dropout" in registry.accepted_hparams(name)
     model = build(name, **({"attention_dropout": 0.5} if with_dropout else {}))
@@ -253,8 +272,8 @@ def test_dropout(name):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("name", [n for n in VARIANTS
-                                  if registry.capabilities(n).takes_residual])
+@pytest.mark.parametrize("name", tiers.variants(
+    n for n in VARIANTS if registry.capabilities(n).takes_residual))
 def test_residual_is_a_gated_update(name, causal):
     """Capabilities.takes_residual: mixer(x, residual=r) = u o (h - r), with u, h from x
     alone: residual=x is the default, and r enters linearly with a gate u in (0, 1)."""

@@ -22,6 +22,7 @@ from configs import listops
 from lra import train
 from models import decoding, registry
 
+from tests import tiers
 from tests.models.helpers import apply, randomize_params
 
 CAUSAL = [n for n in registry.available() if registry.capabilities(n).causal]
@@ -100,7 +101,7 @@ def check_equal(model, vocab: int) -> float:
     return float(np.abs(stepped[reached] - parallel[reached]).max())
 
 
-@pytest.mark.parametrize("name", CAUSAL)
+@pytest.mark.parametrize("name", tiers.variants(CAUSAL))  # one per module by default
 def test_decoding_equals_the_parallel_causal_forward(name):
     model = model_for(name)
     check_equal(model, lra.tasks.get("listops").vocab_size)

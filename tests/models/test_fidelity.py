@@ -22,6 +22,7 @@ from lra import train
 import lra.tasks
 from models import registry
 from models.encoder import pool
+from tests import tiers
 
 LENGTH = 24  # 1-D content length: long enough that no pattern preset covers it
 SIDE = 8  # 2-D variants: an 8 x 8 image
@@ -155,8 +156,23 @@ def _cls_refused(name: str) -> bool:
     return False
 
 
-@pytest.mark.parametrize("pooling", ["CLS", "MEAN"])
-@pytest.mark.parametrize("name", registry.available())
+def _position_cases() -> list:
+    """(name, pooling): CLS in the default tier (MEAN where the stack refuses CLS: the
+    segment-recurrent ones below) for one variant of each module; the rest exhaustive."""
+    cases = []
+    for p in tiers.variants():
+        name, marks = (p.values[0], p.marks) if hasattr(p, "values") else (p, ())
+        main = "MEAN" if name in SEGMENT_RECURRENT else "CLS"
+        for pooling in ("CLS", "MEAN"):
+            extra = () if pooling == main else (tiers.EXHAUSTIVE,)
+            cases.append(pytest.param(name, pooling, marks=(*marks, *extra)))
+    return cases
+
+
+SEGMENT_RECURRENT = ("transformer_xl", "gtrxl")
+
+
+@pytest.mark.parametrize("name,pooling", _position_cases())
 def test_positions_reach_what_the_variant_declares(name, pooling):
     if pooling == "CLS" and _cls_refused(name):
         pytest.skip("CLS refused for this stack (tested below)")
@@ -185,7 +201,7 @@ def test_positions_reach_what_the_variant_declares(name, pooling):
                                 f"positions {np.flatnonzero(real & ~pooled).tolist()}")
 
 
-@pytest.mark.parametrize("name", ["transformer_xl", "gtrxl"])
+@pytest.mark.parametrize("name", SEGMENT_RECURRENT)
 def test_segment_recurrent_cls_is_refused_and_mean_sees_every_segment(name):
     assert _cls_refused(name)
     # As the task configs build it: MEAN pooling, 2 layers, several segments.

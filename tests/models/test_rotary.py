@@ -13,6 +13,7 @@ from flax import nnx
 from configs import listops
 from models import layers, registry
 from models.encoder import Classifier, pool
+from tests import tiers
 from tests.models.helpers import apply, f64, normal, project_heads, randomize_params
 
 VARIANTS = registry.available()
@@ -292,7 +293,7 @@ def rotary_switched_off(model: nnx.Module) -> nnx.Module:
     return twin
 
 
-@pytest.mark.parametrize("name", ROTARY)
+@pytest.mark.parametrize("name", tiers.variants(ROTARY))  # one per module by default
 def test_flagged_variant_rotates_through_the_task_config(name):
     model, (inputs, mask) = config_classifier(name)
     assert model.encoder.embeddings.position is None  # no absolute positions
@@ -323,8 +324,9 @@ DENSE_LIMITS = [n for n in ROTARY if registry.capabilities(n).dense_equivalent i
 DENSE_PARAMS = ("query", "key", "value", "out")
 
 
-@pytest.mark.parametrize("masked,causal", [(False, False), (True, False), (True, True)])
-@pytest.mark.parametrize("name", DENSE_LIMITS)
+@pytest.mark.parametrize("masked,causal", [pytest.param(False, False, marks=tiers.EXHAUSTIVE),
+                                           (True, False), (True, True)])
+@pytest.mark.parametrize("name", tiers.variants(DENSE_LIMITS))
 def test_dense_equivalent_still_equals_transformer_under_rotary(name, masked, causal):
     caps = registry.capabilities(name)
     if causal and not caps.causal:
