@@ -1,6 +1,5 @@
 """The default and exhaustive tiers (tests/tiers.py): one variant per models/ module by
 default, every other one exhaustive, nothing dropped."""
-import pytest
 
 from models import registry
 from tests import tiers
