@@ -18,6 +18,26 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
                                "--xla_backend_optimization_level=0 "
                                "--xla_llvm_disable_expensive_passes=true").strip()
 
+# XLA:CPU's newer fusion emitters (MLIR) compile a fused loop more slowly than the older
+# elemental emitter, and the suite is compile-bound: measured on 2 cores under JAX 0.10.2,
+# tests/models/test_conformance.py took 210 s of CPU with them and 121 s without (a
+# decoding subset 28 -> 20 s). JAX 0.12's XLA no longer has the switch and refuses an
+# unknown flag, so it is set only for the jaxlib it was measured on (0.10.x).
+def _jaxlib_before(major: int, minor: int) -> bool:
+    from importlib import metadata
+
+    try:
+        version = metadata.version("jaxlib").split(".")
+        return (int(version[0]), int(version[1])) < (major, minor)
+    except (metadata.PackageNotFoundError, ValueError, IndexError):
+        return False
+
+
+if ("xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", "")
+        and _jaxlib_before(0, 11)):
+    os.environ["XLA_FLAGS"] = (f"{os.environ.get('XLA_FLAGS', '')} "
+                               "--xla_cpu_use_fusion_emitters=false").strip()
+
 # One XLA compilation cache for the whole run: the pytest-xdist workers and the processes
 # that the multi-process and launch tests start inherit the variable, and many tests compile
 # the same programs (the runlocal train and eval steps above all). Measured on 2 cores:

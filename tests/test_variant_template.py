@@ -44,12 +44,14 @@ def _checks(test_module):
         marks = [m for m in getattr(fn, "pytestmark", []) if m.name == "parametrize"]
         grids = [{}]
         for mark in marks:
-            argnames, values = mark.args[0], mark.args[1]
-            if argnames == "name":
-                continue
-            keys = [a.strip() for a in argnames.split(",")]
-            grids = [{**g, **dict(zip(keys, v if len(keys) > 1 else (v,)))}
-                     for g in grids for v in values]
+            keys = [a.strip() for a in mark.args[0].split(",")]
+            rows = []  # every tier's values (tests/tiers.py marks some exhaustive)
+            for v in mark.args[1]:
+                v = v.values if hasattr(v, "values") else (v if len(keys) > 1 else (v,))
+                row = {k: x for k, x in zip(keys, v) if k != "name"}
+                if row not in rows:
+                    rows.append(row)
+            grids = [{**g, **row} for g in grids for row in rows]
         yield fname, fn, grids
 
 
