@@ -1,8 +1,7 @@
 """The suite's two tiers (docs/design.md, "Tests, CI and JAX versions").
 
 `make test` runs the default tier: every module of models/ through every per-variant
-property, each property at its main setting, and every user path; under 20 minutes on 2
-CPU cores. The `exhaustive` tier repeats those properties over the rest of the cross
+property, each property at its main setting, and every user path (timed in design.md). The `exhaustive` tier repeats those properties over the rest of the cross
 product: every registered variant (not one per module) and the other settings (a second
 pooling, mask or causal combination, more positions, the eager pass). `make
 test-exhaustive` runs it and CI runs it after `make test`, so CI still checks every cell;
