@@ -35,3 +35,12 @@ def test_variants_marks_every_other_name_exhaustive_and_keeps_the_order():
 def test_the_exhaustive_marker_is_registered_and_left_out_by_default(pytestconfig):
     assert any(m.startswith("exhaustive:") for m in pytestconfig.getini("markers"))
     assert "not exhaustive" in " ".join(pytestconfig.getini("addopts"))
+
+
+def test_cases_keep_each_variants_main_setting_in_its_tier():
+    params = tiers.cases(["a", "b"], lambda n: "b" if n == "gla" else "a",
+                         names=["transformer", "local", "gla"])
+    got = {p.values: [m.name for m in p.marks] for p in params}
+    assert got == {("transformer", "a"): [], ("transformer", "b"): ["exhaustive"],
+                   ("local", "a"): ["exhaustive"], ("local", "b"): ["exhaustive"],
+                   ("gla", "a"): ["exhaustive"], ("gla", "b"): []}

@@ -10,7 +10,7 @@ the split only decides what a developer waits for. Union of the two: the whole s
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import pytest
 
@@ -48,3 +48,18 @@ def variants(names: Iterable[str] | None = None) -> list:
     names = registry.available() if names is None else list(names)
     keep = representatives(names)
     return [exhaustive(n, when=n not in keep) for n in names]
+
+
+def cases(settings: Iterable, main: Callable[[str], object],
+          names: Iterable[str] | None = None) -> list:
+    """(name, setting) pytest params for a property checked at several settings: the
+    variant's `main(name)` setting in the variant's tier (`variants`), every other setting
+    exhaustive. Parametrize with "name,<setting>"."""
+    settings = list(settings)
+    out = []
+    for p in variants(names):
+        name, marks = (p.values[0], tuple(p.marks)) if hasattr(p, "values") else (p, ())
+        for setting in settings:
+            extra = () if setting == main(name) or marks else (EXHAUSTIVE,)
+            out.append(pytest.param(name, setting, marks=(*marks, *extra)))
+    return out

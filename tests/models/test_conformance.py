@@ -107,20 +107,10 @@ def test_jit_matches_eager_shape_dtype_finite(name):
         assert np.isfinite(np.asarray(y)).all()
 
 
-def _vmap_cases() -> list:
-    """(name, mask_kind): the padded case where the variant takes padding, else the plain
-    one, in the default tier; the other one exhaustive."""
-    cases = []
-    for p in TIERED:
-        name, marks = (p.values[0], p.marks) if hasattr(p, "values") else (p, ())
-        main = "padding" if registry.capabilities(name).padding else None
-        for kind in (None, "padding"):
-            extra = () if kind == main else (tiers.EXHAUSTIVE,)
-            cases.append(pytest.param(name, kind, marks=(*marks, *extra)))
-    return cases
-
-
-@pytest.mark.parametrize("name,mask_kind", _vmap_cases())
+# The padded case where the variant takes padding, else the plain one, in the variant's
+# tier; the other one exhaustive.
+@pytest.mark.parametrize("name,mask_kind", tiers.cases(
+    [None, "padding"], lambda n: "padding" if registry.capabilities(n).padding else None))
 def test_vmap_matches_batch(name, mask_kind):
     skip_unless(mask_kind is None or registry.capabilities(name).padding, "no padding support")
     model = build(name)

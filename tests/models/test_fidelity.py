@@ -156,23 +156,13 @@ def _cls_refused(name: str) -> bool:
     return False
 
 
-def _position_cases() -> list:
-    """(name, pooling): CLS in the default tier (MEAN where the stack refuses CLS: the
-    segment-recurrent ones below) for one variant of each module; the rest exhaustive."""
-    cases = []
-    for p in tiers.variants():
-        name, marks = (p.values[0], p.marks) if hasattr(p, "values") else (p, ())
-        main = "MEAN" if name in SEGMENT_RECURRENT else "CLS"
-        for pooling in ("CLS", "MEAN"):
-            extra = () if pooling == main else (tiers.EXHAUSTIVE,)
-            cases.append(pytest.param(name, pooling, marks=(*marks, *extra)))
-    return cases
-
-
 SEGMENT_RECURRENT = ("transformer_xl", "gtrxl")
 
 
-@pytest.mark.parametrize("name,pooling", _position_cases())
+# CLS in the variant's tier (MEAN where the stack refuses CLS: the segment-recurrent ones,
+# below); the other pooling exhaustive.
+@pytest.mark.parametrize("name,pooling", tiers.cases(
+    ["CLS", "MEAN"], lambda n: "MEAN" if n in SEGMENT_RECURRENT else "CLS"))
 def test_positions_reach_what_the_variant_declares(name, pooling):
     if pooling == "CLS" and _cls_refused(name):
         pytest.skip("CLS refused for this stack (tested below)")
