@@ -4,26 +4,34 @@
 # for deltanet, gated_deltanet, mamba2 (the `neg_eig` switch: [-1, 1]; without it [0, 1]) and
 # gated_deltaproduct (its layer default is fla's allow_neg_eigval=True: [0, 1] is the override).
 # A resumable queue of lra.sweep runs, seed 0 of every cell first, then seeds 1 and 2 (a seed
-# varies data and initialisation). About 15 CPU-minutes a run on one core.
+# varies data and initialisation). About 15 CPU-minutes a run on one core (gated_deltaproduct,
+# with its 2 Householder steps a token, about 2.5 hours).
+# LANGUAGE=S5 (or any language of configs/state_tracking.py) runs the same ablation on that
+# word problem; MODELS and SEEDS narrow the queue.
 #
 #   taskset -c 1 scripts/parity_neg_eig_grid.sh [DIR]       # DIR default workdirs/st_parity
-#   python -m lra.synthetic_report DIR --out=results/cpu/state_tracking_parity
+#   LANGUAGE=S5 taskset -c 0 scripts/parity_neg_eig_grid.sh workdirs/st_s5
+#   python -m lra.length_report DIR --out=results/cpu/state_tracking_parity
 set -u
 DIR=${1:-workdirs/st_parity}
 PY=${PYTHON:-python}
+LANGUAGE=${LANGUAGE:-parity}
+MODELS=${MODELS:-deltanet mamba2 gated_deltanet gated_deltaproduct}
+SEEDS=${SEEDS:-0 1 2}
 mkdir -p "$DIR"
 cell() {  # cell SIGN SEEDS MODEL [lra.sweep flags...]
     local sign=$1 seeds=$2 model=$3; shift 3
     local arg=mini
-    [ "$sign" = neg ] && [ "$model" != gated_deltaproduct ] && arg=mini,neg_eig
+    [ "$LANGUAGE" != parity ] && arg=mini,language=$LANGUAGE
+    [ "$sign" = neg ] && [ "$model" != gated_deltaproduct ] && arg=$arg,neg_eig
     local extra=()
     [ "$sign" = pos ] && [ "$model" = gated_deltaproduct ] && \
         extra=(--override=model_hparams.allow_neg_eigval=False)
     "$PY" -m lra.sweep --task=state_tracking --models="$model" --config_arg="$arg" \
         --seeds="$seeds" --sweep_dir="$DIR/$sign" "${extra[@]}" "$@"
 }
-for seeds in 0 1 2; do
-    for model in deltanet mamba2 gated_deltanet gated_deltaproduct; do
+for seeds in $SEEDS; do
+    for model in $MODELS; do
         cell neg "$seeds" "$model"
         cell pos "$seeds" "$model"
     done
