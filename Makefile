@@ -35,7 +35,8 @@ test: $(STAMP)
 	$(PYTHON) -m pytest -n 2 -q
 
 # make test-exhaustive: the rest of the per-variant cross products (tests/tiers.py: every
-# variant, every setting), which `make test` leaves out to keep a developer's wait short;
+# variant, every setting) and the long process tests whose path a default test takes, which
+# `make test` leaves out to keep a developer's wait short;
 # CI runs it after `make test`.
 test-exhaustive: $(STAMP)
 	$(PYTHON) -m pytest -n 2 -q -m exhaustive

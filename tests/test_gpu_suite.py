@@ -15,6 +15,7 @@ import zipfile
 
 import pytest
 
+from tests import tiers
 from lra import gpu_suite
 from lra.gpu import bench_stages, common, run_stages
 
@@ -46,6 +47,9 @@ def _no_commands(*args, **kwargs):
     raise AssertionError(f"a command was run: {args}")
 
 
+# Two minutes of CPU (seven stages, each a fresh process): the exhaustive tier. The default
+# tier keeps the planning, skipping and failure tests below, which are quick.
+@tiers.EXHAUSTIVE
 def test_dry_run_writes_every_stage_and_a_rerun_skips_them(tmp_path, monkeypatch):
     """The whole dry run (every stage's command at tiny sizes, on CPU; the transformer run
     time-boxed, stopped and tested where it stopped), then: a rerun runs nothing; a stage

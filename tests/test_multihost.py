@@ -12,6 +12,8 @@ import time
 import numpy as np
 import pytest
 
+from tests import tiers
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RTOL = 1e-4  # the gradient all-reduce sums in another order on other meshes
 
@@ -82,6 +84,7 @@ def test_two_processes_match_one_process_and_resume(listops_dir, tmp_path):
     assert resumed["best_eval_accuracy"] == pytest.approx(one["best_eval_accuracy"])
 
 
+@tiers.EXHAUSTIVE  # a long process test whose path the first test covers (tests/tiers.py)
 def test_fsdp_and_head_parallel_match_data_parallel(listops_dir, tmp_path):
     data, _ = _run(tmp_path / "data", _flags(listops_dir, 4), devices=4)
     fsdp, _ = _run(tmp_path / "fsdp", _flags(listops_dir, 4, "--config.sharding=fsdp"),
@@ -117,6 +120,7 @@ def test_pallas_attention_with_dropout_is_the_same_on_any_mesh(listops_dir, tmp_
     assert not np.allclose(_losses(no_dropout)[1:], _losses(one)[1:], rtol=RTOL)
 
 
+@tiers.EXHAUSTIVE  # a long process test whose path the first test covers (tests/tiers.py)
 def test_dead_process_stops_the_others_and_run_resumes(listops_dir, tmp_path):
     workdir = tmp_path / "run"
     flags = _flags(listops_dir, 400, "--config.checkpoint_freq=2",
@@ -286,6 +290,7 @@ def test_pretraining_two_processes_resume_exactly_after_sigkill(listops_dir, tmp
     assert resumed["test_accuracy"] == pytest.approx(straight["test_accuracy"])
 
 
+@tiers.EXHAUSTIVE  # a long process test whose path the first test covers (tests/tiers.py)
 def test_processes_given_different_settings_or_data_all_stop_in_one_line(
         listops_dir, tmp_path):
     """Issue 35: one process given another learning rate (or another data set at the same
@@ -397,6 +402,7 @@ def test_a_peer_dying_during_a_resume_is_not_called_a_bad_checkpoint(listops_dir
     assert set(before) <= set(d for d in os.listdir(last) if d.isdigit())
 
 
+@tiers.EXHAUSTIVE  # a long process test whose path the first test covers (tests/tiers.py)
 def test_a_taken_process_id_stops_the_run_in_one_line_per_process(listops_dir, tmp_path):
     """Issue 35 item 9: a second process given --process_id=1 made jaxlib abort (134, stack
     dumps) processes 0 and 1. Now each says so in one line and exits 3; process 0 (the

@@ -6,11 +6,16 @@ import pathlib
 
 import pytest
 
+from tests import tiers
+
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+# The default tier runs the notebook of the comparison path (a sweep's table and plot); the
+# others, 3-24 s each in a fresh kernel, run in the exhaustive tier (tests/tiers.py).
+DEFAULT_NOTEBOOK = "compare_variants.ipynb"
 
 
 def _tiny_sweep(sweep_dir: str, data_dir: str) -> None:
@@ -57,7 +62,8 @@ def _tiny_enwik8_run(sweep_dir: str) -> None:
     train.train_and_evaluate(config, os.path.join(sweep_dir, "enwik8", "transformer", "seed0"))
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+@pytest.mark.parametrize("path", [tiers.exhaustive(p, when=p.name != DEFAULT_NOTEBOOK, id=p.name)
+                                  for p in NOTEBOOKS])
 def test_notebook_runs(path, listops_dir, tmp_path, monkeypatch):
     if path.name == "compare_variants.ipynb":
         _tiny_sweep(str(tmp_path), listops_dir)
