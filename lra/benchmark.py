@@ -14,7 +14,9 @@ as LRA's Table 2 measured it). Both are measured in every run.
 --mode=train_step (default; LRA's efficiency table): the whole training step of the
 task's model (`lra.train.make_steps`: embeddings, encoder, head, loss, gradients, optimizer
 update) at the task config's size (LRA's text config by default: emb 256, 4 layers,
-batch 32) on random tokens of length L. --mode=mixer: one token mixer's forward + backward
+batch 32) on random tokens of length L; a task with a label per position (MQAR, MAD,
+state tracking, niah, flip-flop) on one batch of its own generated rows at length L, its
+head on the labelled positions as in a run. --mode=mixer: one token mixer's forward + backward
 (gradients w.r.t. parameters and input) on a random [batch, L, dim] input. Reported per cell:
   time     median wall time of one step (ms; steps/s = 1000 / ms), after a warm-up call;
   memory   XLA's compiled temporary memory (`memory_analysis().temp_size_in_bytes`):
@@ -177,7 +179,7 @@ def measure_train_step(model: str, length: int, *, task: str = "text", batch_siz
     import lra.tasks
     from lra import train
     from lra.runs import spec
-    from lra.training import optim
+    from lra.training import objectives, optim
 
     config = importlib.import_module(f"configs.{task}").get_config(
         f"model={hybrid.base_of(model)}" + (f",{config_arg}" if config_arg else ""))
@@ -196,15 +198,21 @@ def measure_train_step(model: str, length: int, *, task: str = "text", batch_siz
     tx = optim.make_optimizer(config, schedule, spec.resolve(config))
     state = {"step": jnp.int32(0), "params": params, "rest": rest,
              "opt_state": tx.init(params)}
-    rng = np.random.default_rng(0)
     b = config.batch_size
-    batch = {"inputs": rng.integers(1, task_info.vocab_size, (b, length), np.int32),
-             "mask": np.ones((b, length), np.bool_),
-             "targets": rng.integers(0, task_info.num_classes, (b,), np.int32)}
-    if task_info.dual_input:
-        batch.update(inputs2=batch["inputs"][::-1].copy(), mask2=batch["mask"])
+    if task_info.sequence_labels:
+        batch = generated_batch(config, task_info, length)
+    else:
+        rng = np.random.default_rng(0)
+        batch = {"inputs": rng.integers(1, task_info.vocab_size, (b, length), np.int32),
+                 "mask": np.ones((b, length), np.bool_),
+                 "targets": rng.integers(0, task_info.num_classes, (b,), np.int32)}
+        if task_info.dual_input:
+            batch.update(inputs2=batch["inputs"][::-1].copy(), mask2=batch["mask"])
+    # As a run does: a sequence_labels head on the labelled positions only where they are
+    # few (MQAR: 4 of 64 positions, an 8,192-wide head).
+    slots = objectives.label_slots({"train": batch}, config)
     train_step, _ = train.make_steps(graphdef, tx, schedule, task_info.num_classes, config,
-                                     task_info.vocab_size)
+                                     task_info.vocab_size, label_slots=slots)
     compiled = jax.jit(train_step, donate_argnums=0).lower(state, batch).compile(
         _MEMORY_ONLY_OPTIONS if repeats == 0 else None)
     analysis = compiled.memory_analysis()
@@ -226,6 +234,19 @@ def measure_train_step(model: str, length: int, *, task: str = "text", batch_siz
     if stats and "peak_bytes_in_use" in stats:
         row["device_peak_bytes"] = stats["peak_bytes_in_use"]
     return row
+
+
+def generated_batch(config, task_info, length: int) -> dict[str, np.ndarray]:
+    """One training batch of a generated task with a label per position (MQAR, MAD,
+    state tracking, niah, flip-flop) at max_length `length`, from its own generator with
+    the config's task options: the labels (which positions, how many) and the padding of
+    its real rows, so that the step timed is the step a run takes. Only a batch of rows
+    is generated (config.task_options.num_train_examples set to the batch size)."""
+    b = config.batch_size
+    options = config.task_options.to_dict()
+    options["num_train_examples"] = b
+    rows = task_info.load(config.data_dir, "train", length, **options)
+    return {key: np.asarray(value)[:b] for key, value in rows.items()}
 
 
 def build_model_with_impl(config, task_info, attention_impl: str) -> tuple[nnx.Module, str]:

@@ -3,6 +3,8 @@ import math
 
 import pytest
 
+import lra.tasks
+from configs import state_tracking
 from lra import benchmark
 from lra.reporting import efficiency
 
@@ -60,6 +62,25 @@ def test_measure_train_step_with_task_model():
     dual = benchmark.measure_train_step("local", 32, task="retrieval", batch_size=2, dim=16,
                                         num_heads=2, num_layers=1, repeats=1)
     assert dual["time_s"] > 0
+
+
+def test_a_task_with_a_label_per_position_times_its_own_rows(monkeypatch):
+    """MQAR's step on its generator's rows (labels BxL, -100 where unlabelled), its head on
+    the labelled positions only, as a run's: the classifier's random (B,) labels used to
+    fail to broadcast against the BxL logits. State tracking pads short rows, as trained."""
+    from lra.training import objectives
+
+    slots = []
+    real = objectives.label_slots
+    monkeypatch.setattr(objectives, "label_slots",
+                        lambda data, config: slots.append(real(data, config)) or slots[-1])
+    row = benchmark.measure_train_step("gla", 64, task="mqar", batch_size=2, dim=16,
+                                       num_heads=2, num_layers=1, repeats=1)
+    assert row["time_s"] > 0 and slots == [4]  # 4 key-value pairs: 4 labelled positions
+    batch = benchmark.generated_batch(state_tracking.get_config("runlocal"),
+                                      lra.tasks.get("state_tracking"), 31)
+    assert batch["targets"].shape == batch["inputs"].shape == (batch["inputs"].shape[0], 31)
+    assert not batch["mask"].all()  # rows of 3..12 tokens, padded to 31
 
 
 def test_memory_only_cells():
