@@ -10,7 +10,6 @@ torch.autograd.detect_anomaly blames.
 import io
 import os
 import sys
-import traceback
 import warnings
 
 import numpy as np

@@ -24,9 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fox_ours as fo  # noqa: E402
 import gated_deltaproduct_ours as go  # noqa: E402
 from flax import nnx  # noqa: E402
-from kda_ours import param_name  # noqa: E402
+from ours_common import CMP_DIR, param_name  # noqa: E402
 
-CMP_DIR = os.environ.get("CMP_DIR", "/tmp/fla_cmp")
 
 
 def rel(a, b):

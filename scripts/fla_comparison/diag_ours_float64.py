@@ -21,9 +21,9 @@ import jax.numpy as jnp  # noqa: E402
 jnp.float32 = jnp.float64
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kda_ours as o  # noqa: E402
+from ours_common import CMP_DIR, param_name  # noqa: E402
 from flax import nnx  # noqa: E402
 
-CMP_DIR = os.environ.get("CMP_DIR", "/tmp/fla_cmp")
 inp = dict(np.load(os.path.join(CMP_DIR, "kda_inputs.npz")))
 fla = np.load(os.path.join(CMP_DIR, "kda_fla.npz"))
 
@@ -37,7 +37,7 @@ for length in o.LAYER_LENGTHS:
         o.LAYER["chunk_size"] = chunk
         graphdef, state = nnx.split(o.build_layer(length))
         state = jax.tree_util.tree_map_with_path(
-            lambda p, leaf: jnp.asarray(inp["layer/param/" + o.param_name(p)], jnp.float64), state)
+            lambda p, leaf: jnp.asarray(inp["layer/param/" + param_name(p)], jnp.float64), state)
         x = jnp.asarray(inp[f"layer/L{length}/x"], jnp.float64)
         w = jnp.asarray(inp[f"layer/L{length}/w_y"], jnp.float64)
 
@@ -48,7 +48,7 @@ for length in o.LAYER_LENGTHS:
         ref = f"layer/L{length}/recurrent/f64/"
         rows = [("y", rel(y, fla[ref + "y"]), y.dtype), ("x", rel(g_x, fla[ref + "grad_x"]), g_x.dtype)]
         for p, leaf in jax.tree_util.tree_leaves_with_path(g_state):
-            rows.append((o.param_name(p), rel(leaf, fla[ref + "grad_param/" + o.param_name(p)]),
+            rows.append((param_name(p), rel(leaf, fla[ref + "grad_param/" + param_name(p)]),
                          leaf.dtype))
         name, worst, _ = max(rows, key=lambda r: r[1])
         print(f"L={length} chunk {chunk}: ours in float64 vs fla layer + naive_recurrent_kda "

@@ -28,9 +28,8 @@ from models.attention import dense, forgetting  # noqa: E402
 from models.kernels.chunked_attention import chunked_attention  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kda_ours import param_name  # noqa: E402
+import ours_common as common  # noqa: E402
 
-CMP_DIR = os.environ.get("CMP_DIR", "/tmp/fla_cmp")
 SEED = 20251101
 B, H, D = 2, 3, 16
 OP_LENGTHS = (128, 77)
@@ -124,48 +123,31 @@ def split(module):
 def draw_layer(rng, inp):
     """One set of weights (the output-gate build's, a superset), shared by every variant."""
     _, params, _ = split(build_layer("dense_gate", max(LAYER_LENGTHS)))
-    leaves = jax.tree_util.tree_leaves_with_path(params)
-    for path, leaf in sorted(leaves, key=lambda pl: param_name(pl[0])):
-        inp["layer/param/" + param_name(path)] = (
-            0.4 * rng.standard_normal(leaf.shape)).astype(np.float32)
+    common.draw_params(rng, inp, "layer/param/", params)
     for length in LAYER_LENGTHS:
-        inp[f"layer/L{length}/x"] = rng.standard_normal((B, length, LAYER["dim"])).astype(np.float32)
-        inp[f"layer/L{length}/w_y"] = rng.standard_normal((B, length, LAYER["dim"])).astype(np.float32)
+        common.draw_x(rng, inp, f"layer/L{length}/", (B, length, LAYER["dim"]))
 
 
 def run_layer(inp, out):
     for variant in VARIANTS:
         for length in LAYER_LENGTHS:
             graphdef, params, rest = split(build_layer(variant, length))
-            params = jax.tree_util.tree_map_with_path(
-                lambda path, leaf: jnp.asarray(inp["layer/param/" + param_name(path)]), params)
-            x = jnp.asarray(inp[f"layer/L{length}/x"])
-            w_y = jnp.asarray(inp[f"layer/L{length}/w_y"])
-
-            def loss(params, x):
-                y = nnx.merge(graphdef, params, rest)(x, padding_mask=None, deterministic=True)
-                return jnp.sum(w_y * y), y
-            (g_params, g_x), y = jax.grad(loss, argnums=(0, 1), has_aux=True)(params, x)
-            p = f"layer/{variant}/L{length}/"
-            out[p + "y"], out[p + "grad_x"] = np.asarray(y), np.asarray(g_x)
-            for path, leaf in jax.tree_util.tree_leaves_with_path(g_params):
-                out[p + "grad_param/" + param_name(path)] = np.asarray(leaf)
+            common.layer_grads(
+                out, f"layer/{variant}/L{length}/", graphdef,
+                common.load_params(inp, "layer/param/", params),
+                jnp.asarray(inp[f"layer/L{length}/x"]), jnp.asarray(inp[f"layer/L{length}/w_y"]),
+                lambda layer, x: layer(x, padding_mask=None, deterministic=True), rest=(rest,))
 
 
 def main():
     t0 = time.time()
-    os.makedirs(CMP_DIR, exist_ok=True)
     rng = np.random.default_rng(SEED)
     inp = draw_inputs(rng)
     draw_layer(rng, inp)
-    np.savez(os.path.join(CMP_DIR, "fox_inputs.npz"), **inp)
     out = {}
     run_ops(inp, out)
     run_layer(inp, out)
-    out["meta/jax_version"] = np.array(jax.__version__)
-    np.savez(os.path.join(CMP_DIR, "fox_ours.npz"), **out)
-    print(f"saved {len(inp)} inputs and {len(out)} results to {CMP_DIR} "
-          f"(jax {jax.__version__}, {time.time() - t0:.1f} s)")
+    common.save("fox", inp, out, t0)
 
 
 if __name__ == "__main__":

@@ -28,9 +28,9 @@ from models import registry  # noqa: E402
 from models.attention import delta, deltaproduct  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kda_ours import l2norm_np, param_name  # noqa: E402
+import ours_common as common  # noqa: E402
+from kda_ours import l2norm_np  # noqa: E402
 
-CMP_DIR = os.environ.get("CMP_DIR", "/tmp/fla_cmp")
 SEED = 20251102
 B, H, K = 2, 3, 16
 # name: (num_householder, L, d_v)
@@ -117,50 +117,32 @@ def build_layer(n, max_len):
 
 def draw_layer(rng, inp):
     for n in LAYER_NS:
-        graphdef, state = nnx.split(build_layer(n, max(LAYER_LENGTHS)))
-        leaves = jax.tree_util.tree_leaves_with_path(state)
-        for path, leaf in sorted(leaves, key=lambda pl: param_name(pl[0])):
-            inp[f"layer/n{n}/param/" + param_name(path)] = (
-                0.4 * rng.standard_normal(leaf.shape)).astype(np.float32)
+        _, state = nnx.split(build_layer(n, max(LAYER_LENGTHS)))
+        common.draw_params(rng, inp, f"layer/n{n}/param/", state)
     for length in LAYER_LENGTHS:
-        inp[f"layer/L{length}/x"] = rng.standard_normal((B, length, LAYER["dim"])).astype(np.float32)
-        inp[f"layer/L{length}/w_y"] = rng.standard_normal((B, length, LAYER["dim"])).astype(np.float32)
+        common.draw_x(rng, inp, f"layer/L{length}/", (B, length, LAYER["dim"]))
 
 
 def run_layer(inp, out):
     for n in LAYER_NS:
         for length in LAYER_LENGTHS:
             graphdef, state = nnx.split(build_layer(n, length))
-            state = jax.tree_util.tree_map_with_path(
-                lambda path, leaf: jnp.asarray(inp[f"layer/n{n}/param/" + param_name(path)]),
-                state)
-            x = jnp.asarray(inp[f"layer/L{length}/x"])
-            w_y = jnp.asarray(inp[f"layer/L{length}/w_y"])
-
-            def loss(state, x):
-                y = nnx.merge(graphdef, state)(x, padding_mask=None)
-                return jnp.sum(w_y * y), y
-            (g_state, g_x), y = jax.grad(loss, argnums=(0, 1), has_aux=True)(state, x)
-            p = f"layer/n{n}/L{length}/"
-            out[p + "y"], out[p + "grad_x"] = np.asarray(y), np.asarray(g_x)
-            for path, leaf in jax.tree_util.tree_leaves_with_path(g_state):
-                out[p + "grad_param/" + param_name(path)] = np.asarray(leaf)
+            common.layer_grads(
+                out, f"layer/n{n}/L{length}/", graphdef,
+                common.load_params(inp, f"layer/n{n}/param/", state),
+                jnp.asarray(inp[f"layer/L{length}/x"]), jnp.asarray(inp[f"layer/L{length}/w_y"]),
+                lambda layer, x: layer(x, padding_mask=None))
 
 
 def main():
     t0 = time.time()
-    os.makedirs(CMP_DIR, exist_ok=True)
     rng = np.random.default_rng(SEED)
     inp = draw_inputs(rng)
     draw_layer(rng, inp)
-    np.savez(os.path.join(CMP_DIR, "gdp_inputs.npz"), **inp)
     out = {}
     run_ops(inp, out)
     run_layer(inp, out)
-    out["meta/jax_version"] = np.array(jax.__version__)
-    np.savez(os.path.join(CMP_DIR, "gdp_ours.npz"), **out)
-    print(f"saved {len(inp)} inputs and {len(out)} results to {CMP_DIR} "
-          f"(jax {jax.__version__}, {time.time() - t0:.1f} s)")
+    common.save("gdp", inp, out, t0)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ BxLxHxK on both sides (per token, heads x key channels, as fla's f_proj output r
 from __future__ import annotations
 
 import os
+import sys
 import time
 import types
 
@@ -26,7 +27,8 @@ jax.config.update("jax_default_matmul_precision", "highest")
 from models import registry  # noqa: E402
 from models.attention import delta, kda  # noqa: E402
 
-CMP_DIR = os.environ.get("CMP_DIR", "/tmp/fla_cmp")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ours_common as common  # noqa: E402
 SEED = 20251031
 B, H, K = 2, 3, 16
 OP_CASES = {"L128_V32": (128, 32), "L77_V16": (77, 16)}  # name: (L, d_v)
@@ -111,12 +113,6 @@ def run_ops(inp, out):
 # ----------------------------------------------------------------------------- layer
 
 
-def param_name(path) -> str:
-    """'forward_scan.conv_q', 'value.kernel', ...: the module path (DictKeys), without
-    the Variable's trailing `.value` attribute (a GetAttrKey)."""
-    return ".".join(str(key.key) for key in path if isinstance(key, jax.tree_util.DictKey))
-
-
 def build_layer(max_len):
     return registry.build("kda", dim=LAYER["dim"], num_heads=LAYER["num_heads"],
                           max_len=max_len, causal=True, rngs=nnx.Rngs(0),
@@ -124,48 +120,30 @@ def build_layer(max_len):
 
 
 def draw_layer(rng, inp):
-    graphdef, state = nnx.split(build_layer(max(LAYER_LENGTHS)))
-    leaves = jax.tree_util.tree_leaves_with_path(state)
-    for path, leaf in sorted(leaves, key=lambda pl: param_name(pl[0])):
-        inp["layer/param/" + param_name(path)] = (
-            0.4 * rng.standard_normal(leaf.shape)).astype(np.float32)
+    _, state = nnx.split(build_layer(max(LAYER_LENGTHS)))
+    common.draw_params(rng, inp, "layer/param/", state)
     for length in LAYER_LENGTHS:
-        inp[f"layer/L{length}/x"] = rng.standard_normal((B, length, LAYER["dim"])).astype(np.float32)
-        inp[f"layer/L{length}/w_y"] = rng.standard_normal((B, length, LAYER["dim"])).astype(np.float32)
+        common.draw_x(rng, inp, f"layer/L{length}/", (B, length, LAYER["dim"]))
 
 
 def run_layer(inp, out):
     for length in LAYER_LENGTHS:
         graphdef, state = nnx.split(build_layer(length))
-        state = jax.tree_util.tree_map_with_path(
-            lambda path, leaf: jnp.asarray(inp["layer/param/" + param_name(path)]), state)
-        x = jnp.asarray(inp[f"layer/L{length}/x"])
-        w_y = jnp.asarray(inp[f"layer/L{length}/w_y"])
-
-        def loss(state, x):
-            y = nnx.merge(graphdef, state)(x, padding_mask=None)
-            return jnp.sum(w_y * y), y
-        (g_state, g_x), y = jax.grad(loss, argnums=(0, 1), has_aux=True)(state, x)
         p = f"layer/L{length}/"
-        out[p + "y"], out[p + "grad_x"] = np.asarray(y), np.asarray(g_x)
-        for path, leaf in jax.tree_util.tree_leaves_with_path(g_state):
-            out[p + "grad_param/" + param_name(path)] = np.asarray(leaf)
+        common.layer_grads(out, p, graphdef, common.load_params(inp, "layer/param/", state),
+                           jnp.asarray(inp[p + "x"]), jnp.asarray(inp[p + "w_y"]),
+                           lambda layer, x: layer(x, padding_mask=None))
 
 
 def main():
     t0 = time.time()
-    os.makedirs(CMP_DIR, exist_ok=True)
     rng = np.random.default_rng(SEED)
     inp = draw_inputs(rng)
     draw_layer(rng, inp)
-    np.savez(os.path.join(CMP_DIR, "kda_inputs.npz"), **inp)
     out = {}
     run_ops(inp, out)
     run_layer(inp, out)
-    out["meta/jax_version"] = np.array(jax.__version__)
-    np.savez(os.path.join(CMP_DIR, "kda_ours.npz"), **out)
-    print(f"saved {len(inp)} inputs and {len(out)} results to {CMP_DIR} "
-          f"(jax {jax.__version__}, {time.time() - t0:.1f} s)")
+    common.save("kda", inp, out, t0)
 
 
 if __name__ == "__main__":

@@ -28,12 +28,11 @@ from flax import nnx
 jax.config.update("jax_default_matmul_precision", "highest")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kda_ours import param_name  # noqa: E402  (module path of a parameter, as kda's)
+import ours_common as common  # noqa: E402
 
 from models import registry  # noqa: E402
 from models.attention import loglinear  # noqa: E402
 
-CMP_DIR = os.environ.get("CMP_DIR", "/tmp/fla_cmp")
 SEED = 20251205
 B, H, P, N = 2, 3, 16, 16
 K = loglinear.NUM_LEVELS
@@ -118,22 +117,21 @@ def build_layer(max_len):
                           state_size=LAYER["state_size"], chunk_size=LAYER["chunk_size"])
 
 
+def _adjust(name, draw):
+    if name.endswith("level_weight"):  # L around its init (1): lambda = softplus(L dl)
+        return 1.0 + draw
+    if name == "dt.kernel":  # dt = softplus(dt x + dt_bias) about 0.02: mild decays,
+        return 0.125 * draw  # so that the levels far back still weigh in the outputs
+    if name.endswith("dt_bias"):
+        return draw - 4.0
+    return draw
+
+
 def draw_layer(rng, inp):
-    graphdef, state = nnx.split(build_layer(max(LAYER_LENGTHS)))
-    leaves = jax.tree_util.tree_leaves_with_path(state)
-    for path, leaf in sorted(leaves, key=lambda pl: param_name(pl[0])):
-        name = param_name(path)
-        draw = 0.4 * rng.standard_normal(leaf.shape)
-        if name.endswith("level_weight"):  # L around its init (1): lambda = softplus(L dl)
-            draw = 1.0 + draw
-        if name == "dt.kernel":  # dt = softplus(dt x + dt_bias) about 0.02: mild decays,
-            draw = 0.125 * draw  # so that the levels far back still weigh in the outputs
-        if name.endswith("dt_bias"):
-            draw = draw - 4.0
-        inp["layer/param/" + name] = draw.astype(np.float32)
+    _, state = nnx.split(build_layer(max(LAYER_LENGTHS)))
+    common.draw_params(rng, inp, "layer/param/", state, adjust=_adjust)
     for length in LAYER_LENGTHS:
-        inp[f"layer/L{length}/x"] = rng.standard_normal((B, length, LAYER["dim"])).astype(np.float32)
-        inp[f"layer/L{length}/w_y"] = rng.standard_normal((B, length, LAYER["dim"])).astype(np.float32)
+        common.draw_x(rng, inp, f"layer/L{length}/", (B, length, LAYER["dim"]))
     length, real = PADDED
     inp[f"layer/L{length}pad/mask"] = np.arange(length)[None] < np.array([[length], [real]])
 
@@ -142,22 +140,14 @@ def run_layer(inp, out):
     cases = [(f"L{n}", n, None) for n in LAYER_LENGTHS] + [(f"L{PADDED[0]}pad", PADDED[0], True)]
     for tag, length, padded in cases:
         graphdef, state = nnx.split(build_layer(length))
-        state = jax.tree_util.tree_map_with_path(
-            lambda path, leaf: jnp.asarray(inp["layer/param/" + param_name(path)]), state)
-        x = jnp.asarray(inp[f"layer/L{length}/x"])
         w_y = jnp.asarray(inp[f"layer/L{length}/w_y"])
         mask = jnp.asarray(inp[f"layer/{tag}/mask"]) if padded else None
         if padded:  # the loss reads real positions only
             w_y = w_y * mask[..., None]
-
-        def loss(state, x):
-            y = nnx.merge(graphdef, state)(x, padding_mask=mask)
-            return jnp.sum(w_y * y), y
-        (g_state, g_x), y = jax.grad(loss, argnums=(0, 1), has_aux=True)(state, x)
-        p = f"layer/{tag}/"
-        out[p + "y"], out[p + "grad_x"] = np.asarray(y), np.asarray(g_x)
-        for path, leaf in jax.tree_util.tree_leaves_with_path(g_state):
-            out[p + "grad_param/" + param_name(path)] = np.asarray(leaf)
+        common.layer_grads(out, f"layer/{tag}/", graphdef,
+                           common.load_params(inp, "layer/param/", state),
+                           jnp.asarray(inp[f"layer/L{length}/x"]), w_y,
+                           lambda layer, x: layer(x, padding_mask=mask))
     mixer = build_layer(max(LAYER_LENGTHS))
     out["meta/param_count"] = np.array(
         sum(p.size for p in jax.tree.leaves(nnx.state(mixer, nnx.Param))))
@@ -165,18 +155,13 @@ def run_layer(inp, out):
 
 def main():
     t0 = time.time()
-    os.makedirs(CMP_DIR, exist_ok=True)
     rng = np.random.default_rng(SEED)
     inp = draw_inputs(rng)
     draw_layer(rng, inp)
-    np.savez(os.path.join(CMP_DIR, "loglinear_inputs.npz"), **inp)
     out = {}
     run_ops(inp, out)
     run_layer(inp, out)
-    out["meta/jax_version"] = np.array(jax.__version__)
-    np.savez(os.path.join(CMP_DIR, "loglinear_ours.npz"), **out)
-    print(f"saved {len(inp)} inputs and {len(out)} results to {CMP_DIR} "
-          f"(jax {jax.__version__}, {time.time() - t0:.1f} s)")
+    common.save("loglinear", inp, out, t0)
 
 
 if __name__ == "__main__":

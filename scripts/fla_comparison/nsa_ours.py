@@ -31,9 +31,8 @@ from models import registry  # noqa: E402
 from models.attention import nsa  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kda_ours import param_name  # noqa: E402
+import ours_common as common  # noqa: E402
 
-CMP_DIR = os.environ.get("CMP_DIR", "/tmp/fla_cmp")
 SEED = 20251205
 B = 2
 # op cases: (L, query heads, kv heads, K, block_size, block_counts, window_size). fla's
@@ -117,38 +116,24 @@ def split(module):
 def run_layers(rng, inp, out):
     for case, (length, dim, *_rest) in LAYER_CASES.items():
         graphdef, params, rest = split(build_layer(case))
-        leaves = jax.tree_util.tree_leaves_with_path(params)
-        for path, leaf in sorted(leaves, key=lambda pl: param_name(pl[0])):
-            inp[f"layer/{case}/param/{param_name(path)}"] = (
-                WEIGHT_SCALE * rng.standard_normal(leaf.shape)).astype(np.float32)
-        params = jax.tree_util.tree_map_with_path(
-            lambda path, leaf: jnp.asarray(inp[f"layer/{case}/param/" + param_name(path)]),
-            params)
-        inp[f"layer/{case}/x"] = rng.standard_normal((B, length, dim)).astype(np.float32)
-        inp[f"layer/{case}/w_y"] = rng.standard_normal((B, length, dim)).astype(np.float32)
+        p = f"layer/{case}/"
+        common.draw_params(rng, inp, p + "param/", params, scale=WEIGHT_SCALE)
+        params = common.load_params(inp, p + "param/", params)
+        common.draw_x(rng, inp, p, (B, length, dim))
         # The padded run: the second row right-padded (fla: attention_mask -> unpad).
-        inp[f"layer/{case}/mask"] = np.arange(length)[None] < np.array([[length],
-                                                                       [length - PAD]])
-        x, w_y = jnp.asarray(inp[f"layer/{case}/x"]), jnp.asarray(inp[f"layer/{case}/w_y"])
-        for run, mask in (("", None), ("padded/", jnp.asarray(inp[f"layer/{case}/mask"]))):
+        inp[p + "mask"] = np.arange(length)[None] < np.array([[length], [length - PAD]])
+        x, w_y = jnp.asarray(inp[p + "x"]), jnp.asarray(inp[p + "w_y"])
+        for run, mask in (("", None), ("padded/", jnp.asarray(inp[p + "mask"]))):
             # Padded outputs are unspecified (fla's are 0): out of the loss, zeroed.
             keep = 1.0 if mask is None else mask[..., None]
-
-            def loss(params, x):
-                y = nnx.merge(graphdef, params, rest)(x, padding_mask=mask,
-                                                      deterministic=True) * keep
-                return jnp.sum(w_y * y), y
-            (g_params, g_x), y = jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))(params,
-                                                                                      x)
-            p = f"layer/{case}/{run}"
-            out[p + "y"], out[p + "grad_x"] = np.asarray(y), np.asarray(g_x)
-            for path, leaf in jax.tree_util.tree_leaves_with_path(g_params):
-                out[p + "grad_param/" + param_name(path)] = np.asarray(leaf)
+            common.layer_grads(
+                out, p + run, graphdef, params, x, w_y,
+                lambda layer, x: layer(x, padding_mask=mask, deterministic=True) * keep,
+                rest=(rest,), jit=True)
 
 
 def main():
     t0 = time.time()
-    os.makedirs(CMP_DIR, exist_ok=True)
     rng = np.random.default_rng(SEED)
     inp = draw_inputs(rng)
     out = {}
@@ -158,11 +143,7 @@ def main():
     for case, cfg in LAYER_CASES.items():
         inp[f"layer/{case}/config"] = np.array(cfg[1:])  # dim, heads, kv, head_dim, bs, S, W
     run_ops(inp, out)
-    np.savez(os.path.join(CMP_DIR, "nsa_inputs.npz"), **inp)
-    out["meta/jax_version"] = np.array(jax.__version__)
-    np.savez(os.path.join(CMP_DIR, "nsa_ours.npz"), **out)
-    print(f"saved {len(inp)} inputs and {len(out)} results to {CMP_DIR} "
-          f"(jax {jax.__version__}, {time.time() - t0:.1f} s)")
+    common.save("nsa", inp, out, t0)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ then over real positions only.
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import jax
@@ -29,7 +30,9 @@ jax.config.update("jax_default_matmul_precision", "highest")
 from models import registry  # noqa: E402
 from models.attention import rwkv7  # noqa: E402
 
-CMP_DIR = os.environ.get("CMP_DIR", "/tmp/fla_cmp")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ours_common as common  # noqa: E402
+
 SEED = 20250318
 B, H, K = 2, 3, 16
 OP_CASES = {"L128_V32": (128, 32), "L77_V16": (77, 16)}  # name: (L, d_v)
@@ -78,12 +81,6 @@ def run_ops(inp, out):
 # ----------------------------------------------------------------------------- layer
 
 
-def param_name(path) -> str:
-    """'forward_dir.w_lora.up.kernel', ...: the module path (DictKeys), without the
-    Variable's trailing `.value` attribute (a GetAttrKey)."""
-    return ".".join(str(key.key) for key in path if isinstance(key, jax.tree_util.DictKey))
-
-
 def build_layer(max_len):
     return registry.build("rwkv7", dim=LAYER["dim"], num_heads=LAYER["num_heads"],
                           max_len=max_len, causal=True, rngs=nnx.Rngs(0),
@@ -102,13 +99,9 @@ def layer_mask(length, pad):
 
 def draw_layer(rng, inp):
     _, state = nnx.split(build_layer(128))
-    for path, leaf in sorted(jax.tree_util.tree_leaves_with_path(state),
-                             key=lambda pl: param_name(pl[0])):
-        inp["layer/param/" + param_name(path)] = (
-            0.4 * rng.standard_normal(leaf.shape)).astype(np.float32)
+    common.draw_params(rng, inp, "layer/param/", state)
     for name, (length, pad) in LAYER_CASES.items():
-        inp[f"layer/{name}/x"] = rng.standard_normal((B, length, LAYER["dim"])).astype(np.float32)
-        inp[f"layer/{name}/w_y"] = rng.standard_normal((B, length, LAYER["dim"])).astype(np.float32)
+        common.draw_x(rng, inp, f"layer/{name}/", (B, length, LAYER["dim"]))
         if pad is not None:
             inp[f"layer/{name}/mask"] = layer_mask(length, pad)
 
@@ -116,37 +109,26 @@ def draw_layer(rng, inp):
 def run_layer(inp, out):
     for name, (length, _) in LAYER_CASES.items():
         graphdef, state = nnx.split(build_layer(length))
-        state = jax.tree_util.tree_map_with_path(
-            lambda path, leaf: jnp.asarray(inp["layer/param/" + param_name(path)]), state)
         p = f"layer/{name}/"
         x, w_y = jnp.asarray(inp[p + "x"]), jnp.asarray(inp[p + "w_y"])
         mask = jnp.asarray(inp[p + "mask"]) if p + "mask" in inp else None
         real = jnp.ones(x.shape[:2], bool) if mask is None else mask
-
-        def loss(state, x):
-            y = nnx.merge(graphdef, state)(x, padding_mask=mask)
-            return jnp.sum(jnp.where(real[..., None], w_y * y, 0.0)), y
-        (g_state, g_x), y = jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))(state, x)
-        out[p + "y"] = np.where(np.asarray(real)[..., None], np.asarray(y), 0.0)
-        out[p + "grad_x"] = np.asarray(g_x)
-        for path, leaf in jax.tree_util.tree_leaves_with_path(g_state):
-            out[p + "grad_param/" + param_name(path)] = np.asarray(leaf)
+        # Padded outputs are out of the loss and saved as 0 (fla's).
+        common.layer_grads(
+            out, p, graphdef, common.load_params(inp, "layer/param/", state), x, w_y,
+            lambda layer, x: jnp.where(real[..., None], layer(x, padding_mask=mask), 0.0),
+            jit=True)
 
 
 def main():
     t0 = time.time()
-    os.makedirs(CMP_DIR, exist_ok=True)
     rng = np.random.default_rng(SEED)
     inp = draw_inputs(rng)
     draw_layer(rng, inp)
-    np.savez(os.path.join(CMP_DIR, "rwkv7_inputs.npz"), **inp)
     out = {}
     run_ops(inp, out)
     run_layer(inp, out)
-    out["meta/jax_version"] = np.array(jax.__version__)
-    np.savez(os.path.join(CMP_DIR, "rwkv7_ours.npz"), **out)
-    print(f"saved {len(inp)} inputs and {len(out)} results to {CMP_DIR} "
-          f"(jax {jax.__version__}, {time.time() - t0:.1f} s)")
+    common.save("rwkv7", inp, out, t0)
 
 
 if __name__ == "__main__":
