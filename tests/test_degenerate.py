@@ -15,10 +15,11 @@ import pytest
 from configs import presets
 from lra import dense_check
 from models import registry
+from tests import tiers
 
 # (task, config argument). ListOps mini (64 tokens) is where the linear rule reached one
-# summary for all four bottleneck variants: it runs in the default suite (38 variants,
-# about a second a check). The other configs whose length differs from the task's
+# summary for all four bottleneck variants: every variant, about a second a check (one
+# per models/ module in the default tier, the others in the exhaustive one). The other configs whose length differs from the task's
 # reference (sizes scaled; Retrieval runlocal, 128 of 4000 tokens, also had all four at
 # one), and those of Image and Pathfinder (1024 positions, nothing scaled) and Path-X
 # (1024 and 4096), run behind the slow marker (~10 minutes):
@@ -35,12 +36,17 @@ def _config(task: str, arg: str, model: str) -> dict:
         f"model={model},{arg}").to_dict()
 
 
-def _cases(configs):
-    return [pytest.param(task, arg, model, id=f"{task}-{arg}-{model}")
+def _cases(configs, *, tiered: bool = False):
+    """(task, arg, model) params; `tiered`: one variant per models/ module in the default
+    tier, the others exhaustive (tests/tiers.py)."""
+    keep = tiers.representatives(registry.available()) if tiered else None
+    return [pytest.param(task, arg, model, id=f"{task}-{arg}-{model}",
+                         marks=[tiers.EXHAUSTIVE] if keep is not None and model not in keep
+                         else [])
             for task, arg in configs for model in registry.available()]
 
 
-@pytest.mark.parametrize("task,arg,model", _cases(FAST))
+@pytest.mark.parametrize("task,arg,model", _cases(FAST, tiered=True))
 def test_small_configs_do_not_degenerate(task, arg, model):
     assert dense_check.run_degenerate(_config(task, arg, model)) is None
 
