@@ -18,11 +18,12 @@ from models import registry
 from tests import tiers
 
 # (task, config argument). ListOps mini (64 tokens) is where the linear rule reached one
-# summary for all four bottleneck variants: every variant, about a second a check (one
-# per models/ module in the default tier, the others in the exhaustive one). The other configs whose length differs from the task's
-# reference (sizes scaled; Retrieval runlocal, 128 of 4000 tokens, also had all four at
-# one), and those of Image and Pathfinder (1024 positions, nothing scaled) and Path-X
-# (1024 and 4096), run behind the slow marker (~10 minutes):
+# summary for all four bottleneck variants: every variant, about a second a check (one per
+# models/ module in the default tier, the others in the exhaustive one). The other configs
+# whose length differs from the task's reference (sizes scaled; Retrieval runlocal, 128 of
+# 4000 tokens, also had all four at one), and those of Image and Pathfinder (1024
+# positions, nothing scaled) and Path-X (1024 and 4096), run behind the slow marker (~10
+# minutes):
 #   pytest -m slow tests/test_degenerate.py
 FAST = [("listops", "mini")]
 SLOW = [("retrieval", "runlocal"), ("listops", "runlocal"), ("text", "mini"),

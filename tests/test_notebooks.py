@@ -62,8 +62,8 @@ def _tiny_enwik8_run(sweep_dir: str) -> None:
     train.train_and_evaluate(config, os.path.join(sweep_dir, "enwik8", "transformer", "seed0"))
 
 
-@pytest.mark.parametrize("path", [tiers.exhaustive(p, when=p.name != DEFAULT_NOTEBOOK, id=p.name)
-                                  for p in NOTEBOOKS])
+@pytest.mark.parametrize("path", [
+    tiers.exhaustive(p, when=p.name != DEFAULT_NOTEBOOK, id=p.name) for p in NOTEBOOKS])
 def test_notebook_runs(path, listops_dir, tmp_path, monkeypatch):
     if path.name == "compare_variants.ipynb":
         _tiny_sweep(str(tmp_path), listops_dir)

@@ -1,15 +1,16 @@
 """The suite's two tiers (docs/design.md, "Tests, CI and JAX versions").
 
 `make test` runs the default tier: every module of models/ through every per-variant
-property, each property at its main setting, and every user path (timed in design.md). The `exhaustive` tier repeats those properties over the rest of the cross
-product: every registered variant (not one per module) and the other settings (a second
-pooling, mask or causal combination, more positions, the eager pass), and the long process
-tests whose path a default test already takes: the GPU suite's whole dry run, the
-multi-process failure cases beside the two-process match-and-resume test, and every
-notebook but compare_variants (`@EXHAUSTIVE` on the test, with a comment why). `make
-test-exhaustive` runs it and CI runs it after `make test`, so CI still checks every cell;
-the split only decides what a developer waits for. Union of the two: the whole suite
-(minus `slow`, which CI never selects).
+property, each property at its main setting, and every user path (timed in design.md). The
+`exhaustive` tier repeats those properties over the rest of the cross product: every
+registered variant (not one per module) and the other settings (a second pooling, mask or
+causal combination, more positions, the eager pass), and the long process tests whose path
+a default test already takes: the GPU suite's whole dry run, the multi-process failure
+cases beside the two-process match-and-resume test, and every notebook but
+compare_variants (`@EXHAUSTIVE` on the test, with a comment why). `make test-exhaustive`
+runs it and CI runs it after `make test`, so CI still checks every cell; the split only
+decides what a developer waits for. Union of the two: the whole suite (minus `slow`, which
+CI never selects).
 """
 from __future__ import annotations
 
