@@ -789,3 +789,26 @@ def test_a_child_that_segfaults_during_jaxlibs_abort_gives_the_one_line_error():
     assert "Fatal Python error" not in proc.stderr, proc.stderr
     errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
     assert len(errors) == 1 and "another process probably died" in errors[0], proc.stderr
+
+
+def test_a_collective_failed_by_a_duplicate_process_id_names_the_duplicate():
+    """CI (2026-12-06, stop 85): a second --process_id=1 made process 0's Gloo collective
+    fail (exit 3, its own 'a collective failed' line) before jaxlib's fatal line reached
+    it, though its coordinator had logged the second connection; the line did not name the
+    duplicate. Now the coordinator's log decides the line: one line, exit 3."""
+    child = ("import sys, os\n"
+             "sys.stderr.write('I1206 step 3\\n')\n"
+             "sys.stderr.write('E1206 coordination_service.cc:1] 1 unexpectedly tried to "
+             "connect with a different incarnation.\\n')\n"
+             "sys.stderr.write('error: process 0 of 2 stopped: a collective with the other "
+             "processes failed (Gloo AllGather failed); another process probably died\\n')\n"
+             "sys.stderr.flush(); os._exit(3)\n")
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys; from lra.training import supervisor; sys.exit("
+         f"supervisor.run_child(['-c', {child!r}], 'process 0 of 2', None))"],
+        capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 3, (proc.returncode, proc.stderr)
+    errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+    assert len(errors) == 1, proc.stderr
+    assert "process 1 connected a second time" in errors[0], errors
+    assert "--process_id=1" in errors[0] and "step 3" in proc.stderr

@@ -21,7 +21,10 @@ out, so `launch.py` runs a multi-process run's work in a child process and this 
   (EXIT_LOST_PEER, as a failed collective gives). An abort without that fatal line is
   shown whole (its held-back text included) with the child's own code. A child that exits
   3 on its own (a failed collective) after jaxlib's fatal line, before the abort landed,
-  keeps its own one-line error; the stack after the fatal line stays held back.
+  keeps its own one-line error; the stack after the fatal line stays held back. The
+  child's "error:" lines are shown when it has exited: if it exits 3 and its log (process
+  0's holds the coordinator's) names a task that connected twice, the line says so
+  instead of "a collective failed".
 
 The child is the same command with LRA_SUPERVISED=1 in its environment; setting that
 variable yourself runs without the parent (jaxlib's abort is then what you see).
@@ -113,6 +116,7 @@ def run_child(argv: list[str], who: str, workdir: str | None) -> int:
         forwarded[sig] = signal.signal(sig, lambda s, _: child.send_signal(s))
     seen: list[str] = []
     held: list[str] = []
+    own: list[str] = []  # the child's "error:" lines, shown (or replaced) once it has exited
     fatal = threading.Event()
 
     def relay():
@@ -120,6 +124,9 @@ def run_child(argv: list[str], who: str, workdir: str | None) -> int:
             line = raw.decode("utf-8", "replace")
             if not fatal.is_set() and _FATAL.search(line):
                 fatal.set()
+            if line.startswith("error:"):
+                own.append(line)
+                continue
             if fatal.is_set():
                 held.append(line)
                 continue
@@ -136,23 +143,27 @@ def run_child(argv: list[str], who: str, workdir: str | None) -> int:
     if -code in _ABORT_SIGNALS and fatal.is_set():
         sys.stdout.flush()
         # jaxlib's status (which call failed) comes after its fatal line: held back.
-        print(abort_message(who, "".join(seen + held), workdir), file=sys.stderr,
+        print(abort_message(who, "".join(seen + held + own), workdir), file=sys.stderr,
               flush=True)
         return EXIT_LOST_PEER
-    if code == EXIT_LOST_PEER and fatal.is_set():
+    log = "".join(seen + held + own)
+    if code == EXIT_LOST_PEER and (fatal.is_set() or _REINCARNATION.search(log)):
         # A race: the child's failed collective gave its own one-line error and exit 3
-        # (launch.py's os._exit) while jaxlib, in another thread, had logged its fatal line
-        # and check-failure stack but not yet aborted. The child's line says it all; the
-        # stack is held back as after an abort (seen in CI, issue 35 item 9's test).
-        own = [l for l in held if l.startswith("error:")]
+        # (launch.py's os._exit) before jaxlib's abort landed: after its fatal line and
+        # check-failure stack (held back, as after an abort: CI, 2026-12-04), or before
+        # it, with this process's coordinator having logged a second connection of a
+        # task, which its collective failed because of (CI, 2026-12-06, stop 85). The
+        # coordinator's log names the cause; else the child's line says it all.
         sys.stdout.flush()
-        sys.stderr.write("".join(own) if own else
-                         abort_message(who, "".join(seen + held), workdir) + "\n")
+        sys.stderr.write(abort_message(who, log, workdir) + "\n"
+                         if _REINCARNATION.search(log) or not own else "".join(own))
         sys.stderr.flush()
         return EXIT_LOST_PEER
+    if own:
+        sys.stderr.write("".join(own))
     if held:  # not jaxlib's abort after all: show everything
         sys.stderr.write("".join(held))
-        sys.stderr.flush()
+    sys.stderr.flush()
     if code < 0:  # die of the child's signal, so that callers see what they saw before
         sys.stdout.flush()
         if -code not in (signal.SIGKILL, signal.SIGSTOP):  # no handler to reset (OSError)
