@@ -23,6 +23,13 @@ lengths, at the training length.
 
 Depths: per panel, row and length, the seeds' mean accuracy in each depth range (the
 needle-in-a-haystack heat map as a table).
+
+Language modelling (enwik8, text8: objective causal_lm): the panel is bits per token
+(bits per byte on enwik8, per character on text8; lower is better), the run's
+`test_bits_per_token` at its training length and each length_accuracy row's
+`bits_per_token` (rows of L tokens, each target predicted from the tokens before it in its
+row: lra.lm_eval's `window` context at L), against a uniform guess over the task's tokens
+(log2 of their number) instead of the majority label.
 """
 from __future__ import annotations
 
@@ -106,6 +113,24 @@ def chance(config: dict) -> float | None:
     return None
 
 
+def is_lm(r: dict) -> bool:
+    """A language-modelling run: its length panel is bits per token, not accuracy."""
+    return (r.get("objective") or (r.get("config") or {}).get("objective")) == "causal_lm"
+
+
+def uniform_bits(task: str) -> float | None:
+    """Bits per token of a uniform guess over the task's tokens (its vocabulary less the
+    padding id): 8 for enwik8's bytes, log2 27 for text8's characters."""
+    import math
+
+    import lra.tasks
+
+    try:
+        return math.log2(lra.tasks.get(task).vocab_size - 1)
+    except Exception:  # noqa: BLE001  (a task this code no longer has)
+        return None
+
+
 def _tested_at_training_length(task: str) -> bool:
     import lra.tasks
 
@@ -136,12 +161,16 @@ def cells(runs: list[dict]) -> list[dict]:
         by_depth: dict[tuple, list[float]] = {}
         by_split: dict[str, list[float]] = {}
         train_length = train_range(group[0]["config"])[1]
+        lm = is_lm(group[0])
         for r in group:
-            if _tested_at_training_length(r["task"]) and r.get("test_accuracy") is not None:
+            own = r.get("test_bits_per_token") if lm else r.get("test_accuracy")
+            if _tested_at_training_length(r["task"]) and own is not None:
                 at = int(r["config"]["max_length"])
-                by_length.setdefault(at, []).append(100 * r["test_accuracy"])
+                by_length.setdefault(at, []).append(own if lm else 100 * own)
             for row in r.get("length_accuracy") or []:
-                by_length.setdefault(int(row["length"]), []).append(100 * row["accuracy"])
+                value = row.get("bits_per_token") if lm else 100 * row["accuracy"]
+                if value is not None:
+                    by_length.setdefault(int(row["length"]), []).append(value)
             for row in r.get("split_accuracy") or []:
                 by_split.setdefault(row["split"], []).append(100 * row["accuracy"])
             for row in r.get("depth_accuracy") or []:
@@ -155,9 +184,14 @@ def cells(runs: list[dict]) -> list[dict]:
             "splits": {k: _stats(v) for k, v in by_split.items()},
             "params": int(group[0].get("num_params") or 0),
             "majority": 100 * float(group[0].get("majority_baseline_accuracy") or 0.0),
-            "chance": chance(group[0]["config"]),
+            "chance": uniform_bits(group[0]["task"]) if lm else chance(group[0]["config"]),
+            "metric": "bits" if lm else "accuracy", "unit": _unit(group[0]["task"]),
         })
     return out
+
+
+def _unit(task: str) -> str:
+    return {"enwik8": "bits per byte", "text8": "bits per character"}.get(task, "bits per token")
 
 
 def _order(c: dict) -> tuple:
@@ -169,15 +203,17 @@ def _panels(all_cells: list[dict]) -> list[tuple]:
     return list(dict.fromkeys((c["panel"], c["setting"], c["width"]) for c in all_cells))
 
 
-def _fmt(s: dict | None) -> str:
+def _fmt(s: dict | None, digits: int = 1) -> str:
     if not s:
         return "-"
-    return f"{s['mean']:.1f} ± {s['std']:.1f} ({s['n']})" if s["n"] > 1 else f"{s['mean']:.1f} (1)"
+    return (f"{s['mean']:.{digits}f} ± {s['std']:.{digits}f} ({s['n']})" if s["n"] > 1
+            else f"{s['mean']:.{digits}f} (1)")
 
 
 def markdown(all_cells: list[dict], source: str) -> str:
     lines = ["# Accuracy against the evaluation length", "",
-             f"From `{source}` (lra.length_report). Test accuracy (%) at each length, the "
+             f"From `{source}` (lra.length_report). Test accuracy (%) at each length "
+             "(language modelling: bits per token), the "
              "seeds' mean ± standard deviation (n seeds); the training length is marked *. "
              "A difference inside the seeds' spread is a tie.", ""]
     for panel, setting, width in _panels(all_cells):
@@ -186,16 +222,28 @@ def markdown(all_cells: list[dict], source: str) -> str:
         lengths = sorted({n for c in group for n in c["points"]})
         splits = list(dict.fromkeys(k for c in group for k in c["splits"]))
         train = group[0]["train_length"]
-        lines += [f"## {panel}, width {width}", "",
+        bits = group[0].get("metric") == "bits"
+        digits = 3 if bits else 1
+        lines += [f"## {panel}, width {width}", ""]
+        if bits:
+            lines += [f"Test {group[0]['unit']} (lower is better) at each length: rows of L "
+                      "tokens, each target predicted from the tokens before it in its row.", ""]
+        lines += [
                   "| model | params | " + " | ".join(
                       [f"L {n}{'*' if n == train else ''}" for n in lengths]
                       + [f"{k} (at L {train})" for k in splits]) + " |",
                   "|---|---|" + "---|" * (len(lengths) + len(splits))]
         for c in sorted(group, key=_order):
             lines.append(f"| {c['model']} | {c['params']:,} | " + " | ".join(
-                [_fmt(c["points"].get(n)) for n in lengths]
+                [_fmt(c["points"].get(n), digits) for n in lengths]
                 + [_fmt(c["splits"].get(k)) for k in splits]) + " |")
         lengths = lengths + splits  # the baseline rows' columns
+        if bits:
+            if group[0]["chance"] is not None:
+                lines.append("| uniform over the tokens | - | " + " | ".join(
+                    f"{group[0]['chance']:.3f}" for _ in lengths) + " |")
+            lines.append("")
+            continue
         majority = statistics.fmean(c["majority"] for c in group)
         lines.append(f"| majority label (the test split's) | - | {majority:.1f} |"
                      + " |" * (len(lengths) - 1))
@@ -240,12 +288,16 @@ def plot(all_cells: list[dict], path: str) -> None:
         if group[0]["chance"] is not None:
             ax.axhline(group[0]["chance"], color="black", linestyle=":", linewidth=1)
         ax.set_xscale("log", base=2)
-        ax.set_ylim(0, 102)
+        if group[0].get("metric") == "bits":
+            ax.set_ylim(bottom=0)
+            ax.set_ylabel(f"test {group[0]['unit']} (lower is better)")
+        else:
+            ax.set_ylim(0, 102)
+            ax.set_ylabel("test accuracy (%)")
         ax.set_title(f"{panel}, d {width}", fontsize=9)
         ax.set_xlabel("evaluation length")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
-    axes[0][0].set_ylabel("test accuracy (%)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -46,6 +46,7 @@ def gla_run(tmp_path_factory):
     c = config.get_config("model=gla,runlocal")
     c.data_dir = SLICE_DIR
     c.num_train_steps, c.eval_frequency, c.checkpoint_freq = 6, 6, 6
+    c.eval_lengths = "64"  # length extrapolation in bits per byte (lra.length_report)
     train.train_and_evaluate(c, workdir)
     return workdir
 
@@ -147,6 +148,25 @@ def test_errors_are_one_line(tmp_path, gla_run, capsys):
         lm_eval.evaluate_run(str(listops))
     with pytest.raises(DataError, match="no enwik8 data in"):
         lm_eval.evaluate_run(gla_run, data_dir=str(tmp_path))
+
+
+def test_the_length_report_of_a_language_model_is_bits_per_byte(gla_run, tmp_path):
+    """Issue 72: accuracy against length, or bits per byte for enwik8. The run's own test
+    is the point at its training length (32), its eval_lengths row at 64; the baseline is a
+    uniform guess over the 256 bytes (8 bits), not a majority label."""
+    from lra import length_report
+
+    saved = json.load(open(os.path.join(gla_run, "results.json")))
+    (row,) = saved["length_accuracy"]
+    assert row["length"] == 64 and 0 < row["bits_per_token"] < 20
+    assert length_report.main(["prog", gla_run], out=str(tmp_path / "lm")) == 0
+    text = (tmp_path / "lm_lengths.md").read_text()
+    assert "Test bits per byte (lower is better)" in text
+    assert (f"| gla | {saved['num_params']:,} | {saved['test_bits_per_token']:.3f} (1) | "
+            f"{row['bits_per_token']:.3f} (1) |") in text
+    assert "| uniform over the tokens | - | 8.000 | 8.000 |" in text
+    assert "majority label" not in text
+    assert (tmp_path / "lm_lengths.png").stat().st_size > 0
 
 
 def test_command_prints_the_table(gla_run, capsys):
