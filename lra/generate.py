@@ -109,10 +109,29 @@ def check_run(config: Any, workdir: str) -> None:
     objective = config.get("objective", "classify")
     if objective != "causal_lm":
         task, model = config.get("task", "<task>"), config.get("model", "transformer")
+        if _has_causal_pretraining(task, model):
+            how = (f"trained with python launch.py --config=configs/{task}.py:model={model},"
+                   f"causal,pretrain --workdir=<dir>")
+        else:  # the synthetic tasks label positions; they have no next-token setting
+            how = (f"configs/{task}.py has no causal,pretrain setting; train one on text, "
+                   f"e.g. python launch.py --config=configs/enwik8.py:model={model},mini "
+                   f"--workdir=<dir> (or an LRA task's causal,pretrain)")
         raise ConfigError(
             f"{workdir} is a run with objective {objective!r}; generation needs a causal_lm "
-            f"run (next-token prediction), trained with python launch.py "
-            f"--config=configs/{task}.py:model={model},causal,pretrain --workdir=<dir>")
+            f"run (next-token prediction), {how}")
+
+
+def _has_causal_pretraining(task: str, model: str) -> bool:
+    """Whether configs/<task>.py builds `model=<model>,causal,pretrain` (the LRA tasks do;
+    MQAR, MAD, state tracking, niah and flip-flop refuse the arguments)."""
+    import importlib
+
+    try:
+        module = importlib.import_module(f"configs.{task}")
+        module.get_config(f"model={model},causal,pretrain")
+    except Exception:  # noqa: BLE001  (no such config, or it refuses the arguments)
+        return False
+    return True
 
 
 def build(config: Any, task: Any) -> Any:

@@ -340,6 +340,25 @@ def test_a_run_that_is_not_causal_lm_is_one_line(copy_of, objective, capsys):
     assert "--config=configs/listops.py:model=transformer,causal,pretrain" in line
 
 
+@pytest.mark.parametrize("task", ["flipflop", "state_tracking", "niah", "mqar", "mad"])
+def test_a_synthetic_tasks_run_points_at_a_setting_that_exists(task):
+    """The synthetic tasks label positions and refuse `causal,pretrain`: the line used to
+    suggest configs/flipflop.py:model=gla,causal,pretrain, which launch.py refuses. Now it
+    names a language-model config that builds."""
+    import ml_collections
+
+    from configs import enwik8
+    from lra.errors import ConfigError
+
+    config = ml_collections.ConfigDict({"objective": "sequence_labels", "task": task,
+                                        "model": "gla"})
+    with pytest.raises(ConfigError) as e:
+        generate.check_run(config, "/runs/x")
+    assert f"configs/{task}.py has no causal,pretrain setting" in str(e.value)
+    assert "--config=configs/enwik8.py:model=gla,mini" in str(e.value)
+    assert enwik8.get_config("model=gla,mini").objective == "causal_lm"
+
+
 def test_a_model_that_cannot_decode_is_one_line(run, monkeypatch, capsys):
     from models.decoding import DecodingError
     from models.pretrain import TokenPredictor
