@@ -104,8 +104,9 @@ def load_config(workdir: str) -> tuple[Any, str]:
                     "not a run's workdir, or a run that stopped before its first checkpoint")
 
 
-def check_run(config: Any, workdir: str) -> None:
-    """A causal_lm run, or one line saying what it is and how to make one."""
+def check_run(config: Any, workdir: str, purpose: str = "generation needs") -> None:
+    """A causal_lm run, or one line saying what it is and how to make one (`purpose`: what
+    needs it, e.g. lra.lm_eval's "bits per token need")."""
     objective = config.get("objective", "classify")
     if objective != "causal_lm":
         task, model = config.get("task", "<task>"), config.get("model", "transformer")
@@ -117,7 +118,7 @@ def check_run(config: Any, workdir: str) -> None:
                    f"e.g. python launch.py --config=configs/enwik8.py:model={model},mini "
                    f"--workdir=<dir> (or an LRA task's causal,pretrain)")
         raise ConfigError(
-            f"{workdir} is a run with objective {objective!r}; generation needs a causal_lm "
+            f"{workdir} is a run with objective {objective!r}; {purpose} a causal_lm "
             f"run (next-token prediction), {how}")
 
 

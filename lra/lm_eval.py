@@ -240,7 +240,7 @@ def evaluate_run(workdir: str, *, contexts=CONTEXTS, stride: int | None = None,
     if streams < 1 or batch < 1:
         raise FlagError("--streams and --batch: give at least 1")
     config, _ = generate.load_config(workdir)
-    generate.check_run(config, workdir)
+    generate.check_run(config, workdir, "bits per token need")
     if config.task not in CORPORA:
         raise ConfigError(f"{workdir} is a {config.task!r} run; lra.lm_eval evaluates "
                           f"{' / '.join(CORPORA)} runs (a split that is one stream of text)")
