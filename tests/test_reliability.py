@@ -716,23 +716,35 @@ def test_a_seed_beyond_31_bits_is_a_config_error():
         common.validate(config)
 
 
+FATAL_LINE = ("F1204 client.cc:1] Terminating process because the JAX distributed service "
+              "detected fatal errors.\n")
+
+
+def _child_writing(lines: list[str], end: str) -> str:
+    """A child program that writes `lines` to stderr, then runs `end` (its exit)."""
+    return ("import sys, os, signal\n" + "".join(f"sys.stderr.write({l!r})\n" for l in lines)
+            + "sys.stderr.flush(); " + end + "\n")
+
+
+def _supervised(child: str, who: str) -> subprocess.CompletedProcess:
+    """`python -c child` run under lra.training.supervisor as `who` (its exit code is the
+    supervisor's)."""
+    return subprocess.run(
+        [sys.executable, "-c", "import sys; from lra.training import supervisor; sys.exit("
+         f"supervisor.run_child(['-c', {child!r}], {who!r}, None))"],
+        capture_output=True, text=True, timeout=120, cwd=REPO)
+
+
 def test_a_child_that_exits_3_during_jaxlibs_abort_shows_only_its_own_line():
     """CI (2026-12-04): a failed Gloo collective made launch.py's child exit 3 with its
     one-line error while jaxlib, in another thread, had already logged its fatal line and
     check-failure stack but not yet aborted; the supervisor showed that stack. Now the
     child's own line is all that shows, with exit 3."""
-    child = ("import sys, os\n"
-             "sys.stderr.write('I1204 step 3\\n')\n"
-             "sys.stderr.write('F1204 client.cc:1] Terminating process because the JAX "
-             "distributed service detected fatal errors.\\n')\n"
-             "sys.stderr.write('*** Check failure stack trace: ***\\n    @ 0x1 SetError()\\n')\n"
-             "sys.stderr.write('error: process 1 of 2 stopped: a collective with the other "
-             "processes failed; another process probably died\\n')\n"
-             "sys.stderr.flush(); os._exit(3)\n")
-    proc = subprocess.run(
-        [sys.executable, "-c", "import sys; from lra.training import supervisor; sys.exit("
-         f"supervisor.run_child(['-c', {child!r}], 'process 1 of 2', None))"],
-        capture_output=True, text=True, timeout=120, cwd=REPO)
+    child = _child_writing([
+        "I1204 step 3\n", FATAL_LINE, "*** Check failure stack trace: ***\n    @ 0x1 SetError()\n",
+        "error: process 1 of 2 stopped: a collective with the other processes failed; "
+        "another process probably died\n"], "os._exit(3)")
+    proc = _supervised(child, "process 1 of 2")
     assert proc.returncode == 3, (proc.returncode, proc.stderr)
     assert "Check failure stack trace" not in proc.stderr, proc.stderr
     errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
@@ -774,17 +786,11 @@ def test_a_child_that_segfaults_during_jaxlibs_abort_gives_the_one_line_error():
     thread crashed while the process was torn down) instead of SIGABRT; the supervisor
     showed the stack dumps and died of SIGSEGV too. Now a segfault after the fatal line is
     jaxlib's abort: one line, exit 3."""
-    child = ("import sys, os, signal\n"
-             "sys.stderr.write('I1205 step 3\\n')\n"
-             "sys.stderr.write('F1205 client.cc:1] Terminating process because the JAX "
-             "distributed service detected fatal errors.\\n')\n"
-             "sys.stderr.write('Fatal Python error: Segmentation fault\\n')\n"
-             "sys.stderr.flush(); signal.signal(signal.SIGSEGV, signal.SIG_DFL)\n"
-             "os.kill(os.getpid(), signal.SIGSEGV)\n")
-    proc = subprocess.run(
-        [sys.executable, "-c", "import sys; from lra.training import supervisor; sys.exit("
-         f"supervisor.run_child(['-c', {child!r}], 'process 1 of 2', None))"],
-        capture_output=True, text=True, timeout=120, cwd=REPO)
+    child = _child_writing(["I1205 step 3\n", FATAL_LINE,
+                            "Fatal Python error: Segmentation fault\n"],
+                           "signal.signal(signal.SIGSEGV, signal.SIG_DFL); "
+                           "os.kill(os.getpid(), signal.SIGSEGV)")
+    proc = _supervised(child, "process 1 of 2")
     assert proc.returncode == 3, (proc.returncode, proc.stderr)
     assert "Fatal Python error" not in proc.stderr, proc.stderr
     errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
@@ -796,17 +802,12 @@ def test_a_collective_failed_by_a_duplicate_process_id_names_the_duplicate():
     fail (exit 3, its own 'a collective failed' line) before jaxlib's fatal line reached
     it, though its coordinator had logged the second connection; the line did not name the
     duplicate. Now the coordinator's log decides the line: one line, exit 3."""
-    child = ("import sys, os\n"
-             "sys.stderr.write('I1206 step 3\\n')\n"
-             "sys.stderr.write('E1206 coordination_service.cc:1] 1 unexpectedly tried to "
-             "connect with a different incarnation.\\n')\n"
-             "sys.stderr.write('error: process 0 of 2 stopped: a collective with the other "
-             "processes failed (Gloo AllGather failed); another process probably died\\n')\n"
-             "sys.stderr.flush(); os._exit(3)\n")
-    proc = subprocess.run(
-        [sys.executable, "-c", "import sys; from lra.training import supervisor; sys.exit("
-         f"supervisor.run_child(['-c', {child!r}], 'process 0 of 2', None))"],
-        capture_output=True, text=True, timeout=120, cwd=REPO)
+    child = _child_writing([
+        "I1206 step 3\n", "E1206 coordination_service.cc:1] 1 unexpectedly tried to connect "
+        "with a different incarnation.\n",
+        "error: process 0 of 2 stopped: a collective with the other processes failed (Gloo "
+        "AllGather failed); another process probably died\n"], "os._exit(3)")
+    proc = _supervised(child, "process 0 of 2")
     assert proc.returncode == 3, (proc.returncode, proc.stderr)
     errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
     assert len(errors) == 1, proc.stderr
