@@ -362,11 +362,9 @@ def _lost_peer(error: Exception, workdir: str) -> None:
     """A collective failed in a multi-process run: almost always another process died."""
     import jax
 
-    last = os.path.join(os.path.abspath(workdir), "checkpoints", "last")
-    steps = sorted(int(d) for d in (os.listdir(last) if os.path.isdir(last) else ())
-                   if d.isdigit())
-    where = (f"the last complete checkpoint is step {steps[-1]} in {last}" if steps
-             else "no checkpoint was completed")
+    from lra.training.supervisor import last_checkpoint
+
+    where = last_checkpoint(workdir)
     first_line = (str(error).strip().splitlines() or [""])[0][:300]
     if not isinstance(error, jax.errors.JaxRuntimeError):
         first_line = f"{type(error).__name__}: {first_line}"

@@ -64,10 +64,17 @@ Both phases are skipped, resumed and refused like any run; a pretraining run tha
 Another --pretrain_steps for the same folders is a finished run of another config (refused,
 naming num_train_steps): give it another --sweep_dir.
 
+`--status` added to a sweep's command runs nothing and writes nothing: one line per run
+(finished with its test accuracy; running, with the process and the step of its last
+checkpoint; stopped at a step, which the same command resumes; failed, with its error
+line; not started), then the counts and the training time left at the runs' logged and
+finished steps/s (lra/runs/status.py).
+
 Then: `python -m lra.report <sweep_dir>`.
 """
 from __future__ import annotations
 
+import collections
 import datetime
 import itertools
 import json
@@ -81,6 +88,7 @@ import time
 from absl import app, flags
 
 from lra.runs import cli, plan
+from lra.runs import status as run_status
 
 
 FLAGS = flags.FLAGS
@@ -109,6 +117,9 @@ def _define_flags() -> None:
                       "together as many steps as a from-scratch run.")
     flags.DEFINE_integer("pretrain_steps", None, "Steps of the pretraining run, below the "
                          "config's num_train_steps (the total); default half of it.")
+    flags.DEFINE_bool("status", False, "Run nothing: say where each run of this sweep "
+                      "stands (finished, running, stopped at a step, failed, not started) "
+                      "and the training time left (lra/runs/status.py); writes nothing.")
     flags.DEFINE_bool("locality_baseline", False, "Per task and seed, one more run: the "
                       "task's locality baseline (config argument `locality`: one layer that "
                       "sees a short window, MEAN pooling), into <task>/locality_baseline/.")
@@ -234,10 +245,20 @@ def _run_one(*, tag: str, workdir: str, task: str, model: str, seed: int, config
     return "done"
 
 
+def _status_one(*, tag: str, workdir: str, task: str, model: str, seed: int,
+                config_arg: str, overrides: list[str], log, infos: list, **_) -> str:
+    """--status: where one run stands (lra.runs.status), said in one line, not run."""
+    info = run_status.inspect(workdir=workdir, task=task, model=model, seed=seed,
+                              config_arg=config_arg, overrides=overrides)
+    infos.append(info)
+    log(f"{tag}: {info['line']}")
+    return info["state"]
+
+
 def sweep(*, task: str, models: list[str], seeds: list[int], config_arg: str, sweep_dir: str,
           overrides: list[str], timeout: int = 0, log=print, pretrain: bool = False,
-          pretrain_steps: int | None = None, locality_baseline: bool = False
-          ) -> dict[str, list]:
+          pretrain_steps: int | None = None, locality_baseline: bool = False,
+          status: list | None = None) -> dict[str, list]:
     """Runs what is not finished; returns {'done': [...], 'skipped': [...], 'failed': [...],
     'refused': [...], 'blocked': [...]} of (model, seed), or with `pretrain` of
     (model, seed, plan.PRETRAIN | plan.FINE_TUNE). 'refused': finished earlier with another
@@ -246,13 +267,20 @@ def sweep(*, task: str, models: list[str], seeds: list[int], config_arg: str, sw
     refused. `locality_baseline`: after the models, the task's locality baseline for each
     seed, as the model plan.LOCALITY_BASELINE (plan.run_spec). With `pretrain`, a bad split (see
     plan.pretrain_plan) raises ValueError before anything runs, as do the combinations
-    plan.check_locality_args refuses."""
+    plan.check_locality_args refuses.
+    `status`: run nothing; each run's lra.runs.status record is appended to it and its
+    state (run_status.STATES) is the outcome's key.
+    """
     plan.check_locality_args(config_arg, pretrain, locality_baseline)
+    run_one = (_run_one if status is None else
+               lambda **kw: _status_one(**kw, infos=status))
     seeds = list(dict.fromkeys(seeds))
     # launch runs in cli.run_root(): a relative workdir (or init_from) would name another folder
     # there than the one this process creates and checks.
     sweep_dir = os.path.abspath(sweep_dir)
-    outcome = {"done": [], "skipped": [], "failed": [], "refused": [], "blocked": []}
+    outcome = collections.defaultdict(list)  # 'done', 'skipped', ... (or --status's states)
+    for state in ("done", "skipped", "failed", "refused", "blocked"):
+        outcome[state] = []
     user_overrides = plan.normalized_overrides(overrides)
     if not pretrain:
         names = [*models, *([plan.LOCALITY_BASELINE] if locality_baseline else [])]
@@ -263,7 +291,7 @@ def sweep(*, task: str, models: list[str], seeds: list[int], config_arg: str, sw
             model, arg, folder = plan.run_spec(task, name, config_arg)
             if folder == model:  # a hybrid's runs are in a folder of its name
                 folder = plan.model_folder(task, model, arg, overrides)
-            state = _run_one(
+            state = run_one(
                 tag=f"[{n}/{len(runs)}] {task} {name} seed {seed}",
                 workdir=plan.run_dir(sweep_dir, task, folder, seed, overrides), task=task,
                 model=model, seed=seed, config_arg=arg, overrides=overrides,
@@ -292,7 +320,7 @@ def sweep(*, task: str, models: list[str], seeds: list[int], config_arg: str, sw
             pre_dir = plan.run_dir(sweep_dir, task, folder, seed, overrides, plan.PRETRAIN)
             pre_overrides = plan.normalized_overrides([*overrides, f"num_train_steps={steps}"])
             n += 1
-            state = _run_one(
+            state = run_one(
                 tag=f"[{n}/{total}] {base} pretrain ({steps} steps)", workdir=pre_dir,
                 task=task, model=model, seed=seed, config_arg=pretrain_arg,
                 overrides=pre_overrides,
@@ -309,7 +337,7 @@ def sweep(*, task: str, models: list[str], seeds: list[int], config_arg: str, sw
                 continue
             fine_overrides = plan.normalized_overrides(
                 [*overrides, f"init_from={pre_dir}", f"num_train_steps={fine_steps}"])
-            state = _run_one(
+            state = run_one(
                 tag=tag, workdir=fine_dir, task=task, model=model, seed=seed,
                 config_arg=config_arg, overrides=fine_overrides,
                 record={**record, "phase": plan.FINE_TUNE, "config_arg": config_arg,
@@ -424,7 +452,8 @@ def main(argv):
         for task in tasks:
             _check_pretrain_args(task, models, seeds[0])
     try:  # before the data check: an unwritable --sweep_dir is said even if data is missing
-        os.makedirs(FLAGS.sweep_dir, exist_ok=True)
+        if not FLAGS.status:  # --status writes nothing
+            os.makedirs(FLAGS.sweep_dir, exist_ok=True)
     except OSError as e:
         _fail(f"cannot write {e.filename or FLAGS.sweep_dir}: {e.strerror or e}; give a "
               "--sweep_dir you can write to")
@@ -433,7 +462,8 @@ def main(argv):
     for line in missing:
         print(line)
     several = len(tasks) > 1
-    outcome = {"done": [], "skipped": [], "failed": [], "refused": [], "blocked": []}
+    outcome = collections.defaultdict(list)
+    infos = [] if FLAGS.status else None
     for task, (i, overrides) in itertools.product(ready, enumerate(points, 1)):
         if FLAGS.grid:
             print(f"grid point {i}/{len(points)} of {task}: "
@@ -443,7 +473,7 @@ def main(argv):
                          config_arg=FLAGS.config_arg, sweep_dir=FLAGS.sweep_dir,
                          overrides=overrides, timeout=FLAGS.timeout,
                          pretrain=FLAGS.pretrain, pretrain_steps=FLAGS.pretrain_steps,
-                         locality_baseline=FLAGS.locality_baseline)
+                         locality_baseline=FLAGS.locality_baseline, status=infos)
         except OSError as e:  # a read-only or full disk under --sweep_dir
             _fail(f"cannot write {e.filename or FLAGS.sweep_dir}: {e.strerror or e}; give a "
                   "--sweep_dir you can write to")
@@ -455,6 +485,9 @@ def main(argv):
             if len(points) > 1:  # and with a grid, its point
                 runs = [(*run, point) for run in runs]
             outcome[state] += runs
+    if FLAGS.status:
+        print(run_status.summary(infos) if infos else "no runs (no task had its data)")
+        sys.exit(0)
     ran = len(outcome["done"])
     print(f"{ran} run{'' if ran == 1 else 's'}, {len(outcome['skipped'])} skipped, "
           f"{len(outcome['failed'])} failed"

@@ -10,6 +10,7 @@ import pytest
 from lra import report, sweep
 from lra.reporting import tables
 from lra.runs import plan
+from lra.runs import status as run_status
 from lra.runs.results import collect
 
 
@@ -697,3 +698,76 @@ def test_sweep_bad_grid_is_one_line(tmp_path):
                 "--models=transformer", "--config_arg=runlocal", cwd=REPO)
     _one_line_error(proc, "no_such_field")
     assert not os.listdir(tmp_path)  # nothing started
+
+
+def test_status_says_where_each_run_stands_and_writes_nothing(listops_dir, tmp_path):
+    """`lra.sweep ... --status`: one line per run (finished, refused, running, stopped,
+    failed, not started) and the training time left at the runs' steps/s; no file is
+    written (lra/runs/status.py)."""
+    from lra.training import checkpoint
+
+    root = str(tmp_path / "sweep")
+    config = plan.expected_config("listops", "transformer", 0, "runlocal", [])
+    total = config["num_train_steps"]
+
+    def workdir(seed, *parts):
+        """The run's folder (or `parts` below it, as folders), created."""
+        path = os.path.join(plan.run_dir(root, "listops", "transformer", seed), *parts)
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def file(seed, name):
+        return os.path.join(workdir(seed), name)
+
+    def log(seed, step, rate):
+        with open(file(seed, "log.txt"), "w") as f:
+            f.write(f"Training transformer\nstep {step:6d}/{total} | loss 1.0 | acc 0.5 | "
+                    f"lr 1e-3 | {rate:6.2f} steps/s | input 0% | ETA 1m\n")
+
+    seed0 = dict(config, random_seed=0)
+    json.dump({"config": seed0, "test_accuracy": 0.9, "steps": total,
+               "train_steps_per_sec": 0.01}, open(file(0, "results.json"), "w"))
+    json.dump({"config": dict(config, random_seed=1, num_train_steps=total + 1)},
+              open(file(1, "results.json"), "w"))
+    lock = checkpoint.WorkdirLock(workdir(2))  # held by this (live) process
+    lock.acquire()
+    log(2, 4, 0.02)
+    workdir(3, "checkpoints", "last", "2")
+    workdir(3, "checkpoints", "last", "3.orbax-checkpoint-tmp-1")  # being written: not counted
+    log(3, 3, 0.04)
+    with open(file(4, "error.txt"), "w") as f:
+        f.write("ValueError: the reason\nwhole stderr: x\n")
+    try:
+        before = sorted(os.walk(root))
+        infos, logged = [], []
+        outcome = sweep.sweep(seeds=[0, 1, 2, 3, 4, 5], sweep_dir=root, overrides=[],
+                              log=logged.append, status=infos, **SWEEP)
+        assert sorted(os.walk(root)) == before  # nothing written
+    finally:
+        lock.release()
+    assert [outcome[s] for s in ("finished", "refused", "running", "stopped", "failed",
+                                 "not started")] == [[("transformer", i)] for i in range(6)]
+    assert logged[0] == (f"[1/6] listops transformer seed 0: finished: test 90.00%, {total} "
+                         "steps at 0.01 steps/s")
+    assert "refused: a finished run of another config is there (num_train_steps" in logged[1]
+    assert f"running (pid {os.getpid()}" in logged[2] and f"at step 4 of {total}" in logged[2]
+    assert f"stopped at step 2 of {total} saved, 0.04 steps/s; the same command" in logged[3]
+    assert "failed: ValueError: the reason (no checkpoint yet" in logged[4]
+    assert logged[5].endswith("seed 5: not started")
+    # Left: running (total - 4) at its 0.02 steps/s, stopped (total - 2) at 0.04, the
+    # failed and unstarted runs all their steps at the finished run's 0.01.
+    left = (total - 4) / 0.02 + (total - 2) / 0.04 + 2 * total / 0.01
+    line = run_status.summary(infos)
+    assert line.startswith("6 runs: 1 finished, 1 refused, 1 running, 1 stopped, 1 failed, "
+                           "1 not started; training left: about "
+                           f"{run_status._duration(left)}, one run at a time"), line
+    # The command: nothing is created, not even --sweep_dir.
+    proc = _cli("lra.sweep", "--task=listops", "--models=transformer", "--config_arg=runlocal",
+                "--seeds=0,1", f"--sweep_dir={tmp_path / 'none'}", "--status",
+                f"--override=data_dir={listops_dir}", cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert not os.path.exists(tmp_path / "none")
+    assert "[2/2] listops transformer seed 1: not started" in proc.stdout
+    assert ("2 runs: 2 not started; training left: about" in proc.stdout
+            and "2 runs without an estimate (no finished or logged run of transformer)"
+            in proc.stdout), proc.stdout

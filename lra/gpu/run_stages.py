@@ -19,6 +19,7 @@ import time
 from lra.gpu.common import (DRY, FULL, GRACE_S, REPO, RUN_GRACE_S, StageResult, Suite, _log,
                             _size, _stop_group, display, rel)
 from lra.reporting.protocol import PUBLISHED_PATH
+from lra.runs.results import last_complete_step
 
 
 # --- transformer, runs: full-size ListOps runs, time-boxed ------------------------------
@@ -107,14 +108,6 @@ class RunReport:
     commands: list[str]
     tested: bool = False
     failed: bool = False
-
-
-def last_checkpoint(workdir: str) -> int | None:
-    """The newest step in <workdir>/checkpoints/last (orbax's folders named by step;
-    one being written has another name), or None."""
-    last = os.path.join(workdir, "checkpoints", "last")
-    steps = [int(n) for n in os.listdir(last) if n.isdigit()] if os.path.isdir(last) else []
-    return max(steps, default=None)
 
 
 def _training_started(log_path: str, offset: int) -> bool:
@@ -215,7 +208,7 @@ def timed_run(suite: Suite, model: str, limit: float, overrides: list[str],
     if code is not None and code != 143:  # 143: it saved and stopped on a SIGTERM
         return RunReport(f"FAILED: exit {code}: {_error_line(workdir)}", commands,
                          failed=True)
-    step = last_checkpoint(workdir)
+    step = last_complete_step(workdir)
     if step is None:
         return RunReport(f"stopped after {time.monotonic() - start:.0f} s before its first "
                          "checkpoint (reading the data and compiling took the time)", commands)

@@ -543,6 +543,12 @@ class WorkdirLock:
             return
         raise WorkdirBusy(self._busy_message(self._read() or {}))
 
+    def live_owner(self) -> dict | None:
+        """The record of the run holding this lock (host, pid, started), or None when
+        no lock is there or its owner is dead (lra.sweep --status)."""
+        owner = self._read()
+        return None if owner is None or self._stale(owner) else owner
+
     def _stale(self, owner: dict) -> bool:
         if not owner:
             # Empty or not JSON: a run is writing it this instant, or one died between

@@ -70,13 +70,13 @@ def _die_with_parent() -> None:
 def last_checkpoint(workdir: str | None) -> str:
     """'the last complete checkpoint is step N in <dir>' or 'no checkpoint was completed'
     (orbax writes a step under a temporary name and renames it when complete)."""
-    if not workdir:
+    from lra.runs.results import last_complete_step
+
+    step = last_complete_step(workdir)
+    if step is None:
         return "no checkpoint was completed"
     last = os.path.join(os.path.abspath(workdir), "checkpoints", "last")
-    steps = sorted(int(d) for d in (os.listdir(last) if os.path.isdir(last) else ())
-                   if d.isdigit())
-    return (f"the last complete checkpoint is step {steps[-1]} in {last}" if steps
-            else "no checkpoint was completed")
+    return f"the last complete checkpoint is step {step} in {last}"
 
 
 def abort_message(who: str, log: str, workdir: str | None) -> str:

@@ -1,0 +1,140 @@
+"""`python -m lra.sweep ... --status`: where each run of a sweep stands, read from its
+workdir without running or writing anything, and the training time left.
+
+A run is one of:
+  finished     results.json holds the config this sweep would run (its test accuracy,
+               steps and training steps/s are shown);
+  refused      results.json holds another config (the sweep would refuse it: the fields);
+  running      its run.lock is held by a live process on this host (the last complete
+               checkpoint's step, the last logged steps/s);
+  stopped      a checkpoint but no live owner and no results: the same command resumes it;
+  failed       the last attempt failed (error.txt: its line); the next sweep retries it;
+  not started  nothing in its workdir yet.
+
+The time left is training time: each unfinished run's steps left (num_train_steps less
+its last complete checkpoint) at its own last logged steps/s, else at the mean steps/s of
+its model's finished runs in this listing (none finished: of its logged ones); a run with
+neither has no estimate and is counted apart. Evaluation is not counted, and runs that stop early (an early-stop
+accuracy) end sooner: an estimate, not a promise.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from lra.runs import plan
+from lra.runs.results import last_complete_step
+
+STATES = ("finished", "refused", "running", "stopped", "failed", "not started")
+_PROGRESS = re.compile(r"^step\s+(\d+)/\d+ .*\|\s*([0-9.]+) steps/s", re.M)
+
+
+def _logged(workdir: str) -> tuple[int | None, float | None]:
+    """The step and steps/s of the last progress line in <workdir>/log.txt."""
+    try:
+        with open(os.path.join(workdir, "log.txt"), "rb") as f:
+            f.seek(max(0, os.path.getsize(f.name) - 65536))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None, None
+    lines = _PROGRESS.findall(tail)
+    if not lines:
+        return None, None
+    step, rate = int(lines[-1][0]), float(lines[-1][1])
+    return step, (rate if rate > 0 else None)
+
+
+def _owner(workdir: str) -> dict | None:
+    """The live process holding the workdir's run.lock, or None."""
+    if not os.path.exists(os.path.join(workdir, "run.lock")):
+        return None
+    from lra.training import checkpoint  # orbax: only when a lock is there
+
+    return checkpoint.WorkdirLock(workdir).live_owner()
+
+
+def inspect(*, workdir: str, task: str, model: str, seed: int, config_arg: str,
+            overrides: list[str]) -> dict:
+    """{'state', 'line' (what to print), 'model', 'steps_left', 'rate' (steps/s or None),
+    'finished_rate' (a finished run's training steps/s)} for one run of the sweep."""
+    info = {"model": model, "steps_left": 0, "rate": None, "finished_rate": None}
+    results = os.path.join(workdir, "results.json")
+    if os.path.exists(results):
+        differences = plan.finished_differences(results, task, model, seed, config_arg,
+                                                overrides)
+        if differences:
+            return {**info, "state": "refused", "line": "refused: a finished run of another "
+                    f"config is there ({'; '.join(differences)})"}
+        with open(results) as f:
+            r = json.load(f)
+        rate = r.get("train_steps_per_sec")
+        what = (f"test {100 * r['test_accuracy']:.2f}%" if r.get("test_accuracy") is not None
+                else "tested")
+        return {**info, "state": "finished", "finished_rate": rate,
+                "line": f"finished: {what}, {r.get('steps', '?')} steps"
+                        + (f" at {rate:.2f} steps/s" if rate else "")}
+    total = int(plan.expected_config(task, model, seed, config_arg,
+                                     overrides)["num_train_steps"])
+    step = last_complete_step(workdir) or 0
+    logged_step, rate = _logged(workdir)
+    info.update(steps_left=max(0, total - step), rate=rate)
+    at = f"step {step:,} of {total:,} saved" if step else f"no checkpoint yet of {total:,} steps"
+    speed = f", {rate:.2f} steps/s" if rate else ""
+    owner = _owner(workdir) if os.path.isdir(workdir) else None
+    if owner is not None:  # it goes on from the step it logged last, not the saved one
+        now = max(step, logged_step or 0)
+        info["steps_left"] = max(0, total - now)
+        return {**info, "state": "running",
+                "line": f"running (pid {owner.get('pid')} on {owner.get('host')} since "
+                        f"{owner.get('started')}; at step {now:,} of {total:,}{speed})"}
+    error = os.path.join(workdir, "error.txt")
+    if os.path.exists(error):
+        with open(error) as f:
+            first = f.readline().strip()
+        return {**info, "state": "failed",
+                "line": f"failed: {first} ({at}; the next sweep retries it)"}
+    if step:
+        return {**info, "state": "stopped",
+                "line": f"stopped at {at}{speed}; the same command resumes it"}
+    return {**info, "state": "not started", "line": "not started"}
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90 * 60:
+        return f"{max(1, round(seconds / 60))} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def summary(infos: list[dict]) -> str:
+    """The counts per state and the training time left (module docstring)."""
+    counts = [f"{sum(i['state'] == s for i in infos)} {s}" for s in STATES
+              if any(i["state"] == s for i in infos)]
+    by_model: dict[str, list[float]] = {}
+    for i in infos:
+        if i["finished_rate"]:
+            by_model.setdefault(i["model"], []).append(i["finished_rate"])
+    for i in infos:  # a model with no finished run: its runs' logged steps/s
+        if i["rate"] and not any(j["finished_rate"] for j in infos
+                                 if j["model"] == i["model"]):
+            by_model.setdefault(i["model"], []).append(i["rate"])
+    seconds, unknown = 0.0, []
+    for i in infos:
+        if i["state"] in ("finished", "refused") or not i["steps_left"]:
+            continue
+        rate = i["rate"] or (sum(by_model[i["model"]]) / len(by_model[i["model"]])
+                             if i["model"] in by_model else None)
+        if rate:
+            seconds += i["steps_left"] / rate
+        else:
+            unknown.append(i["model"])
+    line = f"{len(infos)} run{'s' if len(infos) != 1 else ''}: {', '.join(counts)}"
+    if any(i["steps_left"] for i in infos):
+        line += (f"; training left: about {_duration(seconds)}, one run at a time, at the "
+                 "logged and finished runs' steps/s (evaluation not counted; early stopping "
+                 "ends runs sooner)")
+        if unknown:
+            names = ", ".join(dict.fromkeys(unknown))
+            line += (f"; {len(unknown)} run{'s' if len(unknown) != 1 else ''} without an "
+                     f"estimate (no finished or logged run of {names})")
+    return line
