@@ -761,6 +761,10 @@ def test_status_says_where_each_run_stands_and_writes_nothing(listops_dir, tmp_p
     assert line.startswith("6 runs: 1 finished, 1 refused, 1 running, 1 stopped, 1 failed, "
                            "1 not started; training left: about "
                            f"{run_status._duration(left)}, one run at a time"), line
+    # A model with no finished or logged run: counted apart, not guessed.
+    other = dict(infos[5], model="gla")
+    assert run_status.summary(infos + [other]).endswith(
+        "; 1 run without an estimate (no finished or logged run of gla)")
     # The command: nothing is created, not even --sweep_dir.
     proc = _cli("lra.sweep", "--task=listops", "--models=transformer", "--config_arg=runlocal",
                 "--seeds=0,1", f"--sweep_dir={tmp_path / 'none'}", "--status",
@@ -768,6 +772,5 @@ def test_status_says_where_each_run_stands_and_writes_nothing(listops_dir, tmp_p
     assert proc.returncode == 0, proc.stderr
     assert not os.path.exists(tmp_path / "none")
     assert "[2/2] listops transformer seed 1: not started" in proc.stdout
-    assert ("2 runs: 2 not started; training left: about" in proc.stdout
-            and "2 runs without an estimate (no finished or logged run of transformer)"
-            in proc.stdout), proc.stdout
+    assert ("2 runs: 2 not started; training left: no estimate yet (no finished or logged "
+            "run of transformer)") in proc.stdout, proc.stdout

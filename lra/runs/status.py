@@ -129,7 +129,10 @@ def summary(infos: list[dict]) -> str:
         else:
             unknown.append(i["model"])
     line = f"{len(infos)} run{'s' if len(infos) != 1 else ''}: {', '.join(counts)}"
-    if any(i["steps_left"] for i in infos):
+    if any(i["steps_left"] for i in infos) and not seconds:
+        names = ", ".join(dict.fromkeys(unknown))
+        line += f"; training left: no estimate yet (no finished or logged run of {names})"
+    elif any(i["steps_left"] for i in infos):
         line += (f"; training left: about {_duration(seconds)}, one run at a time, at the "
                  "logged and finished runs' steps/s (evaluation not counted; early stopping "
                  "ends runs sooner)")
