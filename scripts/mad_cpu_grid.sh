@@ -17,20 +17,22 @@
 #   python -m lra.synthetic_report DIR --out=results/cpu/mad_grid  # MAD's table (_mad.md)
 #   MODELS=kda,rwkv7 TASKS="compression memorization" SEEDS=0 scripts/mad_cpu_grid.sh DIR
 #                                                      # other rows / tasks (issue 71's rows)
+#   STATUS=1 scripts/mad_cpu_grid.sh DIR     # runs nothing: each sweep's lra.sweep --status
 set -u
 DIR=${1:-workdirs/mad_grid}
 MODELS=${MODELS:-transformer,linear,retnet,gla,deltanet,gated_deltanet,mamba2,local,s4d,s5,mega,lru,performer}
 TASKS=${TASKS:-"in_context_recall noisy_in_context_recall compression memorization
        fuzzy_in_context_recall selective_copying"}
 PY=${PYTHON:-python}
-mkdir -p "$DIR"
+FLAG=(); [ -n "${STATUS:-}" ] && FLAG=(--status)
+[ -z "${STATUS:-}" ] && mkdir -p "$DIR"
 queue() {  # queue SEED
     for task in $TASKS; do
         "$PY" -m lra.sweep --task=mad --models=$MODELS --config_arg="task=$task,mini" \
-            --seeds="$1" --sweep_dir="$DIR/$task"
+            --seeds="$1" --sweep_dir="$DIR/$task" "${FLAG[@]}"
     done
 }
 for seed in ${SEEDS:-0 1}; do
-    queue "$seed" >>"$DIR/queue$seed.log" 2>&1 &
+    if [ -n "${STATUS:-}" ]; then queue "$seed"; else queue "$seed" >>"$DIR/queue$seed.log" 2>&1 & fi
 done
 wait

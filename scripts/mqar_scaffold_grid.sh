@@ -9,6 +9,8 @@
 # unfinished ones resume from their checkpoints.
 #
 #   scripts/mqar_scaffold_grid.sh [DIR] [STAGE]   # DIR default workdirs/mqar_scaffold
+#   STATUS=1 scripts/mqar_scaffold_grid.sh [DIR] [STAGE]   # runs nothing: each sweep's
+#                                  # lra.sweep --status (where its runs stand, time left)
 #   python -m lra.synthetic_report DIR --out=results/cpu/mqar_scaffold_cells
 #
 # STAGE: all (default), or one of the functions below. Order: seed 0 of every cell at the
@@ -18,22 +20,23 @@ set -u
 DIR=${1:-workdirs/mqar_scaffold}
 STAGE=${2:-all}
 PY=${PYTHON:-python}
+FLAG=(); [ -n "${STATUS:-}" ] && FLAG=(--status)
 MODELS=transformer,gla,deltanet,gated_deltanet,mamba2,retnet,linear,local,s4d,mega,s5,performer,lru,kda,gated_deltaproduct,fox,rwkv7,nsa,loglinear_mamba2  # from kda on: issue 71
 ABLATED=linear,retnet,performer,gla,deltanet
-mkdir -p "$DIR"
+[ -z "${STATUS:-}" ] && mkdir -p "$DIR"
 run() {  # run L WIDTH SEEDS MODELS [lra.sweep flags...]
     local L=$1 W=$2 S=$3 M=$4; shift 4
     "$PY" -m lra.sweep --task=mqar --models="$M" --config_arg="mini,seq_len=$L,d_model=$W" \
-        --seeds="$S" --sweep_dir="$DIR/L$L-d$W" "$@"
+        --seeds="$S" --sweep_dir="$DIR/L$L-d$W" "${FLAG[@]}" "$@"
 }
 hybrids() {  # run L WIDTH SEEDS: one attention layer (rotary, fla's) or a window of L / 2
     local L=$1 W=$2 S=$3
     "$PY" -m lra.sweep --task=mqar --models=gla,mamba2,gated_deltanet \
         --config_arg="mini,seq_len=$L,d_model=$W,hybrid=transformer" \
-        --override=hybrid.layers=1 --seeds="$S" --sweep_dir="$DIR/L$L-d$W"
+        --override=hybrid.layers=1 --seeds="$S" --sweep_dir="$DIR/L$L-d$W" "${FLAG[@]}"
     "$PY" -m lra.sweep --task=mqar --models=gla,mamba2,gated_deltanet \
         --config_arg="mini,seq_len=$L,d_model=$W,hybrid=local" --override=hybrid.layers=1 \
-        --override=hybrid.window=$((L / 2)) --seeds="$S" --sweep_dir="$DIR/L$L-d$W"
+        --override=hybrid.window=$((L / 2)) --seeds="$S" --sweep_dir="$DIR/L$L-d$W" "${FLAG[@]}"
 }
 ablations() {  # run L WIDTH SEEDS: the shared convolution off; RetNet at 1 head; local's
     local L=$1 W=$2 S=$3  # window covering every key-query gap
@@ -53,7 +56,8 @@ queue_b() {
     run 256 64 1,2 "$MODELS"; run 256 128 1,2 "$MODELS"
 }
 case "$STAGE" in
-    all) queue_a >"$DIR/queue_a.log" 2>&1 & queue_b >"$DIR/queue_b.log" 2>&1 & wait ;;
+    all) if [ -n "${STATUS:-}" ]; then queue_a; queue_b
+         else queue_a >"$DIR/queue_a.log" 2>&1 & queue_b >"$DIR/queue_b.log" 2>&1 & wait; fi ;;
     queue_a|queue_b) "$STAGE" ;;
     *) echo "unknown stage $STAGE: all, queue_a, queue_b" >&2; exit 2 ;;
 esac

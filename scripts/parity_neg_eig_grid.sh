@@ -12,13 +12,15 @@
 #   taskset -c 1 scripts/parity_neg_eig_grid.sh [DIR]       # DIR default workdirs/st_parity
 #   LANGUAGE=S5 taskset -c 0 scripts/parity_neg_eig_grid.sh workdirs/st_s5
 #   python -m lra.length_report DIR --out=results/cpu/state_tracking_parity
+#   STATUS=1 scripts/parity_neg_eig_grid.sh [DIR]   # runs nothing: lra.sweep --status per cell
 set -u
 DIR=${1:-workdirs/st_parity}
 PY=${PYTHON:-python}
 LANGUAGE=${LANGUAGE:-parity}
 MODELS=${MODELS:-deltanet mamba2 gated_deltanet gated_deltaproduct}
 SEEDS=${SEEDS:-0 1 2}
-mkdir -p "$DIR"
+FLAG=(); [ -n "${STATUS:-}" ] && FLAG=(--status)
+[ -z "${STATUS:-}" ] && mkdir -p "$DIR"
 cell() {  # cell SIGN SEEDS MODEL [lra.sweep flags...]
     local sign=$1 seeds=$2 model=$3; shift 3
     local arg=mini
@@ -28,7 +30,7 @@ cell() {  # cell SIGN SEEDS MODEL [lra.sweep flags...]
     [ "$sign" = pos ] && [ "$model" = gated_deltaproduct ] && \
         extra=(--override=model_hparams.allow_neg_eigval=False)
     "$PY" -m lra.sweep --task=state_tracking --models="$model" --config_arg="$arg" \
-        --seeds="$seeds" --sweep_dir="$DIR/$sign" "${extra[@]}" "$@"
+        --seeds="$seeds" --sweep_dir="$DIR/$sign" "${extra[@]}" "${FLAG[@]}" "$@"
 }
 for seeds in $SEEDS; do
     for model in $MODELS; do

@@ -762,9 +762,15 @@ def test_status_says_where_each_run_stands_and_writes_nothing(listops_dir, tmp_p
                            "1 not started; training left: about "
                            f"{run_status._duration(left)}, one run at a time"), line
     # A model with no finished or logged run: counted apart, not guessed.
-    other = dict(infos[5], model="gla")
+    other = dict(infos[5], model="gla", folder_rates=[])
     assert run_status.summary(infos + [other]).endswith(
         "; 1 run without an estimate (no finished or logged run of gla)")
+    # A sweep of seed 5 alone: the finished run beside it (its model's folder) sets the rate.
+    alone = []
+    sweep.sweep(seeds=[5], sweep_dir=root, overrides=[], log=lambda _: None, status=alone,
+                **SWEEP)
+    assert f"training left: about {run_status._duration(total / 0.01)}," in \
+        run_status.summary(alone)
     # The command: nothing is created, not even --sweep_dir.
     proc = _cli("lra.sweep", "--task=listops", "--models=transformer", "--config_arg=runlocal",
                 "--seeds=0,1", f"--sweep_dir={tmp_path / 'none'}", "--status",

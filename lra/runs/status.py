@@ -13,8 +13,9 @@ A run is one of:
 
 The time left is training time: each unfinished run's steps left (num_train_steps less
 its last complete checkpoint) at its own last logged steps/s, else at the mean steps/s of
-its model's finished runs in this listing (none finished: of its logged ones); a run with
-neither has no estimate and is counted apart. Evaluation is not counted, and runs that stop early (an early-stop
+its model's finished runs in this listing, else of the finished runs in its model's
+folder (other seeds and overrides of the same sweep directory), else of its model's logged
+runs; a run with none of these has no estimate and is counted apart. Evaluation is not counted, and runs that stop early (an early-stop
 accuracy) end sooner: an estimate, not a promise.
 """
 from __future__ import annotations
@@ -54,11 +55,27 @@ def _owner(workdir: str) -> dict | None:
     return checkpoint.WorkdirLock(workdir).live_owner()
 
 
+def _folder_rates(workdir: str) -> list[float]:
+    """Training steps/s of the finished runs beside this one (its model's folder)."""
+    folder, rates = os.path.dirname(os.path.abspath(workdir)), []
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
+        try:
+            with open(os.path.join(folder, name, "results.json")) as f:
+                rate = json.load(f).get("train_steps_per_sec")
+        except (OSError, ValueError):
+            continue
+        if isinstance(rate, (int, float)) and rate > 0:
+            rates.append(float(rate))
+    return rates
+
+
 def inspect(*, workdir: str, task: str, model: str, seed: int, config_arg: str,
             overrides: list[str]) -> dict:
     """{'state', 'line' (what to print), 'model', 'steps_left', 'rate' (steps/s or None),
-    'finished_rate' (a finished run's training steps/s)} for one run of the sweep."""
-    info = {"model": model, "steps_left": 0, "rate": None, "finished_rate": None}
+    'finished_rate' (a finished run's training steps/s), 'folder_rates' (those of the
+    finished runs in its model's folder)} for one run of the sweep."""
+    info = {"model": model, "steps_left": 0, "rate": None, "finished_rate": None,
+            "folder_rates": []}
     results = os.path.join(workdir, "results.json")
     if os.path.exists(results):
         differences = plan.finished_differences(results, task, model, seed, config_arg,
@@ -78,7 +95,8 @@ def inspect(*, workdir: str, task: str, model: str, seed: int, config_arg: str,
                                      overrides)["num_train_steps"])
     step = last_complete_step(workdir) or 0
     logged_step, rate = _logged(workdir)
-    info.update(steps_left=max(0, total - step), rate=rate)
+    info.update(steps_left=max(0, total - step), rate=rate,
+                folder_rates=_folder_rates(workdir))
     at = f"step {step:,} of {total:,} saved" if step else f"no checkpoint yet of {total:,} steps"
     speed = f", {rate:.2f} steps/s" if rate else ""
     owner = _owner(workdir) if os.path.isdir(workdir) else None
@@ -114,8 +132,11 @@ def summary(infos: list[dict]) -> str:
     for i in infos:
         if i["finished_rate"]:
             by_model.setdefault(i["model"], []).append(i["finished_rate"])
-    for i in infos:  # a model with no finished run: its runs' logged steps/s
-        if i["rate"] and not any(j["finished_rate"] for j in infos
+    for i in infos:  # a model with no finished run here: those beside its runs
+        if i["model"] not in by_model and i["folder_rates"]:
+            by_model[i["model"]] = list(i["folder_rates"])
+    for i in infos:  # none either: its runs' logged steps/s
+        if i["rate"] and not any(j["finished_rate"] or j["folder_rates"] for j in infos
                                  if j["model"] == i["model"]):
             by_model.setdefault(i["model"], []).append(i["rate"])
     seconds, unknown = 0.0, []
