@@ -780,3 +780,16 @@ def test_status_says_where_each_run_stands_and_writes_nothing(listops_dir, tmp_p
     assert "[2/2] listops transformer seed 1: not started" in proc.stdout
     assert ("2 runs: 2 not started; training left: no estimate yet (no finished or logged "
             "run of transformer)") in proc.stdout, proc.stdout
+
+
+def test_a_grid_script_prints_each_sweeps_status_and_creates_nothing(tmp_path):
+    """STATUS=1 on a grid script (scripts/parity_neg_eig_grid.sh; mqar_scaffold_grid.sh and
+    mad_cpu_grid.sh take it the same way) runs each of its sweeps with --status."""
+    env = {**os.environ, "PYTHONPATH": REPO, "PYTHON": sys.executable, "STATUS": "1",
+           "MODELS": "deltanet", "SEEDS": "0"}
+    proc = subprocess.run(["bash", os.path.join(REPO, "scripts", "parity_neg_eig_grid.sh"),
+                           str(tmp_path / "grid")], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("state_tracking deltanet seed 0: not started") == 2, proc.stdout
+    assert not os.path.exists(tmp_path / "grid")
