@@ -61,6 +61,29 @@ def test_logits_are_householder_products(impl, chunk):
     assert_close(none, np.tril(np.einsum("bhik,bhjk->bhij", q, k)), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("impl,chunk", [("scan", 4), ("chunked", 4), ("chunked", 3),
+                                        ("chunked", 16), ("chunked", 1)])
+def test_prefill_keys_are_householder_products(impl, chunk):
+    """The keys a prefill caches, H_{L-1} ... H_{j+1} k_j (the last position's view), in
+    float64 products; padded positions at the end (beta 0) change nothing."""
+    k, w = normal(1, (2, 2, 9, 4)), delta.l2_normalise(normal(2, (2, 2, 9, 4)))
+    beta = np.asarray(2 * jax.nn.sigmoid(normal(3, (2, 2, 9))), np.float64)
+    want = np.zeros((2, 2, 9, 4))
+    for bi, hi, j in np.ndindex(2, 2, 9):
+        key = np.asarray(k[bi, hi, j], np.float64)
+        for s_ in range(j + 1, 9):
+            u = np.asarray(w[bi, hi, s_], np.float64)
+            key = key - beta[bi, hi, s_] * (key @ u) * u
+        want[bi, hi, j] = key
+    got = path.KEYS[impl](k, w, jnp.asarray(beta, jnp.float32), chunk_size=chunk)
+    assert_close(got, want, rtol=1e-5, atol=1e-5)
+    padded = path.KEYS[impl](jnp.pad(k, ((0, 0), (0, 0), (0, 3), (0, 0))),
+                             jnp.pad(w, ((0, 0), (0, 0), (0, 3), (0, 0))),
+                             jnp.pad(jnp.asarray(beta, jnp.float32), ((0, 0), (0, 0), (0, 3))),
+                             chunk_size=chunk)
+    assert_close(padded[:, :, :9], want, rtol=1e-5, atol=1e-5)
+
+
 def test_chunked_gradients_equal_the_scans():
     q, k = normal(0, (2, 2, 19, 8)), normal(1, (2, 2, 19, 8))
     w = delta.l2_normalise(normal(2, (2, 2, 19, 8)))
@@ -144,7 +167,8 @@ def test_layer_is_the_formula(causal):
     assert_close(y, want, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("hparams", [{"forget_gate": True}, {"conv_size": 0}])
+@pytest.mark.parametrize("hparams", [{"forget_gate": True}, {"conv_size": 0},
+                                     {"impl": "scan"}])
 def test_prefill_and_steps_equal_the_parallel_form(hparams):
     mixer = build(causal=True, **hparams)
     check_prefill_and_steps(mixer, run, normal(5, (3, 14, 16)), jnp.array([1, 5, 9]), 9,
