@@ -228,8 +228,7 @@ def markdown(all_cells: list[dict], source: str) -> str:
         if bits:
             lines += [f"Test {group[0]['unit']} (lower is better) at each length: rows of L "
                       "tokens, each target predicted from the tokens before it in its row.", ""]
-        lines += [
-                  "| model | params | " + " | ".join(
+        lines += ["| model | params | " + " | ".join(
                       [f"L {n}{'*' if n == train else ''}" for n in lengths]
                       + [f"{k} (at L {train})" for k in splits]) + " |",
                   "|---|---|" + "---|" * (len(lengths) + len(splits))]

@@ -65,9 +65,9 @@ Another --pretrain_steps for the same folders is a finished run of another confi
 naming num_train_steps): give it another --sweep_dir.
 
 `--status` added to a sweep's command runs nothing and writes nothing: one line per run
-(finished with its test accuracy; running, with the process and the step of its last
-checkpoint; stopped at a step, which the same command resumes; failed, with its error
-line; not started), then the counts and the training time left at the runs' logged and
+(finished with its test accuracy; running, with the process and the step it logged last;
+stopped at its last complete checkpoint, which the same command resumes; failed, with its
+error line; refused; not started), then the counts and the training time left at the runs' logged and
 finished steps/s (lra/runs/status.py).
 
 Then: `python -m lra.report <sweep_dir>`.
@@ -279,8 +279,6 @@ def sweep(*, task: str, models: list[str], seeds: list[int], config_arg: str, sw
     # there than the one this process creates and checks.
     sweep_dir = os.path.abspath(sweep_dir)
     outcome = collections.defaultdict(list)  # 'done', 'skipped', ... (or --status's states)
-    for state in ("done", "skipped", "failed", "refused", "blocked"):
-        outcome[state] = []
     user_overrides = plan.normalized_overrides(overrides)
     if not pretrain:
         names = [*models, *([plan.LOCALITY_BASELINE] if locality_baseline else [])]

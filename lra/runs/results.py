@@ -29,16 +29,6 @@ IMPLIED_WHEN_ABSENT = {"dtype": "float32", "param_dtype": "float32", "recipe": "
                        # where the test weights are tested again (lra/training/lengths.py)
                        "eval_lengths": "", "eval_depth_buckets": 0, "eval_splits": ""}
 REQUIRED_KEYS = ("task", "model", "test_accuracy")
-
-
-def last_complete_step(workdir: str | None) -> int | None:
-    """The newest step in <workdir>/checkpoints/last, or None: orbax writes a step under a
-    temporary name and renames it to the step's number when it is complete."""
-    last = os.path.join(os.path.abspath(workdir or "."), "checkpoints", "last")
-    steps = [int(d) for d in (os.listdir(last) if workdir and os.path.isdir(last) else ())
-             if d.isdigit()]
-    return max(steps, default=None)
-
 _NUMERIC_KEYS = ("test_accuracy", "train_steps_per_sec", "train_step_temp_bytes",
                  "majority_baseline_accuracy", "num_params", "steps", "best_eval_loss",
                  "test_loss", "test_bits_per_token")
@@ -48,6 +38,15 @@ _NUMERIC_KEYS = ("test_accuracy", "train_steps_per_sec", "train_step_temp_bytes"
 # (or next-token) accuracy: they have their own table and are never averaged with
 # classifiers.
 OBJECTIVES = ("classify", "mlm", "causal_lm", "sequence_labels")
+
+
+def last_complete_step(workdir: str | None) -> int | None:
+    """The newest step in <workdir>/checkpoints/last, or None: orbax writes a step under a
+    temporary name and renames it to the step's number when it is complete."""
+    last = os.path.join(workdir or "", "checkpoints", "last")
+    if not workdir or not os.path.isdir(last):
+        return None
+    return max((int(d) for d in os.listdir(last) if d.isdigit()), default=None)
 # sequence_labels (MQAR, MAD) is a task's own metric, a run from scratch like a classifier's.
 PRETRAINING_OBJECTIVES = ("mlm", "causal_lm")
 SCRATCH, SELF_PRETRAINED, PRETRAINING = "from scratch", "self-pretrained", "pretraining"

@@ -5,8 +5,8 @@ A run is one of:
   finished     results.json holds the config this sweep would run (its test accuracy,
                steps and training steps/s are shown);
   refused      results.json holds another config (the sweep would refuse it: the fields);
-  running      its run.lock is held by a live process on this host (the last complete
-               checkpoint's step, the last logged steps/s);
+  running      its run.lock is held by a live process (the step and steps/s it logged
+               last);
   stopped      a checkpoint but no live owner and no results: the same command resumes it;
   failed       the last attempt failed (error.txt: its line); the next sweep retries it;
   not started  nothing in its workdir yet.
@@ -15,8 +15,9 @@ The time left is training time: each unfinished run's steps left (num_train_step
 its last complete checkpoint) at its own last logged steps/s, else at the mean steps/s of
 its model's finished runs in this listing, else of the finished runs in its model's
 folder (other seeds and overrides of the same sweep directory), else of its model's logged
-runs; a run with none of these has no estimate and is counted apart. Evaluation is not counted, and runs that stop early (an early-stop
-accuracy) end sooner: an estimate, not a promise.
+runs; a run with none of these has no estimate and is counted apart. Evaluation is not
+counted, and runs that stop early (an early-stop accuracy) end sooner: an estimate, not a
+promise.
 """
 from __future__ import annotations
 

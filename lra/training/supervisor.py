@@ -140,13 +140,12 @@ def run_child(argv: list[str], who: str, workdir: str | None) -> int:
     reader.join(timeout=10)
     for sig, previous in forwarded.items():
         signal.signal(sig, previous)
+    log = "".join(seen + held + own)
     if -code in _ABORT_SIGNALS and fatal.is_set():
         sys.stdout.flush()
         # jaxlib's status (which call failed) comes after its fatal line: held back.
-        print(abort_message(who, "".join(seen + held + own), workdir), file=sys.stderr,
-              flush=True)
+        print(abort_message(who, log, workdir), file=sys.stderr, flush=True)
         return EXIT_LOST_PEER
-    log = "".join(seen + held + own)
     if code == EXIT_LOST_PEER and (fatal.is_set() or _REINCARNATION.search(log)):
         # A race: the child's failed collective gave its own one-line error and exit 3
         # (launch.py's os._exit) before jaxlib's abort landed: after its fatal line and
