@@ -38,6 +38,12 @@ seed<s>[-<hash>]`, skipped, resumed and refused like any run; `lra.report` names
 `locality baseline`. It runs from scratch: not with --pretrain; and `locality` in
 --config_arg (every run the baseline) is refused in one line.
 
+`--finished_in=results/cpu/<name>_runs.jsonl[,...]`: the runs records committed beside a
+report (lra.synthetic_report, lra.length_report) count as finished runs: a run whose
+task, model and config one of them records is skipped though its workdir is empty (a
+grid continued on a fresh machine does not redo the cells it has committed; the record's
+folder does not matter). Give the same files to the report with the sweep directory.
+
 A finished run (results.json present) is skipped if the config it recorded is the one this
 sweep would run (fields that do not change results, lra.runs.results.NON_RESULT_FIELDS, aside);
 one that differs (another --config_arg, changed presets, a run started by hand) is not
@@ -76,6 +82,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import functools
 import itertools
 import json
 import os
@@ -120,6 +127,10 @@ def _define_flags() -> None:
     flags.DEFINE_bool("status", False, "Run nothing: say where each run of this sweep "
                       "stands (finished, running, stopped at a step, failed, not started) "
                       "and the training time left (lra/runs/status.py); writes nothing.")
+    flags.DEFINE_list("finished_in", [], "Runs records (the _runs.jsonl files "
+                      "lra.synthetic_report / lra.length_report commit): a run whose config "
+                      "one of them records counts as finished and is skipped (a grid "
+                      "continued on another machine does not redo its committed cells).")
     flags.DEFINE_bool("locality_baseline", False, "Per task and seed, one more run: the "
                       "task's locality baseline (config argument `locality`: one layer that "
                       "sees a short window, MEAN pooling), into <task>/locality_baseline/.")
@@ -197,10 +208,16 @@ def _run_forwarding_signals(cmd: list[str], out, err, timeout: int
 
 
 def _run_one(*, tag: str, workdir: str, task: str, model: str, seed: int, config_arg: str,
-             overrides: list[str], record: dict, timeout: int, log) -> str:
+             overrides: list[str], record: dict, timeout: int, log,
+             finished_in: list | None = None) -> str:
     """Runs (or skips, or refuses) one launch.py run in `workdir`; 'done', 'skipped',
     'failed' or 'refused' (see sweep)."""
     results = os.path.join(workdir, "results.json")
+    found = (None if os.path.exists(results) or not finished_in else
+             plan.recorded_run(finished_in, task, model, seed, config_arg, overrides))
+    if found:
+        log(f"{tag}: finished earlier (recorded in {found[0]}), skipped")
+        return "skipped"
     if os.path.exists(results):
         differences = plan.finished_differences(results, task, model, seed, config_arg,
                                             overrides)
@@ -246,10 +263,12 @@ def _run_one(*, tag: str, workdir: str, task: str, model: str, seed: int, config
 
 
 def _status_one(*, tag: str, workdir: str, task: str, model: str, seed: int,
-                config_arg: str, overrides: list[str], log, infos: list, **_) -> str:
+                config_arg: str, overrides: list[str], log, infos: list,
+                finished_in: list | None = None, **_) -> str:
     """--status: where one run stands (lra.runs.status), said in one line, not run."""
     info = run_status.inspect(workdir=workdir, task=task, model=model, seed=seed,
-                              config_arg=config_arg, overrides=overrides)
+                              config_arg=config_arg, overrides=overrides,
+                              finished_in=finished_in)
     infos.append(info)
     log(f"{tag}: {info['line']}")
     return info["state"]
@@ -258,7 +277,8 @@ def _status_one(*, tag: str, workdir: str, task: str, model: str, seed: int,
 def sweep(*, task: str, models: list[str], seeds: list[int], config_arg: str, sweep_dir: str,
           overrides: list[str], timeout: int = 0, log=print, pretrain: bool = False,
           pretrain_steps: int | None = None, locality_baseline: bool = False,
-          status: list | None = None) -> dict[str, list]:
+          status: list | None = None,
+          finished_in: list[tuple[str, dict]] | None = None) -> dict[str, list]:
     """Runs what is not finished; returns {'done': [...], 'skipped': [...], 'failed': [...],
     'refused': [...], 'blocked': [...]} of (model, seed), or with `pretrain` of
     (model, seed, plan.PRETRAIN | plan.FINE_TUNE). 'refused': finished earlier with another
@@ -270,10 +290,13 @@ def sweep(*, task: str, models: list[str], seeds: list[int], config_arg: str, sw
     plan.check_locality_args refuses.
     `status`: run nothing; each run's lra.runs.status record is appended to it and its
     state (run_status.STATES) is the outcome's key.
+    `finished_in`: plan.load_finished_records' (file, record) pairs; a run one of them
+    records (plan.recorded_run) is finished, 'skipped', though its workdir is empty.
     """
     plan.check_locality_args(config_arg, pretrain, locality_baseline)
-    run_one = (_run_one if status is None else
-               lambda **kw: _status_one(**kw, infos=status))
+    run_one = functools.partial(_run_one if status is None else
+                                functools.partial(_status_one, infos=status),
+                                finished_in=finished_in)
     seeds = list(dict.fromkeys(seeds))
     # launch runs in cli.run_root(): a relative workdir (or init_from) would name another folder
     # there than the one this process creates and checks.
@@ -449,6 +472,10 @@ def main(argv):
     if FLAGS.pretrain:
         for task in tasks:
             _check_pretrain_args(task, models, seeds[0])
+    try:
+        finished_in = plan.load_finished_records(FLAGS.finished_in)
+    except ValueError as e:
+        _fail(str(e))
     try:  # before the data check: an unwritable --sweep_dir is said even if data is missing
         if not FLAGS.status:  # --status writes nothing
             os.makedirs(FLAGS.sweep_dir, exist_ok=True)
@@ -471,7 +498,8 @@ def main(argv):
                          config_arg=FLAGS.config_arg, sweep_dir=FLAGS.sweep_dir,
                          overrides=overrides, timeout=FLAGS.timeout,
                          pretrain=FLAGS.pretrain, pretrain_steps=FLAGS.pretrain_steps,
-                         locality_baseline=FLAGS.locality_baseline, status=infos)
+                         locality_baseline=FLAGS.locality_baseline, status=infos,
+                         finished_in=finished_in)
         except OSError as e:  # a read-only or full disk under --sweep_dir
             _fail(f"cannot write {e.filename or FLAGS.sweep_dir}: {e.strerror or e}; give a "
                   "--sweep_dir you can write to")
@@ -499,8 +527,9 @@ def main(argv):
              if missing else ""))
     if ready:
         synthetic = all(t in ("mqar", "mad") for t in ready)  # Zoology's and MAD's tables
+        # runs skipped as recorded are in their runs files only: the report reads those too
         print(f"Report: python -m lra.{'synthetic_report' if synthetic else 'report'} "
-              f"{FLAGS.sweep_dir}")
+              + " ".join([*FLAGS.finished_in, FLAGS.sweep_dir]))
     sys.exit(1 if outcome["failed"] or outcome["refused"] or outcome["blocked"] or not ready
              else 0)
 

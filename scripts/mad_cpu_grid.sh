@@ -18,6 +18,8 @@
 #   MODELS=kda,rwkv7 TASKS="compression memorization" SEEDS=0 scripts/mad_cpu_grid.sh DIR
 #                                                      # other rows / tasks (issue 71's rows)
 #   STATUS=1 scripts/mad_cpu_grid.sh DIR     # runs nothing: each sweep's lra.sweep --status
+#   FINISHED_IN=results/cpu/mad_2025_runs.jsonl scripts/mad_cpu_grid.sh DIR
+#                  # the runs that record holds count as finished (lra.sweep --finished_in)
 set -u
 DIR=${1:-workdirs/mad_grid}
 MODELS=${MODELS:-transformer,linear,retnet,gla,deltanet,gated_deltanet,mamba2,local,s4d,s5,mega,lru,performer}
@@ -25,6 +27,7 @@ TASKS=${TASKS:-"in_context_recall noisy_in_context_recall compression memorizati
        fuzzy_in_context_recall selective_copying"}
 PY=${PYTHON:-python}
 FLAG=(); [ -n "${STATUS:-}" ] && FLAG=(--status)
+[ -n "${FINISHED_IN:-}" ] && FLAG+=(--finished_in="$FINISHED_IN")
 [ -z "${STATUS:-}" ] && mkdir -p "$DIR"
 queue() {  # queue SEED
     for task in $TASKS; do

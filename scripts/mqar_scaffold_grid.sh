@@ -11,7 +11,12 @@
 #   scripts/mqar_scaffold_grid.sh [DIR] [STAGE]   # DIR default workdirs/mqar_scaffold
 #   STATUS=1 scripts/mqar_scaffold_grid.sh [DIR] [STAGE]   # runs nothing: each sweep's
 #                                  # lra.sweep --status (where its runs stand, time left)
-#   python -m lra.synthetic_report DIR --out=results/cpu/mqar_scaffold_cells
+#   python -m lra.synthetic_report results/cpu/mqar_scaffold_cells_runs.jsonl DIR \
+#       --out=results/cpu/mqar_scaffold_cells
+#
+# The cells committed in results/cpu/mqar_scaffold_cells_runs.jsonl count as finished
+# (lra.sweep --finished_in): a fresh machine runs only the rest. FINISHED_IN names other
+# records (a comma list; empty: none).
 #
 # STAGE: all (default), or one of the functions below. Order: seed 0 of every cell at the
 # mini's lr (3e-3), the ablations, then seeds 1-2, then lr 1e-3 and 1e-2 (Zoology picks
@@ -20,7 +25,11 @@ set -u
 DIR=${1:-workdirs/mqar_scaffold}
 STAGE=${2:-all}
 PY=${PYTHON:-python}
+RECORD=results/cpu/mqar_scaffold_cells_runs.jsonl
+[ -f "$RECORD" ] || RECORD=
+FINISHED_IN=${FINISHED_IN-$RECORD}
 FLAG=(); [ -n "${STATUS:-}" ] && FLAG=(--status)
+[ -n "$FINISHED_IN" ] && FLAG+=(--finished_in="$FINISHED_IN")
 MODELS=transformer,gla,deltanet,gated_deltanet,mamba2,retnet,linear,local,s4d,mega,s5,performer,lru,kda,gated_deltaproduct,fox,rwkv7,nsa,loglinear_mamba2  # from kda on: issue 71
 ABLATED=linear,retnet,performer,gla,deltanet
 [ -z "${STATUS:-}" ] && mkdir -p "$DIR"

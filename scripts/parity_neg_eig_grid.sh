@@ -13,13 +13,21 @@
 #   LANGUAGE=S5 taskset -c 0 scripts/parity_neg_eig_grid.sh workdirs/st_s5
 #   python -m lra.length_report DIR --out=results/cpu/state_tracking_parity
 #   STATUS=1 scripts/parity_neg_eig_grid.sh [DIR]   # runs nothing: lra.sweep --status per cell
+# The cells committed in results/cpu/state_tracking_<language>_runs.jsonl (the report's
+# runs record) count as finished (lra.sweep --finished_in): a fresh machine runs only the
+# rest. FINISHED_IN names other records (a comma list; empty: none); the report then
+# takes the record and DIR: python -m lra.length_report RECORD DIR --out=...
 set -u
 DIR=${1:-workdirs/st_parity}
 PY=${PYTHON:-python}
 LANGUAGE=${LANGUAGE:-parity}
 MODELS=${MODELS:-deltanet mamba2 gated_deltanet gated_deltaproduct}
 SEEDS=${SEEDS:-0 1 2}
+RECORD=results/cpu/state_tracking_$(echo "$LANGUAGE" | tr 'A-Z' 'a-z')_runs.jsonl
+[ -f "$RECORD" ] || RECORD=
+FINISHED_IN=${FINISHED_IN-$RECORD}
 FLAG=(); [ -n "${STATUS:-}" ] && FLAG=(--status)
+[ -n "$FINISHED_IN" ] && FLAG+=(--finished_in="$FINISHED_IN")
 [ -z "${STATUS:-}" ] && mkdir -p "$DIR"
 cell() {  # cell SIGN SEEDS MODEL [lra.sweep flags...]
     local sign=$1 seeds=$2 model=$3; shift 3

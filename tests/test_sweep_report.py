@@ -786,10 +786,67 @@ def test_a_grid_script_prints_each_sweeps_status_and_creates_nothing(tmp_path):
     """STATUS=1 on a grid script (scripts/parity_neg_eig_grid.sh; mqar_scaffold_grid.sh and
     mad_cpu_grid.sh take it the same way) runs each of its sweeps with --status."""
     env = {**os.environ, "PYTHONPATH": REPO, "PYTHON": sys.executable, "STATUS": "1",
-           "MODELS": "deltanet", "SEEDS": "0"}
-    proc = subprocess.run(["bash", os.path.join(REPO, "scripts", "parity_neg_eig_grid.sh"),
-                           str(tmp_path / "grid")], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
+           "MODELS": "deltanet", "SEEDS": "0", "FINISHED_IN": ""}
+    script = ["bash", os.path.join(REPO, "scripts", "parity_neg_eig_grid.sh"),
+              str(tmp_path / "grid")]
+    proc = subprocess.run(script, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("state_tracking deltanet seed 0: not started") == 2, proc.stdout
     assert not os.path.exists(tmp_path / "grid")
+    # By default the committed cells (its report's runs record) count as finished: a
+    # fresh machine resumes the grid where the committed results end.
+    del env["FINISHED_IN"]
+    proc = subprocess.run(script, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("state_tracking deltanet seed 0: finished (recorded in "
+                             "results/cpu/state_tracking_parity_runs.jsonl)") == 2, proc.stdout
+
+
+def test_runs_a_committed_record_holds_count_as_finished(tmp_path, monkeypatch):
+    """--finished_in: a grid continued on a fresh machine (its workdirs gone) skips the
+    runs whose config the committed _runs.jsonl records, whatever folder they ran in; a
+    record of another config does not count; --status says where the record is."""
+    root, calls, logged = str(tmp_path / "sweep"), [], []
+    _fake_launch(monkeypatch, calls)
+    config = plan.expected_config("listops", "transformer", 0, "runlocal", [])
+    record = {"task": "listops", "model": "transformer", "test_accuracy": 0.25,
+              "steps": 3, "train_steps_per_sec": 2.0, "config": config,
+              "run_dir": "workdirs/elsewhere/listops/transformer/seed0"}
+    other = {**record, "config": {**config, "num_train_steps": 7}}
+    runs = tmp_path / "grid_runs.jsonl"
+    runs.write_text(json.dumps(other) + "\n" + json.dumps(record) + "\n")
+    finished = plan.load_finished_records([str(runs)])
+    outcome = sweep.sweep(seeds=[0, 1], sweep_dir=root, overrides=[], log=logged.append,
+                          finished_in=finished, **SWEEP)
+    assert outcome["skipped"] == [("transformer", 0)], logged
+    assert outcome["done"] == [("transformer", 1)]  # seed 1's config is not recorded
+    assert calls == [plan.run_dir(os.path.abspath(root), "listops", "transformer", 1)]
+    assert f"finished earlier (recorded in {runs}), skipped" in logged[0]
+    assert not os.path.exists(plan.run_dir(root, "listops", "transformer", 0))
+    # Only the record of another config: seed 0 runs.
+    only_other = plan.load_finished_records([str(runs)])[:1]
+    again = sweep.sweep(seeds=[0], sweep_dir=str(tmp_path / "b"), overrides=[],
+                        log=lambda _: None, finished_in=only_other, **SWEEP)
+    assert again["done"] == [("transformer", 0)]
+    infos = []
+    state = sweep.sweep(seeds=[0], sweep_dir=str(tmp_path / "c"), overrides=[],
+                        log=logged.append, finished_in=finished, status=infos, **SWEEP)
+    assert state["finished"] == [("transformer", 0)]
+    assert f"finished (recorded in {runs}): test 25.00%, 3 steps" in logged[-1]
+    assert infos[0]["finished_rate"] == 2.0
+    # A list that became a comma string ([] then "") is the same empty value.
+    assert plan.config_differences({**config, "layers": []}, {**config, "layers": ""}) == []
+
+
+def test_a_finished_in_file_that_is_not_a_runs_record_is_one_line(tmp_path):
+    args = ["--task=state_tracking", "--models=deltanet", "--config_arg=runlocal",
+            "--seeds=0", f"--sweep_dir={tmp_path / 'sweep'}"]
+    _one_line_error(_cli("lra.sweep", *args, f"--finished_in={tmp_path / 'none.jsonl'}",
+                         cwd=REPO), "none.jsonl: cannot be read")
+    bad = tmp_path / "bad_runs.jsonl"
+    bad.write_text('{"task": "mqar", "model": "gla", "test_accuracy": 0.5}\n{"task": 1}\n')
+    _one_line_error(_cli("lra.sweep", *args, f"--finished_in={bad}", cwd=REPO),
+                    "bad_runs.jsonl:2: not a run's record")
+    assert not os.path.exists(tmp_path / "sweep")  # refused before anything is made

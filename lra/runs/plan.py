@@ -3,7 +3,8 @@ way): which command gets a task's data and whether it is there (data_command,
 missing_data), a run's folder (run_dir: `<sweep_dir>/<task>/<model>/seed<s>[-<hash>]`,
 `-pretrain` / `-pretrained` for --pretrain's phases), its launch.py command line
 (command), the config launch.py will build and results.json record (expected_config), and
-why a finished run is not this sweep's run (config_differences, finished_differences).
+why a finished run is not this sweep's run (config_differences, finished_differences);
+which committed runs record counts one as finished (recorded_run).
 The locality baseline's run (run_spec), a hybrid's folder (model_folder) and the split of
 a self-pretraining run's steps (pretrain_plan) too. See lra/sweep.py for the protocol."""
 from __future__ import annotations
@@ -302,16 +303,67 @@ def finished_differences(results_path: str, task: str, model: str, seed: int,
             recorded = json.load(f).get("config")
     except (OSError, ValueError, AttributeError) as e:
         return [f"its results.json cannot be read ({type(e).__name__}: {e})"]
+    try:
+        expected = expected_config(task, model, seed, config_arg, overrides)
+    except (Exception, SystemExit) as e:  # noqa: BLE001  (bad override, bad config_arg)
+        return [f"this sweep's config cannot be built ({type(e).__name__}: {e})"]
+    return _record_differences(recorded, expected, "its results.json")
+
+
+def _record_differences(recorded, expected: dict, what: str) -> list[str]:
     if not isinstance(recorded, dict):
-        return ["its results.json records no config"]
+        return [f"{what} records no config"]
     missing = [k for k in RUN_DEFINING_FIELDS if k not in recorded]
     if missing:
         # A field added to the code since a run may be missing from its record; these are
         # not: every run launch.py has recorded has them. A result without them (written
         # by hand, by another tool) is not shown to be this config's run.
-        return [f"its results.json records no {', '.join(missing)}"]
-    try:
-        expected = expected_config(task, model, seed, config_arg, overrides)
-    except (Exception, SystemExit) as e:  # noqa: BLE001  (bad override, bad config_arg)
-        return [f"this sweep's config cannot be built ({type(e).__name__}: {e})"]
+        return [f"{what} records no {', '.join(missing)}"]
     return config_differences(recorded, expected)
+
+
+def load_finished_records(paths: list[str]) -> list[tuple[str, dict]]:
+    """(file, record) for each run in the runs records `paths` (the `_runs.jsonl` files
+    lra.synthetic_report and lra.length_report commit beside their tables).
+    A ValueError (one line) names a file that cannot be read or a line that is not a
+    results record: a sweep told to trust a record must not half-read it."""
+    from lra.runs.results import unusable_reason
+
+    records = []
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except OSError as e:
+            raise ValueError(f"--finished_in={path}: cannot be read ({e.strerror or e})") \
+                from None
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except ValueError as e:
+                raise ValueError(f"--finished_in={path}:{n}: not valid JSON ({e})") from None
+            problem = unusable_reason(r)
+            if problem:
+                raise ValueError(f"--finished_in={path}:{n}: not a run's record ({problem})")
+            records.append((path, r))
+    return records
+
+
+def recorded_run(records: list[tuple[str, dict]], task: str, model: str, seed: int,
+                 config_arg: str, overrides: list[str]) -> tuple[str, dict] | None:
+    """The (file, record) of `records` that is this sweep's run, finished on another
+    machine or in a workdir since deleted, or None. A record is the run when its task and
+    model are the run's and its config is the one launch.py would build, fields that do
+    not change results aside (config_differences): its folder does not count, runs move
+    between machines. A record without a config is never the run."""
+    candidates = [(p, r) for p, r in records
+                  if r.get("task") == task and r.get("model") == model]
+    if not candidates:
+        return None
+    expected = expected_config(task, model, seed, config_arg, overrides)
+    for path, r in candidates:
+        if not _record_differences(r.get("config"), expected, "the record"):
+            return path, r
+    return None

@@ -24,8 +24,8 @@ IMPLIED_WHEN_ABSENT = {"dtype": "float32", "param_dtype": "float32", "recipe": "
                        "early_stop_accuracy": 0.0, "test_weights": "best",
                        "macro_accuracy": "pooled", "data_seed_from_run": False,
                        # hybrid stacks (configs/hybrid.py): unset = one mixer in every layer
-                       "hybrid.mixer": "", "hybrid.layers": (), "hybrid.period": 0,
-                       "hybrid.offset": 0, "hybrid.pattern": (), "layers": (),
+                       "hybrid.mixer": "", "hybrid.layers": "", "hybrid.period": 0,
+                       "hybrid.offset": 0, "hybrid.pattern": "", "layers": "",  # flatten: ""
                        # where the test weights are tested again (lra/training/lengths.py)
                        "eval_lengths": "", "eval_depth_buckets": 0, "eval_splits": ""}
 REQUIRED_KEYS = ("task", "model", "test_accuracy")
@@ -212,11 +212,13 @@ def nothing_found(root: str, skipped: list[str]) -> str:
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
-    """{'a': {'b': 1}} -> {'a.b': 1}; lists stay values."""
+    """{'a': {'b': 1}} -> {'a.b': 1}; lists stay values, but an empty one is "": a
+    field that held a list and now holds a comma string (scaffold.ablate) says "none"
+    either way, and runs recorded before and after compare equal."""
     flat = {}
     for k, v in d.items():
         if isinstance(v, dict):
             flat.update(flatten(v, f"{prefix}{k}."))
         else:
-            flat[f"{prefix}{k}"] = v
+            flat[f"{prefix}{k}"] = "" if isinstance(v, (list, tuple)) and not v else v
     return flat

@@ -3,7 +3,8 @@ workdir without running or writing anything, and the training time left.
 
 A run is one of:
   finished     results.json holds the config this sweep would run (its test accuracy,
-               steps and training steps/s are shown);
+               steps and training steps/s are shown), or a --finished_in runs record
+               does (the file is named);
   refused      results.json holds another config (the sweep would refuse it: the fields);
   running      its run.lock is held by a live process (the step and steps/s it logged
                last);
@@ -70,8 +71,17 @@ def _folder_rates(workdir: str) -> list[float]:
     return rates
 
 
+def _finished(info: dict, r: dict, where: str = "") -> dict:
+    rate = r.get("train_steps_per_sec")
+    what = (f"test {100 * r['test_accuracy']:.2f}%" if r.get("test_accuracy") is not None
+            else "tested")
+    return {**info, "state": "finished", "finished_rate": rate,
+            "line": f"finished{where}: {what}, {r.get('steps', '?')} steps"
+                    + (f" at {rate:.2f} steps/s" if rate else "")}
+
+
 def inspect(*, workdir: str, task: str, model: str, seed: int, config_arg: str,
-            overrides: list[str]) -> dict:
+            overrides: list[str], finished_in: list | None = None) -> dict:
     """{'state', 'line' (what to print), 'model', 'steps_left', 'rate' (steps/s or None),
     'finished_rate' (a finished run's training steps/s), 'folder_rates' (those of the
     finished runs in its model's folder)} for one run of the sweep."""
@@ -85,13 +95,11 @@ def inspect(*, workdir: str, task: str, model: str, seed: int, config_arg: str,
             return {**info, "state": "refused", "line": "refused: a finished run of another "
                     f"config is there ({'; '.join(differences)})"}
         with open(results) as f:
-            r = json.load(f)
-        rate = r.get("train_steps_per_sec")
-        what = (f"test {100 * r['test_accuracy']:.2f}%" if r.get("test_accuracy") is not None
-                else "tested")
-        return {**info, "state": "finished", "finished_rate": rate,
-                "line": f"finished: {what}, {r.get('steps', '?')} steps"
-                        + (f" at {rate:.2f} steps/s" if rate else "")}
+            return _finished(info, json.load(f))
+    found = finished_in and plan.recorded_run(finished_in, task, model, seed, config_arg,
+                                              overrides)
+    if found:
+        return _finished(info, found[1], f" (recorded in {found[0]})")
     total = int(plan.expected_config(task, model, seed, config_arg,
                                      overrides)["num_train_steps"])
     step = last_complete_step(workdir) or 0
