@@ -14,12 +14,19 @@ keys are excluded from the block means (a block without a real key is never chos
 from the attention. causal=False (LRA's classifiers; MoBA is causal): every other block
 with a real key is a candidate; ours.
 
-Computed with the L x L mask (the reference's own form; O(L^2) memory, as `transformer`'s
-dense path): a faithful row for comparisons of recall, not a fast kernel. top_k >= the
-number of blocks is softmax attention (the conformance suite's dense limit).
+attention_impl='dense' (the default) computes it with the L x L mask, the reference's own
+naive form (O(L^2) memory, as `transformer`'s dense path). attention_impl='flash' (the
+config argument every task config takes): the O(L)-memory chunked softmax of
+models/kernels/chunked_attention.py with the chosen blocks as a per-query table of
+blocks (Q x L / block_size booleans; tiles none of whose queries chose a block skipped),
+the memory of MoonshotAI/MoBA's flash form, not its sparse compute (its varlen kernel
+reads only the chosen blocks; here every tile holding one chosen block is computed).
+The two are tested equal (tests/models/test_moba.py). top_k >= the number of blocks is
+softmax attention (the conformance suite's dense limit).
 
 Decoding: a kv cache of every position; each step recomputes the block means over the
-cached keys and chooses its blocks as the parallel form does at that position.
+cached keys and chooses its blocks as the parallel form does at that position (the dense
+form: one query).
 """
 from __future__ import annotations
 
@@ -27,8 +34,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models import decoding, layers, registry
+from models import decoding, layers, masks, registry
 from models.attention import dense
+from models.kernels.chunked_attention import chunked_attention
+
+IMPLS = ("dense", "flash")
 
 
 def selected_blocks(q_BxHxQxK: jax.Array, k_BxHxKvxK: jax.Array, valid_BxKv: jax.Array,
@@ -76,11 +86,13 @@ def key_mask(chosen_BxHxQxN: jax.Array, valid_BxKv: jax.Array, q_pos_BxQ: jax.Ar
 class MixtureOfBlockAttention(dense.MultiHeadAttention):
     """MoBA (module docstring) with `transformer`'s projections."""
 
-    def __init__(self, *, block_size: int, top_k: int, **kwargs):
+    def __init__(self, *, block_size: int, top_k: int, attention_impl: str = "dense",
+                 **kwargs):
         if block_size < 1 or top_k < 1:
             raise ValueError(f"block_size ({block_size}) and top_k ({top_k}) must be positive")
         super().__init__(**kwargs)
         self.block_size, self.top_k = block_size, top_k
+        self.attention_impl = attention_impl
 
     def attend(self, q_BxHxQxK, k_BxHxKvxK, v_BxHxKvxK, valid_BxKv, q_pos_BxQ, dropout_fn):
         chosen = selected_blocks(q_BxHxQxK, k_BxHxKvxK, valid_BxKv, q_pos_BxQ,
@@ -96,8 +108,17 @@ class MixtureOfBlockAttention(dense.MultiHeadAttention):
         b, length = x_BxLxD.shape[:2]
         q, k, v = self.project_qkv(x_BxLxD)
         pos_BxL = jnp.broadcast_to(jnp.arange(length)[None], (b, length))
-        o = self.attend(q, k, v, layers.valid_mask(padding_mask, b, length), pos_BxL,
-                        self.dropout_fn(deterministic))
+        valid_BxL = layers.valid_mask(padding_mask, b, length)
+        if self.attention_impl == "flash":
+            chosen = selected_blocks(q, k, valid_BxL, pos_BxL, block_size=self.block_size,
+                                     top_k=self.top_k, causal=self.causal)
+            rate = 0.0 if deterministic else self.attention_dropout.rate
+            o = chunked_attention(q, k, v, masks.causal() if self.causal else None,
+                                  valid_BxKv=valid_BxL, dropout_rate=rate,
+                                  dropout_seed=self.dropout_seed() if rate > 0 else None,
+                                  key_blocks=(chosen, self.block_size))
+        else:
+            o = self.attend(q, k, v, valid_BxL, pos_BxL, self.dropout_fn(deterministic))
         return self.out(self.merge_heads(o))
 
     # ------------------------------------------------------------------ decoding
@@ -146,11 +167,18 @@ class MixtureOfBlockAttention(dense.MultiHeadAttention):
 def build_moba(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
                rotary: bool = False, qkv_dim: int | None = None,
                attention_dropout: float = 0.1, use_bias: bool = True, block_size: int = 64,
-               top_k: int = 3) -> MixtureOfBlockAttention:
+               top_k: int = 3, attention_impl: str = "dense") -> MixtureOfBlockAttention:
     """block_size and top_k: MoBA's two knobs (its LLaMA example: 4096 and 12 at 32K+;
-    here 64 and 3, about 10% of the keys at LRA's 2K)."""
+    here 64 and 3, about 10% of the keys at LRA's 2K). attention_impl: 'dense' or
+    'flash' (module docstring)."""
     del max_len  # any length
-    return MixtureOfBlockAttention(block_size=int(block_size), top_k=int(top_k), dim=dim,
+    if attention_impl not in IMPLS:
+        raise registry.RegistryError(
+            f"moba: attention_impl={attention_impl!r} is not available; use 'dense' or "
+            "'flash' (the chunked O(L)-memory form with the chosen blocks; its blocks are "
+            "chosen by content, so the static block-sparse forms do not apply)")
+    return MixtureOfBlockAttention(block_size=int(block_size), top_k=int(top_k),
+                                   attention_impl=attention_impl, dim=dim,
                                    num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
                                    attention_dropout=attention_dropout, use_bias=use_bias,
                                    rotary=rotary, rngs=rngs)

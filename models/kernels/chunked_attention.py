@@ -23,6 +23,12 @@ adds c_i - c_j to the logits (the cumulative log forget gates of query i and key
 -|c_i - c_j| with `forget_both_ways`, computed per tile from the two vectors, so the
 O(L) memory holds; its gradient is the logits' summed over keys (for c_i) and over
 queries (for c_j), accumulated in the same backward pass.
+
+Blocks chosen by content (moba, models/attention/moba.py): `key_blocks=(chosen_BxHxQxN,
+block_size)` lets query i see key j only where chosen[..., i, j // block_size]; each
+tile gathers its rows and block columns of the table (Q x L / block_size booleans, not
+L x L), and a tile none of whose queries chose any of its blocks is skipped as a masked
+one is.
 """
 from __future__ import annotations
 
@@ -49,10 +55,12 @@ def chunked_attention(q_BxHxQxK: jax.Array, k_BxHxKvxK: jax.Array, v_BxHxKvxD: j
                       dropout_seed: jax.Array | None = None, chunk_q: int = CHUNK_Q,
                       chunk_k: int = CHUNK_K,
                       forget: tuple[jax.Array, jax.Array] | None = None,
-                      forget_both_ways: bool = False) -> jax.Array:
+                      forget_both_ways: bool = False,
+                      key_blocks: tuple[jax.Array, int] | None = None) -> jax.Array:
     """softmax(q k^T / sqrt(K) [+ the forget bias]) v restricted to `pattern` (None: every
     key) and to the keys with `valid_BxKv` True; BxHxQxD in v's dtype. O(L) memory,
-    forward and backward. `forget`: (c_BxHxQ, c_BxHxKv), module docstring."""
+    forward and backward. `forget`: (c_BxHxQ, c_BxHxKv); `key_blocks`: (chosen
+    BxHxQxN bool, block_size), the blocks each query may read (module docstring)."""
     b, h, q_len, _ = q_BxHxQxK.shape
     kv_len = k_BxHxKvxK.shape[2]
     if k_BxHxKvxK.shape[:2] != (b, h) or v_BxHxKvxD.shape[:3] != (b, h, kv_len):
@@ -80,19 +88,37 @@ def chunked_attention(q_BxHxQxK: jax.Array, k_BxHxKvxK: jax.Array, v_BxHxKvxD: j
         if c_q.shape != (b, h, q_len) or c_k.shape != (b, h, kv_len):
             raise ValueError(f"forget vectors {c_q.shape}, {c_k.shape}: want {(b, h, q_len)} "
                              f"and {(b, h, kv_len)}")
-    cfg = _Config(pattern, q_len, kv_len, h, min(chunk_q, q_len), min(chunk_k, kv_len),
-                  float(dropout_rate), bias)
-    return _attention(cfg, q_BxHxQxK, k_BxHxKvxK, v_BxHxKvxD, valid, seed, c_q, c_k)
+    cq, ck = min(chunk_q, q_len), min(chunk_k, kv_len)
+    if key_blocks is None:
+        block_size, chosen = 0, jnp.zeros((b, 1, 1, 1), jnp.bool_)
+    else:
+        chosen, block_size = key_blocks
+        n_blocks = -(-kv_len // block_size)
+        if block_size < 1 or chosen.shape not in ((b, h, q_len, n_blocks),
+                                                  (b, 1, q_len, n_blocks)):
+            raise ValueError(f"key_blocks: a table {chosen.shape} of blocks of {block_size}: "
+                             f"want {(b, h, q_len, n_blocks)} (or one head) and a block of "
+                             "at least 1 key")
+        # Padded to the tiles: rows of padded queries and blocks past the keys are False.
+        n_cover = -(-(-(-kv_len // ck) * ck) // block_size)
+        chosen = jnp.pad(chosen.astype(jnp.bool_),
+                         ((0, 0), (0, 0), (0, -(-q_len // cq) * cq - q_len),
+                          (0, n_cover - n_blocks)))
+    cfg = _Config(pattern, q_len, kv_len, h, cq, ck, float(dropout_rate), bias, block_size)
+    return _attention(cfg, q_BxHxQxK, k_BxHxKvxK, v_BxHxKvxD, valid, seed, c_q, c_k,
+                      chosen)
 
 
 class _Config:
     """The static part of a call (hashable: the custom VJP's non-differentiable argument)."""
 
-    def __init__(self, pattern, q_len, kv_len, heads, cq, ck, rate, bias=None):
+    def __init__(self, pattern, q_len, kv_len, heads, cq, ck, rate, bias=None,
+                 block_size=0):
         self.pattern, self.q_len, self.kv_len, self.heads = pattern, q_len, kv_len, heads
         self.cq, self.ck, self.rate, self.bias = cq, ck, rate, bias
+        self.block_size = block_size  # 0: no key_blocks table
         self.nq, self.nk = -(-q_len // cq), -(-kv_len // ck)
-        self.key = (pattern, q_len, kv_len, heads, cq, ck, rate, bias)
+        self.key = (pattern, q_len, kv_len, heads, cq, ck, rate, bias, block_size)
 
     def __hash__(self):
         return hash(self.key)
@@ -100,9 +126,9 @@ class _Config:
     def __eq__(self, other):
         return isinstance(other, _Config) and self.key == other.key
 
-    def tile_mask(self, qi, kj, valid_BxKv):
-        """(bool B x (1|H) x cq x ck: the pattern's and the keys' mask of tile (qi, kj),
-        bool scalar: whether any of it is True)."""
+    def tile_mask(self, qi, kj, valid_BxKv, chosen):
+        """(bool B x (1|H) x cq x ck: the pattern's, the keys' and the chosen blocks' mask
+        of tile (qi, kj), bool scalar: whether any of it is True)."""
         # Iotas, not numpy constants: a constant in a lax.platform_dependent branch
         # breaks jax.export (JAX 0.10.2).
         i = (qi * self.cq + lax.iota(jnp.int32, self.cq) + (self.kv_len - self.q_len))
@@ -112,6 +138,9 @@ class _Config:
         allowed = allowed[None, None] if allowed.ndim == 2 else allowed[None]
         keys = lax.dynamic_slice_in_dim(valid_BxKv, kj * self.ck, self.ck, axis=1)
         mask = allowed & keys[:, None, None, :]
+        if self.block_size:
+            rows = lax.dynamic_slice_in_dim(chosen, qi * self.cq, self.cq, axis=2)
+            mask = mask & jnp.take(rows, j // self.block_size, axis=3)
         return mask, jnp.any(mask)
 
     def logits(self, q_c, k_c, scale, cq_c, ck_c):
@@ -164,7 +193,7 @@ def _scores(q_BxHxCxK, k_BxHxCxK, scale):
                       preferred_element_type=jnp.float32) * scale
 
 
-def _forward(cfg, q, k, v, valid, seed, c_q, c_k):
+def _forward(cfg, q, k, v, valid, seed, c_q, c_k, chosen):
     """(o BxHxQxD in v's dtype, lse BxHxQ f32; +inf on rows with no key)."""
     b, h, _, dk = q.shape
     dv = v.shape[-1]
@@ -179,7 +208,7 @@ def _forward(cfg, q, k, v, valid, seed, c_q, c_k):
         q_c = q_n[qi]
 
         def key_step(carry, kj):
-            mask, any_key = cfg.tile_mask(qi, kj, valid)
+            mask, any_key = cfg.tile_mask(qi, kj, valid, chosen)
 
             def tile(carry):
                 m, l, acc = carry
@@ -212,19 +241,19 @@ def _forward(cfg, q, k, v, valid, seed, c_q, c_k):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attention(cfg, q, k, v, valid, seed, c_q, c_k):
-    return _forward(cfg, q, k, v, valid, seed, c_q, c_k)[0]
+def _attention(cfg, q, k, v, valid, seed, c_q, c_k, chosen):
+    return _forward(cfg, q, k, v, valid, seed, c_q, c_k, chosen)[0]
 
 
-def _attention_fwd(cfg, q, k, v, valid, seed, c_q, c_k):
-    o, lse = _forward(cfg, q, k, v, valid, seed, c_q, c_k)
-    return o, (q, k, v, valid, seed, c_q, c_k, o, lse)
+def _attention_fwd(cfg, q, k, v, valid, seed, c_q, c_k, chosen):
+    o, lse = _forward(cfg, q, k, v, valid, seed, c_q, c_k, chosen)
+    return o, (q, k, v, valid, seed, c_q, c_k, chosen, o, lse)
 
 
 def _attention_bwd(cfg, res, do):
     """One pass over the key chunks (dk, dv of the chunk accumulated over the query
     chunks; dq accumulated over the key chunks), probabilities recomputed from lse."""
-    q, k, v, valid, seed, c_q, c_k, o, lse = res
+    q, k, v, valid, seed, c_q, c_k, chosen, o, lse = res
     b, h, _, dk = q.shape
     scale = 1.0 / math.sqrt(dk)
     d_rows = jnp.einsum("bhqd,bhqd->bhq", do.astype(jnp.float32), o.astype(jnp.float32))
@@ -240,7 +269,7 @@ def _attention_bwd(cfg, res, do):
         k_c, v_c = k_n[kj], v_n[kj]
 
         def query_step(carry, qi):
-            mask, any_key = cfg.tile_mask(qi, kj, valid_p)
+            mask, any_key = cfg.tile_mask(qi, kj, valid_p, chosen)
 
             def tile(carry):
                 dk_c, dv_c, dck_c = carry
@@ -289,9 +318,10 @@ def _attention_bwd(cfg, res, do):
     dv_ = _unchunk(dv_n, cfg.kv_len).astype(v.dtype)
     dc_q = _unchunk(dcq_n[..., None], cfg.q_len)[..., 0]
     dc_k = _unchunk(dck_n[..., None], cfg.kv_len)[..., 0]
-    # valid (bool) and seed (int) have no cotangent: float0 zeros.
+    # valid, chosen (bool) and seed (int) have no cotangent: float0 zeros.
     return (dq, dk_, dv_, np.zeros(valid.shape, jax.dtypes.float0),
-            np.zeros(seed.shape, jax.dtypes.float0), dc_q, dc_k)
+            np.zeros(seed.shape, jax.dtypes.float0), dc_q, dc_k,
+            np.zeros(chosen.shape, jax.dtypes.float0))
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)

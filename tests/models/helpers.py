@@ -83,3 +83,51 @@ def check_prefill_and_steps(mixer: nnx.Module, run, x_BxLxD: jax.Array, lens_B: 
             outputs[b, n + i] = np.asarray(y)[b]
     reached = np.arange(length)[None] < (np.asarray(lens_B) + length - prompt_len)[:, None]
     np.testing.assert_allclose(outputs[reached], parallel[reached], **tol)
+
+
+def task_config_train_step(config_arg: str, **hparams) -> tuple[dict, object, nnx.Module]:
+    """One jitted training step of `configs/mqar.py:<config_arg>` (batch 4) with
+    model_hparams updated by `hparams`: (metrics, each parameter's update, the built
+    model). Two forms of one mixer (an `impl` hparam) give the same step through the task
+    config. adam_eps is 1 here: the first update is then lr g / (|g| + 1), about lr g, so
+    the updates compare the gradients; at the config's 1e-9 Adam's first step is lr
+    sign(g), which blows a gradient that is 0 up to rounding (a key bias under softmax)
+    up to lr, differently in each form."""
+    import lra.tasks
+    from configs import mqar
+    from lra import benchmark
+    from lra.train import build_model
+    from lra.training import objectives, optim
+
+    config = mqar.get_config(config_arg)
+    for name, value in hparams.items():
+        config.model_hparams[name] = value
+    config.batch_size = 4
+    config.adam_eps = 1.0
+    task = lra.tasks.get("mqar")
+    schedule = optim.learning_rate_schedule(config)
+    assert float(schedule(0)) > 0  # else the updates are 0 and compare nothing
+    tx = optim.make_optimizer(config, schedule)
+    built = build_model(config, task)
+    graphdef, params, rest = nnx.split(built, nnx.Param, ...)
+    state = {"step": jnp.int32(0), "params": params, "rest": rest,
+             "opt_state": tx.init(params)}
+    batch = benchmark.generated_batch(config, task, config.max_length)
+    slots = objectives.label_slots({"train": batch}, config)
+    train_step, _ = objectives.make_steps(graphdef, tx, schedule, task.num_classes,
+                                          config, task.vocab_size, label_slots=slots)
+    new_state, metrics = jax.jit(train_step)(state, batch)
+    updates = jax.tree.map(lambda new, old: new - old, new_state["params"], params)
+    return metrics, updates, built
+
+
+def assert_same_train_step(got: tuple, want: tuple) -> None:
+    """Two task_config_train_step results agree: loss, gradient norm, accuracy, and every
+    parameter's update, to 1e-4 of the largest update of any parameter (a tensor whose
+    gradient is 0 up to rounding, a key bias under softmax, moves by 1e-11)."""
+    for name in ("loss", "grad_norm", "accuracy"):
+        np.testing.assert_allclose(got[0][name], want[0][name], rtol=1e-5, err_msg=name)
+    scale = max(float(np.abs(np.asarray(e)).max()) for e in jax.tree.leaves(want[1]))
+    assert scale > 0, "no parameter moved"
+    for a, e in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=1e-4, atol=1e-4 * scale)

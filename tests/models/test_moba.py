@@ -5,10 +5,13 @@ padding, causality; the decoding suite prefill + steps through the configs. Here
 causal layer equals MoonshotAI/MoBA's `moba_attn_varlen_naive` (moba/moba_naive.py at
 61e456b) ported line by line to numpy; a query reads its own block and min(top_k, own + 1)
 blocks in all, never a later one; with padding, padded keys are in no block mean; the
-bidirectional form chooses among all blocks; decoding with rotary.
+bidirectional form chooses among all blocks; decoding with rotary; the O(L)-memory form
+(attention_impl='flash') equals the mask: outputs and gradients, causal or not, padded,
+tiles smaller than the length, and one training step through the task config.
 """
 from __future__ import annotations
 
+import jax
 import numpy as np
 import jax.numpy as jnp
 import pytest
@@ -17,7 +20,8 @@ from flax import nnx
 from models import registry
 from models.attention import moba
 
-from tests.models.helpers import check_prefill_and_steps, normal, randomize_params
+from tests.models.helpers import (assert_same_train_step, check_prefill_and_steps, normal,
+                                  randomize_params, task_config_train_step)
 from tests.models.test_delta import assert_close, run
 
 
@@ -103,3 +107,87 @@ def test_prefill_and_steps_with_rotary():
     mixer = build(causal=True, rotary=True)
     check_prefill_and_steps(mixer, run, normal(6, (3, 15, 16)), jnp.array([1, 5, 9]), 9,
                             rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_flash_form_equals_the_mask(causal):
+    """attention_impl='flash' against 'dense': the layer's output and the gradients of
+    its parameters and input, with a padded row and a length that is not a multiple of
+    the block (to 1e-4 of the largest gradient: the key bias's is 0 up to rounding)."""
+    x = normal(1, (2, 29, 16))
+    mask = jnp.arange(29)[None] < jnp.array([[29], [20]])
+    out, grads = {}, {}
+    for impl in ("dense", "flash"):
+        mixer = build(causal=causal, top_k=3, attention_impl=impl)
+        graphdef, params, rest = nnx.split(mixer, nnx.Param, ...)
+
+        def loss(params, x):
+            y = nnx.merge(graphdef, params, rest)(x, mask)
+            return jnp.sum(jnp.where(mask[..., None], y, 0.0) * normal(2, y.shape))
+
+        out[impl] = nnx.merge(graphdef, params, rest)(x, mask)
+        grads[impl] = jax.tree.leaves(jax.grad(loss, argnums=(0, 1))(params, x))
+    real = np.asarray(mask)
+    assert_close(np.asarray(out["flash"])[real], np.asarray(out["dense"])[real],
+                 rtol=1e-5, atol=1e-6)
+    scale = max(float(np.abs(g).max()) for g in grads["dense"])
+    for got, want in zip(grads["flash"], grads["dense"]):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * scale)
+
+
+@pytest.mark.parametrize("causal,top_k", [(True, 2), (False, 3), (False, 1)])
+def test_the_kernels_key_blocks_are_the_mask_across_tiles(causal, top_k):
+    """chunked_attention(key_blocks=...) in tiles of 8 over 37 positions, blocks of 3
+    (tiles and blocks not aligned), against the dense attention with the chosen blocks'
+    mask: output and gradients. With top_k=1 (each query its own block) and no causal
+    pattern, the tiles off the diagonal are empty by the table alone: skipped."""
+    from models import masks
+    from models.kernels.chunked_attention import chunked_attention
+
+    q, k, v = (normal(s, (2, 2, 37, 4)) for s in (1, 2, 3))
+    valid = jnp.arange(37)[None] < jnp.array([[37], [30]])
+    pos = jnp.broadcast_to(jnp.arange(37)[None], (2, 37))
+    chosen = moba.selected_blocks(q, k, valid, pos, block_size=3, top_k=top_k,
+                                   causal=causal)
+    mask = moba.key_mask(chosen, valid, pos, block_size=3, causal=causal)
+    weights = normal(4, (2, 2, 37, 4))
+    flash = lambda q, k, v: chunked_attention(  # noqa: E731
+        q, k, v, masks.causal() if causal else None, valid_BxKv=valid, chunk_q=8,
+        chunk_k=8, key_blocks=(chosen, 3))
+    dense_form = lambda q, k, v: moba.dense.dot_product_attention(  # noqa: E731
+        q, k, v, mask=mask)
+    assert_close(flash(q, k, v), dense_form(q, k, v), rtol=1e-5, atol=1e-6)
+    loss = lambda f, *a: jnp.sum(weights * f(*a))  # noqa: E731
+    for got, want in zip(jax.grad(loss, argnums=(1, 2, 3))(flash, q, k, v),
+                         jax.grad(loss, argnums=(1, 2, 3))(dense_form, q, k, v)):
+        assert_close(got, want, rtol=1e-5, atol=1e-6)
+    if top_k == 1:
+        pad = np.zeros((2, 2, 40, 40), bool)
+        pad[:, :, :37, :37] = np.asarray(mask)
+        per_tile = pad.reshape(2, 2, 5, 8, 5, 8).any(axis=(0, 1, 3, 5))
+        assert per_tile.sum() < 25 and np.diag(per_tile).all()
+
+
+def test_a_key_blocks_table_of_another_shape_is_refused():
+    from models.kernels.chunked_attention import chunked_attention
+
+    q = normal(1, (1, 2, 10, 4))
+    with pytest.raises(ValueError, match=r"key_blocks: a table \(1, 2, 10, 3\)"):
+        chunked_attention(q, q, q, key_blocks=(jnp.ones((1, 2, 10, 3), bool), 3))
+
+
+def test_flash_train_step_equals_the_mask_through_the_task_config():
+    """`configs/mqar.py:model=moba,runlocal,attention_impl=flash` against the dense form:
+    one training step's loss, gradient norm and parameter updates agree."""
+    results = {}
+    for impl in moba.IMPLS:
+        *results[impl], built = task_config_train_step(
+            f"model=moba,runlocal,attention_impl={impl}")
+        assert {m.attention_impl for _, m in built.iter_modules()
+                if isinstance(m, moba.MixtureOfBlockAttention)} == {impl}
+    assert_same_train_step(results["flash"], results["dense"])
+
+
+def test_an_unknown_attention_impl_is_refused_by_name():
+    with pytest.raises(registry.RegistryError, match="attention_impl='pallas' is not"):
+        build(causal=True, attention_impl="pallas")

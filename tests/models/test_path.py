@@ -17,7 +17,8 @@ from flax import nnx
 from models import registry
 from models.attention import delta, path
 
-from tests.models.helpers import check_prefill_and_steps, normal, randomize_params
+from tests.models.helpers import (assert_same_train_step, check_prefill_and_steps, normal,
+                                  randomize_params, task_config_train_step)
 from tests.models.test_delta import assert_close, run
 
 
@@ -100,39 +101,12 @@ def test_chunked_train_step_equals_the_scans_through_the_task_config():
     """`configs/mqar.py:model=path,runlocal` (the scaffold's positions-free softmax with
     PaTH's transforms) with model_hparams.impl=chunked and =scan: one training step's loss,
     gradient norm and updated parameters agree."""
-    import lra.tasks
-    from configs import mqar
-    from lra import benchmark
-    from lra.train import build_model
-    from lra.training import objectives, optim
-
     results = {}
     for impl in path.LOGITS:
-        config = mqar.get_config("model=path,runlocal")
-        config.model_hparams.impl = impl
-        config.batch_size = 4
-        task = lra.tasks.get("mqar")
-        schedule = optim.learning_rate_schedule(config)
-        tx = optim.make_optimizer(config, schedule)
-        built = build_model(config, task)
+        *results[impl], built = task_config_train_step("model=path,runlocal", impl=impl)
         assert {m.impl for _, m in built.iter_modules() if isinstance(m, path.PaTHAttention)} \
             == {impl}
-        graphdef, params, rest = nnx.split(built, nnx.Param, ...)
-        state = {"step": jnp.int32(0), "params": params, "rest": rest,
-                 "opt_state": tx.init(params)}
-        batch = benchmark.generated_batch(config, task, config.max_length)
-        slots = objectives.label_slots({"train": batch}, config)
-        train_step, _ = objectives.make_steps(graphdef, tx, schedule, task.num_classes,
-                                              config, task.vocab_size, label_slots=slots)
-        new_state, metrics = jax.jit(train_step)(state, batch)
-        results[impl] = metrics, new_state["params"]
-    (got, got_params), (want, want_params) = results["chunked"], results["scan"]
-    for name in ("loss", "grad_norm", "accuracy"):
-        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, err_msg=name)
-    # Adam's first update is lr g / (|g| + eps): a gradient near eps (1e-8) moves by its
-    # rounding; 2 of 262,144 parameters differed by 1.3e-6 (lr 3e-3) at atol 1e-6.
-    for a, e in zip(jax.tree.leaves(got_params), jax.tree.leaves(want_params)):
-        np.testing.assert_allclose(a, e, rtol=1e-5, atol=5e-6)
+    assert_same_train_step(results["chunked"], results["scan"])
 
 
 def test_an_unknown_impl_is_refused_by_name():
