@@ -54,6 +54,12 @@ logits). The selected branch gathers each query's block_counts x block_size keys
 content, so they cannot be one; the masked softmax is dense.attend_logits' convention.
 The window is a static pattern and goes through models.kernels.block_sparse_attention
 (masks.local, XLA backend: O(L window) work) in the parallel form.
+attention_impl='flash' (the config argument every task config takes) computes the
+selected branch with the O(L)-memory chunked softmax of models/kernels/chunked_attention.py
+instead, the chosen blocks as its per-query table of blocks (Q x N booleans per head, not
+Q x S x block_size gathered keys): the same numbers (tests/models/test_nsa.py), memory
+O(L N) instead of O(L S block_size), but the compute of every tile one of whose queries
+chose one of its blocks (most tiles at long L) where the gather reads only the chosen keys.
 
 Decoding (kv_cache): every cached key and value (the selection can reach any block);
 each step recomputes the block means over the cache and chooses as the parallel form
@@ -69,6 +75,9 @@ from flax import nnx
 
 from models import decoding, layers, masks, registry
 from models.kernels.block_sparse_attention import block_sparse_attention
+from models.kernels.chunked_attention import chunked_attention
+
+IMPLS = ("dense", "flash")  # the selected branch gathered, or chunked (module docstring)
 
 # fla's layer defaults (fla/layers/nsa.py NativeSparseAttention.__init__).
 BLOCK_SIZE, BLOCK_COUNTS, WINDOW_SIZE = 64, 16, 512
@@ -158,13 +167,29 @@ def selected_attention(q_BxGxHgxQxK: jax.Array, k_BxGxKvxK: jax.Array,
     return jnp.einsum("bghqt,bgqtd->bghqd", w.astype(v_sel.dtype), v_sel)
 
 
+def chunked_selected_attention(q_BxHxLxK: jax.Array, k_BxGxLxK: jax.Array,
+                               v_BxGxLxD: jax.Array, idx_BxGxLxS: jax.Array,
+                               valid_BxL: jax.Array, *, block_size: int,
+                               causal: bool) -> jax.Array:
+    """selected_attention for queries at the positions of the keys (the parallel form),
+    as the chunked O(L)-memory softmax with the chosen blocks as its table; BxHxLxD."""
+    b, h, length, _ = q_BxHxLxK.shape
+    n = -(-length // block_size)
+    chosen_BxGxLxN = jnp.any(idx_BxGxLxS[..., None] == jnp.arange(n), axis=-2)
+    rep = lambda x: jnp.repeat(x, h // x.shape[1], axis=1)  # noqa: E731  GQA: h // G
+    return chunked_attention(q_BxHxLxK, rep(k_BxGxLxK), rep(v_BxGxLxD),
+                             masks.causal() if causal else None, valid_BxKv=valid_BxL,
+                             key_blocks=(rep(chosen_BxGxLxN), block_size))
+
+
 def nsa_branches(q_BxHxQxK: jax.Array, k_BxGxKvxK: jax.Array, v_BxGxKvxD: jax.Array,
                  valid_BxKv: jax.Array, q_pos_BxQ: jax.Array, *, block_size: int,
-                 block_counts: int, causal: bool, block_idx: jax.Array | None = None
-                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
+                 block_counts: int, causal: bool, block_idx: jax.Array | None = None,
+                 chunked: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(o_cmp, o_slc BxHxQxD, chosen blocks BxGxQxS): the compressed and selected branches
     for queries at q_pos_BxQ over keys at positions 0..Kv-1. `block_idx` (BxGxQxS, -1 =
-    empty) overrides the choice, as naive_nsa's `block_indices`."""
+    empty) overrides the choice, as naive_nsa's `block_indices`. `chunked`: the selected
+    branch as chunked_selected_attention (queries at 0..Kv-1 only)."""
     b, h, q_len, dim = q_BxHxQxK.shape
     g = k_BxGxKvxK.shape[1]
     q = q_BxHxQxK.reshape(b, g, h // g, q_len, dim)
@@ -179,10 +204,14 @@ def nsa_branches(q_BxHxQxK: jax.Array, k_BxGxKvxK: jax.Array, v_BxGxKvxD: jax.Ar
         block_idx = choose_blocks(probs, visible, count_BxN, q_pos_BxQ,
                                   block_size=block_size, block_counts=block_counts,
                                   causal=causal)
-    o_slc = selected_attention(q, k_BxGxKvxK, v_BxGxKvxD, block_idx, valid_BxKv, q_pos_BxQ,
-                               block_size=block_size, causal=causal)
     merge = lambda o: o.reshape(b, h, q_len, -1)  # noqa: E731
-    return merge(o_cmp), merge(o_slc), block_idx
+    if chunked:
+        o_slc = chunked_selected_attention(q_BxHxQxK, k_BxGxKvxK, v_BxGxKvxD, block_idx,
+                                           valid_BxKv, block_size=block_size, causal=causal)
+    else:
+        o_slc = merge(selected_attention(q, k_BxGxKvxK, v_BxGxKvxD, block_idx, valid_BxKv,
+                                         q_pos_BxQ, block_size=block_size, causal=causal))
+    return merge(o_cmp), o_slc, block_idx
 
 
 def window_pattern(window_size: int, causal: bool) -> masks.Pattern:
@@ -193,14 +222,16 @@ def window_pattern(window_size: int, causal: bool) -> masks.Pattern:
 def parallel_nsa(q_BxHxLxK: jax.Array, k_BxGxLxK: jax.Array, v_BxGxLxD: jax.Array,
                  gates: tuple[jax.Array, jax.Array, jax.Array], valid_BxL: jax.Array, *,
                  block_size: int, block_counts: int, window_size: int, causal: bool,
-                 block_idx: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+                 block_idx: jax.Array | None = None, chunked: bool = False
+                 ) -> tuple[jax.Array, jax.Array]:
     """(o BxHxLxD, chosen blocks BxGxLxS): fla's parallel_nsa / naive_nsa on rotated
-    q, k, v and the gates (g_cmp, g_slc, g_swa), each BxHxL after the sigmoid."""
+    q, k, v and the gates (g_cmp, g_slc, g_swa), each BxHxL after the sigmoid.
+    `chunked`: the selected branch in O(L) memory (nsa_branches)."""
     b, h, length, _ = q_BxHxLxK.shape
     pos_BxL = jnp.broadcast_to(jnp.arange(length)[None], (b, length))
     o_cmp, o_slc, block_idx = nsa_branches(
         q_BxHxLxK, k_BxGxLxK, v_BxGxLxD, valid_BxL, pos_BxL, block_size=block_size,
-        block_counts=block_counts, causal=causal, block_idx=block_idx)
+        block_counts=block_counts, causal=causal, block_idx=block_idx, chunked=chunked)
     g_cmp, g_slc, g_swa = (gt[..., None] for gt in gates)
     o = g_slc * o_slc + g_cmp * o_cmp
     if window_size > 0:
@@ -217,7 +248,7 @@ class NativeSparseAttention(nnx.Module):
 
     def __init__(self, *, dim: int, num_heads: int, num_kv_heads: int, head_dim: int,
                  causal: bool, block_size: int, block_counts: int, window_size: int,
-                 qkv_bias: bool, rotary: bool, rngs: nnx.Rngs):
+                 qkv_bias: bool, rotary: bool, rngs: nnx.Rngs, attention_impl: str = "dense"):
         if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads:
             raise ValueError(f"num_kv_heads ({num_kv_heads}) must divide num_heads "
                              f"({num_heads})")
@@ -228,7 +259,7 @@ class NativeSparseAttention(nnx.Module):
             raise ValueError(f"pos_emb='rotary' rotates pairs of a head's features; the head "
                              f"size {head_dim} is odd")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.causal, self.rotary = causal, rotary
+        self.causal, self.rotary, self.attention_impl = causal, rotary, attention_impl
         self.block_size, self.block_counts, self.window_size = (block_size, block_counts,
                                                                 window_size)
         kv_dim = num_kv_heads * head_dim
@@ -269,7 +300,8 @@ class NativeSparseAttention(nnx.Module):
         q, k, v, gates = self.project(x_BxLxD, jnp.arange(length))
         o, _ = parallel_nsa(q, k, v, gates, layers.valid_mask(padding_mask, b, length),
                             block_size=self.block_size, block_counts=self.block_counts,
-                            window_size=self.window_size, causal=self.causal)
+                            window_size=self.window_size, causal=self.causal,
+                            chunked=self.attention_impl == "flash")
         return self.merge(o)
 
     # ------------------------------------------------------------------ decoding
@@ -330,11 +362,18 @@ def build_nsa(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx
               rotary: bool = False, qkv_dim: int | None = None,
               num_kv_heads: int | None = None, qkv_bias: bool = False,
               block_size: int = BLOCK_SIZE, block_counts: int = BLOCK_COUNTS,
-              window_size: int = WINDOW_SIZE) -> NativeSparseAttention:
+              window_size: int = WINDOW_SIZE,
+              attention_impl: str = "dense") -> NativeSparseAttention:
     """fla's NativeSparseAttention defaults (block_size 64, block_counts 16, window 512,
     qkv_bias False). qkv_dim / num_heads is the head size (fla's head_dim); num_kv_heads
-    defaults to num_heads // 16 (fla's group of 16) where that is >= 1, else 1."""
+    defaults to num_heads // 16 (fla's group of 16) where that is >= 1, else 1.
+    attention_impl: 'dense' (the gathered selected branch) or 'flash' (module docstring)."""
     del max_len  # any length
+    if attention_impl not in IMPLS:
+        raise registry.RegistryError(
+            f"nsa: attention_impl={attention_impl!r} is not available; use 'dense' or "
+            "'flash' (the selected branch in the chunked O(L)-memory form; its blocks are "
+            "chosen by content, so the static block-sparse forms do not apply)")
     qkv_dim = dim if qkv_dim is None else qkv_dim
     if num_heads <= 0 or qkv_dim % num_heads:
         raise ValueError(f"qkv_dim ({qkv_dim}) must be a positive multiple of num_heads "
@@ -345,4 +384,4 @@ def build_nsa(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx
                                  head_dim=qkv_dim // num_heads, causal=causal,
                                  block_size=int(block_size), block_counts=int(block_counts),
                                  window_size=int(window_size), qkv_bias=bool(qkv_bias),
-                                 rotary=rotary, rngs=rngs)
+                                 rotary=rotary, rngs=rngs, attention_impl=attention_impl)

@@ -131,3 +131,31 @@ def assert_same_train_step(got: tuple, want: tuple) -> None:
     assert scale > 0, "no parameter moved"
     for a, e in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
         np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=1e-4, atol=1e-4 * scale)
+
+
+def assert_forms_agree(build, x_BxLxD, mask_BxL, forms: dict, rtol: float = 1e-5) -> None:
+    """A mixer built by build(**hparams) for each form (forms: name -> hparams): the
+    outputs at the real positions, and the gradients of the parameters and the input of
+    a loss over them, agree with the first form's; gradients to rtol and 1e-4 of the
+    largest one (a key bias's under softmax is 0 up to rounding)."""
+    out, grads = {}, {}
+    weights = normal(2, x_BxLxD.shape)
+    for name, hparams in forms.items():
+        graphdef, params, rest = nnx.split(build(**hparams), nnx.Param, ...)
+
+        def loss(params, x):
+            y = nnx.merge(graphdef, params, rest)(x, mask_BxL)
+            return jnp.sum(jnp.where(mask_BxL[..., None], y, 0.0) * weights)
+
+        out[name] = np.asarray(nnx.merge(graphdef, params, rest)(x_BxLxD, mask_BxL))
+        grads[name] = [np.asarray(g) for g in
+                       jax.tree.leaves(jax.grad(loss, argnums=(0, 1))(params, x_BxLxD))]
+    real = np.asarray(mask_BxL)
+    first, *others = forms
+    scale = max(float(np.abs(g).max()) for g in grads[first])
+    for name in others:
+        np.testing.assert_allclose(out[name][real], out[first][real], rtol=rtol, atol=1e-6,
+                                   err_msg=f"{name}: output")
+        for got, want in zip(grads[name], grads[first]):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * scale,
+                                       err_msg=f"{name}: gradient")

@@ -20,8 +20,9 @@ from flax import nnx
 from models import registry
 from models.attention import moba
 
-from tests.models.helpers import (assert_same_train_step, check_prefill_and_steps, normal,
-                                  randomize_params, task_config_train_step)
+from tests.models.helpers import (assert_forms_agree, assert_same_train_step,
+                                  check_prefill_and_steps, normal, randomize_params,
+                                  task_config_train_step)
 from tests.models.test_delta import assert_close, run
 
 
@@ -113,26 +114,10 @@ def test_prefill_and_steps_with_rotary():
 def test_flash_form_equals_the_mask(causal):
     """attention_impl='flash' against 'dense': the layer's output and the gradients of
     its parameters and input, with a padded row and a length that is not a multiple of
-    the block (to 1e-4 of the largest gradient: the key bias's is 0 up to rounding)."""
-    x = normal(1, (2, 29, 16))
+    the block."""
     mask = jnp.arange(29)[None] < jnp.array([[29], [20]])
-    out, grads = {}, {}
-    for impl in ("dense", "flash"):
-        mixer = build(causal=causal, top_k=3, attention_impl=impl)
-        graphdef, params, rest = nnx.split(mixer, nnx.Param, ...)
-
-        def loss(params, x):
-            y = nnx.merge(graphdef, params, rest)(x, mask)
-            return jnp.sum(jnp.where(mask[..., None], y, 0.0) * normal(2, y.shape))
-
-        out[impl] = nnx.merge(graphdef, params, rest)(x, mask)
-        grads[impl] = jax.tree.leaves(jax.grad(loss, argnums=(0, 1))(params, x))
-    real = np.asarray(mask)
-    assert_close(np.asarray(out["flash"])[real], np.asarray(out["dense"])[real],
-                 rtol=1e-5, atol=1e-6)
-    scale = max(float(np.abs(g).max()) for g in grads["dense"])
-    for got, want in zip(grads["flash"], grads["dense"]):
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * scale)
+    assert_forms_agree(lambda **kw: build(causal=causal, top_k=3, **kw), normal(1, (2, 29, 16)),
+                       mask, {impl: {"attention_impl": impl} for impl in moba.IMPLS})
 
 
 @pytest.mark.parametrize("causal,top_k", [(True, 2), (False, 3), (False, 1)])

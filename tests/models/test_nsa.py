@@ -20,7 +20,9 @@ from flax import nnx
 from models import registry
 from models.attention import nsa
 
-from tests.models.helpers import check_prefill_and_steps, normal, randomize_params
+from tests.models.helpers import (assert_forms_agree, assert_same_train_step,
+                                  check_prefill_and_steps, normal, randomize_params,
+                                  task_config_train_step)
 from tests.models.test_delta import assert_close, run
 
 DIM = 16
@@ -218,3 +220,32 @@ def test_parameter_count_is_flas(qkv_bias):
     fla = D * H * K + 2 * D * kv + D * 3 * H + H * K * D + qkv_bias * (H * K + 2 * kv)
     ours = sum(p.size for p in jax.tree.leaves(nnx.state(mixer, nnx.Param)))
     assert ours == fla
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_flash_form_equals_the_gathered_one(causal):
+    """attention_impl='flash' (the selected branch chunked, its blocks as a table) against
+    'dense' (gathered): the layer's output and the gradients of its parameters and input,
+    GQA (4 heads, 2 kv heads), a padded row, a length that is not a multiple of the block,
+    fewer candidates than block_counts for the first queries."""
+    mask = jnp.arange(27)[None] < jnp.array([[27], [19]])
+    assert_forms_agree(
+        lambda **kw: build(causal=causal, block_size=4, block_counts=3, window_size=5, **kw),
+        normal(1, (2, 27, 16)), mask, {impl: {"attention_impl": impl} for impl in nsa.IMPLS})
+
+
+def test_flash_train_step_equals_the_gathered_one_through_the_task_config():
+    """`configs/mqar.py:model=nsa,runlocal,attention_impl=flash` against the dense form:
+    one training step's loss, gradient norm and parameter updates agree."""
+    results = {}
+    for impl in nsa.IMPLS:
+        *results[impl], built = task_config_train_step(
+            f"model=nsa,runlocal,attention_impl={impl}")
+        assert {m.attention_impl for _, m in built.iter_modules()
+                if isinstance(m, nsa.NativeSparseAttention)} == {impl}
+    assert_same_train_step(results["flash"], results["dense"])
+
+
+def test_an_unknown_attention_impl_is_refused_by_name():
+    with pytest.raises(registry.RegistryError, match="attention_impl='blocksparse' is not"):
+        build(attention_impl="blocksparse")
