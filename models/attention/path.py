@@ -22,6 +22,10 @@ chunks as K x K matmuls; the same logits up to rounding (tests/models/test_path.
 layer's forward + backward (width 64, 2 heads, one CPU core, 2026-12-06): 684 -> 323 ms at
 L 128 batch 64, 2,539 -> 688 ms at L 256, 5,048 -> 867 ms at L 1024 batch 8.
 Both O(L^2) logits, the dense form: fla's fused UT-transform kernel is not ported.
+attention_impl='flash' (causal, impl chunked; the config argument every task config
+takes): the same chunk products with the query moved through them one key chunk at a
+time inside an online softmax and a custom backward, O(L) memory
+(models/attention/path_flash.py); tested equal to the dense form.
 Padded positions transform nothing (beta = 0) and are masked as keys. causal=False
 (ours) adds the mirror for keys after the query: logit_ij = q_i^T (H_i ... H_{j-1}) k_j,
 from the same scan run from the end, one softmax over both.
@@ -43,6 +47,7 @@ from flax import nnx
 from models import decoding, layers, registry
 from models.attention import dense
 from models.attention.delta import causal_conv, conv_init, l2_normalise
+from models.attention.path_flash import flash_path_attention
 
 W_RANK = 32  # fla: w_proj = Linear(D, 32) -> Linear(32, D)
 CONV_SIZE = 3  # fla: w_conv1d, kernel 3, no bias, SiLU
@@ -209,9 +214,15 @@ class PaTHAttention(dense.MultiHeadAttention):
 
     def __init__(self, *, dim: int, num_heads: int, causal: bool, qkv_dim: int | None,
                  attention_dropout: float, conv_size: int, forget_gate: bool,
-                 chunk_size: int, impl: str, rngs: nnx.Rngs):
+                 chunk_size: int, impl: str, rngs: nnx.Rngs, attention_impl: str = "dense"):
         if impl not in LOGITS:
             raise ValueError(f"path: impl={impl!r}; choose one of {', '.join(LOGITS)}")
+        if attention_impl == "flash" and (impl != "chunked" or not causal):
+            raise registry.RegistryError(
+                "path: attention_impl='flash' (models/attention/path_flash.py) is the causal "
+                f"chunked form; got impl={impl!r}, causal={causal} (use impl='chunked', or "
+                "attention_impl='dense')")
+        self.attention_impl = attention_impl
         super().__init__(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
                          attention_dropout=attention_dropout, use_bias=False, rngs=rngs)
         self.impl = impl
@@ -253,6 +264,14 @@ class PaTHAttention(dense.MultiHeadAttention):
         raw = jnp.where(real_BxL[:, None, :, None], self.w_raw(x_BxLxD), 0.0)
         w = self.w_of(raw)
         beta, log_f = self.gates(x_BxLxD, real_BxL)
+        if self.attention_impl == "flash":
+            _, _, keys, prod, intra, q_turned = _inside_chunks(q, k, w, beta, self.chunk_size)
+            rate = 0.0 if deterministic else self.attention_dropout.rate
+            o = flash_path_attention(q_turned, keys, prod, intra, v, real_BxL,
+                                     jnp.cumsum(log_f, axis=-1),
+                                     scale=1.0 / math.sqrt(self.head_dim), dropout_rate=rate,
+                                     dropout_seed=self.dropout_seed() if rate > 0 else None)
+            return self.out(self.merge_heads(o.astype(v.dtype)))
         logits_fn = LOGITS[self.impl]
         logits = logits_fn(q, k, w, beta, chunk_size=self.chunk_size)
         if not self.causal:
@@ -343,12 +362,20 @@ class PaTHAttention(dense.MultiHeadAttention):
 def build_path(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
                qkv_dim: int | None = None, attention_dropout: float = 0.1,
                conv_size: int = CONV_SIZE, forget_gate: bool = False,
-               chunk_size: int = DEFAULT_CHUNK, impl: str = "chunked") -> PaTHAttention:
+               chunk_size: int = DEFAULT_CHUNK, impl: str = "chunked",
+               attention_impl: str = "dense") -> PaTHAttention:
     """fla's PaTHAttention defaults: low-rank w (32) through a 3-tap convolution, beta in
     (0, 2), no forget gate, no qk norm, no biases but beta's. impl: how the logits are
-    formed, `chunked` (path_logits_chunked) or `scan` (path_logits, one position a step)."""
+    formed, `chunked` (path_logits_chunked) or `scan` (path_logits, one position a step).
+    attention_impl: 'dense' (those logits, then a softmax) or 'flash' (causal, chunked:
+    the O(L)-memory form of models/attention/path_flash.py)."""
     del max_len  # any length
+    if attention_impl not in ("dense", "flash"):
+        raise registry.RegistryError(
+            f"path: attention_impl={attention_impl!r} is not available; use 'dense' or "
+            "'flash' (its logits are transformed per query, so the block-sparse forms do "
+            "not apply)")
     return PaTHAttention(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
                          attention_dropout=attention_dropout, conv_size=conv_size,
                          forget_gate=forget_gate, chunk_size=chunk_size, impl=impl,
-                         rngs=rngs)
+                         rngs=rngs, attention_impl=attention_impl)

@@ -4,7 +4,9 @@ The conformance and decoding suites check padding, causality and decoding throug
 configs; here: the logits are q_i^T H_i ... H_{j+1} k_j with the products formed
 explicitly in numpy (and the mirror for causal=False); beta = 0 is q.k; the whole causal
 layer equals the formula from its weights; decoding with the forget gate and without the
-convolution; the parameters are fla's PaTHAttention's.
+convolution; the parameters are fla's PaTHAttention's; the O(L)-memory form
+(attention_impl='flash') equals the dense one: outputs and gradients with and without
+the forget gate, its dropout the hashed keep mask, one training step through the config.
 """
 from __future__ import annotations
 
@@ -15,10 +17,12 @@ import pytest
 from flax import nnx
 
 from models import registry
-from models.attention import delta, path
+from models.attention import delta, path, path_flash
+from models.kernels.block_sparse_tiles import dropout_multiplier
 
-from tests.models.helpers import (assert_same_train_step, check_prefill_and_steps, normal,
-                                  randomize_params, task_config_train_step)
+from tests.models.helpers import (assert_forms_agree, assert_same_train_step,
+                                  check_prefill_and_steps, normal, randomize_params,
+                                  task_config_train_step)
 from tests.models.test_delta import assert_close, run
 
 
@@ -157,3 +161,70 @@ def test_parameters_are_flas_path_attention():
                            rngs=nnx.Rngs(0))
     count = sum(p.size for p in jax.tree.leaves(nnx.state(mixer, nnx.Param)))
     assert count == 4 * dim * dim + 2 * 32 * dim + 3 * dim + dim * heads + heads
+
+
+@pytest.mark.parametrize("forget_gate", [False, True])
+def test_flash_form_equals_the_dense_one(forget_gate):
+    """attention_impl='flash' against 'dense': the causal layer's output and the gradients
+    of its parameters and input, 19 positions in chunks of 4 (the last one partial), a
+    padded row."""
+    mask = jnp.arange(19)[None] < jnp.array([[19], [13]])
+    assert_forms_agree(lambda **kw: build(causal=True, forget_gate=forget_gate, **kw),
+                       normal(1, (2, 19, 16)), mask,
+                       {impl: {"attention_impl": impl} for impl in ("dense", "flash")})
+
+
+def test_flash_dropout_is_the_hashed_keep_mask():
+    """With dropout, the flash form is softmax(logits) * keep @ v, keep the counter-based
+    hash per (batch * heads + head, query, key), in output and gradients."""
+    b, h, length, d, chunk, rate = 2, 2, 11, 4, 4, 0.3
+    q, k, v = (normal(s, (b, h, length, d)) for s in (1, 2, 3))
+    w = delta.l2_normalise(normal(4, (b, h, length, d)))
+    beta = 2 * jax.nn.sigmoid(normal(5, (b, h, length)))
+    c = jnp.cumsum(jax.nn.log_sigmoid(normal(6, (b, h, length))), axis=-1)
+    valid = jnp.arange(length)[None] < jnp.array([[length], [8]])
+    seed = jnp.int32(7)
+    i, j = jnp.arange(length)[:, None], jnp.arange(length)[None]
+    keep = dropout_multiplier(seed, (jnp.arange(b)[:, None] * h + jnp.arange(h))[..., None, None],
+                              i, j, rate)
+
+    def flash(q, k, v):
+        _, _, keys, prod, intra, q_t = path._inside_chunks(q, k, w, beta, chunk)
+        return path_flash.flash_path_attention(q_t, keys, prod, intra, v, valid, c,
+                                               scale=d ** -0.5, dropout_rate=rate,
+                                               dropout_seed=seed)
+
+    def reference(q, k, v):
+        s = (path.path_logits_chunked(q, k, w, beta, chunk_size=chunk) * d ** -0.5
+             + c[..., :, None] - c[..., None, :])
+        allowed = (j <= i)[None, None] & valid[:, None, None, :]
+        p = jax.nn.softmax(jnp.where(allowed, s, -jnp.inf), axis=-1)
+        return jnp.einsum("bhij,bhjd->bhid", jnp.where(allowed, p, 0.0) * keep, v)
+
+    assert_close(flash(q, k, v), reference(q, k, v), rtol=1e-5, atol=1e-6)
+    weights = normal(8, (b, h, length, d))
+    loss = lambda f, *a: jnp.sum(weights * f(*a))  # noqa: E731
+    for got, want in zip(jax.grad(loss, argnums=(1, 2, 3))(flash, q, k, v),
+                         jax.grad(loss, argnums=(1, 2, 3))(reference, q, k, v)):
+        assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_flash_train_step_equals_the_dense_one_through_the_task_config():
+    """`configs/mqar.py:model=path,runlocal,attention_impl=flash` against the dense form:
+    one training step's loss, gradient norm and parameter updates agree."""
+    results = {}
+    for impl in ("dense", "flash"):
+        *results[impl], built = task_config_train_step(
+            f"model=path,runlocal,attention_impl={impl}")
+        assert {m.attention_impl for _, m in built.iter_modules()
+                if isinstance(m, path.PaTHAttention)} == {impl}
+    assert_same_train_step(results["flash"], results["dense"])
+
+
+def test_flash_is_refused_where_it_does_not_apply():
+    with pytest.raises(registry.RegistryError, match="causal=False"):
+        build(causal=False, attention_impl="flash")
+    with pytest.raises(registry.RegistryError, match="impl='scan'"):
+        build(causal=True, attention_impl="flash", impl="scan")
+    with pytest.raises(registry.RegistryError, match="attention_impl='pallas' is not"):
+        build(causal=True, attention_impl="pallas")
