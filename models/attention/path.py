@@ -22,10 +22,10 @@ chunks as K x K matmuls; the same logits up to rounding (tests/models/test_path.
 layer's forward + backward (width 64, 2 heads, one CPU core, 2026-12-06): 684 -> 323 ms at
 L 128 batch 64, 2,539 -> 688 ms at L 256, 5,048 -> 867 ms at L 1024 batch 8.
 Both O(L^2) logits, the dense form: fla's fused UT-transform kernel is not ported.
-attention_impl='flash' (causal, impl chunked; the config argument every task config
-takes): the same chunk products with the query moved through them one key chunk at a
-time inside an online softmax and a custom backward, O(L) memory
-(models/attention/path_flash.py); tested equal to the dense form.
+attention_impl='flash' (impl chunked; the config argument every task config takes): the
+same chunk products with the query moved through them one key chunk at a time inside an
+online softmax and a custom backward, O(L) memory (models/attention/path_flash.py; with
+causal=False the mirror's call merged by log-sum-exp); tested equal to the dense form.
 Padded positions transform nothing (beta = 0) and are masked as keys. causal=False
 (ours) adds the mirror for keys after the query: logit_ij = q_i^T (H_i ... H_{j-1}) k_j,
 from the same scan run from the end, one softmax over both.
@@ -47,7 +47,7 @@ from flax import nnx
 from models import decoding, layers, registry
 from models.attention import dense
 from models.attention.delta import causal_conv, conv_init, l2_normalise
-from models.attention.path_flash import flash_path_attention
+from models.attention import path_flash
 
 W_RANK = 32  # fla: w_proj = Linear(D, 32) -> Linear(32, D)
 CONV_SIZE = 3  # fla: w_conv1d, kernel 3, no bias, SiLU
@@ -217,11 +217,11 @@ class PaTHAttention(dense.MultiHeadAttention):
                  chunk_size: int, impl: str, rngs: nnx.Rngs, attention_impl: str = "dense"):
         if impl not in LOGITS:
             raise ValueError(f"path: impl={impl!r}; choose one of {', '.join(LOGITS)}")
-        if attention_impl == "flash" and (impl != "chunked" or not causal):
+        if attention_impl == "flash" and impl != "chunked":
             raise registry.RegistryError(
-                "path: attention_impl='flash' (models/attention/path_flash.py) is the causal "
-                f"chunked form; got impl={impl!r}, causal={causal} (use impl='chunked', or "
-                "attention_impl='dense')")
+                "path: attention_impl='flash' (models/attention/path_flash.py) moves the "
+                f"queries through the chunk products; got impl={impl!r} (use impl='chunked', "
+                "or attention_impl='dense')")
         self.attention_impl = attention_impl
         super().__init__(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
                          attention_dropout=attention_dropout, use_bias=False, rngs=rngs)
@@ -265,12 +265,8 @@ class PaTHAttention(dense.MultiHeadAttention):
         w = self.w_of(raw)
         beta, log_f = self.gates(x_BxLxD, real_BxL)
         if self.attention_impl == "flash":
-            _, _, keys, prod, intra, q_turned = _inside_chunks(q, k, w, beta, self.chunk_size)
-            rate = 0.0 if deterministic else self.attention_dropout.rate
-            o = flash_path_attention(q_turned, keys, prod, intra, v, real_BxL,
-                                     jnp.cumsum(log_f, axis=-1),
-                                     scale=1.0 / math.sqrt(self.head_dim), dropout_rate=rate,
-                                     dropout_seed=self.dropout_seed() if rate > 0 else None)
+            o = self._flash(q, k, v, raw, w, beta, jnp.cumsum(log_f, axis=-1), real_BxL,
+                            deterministic)
             return self.out(self.merge_heads(o.astype(v.dtype)))
         logits_fn = LOGITS[self.impl]
         logits = logits_fn(q, k, w, beta, chunk_size=self.chunk_size)
@@ -291,6 +287,27 @@ class PaTHAttention(dense.MultiHeadAttention):
                                          kv_len=length)
         o = dense.attend_logits(logits, v, mask=mask, dropout_fn=self.dropout_fn(deterministic))
         return self.out(self.merge_heads(o))
+
+    def _flash(self, q, k, v, raw, w, beta, c_BxHxL, real_BxL, deterministic):
+        """attention_impl='flash' (models/attention/path_flash.py): j <= i, and with
+        causal=False the mirror's j > i over the reversed sequence, merged by lse."""
+        rate = 0.0 if deterministic else self.attention_dropout.rate
+        seed = self.dropout_seed() if rate > 0 else None
+
+        def attend(q, k, v, w, beta, real, c, **kw):
+            _, _, keys, prod, intra, q_turned = _inside_chunks(q, k, w, beta, self.chunk_size)
+            return path_flash.flash_path_attention(
+                q_turned, keys, prod, intra, v, real, c, scale=1.0 / math.sqrt(self.head_dim),
+                dropout_rate=rate, **kw)
+
+        o, lse = attend(q, k, v, w, beta, real_BxL, c_BxHxL, dropout_seed=seed)
+        if self.causal:
+            return o
+        flip = lambda t: jnp.flip(t, axis=2)  # noqa: E731
+        o_b, lse_b = attend(flip(q), flip(k), flip(v), self.w_of(flip(raw)), flip(beta),
+                            jnp.flip(real_BxL, axis=1), -flip(c_BxHxL), strict=True,
+                            dropout_seed=None if seed is None else seed + 1)
+        return path_flash.merge(o, lse, flip(o_b), flip(lse_b))
 
     # ------------------------------------------------------------------ decoding
 
@@ -367,8 +384,8 @@ def build_path(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nn
     """fla's PaTHAttention defaults: low-rank w (32) through a 3-tap convolution, beta in
     (0, 2), no forget gate, no qk norm, no biases but beta's. impl: how the logits are
     formed, `chunked` (path_logits_chunked) or `scan` (path_logits, one position a step).
-    attention_impl: 'dense' (those logits, then a softmax) or 'flash' (causal, chunked:
-    the O(L)-memory form of models/attention/path_flash.py)."""
+    attention_impl: 'dense' (those logits, then a softmax) or 'flash' (impl chunked: the
+    O(L)-memory form of models/attention/path_flash.py)."""
     del max_len  # any length
     if attention_impl not in ("dense", "flash"):
         raise registry.RegistryError(

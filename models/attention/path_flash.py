@@ -22,8 +22,11 @@ K / C), the chunked form's.
 The forget gate (`forget_gate=True`, FoX's c_i - c_j) is added per tile, its gradient
 summed per row and column; attention dropout is the counter-based hash of the chunked
 softmax (models/kernels/block_sparse_tiles.dropout_multiplier, per (batch * heads + head,
-query, key)), the normaliser over the undropped weights. Causal only: the bidirectional
-form's mirror would need a second chain in the same softmax (refused by the layer).
+query, key)), the normaliser over the undropped weights. The output comes with each row's
+log-sum-exp (differentiable too), so the bidirectional layer (causal=False) runs this
+twice, forward over j <= i and over the reversed sequence for j > i (its mirror chain,
+strict: the diagonal is the forward call's; its dropout under seed + 1), and merges the
+two by their lse: one softmax over both, as path's dense mirror.
 """
 from __future__ import annotations
 
@@ -41,10 +44,13 @@ def flash_path_attention(q_NxBxHxCxK: jax.Array, keys_BxHxNxCxK: jax.Array,
                          prod_BxHxNxKxK: jax.Array, intra_BxHxNxCxC: jax.Array,
                          v_BxHxLxD: jax.Array, valid_BxL: jax.Array, c_BxHxL: jax.Array, *,
                          scale: float, dropout_rate: float = 0.0,
-                         dropout_seed: jax.Array | None = None) -> jax.Array:
-    """softmax over j <= i of (logit_ij * scale + c_i - c_j) [dropout] @ v, BxHxLxD float32,
-    from path._inside_chunks' outputs (queries turned, keys carried, chunk products, intra-
-    chunk logits), keys masked by valid_BxL; a query with no key gets 0."""
+                         dropout_seed: jax.Array | None = None, strict: bool = False
+                         ) -> tuple[jax.Array, jax.Array]:
+    """softmax over j <= i (j < i with `strict`) of (logit_ij * scale + c_i - c_j)
+    [dropout] @ v, from path._inside_chunks' outputs (queries turned, keys carried, chunk
+    products, intra-chunk logits), keys masked by valid_BxL: (o BxHxLxD float32, lse BxHxL:
+    each row's log-sum-exp, -inf for a row without a key, whose o is 0). Two calls over
+    disjoint keys merge by their lse (merge); both outputs are differentiable."""
     n, b, h, c, _ = q_NxBxHxCxK.shape
     length, d_v = v_BxHxLxD.shape[2], v_BxHxLxD.shape[3]
     pad = n * c - length
@@ -56,25 +62,37 @@ def flash_path_attention(q_NxBxHxCxK: jax.Array, keys_BxHxNxCxK: jax.Array,
     cf = chunk(c_BxHxL.astype(jnp.float32))
     seed = jnp.zeros((), jnp.int32) if dropout_seed is None else jnp.asarray(dropout_seed,
                                                                              jnp.int32)
-    o = _attention(_Config(float(scale), float(dropout_rate)),
+    o, lse = _attention(_Config(float(scale), float(dropout_rate), bool(strict)),
                    jnp.moveaxis(q_NxBxHxCxK.astype(jnp.float32), 0, 2),
                    keys_BxHxNxCxK.astype(jnp.float32), prod_BxHxNxKxK.astype(jnp.float32),
                    intra_BxHxNxCxC.astype(jnp.float32), v, cf, valid, seed)
-    return o.reshape(b, h, n * c, d_v)[:, :, :length]
+    return (o.reshape(b, h, n * c, d_v)[:, :, :length],
+            lse.reshape(b, h, n * c)[:, :, :length])
+
+
+def merge(o_a: jax.Array, lse_a: jax.Array, o_b: jax.Array, lse_b: jax.Array) -> jax.Array:
+    """One softmax over the keys of two flash_path_attention calls (disjoint key sets):
+    each output weighted by its share of the rows' total exp(lse); 0 for a row with none."""
+    m = jnp.maximum(lse_a, lse_b)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    w_a, w_b = jnp.exp(lse_a - m), jnp.exp(lse_b - m)
+    total = w_a + w_b
+    return (o_a * w_a[..., None] + o_b * w_b[..., None]) / jnp.where(total > 0, total,
+                                                                     1.0)[..., None]
 
 
 class _Config:
     """The static part (hashable: the custom VJP's non-differentiable argument)."""
 
-    def __init__(self, scale: float, rate: float):
-        self.scale, self.rate = scale, rate
+    def __init__(self, scale: float, rate: float, strict: bool):
+        self.key = (scale, rate, strict)
+        self.scale, self.rate, self.strict = self.key
 
     def __hash__(self):
-        return hash((self.scale, self.rate))
+        return hash(self.key)
 
     def __eq__(self, other):
-        return isinstance(other, _Config) and (self.scale, self.rate) == (other.scale,
-                                                                          other.rate)
+        return isinstance(other, _Config) and self.key == other.key
 
 
 def _tile(cfg, s_BxHxCxC, t, u, cf, valid, seed, c):
@@ -83,7 +101,8 @@ def _tile(cfg, s_BxHxCxC, t, u, cf, valid, seed, c):
     b, h = s_BxHxCxC.shape[:2]
     i = t * c + lax.iota(jnp.int32, c)
     j = u * c + lax.iota(jnp.int32, c)
-    mask = (valid[:, u][:, None, None, :] & (j[None, :] <= i[:, None])[None, None])
+    earlier = (j[None, :] < i[:, None]) if cfg.strict else (j[None, :] <= i[:, None])
+    mask = valid[:, u][:, None, None, :] & earlier[None, None]
     s = s_BxHxCxC * cfg.scale + cf[:, :, t][..., :, None] - cf[:, :, u][..., None, :]
     keep = None
     if cfg.rate:
@@ -95,7 +114,7 @@ def _tile(cfg, s_BxHxCxC, t, u, cf, valid, seed, c):
 
 
 def _forward(cfg, q, keys, prod, intra, v, cf, valid, seed):
-    """(o BxHxNxCxD, lse BxHxNxC; +inf on rows with no key)."""
+    """(o BxHxNxCxD, lse BxHxNxC; -inf on rows with no key)."""
     b, h, n, c, _ = q.shape
 
     def query_chunk(t):
@@ -129,7 +148,7 @@ def _forward(cfg, q, keys, prod, intra, v, cf, valid, seed):
 
         (_, (m, l, acc)), _ = lax.scan(earlier, (q[:, :, t], init), jnp.arange(n - 1))
         o = jnp.where(l[..., None] > 0, acc / jnp.where(l > 0, l, 1.0)[..., None], 0.0)
-        lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), jnp.inf)
+        lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), -jnp.inf)
         return o, lse
 
     o_n, lse_n = lax.map(query_chunk, jnp.arange(n))
@@ -138,18 +157,21 @@ def _forward(cfg, q, keys, prod, intra, v, cf, valid, seed):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _attention(cfg, q, keys, prod, intra, v, cf, valid, seed):
-    return _forward(cfg, q, keys, prod, intra, v, cf, valid, seed)[0]
+    return _forward(cfg, q, keys, prod, intra, v, cf, valid, seed)
 
 
 def _attention_fwd(cfg, q, keys, prod, intra, v, cf, valid, seed):
     o, lse = _forward(cfg, q, keys, prod, intra, v, cf, valid, seed)
-    return o, (q, keys, prod, intra, v, cf, valid, seed, o, lse)
+    return (o, lse), (q, keys, prod, intra, v, cf, valid, seed, o, lse)
 
 
-def _attention_bwd(cfg, res, do):
+def _attention_bwd(cfg, res, cotangents):
     q, keys, prod, intra, v, cf, valid, seed, o, lse = res
+    do, d_lse = cotangents
     b, h, n, c, k_dim = q.shape
-    d_rows = jnp.einsum("bhnid,bhnid->bhni", do, o)
+    # d logit_ij = p_ij (dp_ij - sum_j' p_ij' dp_ij' + d lse_i): the last two terms per row.
+    d_rows = (jnp.einsum("bhnid,bhnid->bhni", do, o)
+              - jnp.where(jnp.isfinite(lse), d_lse, 0.0))
 
     def tile_grads(s_raw, t, u):
         """(p with dropout, ds: d loss / d (scaled, biased) logits) of tile (t, u)."""
