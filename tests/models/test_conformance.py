@@ -281,3 +281,30 @@ def test_residual_is_a_gated_update(name, causal):
     assert ((u > -1e-4) & (u < 1 + 1e-4)).all()
     np.testing.assert_allclose(at(2 * r), at(jnp.zeros_like(r)) - 2 * u * np.asarray(r),
                                rtol=1e-4, atol=1e-4)
+
+
+# The O(L)-memory forms (attention_impl=flash) of the softmax variants whose logits are not
+# a static pattern (docs/precision_and_kernels.md): the claims above, checked on that form
+# too (each is tested equal to its dense form in its own test file).
+FLASH_FORMS = [n for n in VARIANTS
+               if n in ("fox", "moba", "nsa", "path")]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("name", FLASH_FORMS)
+def test_flash_forms_keep_causality_and_padding(name, causal):
+    model = build(name, causal=causal, attention_impl="flash")
+    mask = padding_mask()
+    x = random_x(0)
+    y = apply(model, x, padding_mask=mask)
+    changed = apply(model, jnp.where(mask[..., None], x, 3.0 * random_x(1)), padding_mask=mask)
+    real = np.asarray(mask)
+    assert_close(np.asarray(y)[real], np.asarray(changed)[real])
+    if causal:
+        t = 6
+        future = (jnp.arange(LEN) > t)[None, :, None]
+        y_future = apply(model, jnp.where(future, random_x(2), x), padding_mask=mask)
+        assert_close(y[:, :t + 1], y_future[:, :t + 1])
+        y_now = apply(model, jnp.where((jnp.arange(LEN) == t)[None, :, None], random_x(3), x),
+                      padding_mask=mask)
+        assert not np.allclose(np.asarray(y[:, t]), np.asarray(y_now[:, t]), **TOL)
