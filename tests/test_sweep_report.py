@@ -838,6 +838,17 @@ def test_runs_a_committed_record_holds_count_as_finished(tmp_path, monkeypatch):
     assert infos[0]["finished_rate"] == 2.0
     # A list that became a comma string ([] then "") is the same empty value.
     assert plan.config_differences({**config, "layers": []}, {**config, "layers": ""}) == []
+    # An --override of a builder argument its preset lacks is another run, unless it sets
+    # the builder's default: a record without it (the default) is not a run of use_bias=False.
+    biased = {**config, "model_hparams": {"use_bias": True}}
+    unbiased = {**config, "model_hparams": {"use_bias": False}}
+    assert plan.config_differences(config, biased) == []
+    assert plan.config_differences(config, unbiased) == [
+        "model_hparams.use_bias: (absent: the builder's default) -> false"]
+    assert plan.recorded_run(finished, "listops", "transformer", 0, "runlocal",
+                             ["model_hparams.use_bias=False"]) is None
+    assert plan.recorded_run(finished, "listops", "transformer", 0, "runlocal",
+                             ["model_hparams.use_bias=True"])[1] == record
 
 
 def test_a_finished_in_file_that_is_not_a_runs_record_is_one_line(tmp_path):

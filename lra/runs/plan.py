@@ -284,8 +284,37 @@ def config_differences(recorded: dict, expected: dict) -> list[str]:
             return not same_run_folder(old[k], new[k])
         return k not in NON_RESULT_FIELDS and old[k] != new[k]
 
-    return [f"{k}: {json.dumps(old[k])} -> {json.dumps(new[k])}"
-            for k in sorted(old.keys() & new.keys()) if differ(k)]
+    found = [f"{k}: {json.dumps(old[k])} -> {json.dumps(new[k])}"
+             for k in sorted(old.keys() & new.keys()) if differ(k)]
+    # model_hparams are the builder's keyword arguments: a key only one side has (an
+    # --override=model_hparams.<k> its preset lacks) is that side's value against the
+    # builder's default on the other, not a field added since the run.
+    absent = "(absent: the builder's default)"
+    for k in sorted((old.keys() ^ new.keys())):
+        if not k.startswith("model_hparams."):
+            continue
+        default = _builder_default(new.get("model", old.get("model")), k.partition(".")[2])
+        given = old[k] if k in old else new[k]
+        if default is None or json.dumps(default[0]) != json.dumps(given):
+            found.append(f"{k}: {json.dumps(old[k]) if k in old else absent} -> "
+                         f"{json.dumps(new[k]) if k in new else absent}")
+    return found
+
+
+def _builder_default(model, hparam: str):
+    """[the default] of a registered builder's keyword argument (JSON-normalised), or None
+    where it is unknown (a model this process has not registered, a required argument)."""
+    import inspect
+
+    from models import registry
+
+    try:
+        default = registry.accepted_hparams(model).get(hparam, inspect.Parameter.empty)
+    except Exception:  # noqa: BLE001  (not registered here)
+        return None
+    if default is inspect.Parameter.empty:
+        return None
+    return [json.loads(json.dumps(default, default=str))]
 
 
 # Fields of every config launch.py has recorded in results.json: a recorded config that

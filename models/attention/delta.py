@@ -539,13 +539,16 @@ def build_gated_deltanet(*, dim: int, num_heads: int, max_len: int, causal: bool
                          rngs: nnx.Rngs, qkv_dim: int | None = None, expand_v: float = 2.0,
                          chunk_size: int = DEFAULT_CHUNK, conv_size: int = CONV_SIZE,
                          use_gate: bool = True, norm_eps: float = NORM_EPS,
-                         allow_neg_eigval: bool = False,
+                         allow_neg_eigval: bool = False, decay: bool = True,
                          attention_impl: str = "dense") -> DeltaNet:
     """fla's GatedDeltaNet defaults: value heads expand_v = 2 times the key heads, output
     gate on, beta in (0, 1) (allow_neg_eigval: (0, 2)). qkv_dim is the key width (fla's
-    head_dim x num_heads). attention_impl: "dense" or "pallas" (as deltanet)."""
+    head_dim x num_heads). attention_impl: "dense" or "pallas" (as deltanet).
+    decay=False (ours, an ablation): the same layer without the decay gate (alpha = 1; its
+    projection, A_log and dt_bias not built), so a comparison changes the decay alone."""
     del max_len  # any length
     return DeltaNet(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
-                    expand_v=expand_v, chunk_size=chunk_size, conv_size=conv_size, gated=True,
+                    expand_v=expand_v, chunk_size=chunk_size, conv_size=conv_size,
+                    gated=bool(decay),
                     use_gate=use_gate, norm_eps=norm_eps, rngs=rngs,
                     neg_eigval=bool(allow_neg_eigval), attention_impl=attention_impl)

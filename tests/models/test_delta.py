@@ -309,6 +309,26 @@ def test_allow_neg_eigval_doubles_beta_in_every_form(name, monkeypatch):
     assert_close(np.asarray(y)[real], np.asarray(run(mixer, "__call__", x, mask))[real])
 
 
+def test_gated_deltanet_without_its_decay_is_the_same_layer_at_alpha_one():
+    """decay=False (the ablation of the decay alone): no decay parameters, g = 0 at every
+    step, and the output is the gated layer's with its decay forced to alpha = 1 (the same
+    other weights), its chunked form equal to the step-by-step one and to decoding."""
+    gated = build("gated_deltanet", causal=True, chunk_size=4)
+    plain = build("gated_deltanet", causal=True, chunk_size=4, decay=False)
+    assert plain.forward_scan.decay is None and not hasattr(plain.forward_scan, "a_log")
+    x = normal(8, (2, 11, 16))
+    _, g = plain.forward_scan.gates(x)
+    assert (np.asarray(g) == 0).all()
+    # the gated layer's weights, its decay switched off by hand: the same outputs
+    weights = dict(nnx.state(gated).flat_state())
+    nnx.update(plain, nnx.State.from_flat_path(
+        {path: weights[path] for path, _ in nnx.state(plain).flat_state()}))
+    gated.forward_scan.decay = None
+    assert_close(run(plain, "__call__", x), run(gated, "__call__", x), rtol=1e-6, atol=1e-6)
+    check_prefill_and_steps(plain, run, normal(12, (3, 16, 16)), jnp.array([1, 5, 9]), 9,
+                            **TOL)
+
+
 def test_gate_initialisation_is_flas():
     """A = exp(A_log) ~ U(0, 16); softplus(dt_bias) = dt, log-uniform in [1e-3, 1e-1]
     (fla's GatedDeltaNet, Mamba-2's ranges); neither takes weight decay."""
