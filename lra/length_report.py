@@ -49,7 +49,8 @@ def row_label(r: dict, reference: dict | None = None) -> str:
     (allow_neg_eigval as the run set it, else its builder's default: gated_deltaproduct's
     is fla's True) and the scaffold card's fields in which it differs from its setting's
     `reference` card (`pos rotary`: a scaffold ablation is a row of its own, never a seed
-    of the model's row)."""
+    of the model's row), and each model_hparams override its sweep gave it
+    (synthetic_report's `decay False`: another model of the variant, its own row)."""
     hparams = (r.get("config") or {}).get("model_hparams") or {}
     neg = hparams.get("allow_neg_eigval")
     if neg is None:
@@ -64,6 +65,8 @@ def row_label(r: dict, reference: dict | None = None) -> str:
         from lra.runs import card as card_lib
         notes += [card_lib.note(f, card_lib.base_value(card, f))
                   for f in card_lib.differences(card, reference)]
+    notes += [n for n in sr._override_notes(r, notes)
+              if not n.startswith("allow_neg_eigval ")]  # named neg_eig, or its absence
     return r["model"] + (f" [{', '.join(notes)}]" if notes else "")
 
 

@@ -579,3 +579,11 @@ def test_a_rows_eigenvalue_range_follows_its_builders_default():
     assert length_report.row_label(run("deltanet", {})) == "deltanet"
     assert length_report.row_label(run("deltanet", {"allow_neg_eigval": True})) == \
         "deltanet [neg_eig]"
+    # Its sweep's override of allow_neg_eigval is named by [neg_eig] (or its absence) only;
+    # another model_hparams override is another model of the variant: its own row.
+    off = {**run("gated_deltaproduct", {"allow_neg_eigval": False}),
+           "overrides": ["model_hparams.allow_neg_eigval=False"]}
+    assert length_report.row_label(off) == "gated_deltaproduct"
+    no_decay = {**run("gated_deltanet", {"decay": False}),
+                "overrides": ["model_hparams.decay=False"]}
+    assert length_report.row_label(no_decay) == "gated_deltanet [decay False]"
