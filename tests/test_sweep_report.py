@@ -375,6 +375,19 @@ def test_report_averages_only_runs_of_one_config(tmp_path):
     assert "2 runs with random_seed=1" in open(report.report(other)["markdown"]).read()
 
 
+def test_an_override_its_preset_lacks_is_a_row_of_its_own(tmp_path):
+    """A model_hparams key only some runs recorded is an --override its preset lacks, not a
+    field added since: the other runs ran at the builder's default and are compared so
+    (a run at the default shares their row)."""
+    root = str(tmp_path)
+    _write_config(root, "transformer", 0, 0.30, "a")
+    _write_config(root, "transformer", 1, 0.10, "b", **{"model_hparams.use_bias": False})
+    _write_config(root, "transformer", 2, 0.50, "c", **{"model_hparams.use_bias": True})
+    summary = report.summarize(collect(root))
+    assert summary[("listops", "transformer [model_hparams.use_bias=true]")]["seeds"] == 2
+    assert summary[("listops", "transformer [model_hparams.use_bias=false]")]["seeds"] == 1
+
+
 # --- The locality baseline (issue 32, section 4) -------------------------------------------
 
 def test_locality_argument_builds_each_tasks_baseline():

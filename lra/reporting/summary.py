@@ -14,8 +14,8 @@ from collections import defaultdict
 from lra.reporting.protocol import (ABSENT, not_converged_reason, row_model, run_name, seed_of,
                                     show)
 from lra.runs.results import (IMPLIED_WHEN_ABSENT, NON_RESULT_FIELDS, PRETRAINING, SCRATCH,
-                              SEED_FIELD, SELF_PRETRAINED, annotate, flatten, is_number, kind,
-                              objective, pretraining_steps)
+                              SEED_FIELD, SELF_PRETRAINED, annotate, builder_default, flatten,
+                              is_number, kind, objective, pretraining_steps)
 
 
 def _grouping_config(r: dict) -> dict | None:
@@ -85,11 +85,20 @@ def _row_labels(results: list[dict]) -> list[tuple[str, str]]:
         if cfg is not None:
             recorded[group_of(r)].append(set(cfg))
     common = {g: set.intersection(*keys) for g, keys in recorded.items()}
+    # Except a model_hparams key only some runs have (an --override its preset lacks):
+    # the others ran at the builder's default, compared as such (results.builder_default).
+    one_sided = {g: {k for k in set.union(*keys) - common[g] if k.startswith("model_hparams.")}
+                 for g, keys in recorded.items()}
 
     def compared(r):
         cfg = _grouping_config(r)
-        return None if cfg is None else {k: v for k, v in cfg.items()
-                                         if k in common[group_of(r)]}
+        if cfg is None:
+            return None
+        out = {k: v for k, v in cfg.items() if k in common[group_of(r)]}
+        for k in one_sided[group_of(r)]:
+            default = builder_default(cfg.get("model") or r["model"], k.partition(".")[2])
+            out[k] = cfg[k] if k in cfg else (default[0] if default else ABSENT)
+        return out
 
     canon = [json.dumps(compared(r), sort_keys=True, default=str) for r in results]
     by_model = defaultdict(dict)  # (task, model, pretraining?) -> {canonical: config}

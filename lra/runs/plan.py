@@ -272,7 +272,8 @@ def config_differences(recorded: dict, expected: dict) -> list[str]:
     side has is not compared (a field added to the code since the run), unless its
     absence means a value (results.IMPLIED_WHEN_ABSENT). lra.report groups runs into rows
     by the same rule."""
-    from lra.runs.results import IMPLIED_WHEN_ABSENT, NON_RESULT_FIELDS, flatten, same_run_folder
+    from lra.runs.results import (IMPLIED_WHEN_ABSENT, NON_RESULT_FIELDS, builder_default,
+                                  flatten, same_run_folder)
 
     # As lra.report groups runs: a field added since the run with the old behaviour as
     # its default (IMPLIED_WHEN_ABSENT) is that default when unrecorded.
@@ -293,28 +294,12 @@ def config_differences(recorded: dict, expected: dict) -> list[str]:
     for k in sorted((old.keys() ^ new.keys())):
         if not k.startswith("model_hparams."):
             continue
-        default = _builder_default(new.get("model", old.get("model")), k.partition(".")[2])
+        default = builder_default(new.get("model", old.get("model")), k.partition(".")[2])
         given = old[k] if k in old else new[k]
         if default is None or json.dumps(default[0]) != json.dumps(given):
             found.append(f"{k}: {json.dumps(old[k]) if k in old else absent} -> "
                          f"{json.dumps(new[k]) if k in new else absent}")
     return found
-
-
-def _builder_default(model, hparam: str):
-    """[the default] of a registered builder's keyword argument (JSON-normalised), or None
-    where it is unknown (a model this process has not registered, a required argument)."""
-    import inspect
-
-    from models import registry
-
-    try:
-        default = registry.accepted_hparams(model).get(hparam, inspect.Parameter.empty)
-    except Exception:  # noqa: BLE001  (not registered here)
-        return None
-    if default is inspect.Parameter.empty:
-        return None
-    return [json.loads(json.dumps(default, default=str))]
 
 
 # Fields of every config launch.py has recorded in results.json: a recorded config that

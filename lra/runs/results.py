@@ -4,6 +4,7 @@ of run each is (a classifier from scratch, a self-pretrained classifier, a pretr
 and which config fields do not change a run's results."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -209,6 +210,26 @@ def nothing_found(root: str, skipped: list[str]) -> str:
         return f"no results.json under {root}; run launch.py or lra.sweep first"
     return (f"no usable results.json under {root}: {len(skipped)} skipped (first: "
             f"{skipped[0]})")
+
+
+@functools.lru_cache(maxsize=None)
+def builder_default(model: str, hparam: str) -> tuple | None:
+    """(the default,) of a registered builder's keyword argument, JSON-normalised, or None
+    where it is unknown (a model this process has not registered, a required argument).
+    A model_hparams key one run's config lacks is that default there: an override its
+    preset lacks makes another run, not a field added since (plan.config_differences, the
+    report's rows). Imports the model registry (jax) only when asked."""
+    import inspect
+
+    from models import registry
+
+    try:
+        default = registry.accepted_hparams(model).get(hparam, inspect.Parameter.empty)
+    except Exception:  # noqa: BLE001  (not registered here)
+        return None
+    if default is inspect.Parameter.empty:
+        return None
+    return (json.loads(json.dumps(default, default=str)),)
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
