@@ -163,15 +163,16 @@ def test_parameters_are_flas_path_attention():
     assert count == 4 * dim * dim + 2 * 32 * dim + 3 * dim + dim * heads + heads
 
 
+@pytest.mark.parametrize("length", [19, 3])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("forget_gate", [False, True])
-def test_flash_form_equals_the_dense_one(causal, forget_gate):
+def test_flash_form_equals_the_dense_one(causal, forget_gate, length):
     """attention_impl='flash' against 'dense': the layer's output and the gradients of its
-    parameters and input, 19 positions in chunks of 4 (the last one partial), a padded
-    row; causal=False merges the mirror's call by lse."""
-    mask = jnp.arange(19)[None] < jnp.array([[19], [13]])
+    parameters and input, 19 positions in chunks of 4 (the last one partial) or 3 (one
+    chunk: no chain), a padded row; causal=False merges the mirror's call by lse."""
+    mask = jnp.arange(length)[None] < jnp.array([[length], [length - 2]])
     assert_forms_agree(lambda **kw: build(causal=causal, forget_gate=forget_gate, **kw),
-                       normal(1, (2, 19, 16)), mask,
+                       normal(1, (2, length, 16)), mask,
                        {impl: {"attention_impl": impl} for impl in ("dense", "flash")})
 
 
