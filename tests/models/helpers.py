@@ -121,7 +121,7 @@ def task_config_train_step(config_arg: str, **hparams) -> tuple[dict, object, nn
     return metrics, updates, built
 
 
-def assert_same_train_step(got: tuple, want: tuple) -> None:
+def _same_train_step(got: tuple, want: tuple) -> None:
     """Two task_config_train_step results agree: loss, gradient norm, accuracy, and every
     parameter's update, to 1e-4 of the largest update of any parameter (a tensor whose
     gradient is 0 up to rounding, a key bias under softmax, moves by 1e-11)."""
@@ -131,6 +131,20 @@ def assert_same_train_step(got: tuple, want: tuple) -> None:
     assert scale > 0, "no parameter moved"
     for a, e in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
         np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=1e-4, atol=1e-4 * scale)
+
+
+def assert_forms_train_alike(module_type: type, attr: str, forms: dict) -> None:
+    """forms: {value: (config argument of configs/mqar.py, model_hparams)}. Each form is
+    built through the task config (its `module_type` layers' `attr` checked to be the
+    value) and one training step of it agrees with the first form's (_same_train_step)."""
+    results = {}
+    for value, (config_arg, hparams) in forms.items():
+        *results[value], built = task_config_train_step(config_arg, **hparams)
+        assert {getattr(m, attr) for _, m in built.iter_modules()
+                if isinstance(m, module_type)} == {value}
+    first, *others = results
+    for value in others:
+        _same_train_step(results[value], results[first])
 
 
 def assert_forms_agree(build, x_BxLxD, mask_BxL, forms: dict, rtol: float = 1e-5) -> None:

@@ -20,9 +20,8 @@ from flax import nnx
 from models import registry
 from models.attention import nsa
 
-from tests.models.helpers import (assert_forms_agree, assert_same_train_step,
-                                  check_prefill_and_steps, normal, randomize_params,
-                                  task_config_train_step)
+from tests.models.helpers import (assert_forms_agree, assert_forms_train_alike,
+                                  check_prefill_and_steps, normal, randomize_params)
 from tests.models.test_delta import assert_close, run
 
 DIM = 16
@@ -237,13 +236,8 @@ def test_flash_form_equals_the_gathered_one(causal):
 def test_flash_train_step_equals_the_gathered_one_through_the_task_config():
     """`configs/mqar.py:model=nsa,runlocal,attention_impl=flash` against the dense form:
     one training step's loss, gradient norm and parameter updates agree."""
-    results = {}
-    for impl in nsa.IMPLS:
-        *results[impl], built = task_config_train_step(
-            f"model=nsa,runlocal,attention_impl={impl}")
-        assert {m.attention_impl for _, m in built.iter_modules()
-                if isinstance(m, nsa.NativeSparseAttention)} == {impl}
-    assert_same_train_step(results["flash"], results["dense"])
+    assert_forms_train_alike(nsa.NativeSparseAttention, "attention_impl", {
+        impl: (f"model=nsa,runlocal,attention_impl={impl}", {}) for impl in nsa.IMPLS})
 
 
 def test_an_unknown_attention_impl_is_refused_by_name():

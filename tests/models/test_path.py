@@ -20,9 +20,8 @@ from models import registry
 from models.attention import delta, path, path_flash
 from models.kernels.block_sparse_tiles import dropout_multiplier
 
-from tests.models.helpers import (assert_forms_agree, assert_same_train_step,
-                                  check_prefill_and_steps, normal, randomize_params,
-                                  task_config_train_step)
+from tests.models.helpers import (assert_forms_agree, assert_forms_train_alike,
+                                  check_prefill_and_steps, normal, randomize_params)
 from tests.models.test_delta import assert_close, run
 
 
@@ -105,12 +104,8 @@ def test_chunked_train_step_equals_the_scans_through_the_task_config():
     """`configs/mqar.py:model=path,runlocal` (the scaffold's positions-free softmax with
     PaTH's transforms) with model_hparams.impl=chunked and =scan: one training step's loss,
     gradient norm and updated parameters agree."""
-    results = {}
-    for impl in path.LOGITS:
-        *results[impl], built = task_config_train_step("model=path,runlocal", impl=impl)
-        assert {m.impl for _, m in built.iter_modules() if isinstance(m, path.PaTHAttention)} \
-            == {impl}
-    assert_same_train_step(results["chunked"], results["scan"])
+    assert_forms_train_alike(path.PaTHAttention, "impl", {
+        impl: ("model=path,runlocal", {"impl": impl}) for impl in path.LOGITS})
 
 
 def test_an_unknown_impl_is_refused_by_name():
@@ -214,13 +209,8 @@ def test_flash_dropout_is_the_hashed_keep_mask():
 def test_flash_train_step_equals_the_dense_one_through_the_task_config():
     """`configs/mqar.py:model=path,runlocal,attention_impl=flash` against the dense form:
     one training step's loss, gradient norm and parameter updates agree."""
-    results = {}
-    for impl in ("dense", "flash"):
-        *results[impl], built = task_config_train_step(
-            f"model=path,runlocal,attention_impl={impl}")
-        assert {m.attention_impl for _, m in built.iter_modules()
-                if isinstance(m, path.PaTHAttention)} == {impl}
-    assert_same_train_step(results["flash"], results["dense"])
+    assert_forms_train_alike(path.PaTHAttention, "attention_impl", {
+        impl: (f"model=path,runlocal,attention_impl={impl}", {}) for impl in ("dense", "flash")})
 
 
 def test_flash_is_refused_where_it_does_not_apply():
