@@ -14,7 +14,7 @@ from flax import nnx
 
 from models import registry
 from tests import tiers
-from tests.models.helpers import apply, normal
+from tests.models.helpers import apply, assert_forms_train_alike, normal
 
 BATCH, LEN, DIM, HEADS, MAX_LEN = 2, 16, 32, 2, 16
 SHORT_LEN = 12  # a length below max_len for variable-length variants
@@ -308,3 +308,12 @@ def test_flash_forms_keep_causality_and_padding(name, causal):
         y_now = apply(model, jnp.where((jnp.arange(LEN) == t)[None, :, None], random_x(3), x),
                       padding_mask=mask)
         assert not np.allclose(np.asarray(y[:, t]), np.asarray(y_now[:, t]), **TOL)
+
+
+@pytest.mark.parametrize("name", FLASH_FORMS)
+def test_flash_forms_train_as_their_dense_forms(name):
+    """`configs/mqar.py:model=<name>,runlocal,attention_impl=flash` against the dense form:
+    one training step's loss, gradient norm and parameter updates agree."""
+    assert_forms_train_alike(type(build(name)), "attention_impl", {
+        impl: (f"model={name},runlocal,attention_impl={impl}", {})
+        for impl in ("dense", "flash")})

@@ -7,7 +7,8 @@ causal layer equals MoonshotAI/MoBA's `moba_attn_varlen_naive` (moba/moba_naive.
 blocks in all, never a later one; with padding, padded keys are in no block mean; the
 bidirectional form chooses among all blocks; decoding with rotary; the O(L)-memory form
 (attention_impl='flash') equals the mask: outputs and gradients, causal or not, padded,
-tiles smaller than the length, and one training step through the task config.
+tiles smaller than the length (one training step through the task config:
+tests/models/test_conformance.py).
 """
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from flax import nnx
 from models import registry
 from models.attention import moba
 
-from tests.models.helpers import (assert_forms_agree, assert_forms_train_alike,
-                                  check_prefill_and_steps, normal, randomize_params)
+from tests.models.helpers import (assert_forms_agree, check_prefill_and_steps, normal,
+                                  randomize_params)
 from tests.models.test_delta import assert_close, run
 
 
@@ -158,13 +159,6 @@ def test_a_key_blocks_table_of_another_shape_is_refused():
     q = normal(1, (1, 2, 10, 4))
     with pytest.raises(ValueError, match=r"key_blocks: a table \(1, 2, 10, 3\)"):
         chunked_attention(q, q, q, key_blocks=(jnp.ones((1, 2, 10, 3), bool), 3))
-
-
-def test_flash_train_step_equals_the_mask_through_the_task_config():
-    """`configs/mqar.py:model=moba,runlocal,attention_impl=flash` against the dense form:
-    one training step's loss, gradient norm and parameter updates agree."""
-    assert_forms_train_alike(moba.MixtureOfBlockAttention, "attention_impl", {
-        impl: (f"model=moba,runlocal,attention_impl={impl}", {}) for impl in moba.IMPLS})
 
 
 def test_an_unknown_attention_impl_is_refused_by_name():

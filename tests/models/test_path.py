@@ -6,7 +6,8 @@ explicitly in numpy (and the mirror for causal=False); beta = 0 is q.k; the whol
 layer equals the formula from its weights; decoding with the forget gate and without the
 convolution; the parameters are fla's PaTHAttention's; the O(L)-memory form
 (attention_impl='flash') equals the dense one: outputs and gradients with and without
-the forget gate, its dropout the hashed keep mask, one training step through the config.
+the forget gate, its dropout the hashed keep mask (one training step through the
+config: tests/models/test_conformance.py).
 """
 from __future__ import annotations
 
@@ -204,13 +205,6 @@ def test_flash_dropout_is_the_hashed_keep_mask():
     for got, want in zip(jax.grad(loss, argnums=(1, 2, 3))(flash, q, k, v),
                          jax.grad(loss, argnums=(1, 2, 3))(reference, q, k, v)):
         assert_close(got, want, rtol=1e-4, atol=1e-5)
-
-
-def test_flash_train_step_equals_the_dense_one_through_the_task_config():
-    """`configs/mqar.py:model=path,runlocal,attention_impl=flash` against the dense form:
-    one training step's loss, gradient norm and parameter updates agree."""
-    assert_forms_train_alike(path.PaTHAttention, "attention_impl", {
-        impl: (f"model=path,runlocal,attention_impl={impl}", {}) for impl in ("dense", "flash")})
 
 
 def test_flash_is_refused_where_it_does_not_apply():
