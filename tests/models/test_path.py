@@ -20,6 +20,7 @@ from flax import nnx
 from models import registry
 from models.attention import delta, path, path_flash
 from models.kernels.block_sparse_tiles import dropout_multiplier
+from tests import tiers
 
 from tests.models.helpers import (assert_forms_agree, assert_forms_train_alike,
                                   check_prefill_and_steps, normal, randomize_params)
@@ -159,9 +160,9 @@ def test_parameters_are_flas_path_attention():
     assert count == 4 * dim * dim + 2 * 32 * dim + 3 * dim + dim * heads + heads
 
 
-@pytest.mark.parametrize("length", [19, 3])
+@pytest.mark.parametrize("length", [19, tiers.exhaustive(3)])
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("forget_gate", [False, True])
+@pytest.mark.parametrize("forget_gate", [tiers.exhaustive(False), True])
 def test_flash_form_equals_the_dense_one(causal, forget_gate, length):
     """attention_impl='flash' against 'dense': the layer's output and the gradients of its
     parameters and input, 19 positions in chunks of 4 (the last one partial) or 3 (one
