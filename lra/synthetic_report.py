@@ -65,6 +65,7 @@ import collections
 import csv
 import json
 import os
+import re
 import statistics
 import sys
 
@@ -723,7 +724,31 @@ def load_sources(sources: list[str]) -> tuple[list[dict], list[str]]:
                     continue
                 r["_path"] = r.get("run_dir") or where
                 runs.append(r)
+    _recover_overrides(runs)
     return runs, skipped
+
+
+_HASHED = re.compile(r"seed-?\d+-([0-9a-f]{8})(?:-pretrain(?:ed)?)?$")
+
+
+def _recover_overrides(runs: list[dict]) -> None:
+    """A record written before runs records kept `overrides` has none; its folder's name
+    (`seed<s>-<hash>`, lra.runs.plan.overrides_hash) still names them: where another run
+    holds overrides of that hash (another seed of the same sweep), they are its too, so
+    both name their row alike (_override_notes)."""
+    from lra.runs import plan
+
+    by_hash = {}
+    for r in runs:
+        m = _HASHED.search(os.path.normpath(r.get("run_dir") or r.get("_path") or ""))
+        if m and r.get("overrides") and plan.overrides_hash(r["overrides"]) == m.group(1):
+            by_hash[m.group(1)] = list(r["overrides"])
+    for r in runs:
+        if "overrides" in r:
+            continue
+        m = _HASHED.search(os.path.normpath(r.get("run_dir") or r.get("_path") or ""))
+        if m and m.group(1) in by_hash:
+            r["overrides"] = by_hash[m.group(1)]
 
 
 def _sweep_overrides(run_dir: str) -> list[str]:

@@ -587,3 +587,22 @@ def test_a_rows_eigenvalue_range_follows_its_builders_default():
     no_decay = {**run("gated_deltanet", {"decay": False}),
                 "overrides": ["model_hparams.decay=False"]}
     assert length_report.row_label(no_decay) == "gated_deltanet [decay False]"
+
+
+def test_a_record_without_overrides_takes_them_from_its_folders_hash(tmp_path):
+    """Runs records written before `overrides` was kept: a run whose folder is
+    seed<s>-<hash> takes the overrides of another run of that hash (another seed of the
+    same sweep), so both are one row; a hash no run holds leaves the record as it was."""
+    from lra.runs import plan
+
+    overrides = ["model_hparams.block_size=16", "model_hparams.top_k=2"]
+    h = plan.overrides_hash(overrides)
+    base = {"task": "mqar", "model": "moba", "test_accuracy": 0.5, "config": {}}
+    records = [{**base, "run_dir": f"w/mqar/moba/seed0-{h}"},
+               {**base, "run_dir": f"w/mqar/moba/seed1-{h}", "overrides": overrides},
+               {**base, "run_dir": "w/mqar/moba/seed0-0badc0de"}]
+    path = tmp_path / "old_runs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    runs, _ = synthetic_report.load_sources([str(path)])
+    assert runs[0]["overrides"] == overrides
+    assert "overrides" not in runs[2]
