@@ -162,11 +162,16 @@ def _loss_and_grads(model, tokens, mask):
 @pytest.mark.parametrize("arg", ["model=transformer,runlocal",
                                  "model=transformer,runlocal,pretrain,causal",
                                  "model=local,runlocal", "model=bigbird,runlocal",
-                                 "model=fox,runlocal", "model=fox,runlocal,pretrain,causal"])
+                                 "model=fox,runlocal", "model=fox,runlocal,pretrain,causal",
+                                 "model=moba,runlocal", "model=moba,runlocal,pretrain,causal",
+                                 "model=nsa,runlocal", "model=nsa,runlocal,pretrain,causal",
+                                 "model=path,runlocal", "model=path,runlocal,pretrain,causal"])
 def test_flash_equals_dense_through_the_task_config(arg):
     """configs/listops.py with attention_impl=flash against the same weights under dense:
     the model's output and every parameter's gradient (CLS prefix, padding, causal LM,
-    the local and BigBird patterns, fox's forget bias both ways and causal)."""
+    the local and BigBird patterns, fox's forget bias both ways and causal; moba's and
+    nsa's chosen blocks and path's transforms, each O(L)-memory form against its dense
+    one)."""
     task = lra.tasks.get("listops")
     dense = randomize_params(train.build_model(_config(arg), task), seed=2, scale=0.3)
     flash = train.build_model(_config(arg + ",attention_impl=flash"), task)

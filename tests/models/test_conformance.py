@@ -14,7 +14,7 @@ from flax import nnx
 
 from models import registry
 from tests import tiers
-from tests.models.helpers import apply, assert_forms_train_alike, normal
+from tests.models.helpers import apply, normal
 
 BATCH, LEN, DIM, HEADS, MAX_LEN = 2, 16, 32, 2, 16
 SHORT_LEN = 12  # a length below max_len for variable-length variants
@@ -285,7 +285,8 @@ def test_residual_is_a_gated_update(name, causal):
 
 # The O(L)-memory forms (attention_impl=flash) of the softmax variants whose logits are not
 # a static pattern (docs/precision_and_kernels.md): the claims above, checked on that form
-# too (each is tested equal to its dense form in its own test file).
+# too (each is tested equal to its dense form in its own test file and through the task
+# config in tests/kernels/test_flash_attention.py).
 FLASH_FORMS = [n for n in VARIANTS
                if n in ("fox", "moba", "nsa", "path")]
 
@@ -310,12 +311,3 @@ def test_flash_forms_keep_causality_and_padding(name, causal):
                       padding_mask=mask)
         assert not np.allclose(np.asarray(y[:, t]), np.asarray(y_now[:, t]), **TOL)
 
-
-@pytest.mark.parametrize("name", FLASH_FORMS)
-def test_flash_forms_train_as_their_dense_forms(name):
-    """`configs/mqar.py:model=<name>,runlocal,attention_impl=flash` against the dense form:
-    one training step's loss, gradient norm and parameter updates agree."""
-    skip_unless(name in FLASH_FORMS, "not one of the chunked softmax forms")
-    assert_forms_train_alike(type(build(name)), "attention_impl", {
-        impl: (f"model={name},runlocal,attention_impl={impl}", {})
-        for impl in ("dense", "flash")})

@@ -7,8 +7,7 @@ causal layer equals MoonshotAI/MoBA's `moba_attn_varlen_naive` (moba/moba_naive.
 blocks in all, never a later one; with padding, padded keys are in no block mean; the
 bidirectional form chooses among all blocks; decoding with rotary; the O(L)-memory form
 (attention_impl='flash') equals the mask: outputs and gradients, causal or not, padded,
-tiles smaller than the length (one training step through the task config:
-tests/models/test_conformance.py).
+tiles smaller than the length (through the task config: tests/kernels/test_flash_attention.py).
 """
 from __future__ import annotations
 

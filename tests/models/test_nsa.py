@@ -19,6 +19,7 @@ from flax import nnx
 
 from models import registry
 from models.attention import nsa
+from tests import tiers
 
 from tests.models.helpers import (assert_forms_agree, check_prefill_and_steps, normal,
                                   randomize_params)
@@ -221,7 +222,7 @@ def test_parameter_count_is_flas(qkv_bias):
     assert ours == fla
 
 
-@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("causal", [True, tiers.exhaustive(False)])
 def test_flash_form_equals_the_gathered_one(causal):
     """attention_impl='flash' (the selected branch chunked, its blocks as a table) against
     'dense' (gathered): the layer's output and the gradients of its parameters and input,

@@ -6,8 +6,8 @@ explicitly in numpy (and the mirror for causal=False); beta = 0 is q.k; the whol
 layer equals the formula from its weights; decoding with the forget gate and without the
 convolution; the parameters are fla's PaTHAttention's; the O(L)-memory form
 (attention_impl='flash') equals the dense one: outputs and gradients with and without
-the forget gate, its dropout the hashed keep mask (one training step through the
-config: tests/models/test_conformance.py).
+the forget gate, its dropout the hashed keep mask (through the task config:
+tests/kernels/test_flash_attention.py).
 """
 from __future__ import annotations
 
