@@ -228,3 +228,14 @@ def test_own_decoding_refuses_the_bidirectional_form(name):
                            rngs=nnx.Rngs(0))
     with pytest.raises(decoding.DecodingError, match=f"{name} was built with causal=False"):
         mixer.init_cache(1, 8)
+
+
+@pytest.mark.parametrize("name", ["fox", "moba", "nsa", "path"])
+def test_flash_forms_decode_as_their_parallel_form(name):
+    """attention_impl=flash (the O(L)-memory parallel form, docs/precision_and_kernels.md)
+    serves the parallel forward and the prefill; the steps equal it."""
+    model = randomize_params(train.build_model(config_for(name, attention_impl="flash"),
+                                               lra.tasks.get("listops")), seed=5, scale=0.3)
+    assert {m.attention_impl for _, m in model.iter_modules()
+            if hasattr(m, "attention_impl") and hasattr(m, "init_cache")} == {"flash"}
+    check_equal(model, lra.tasks.get("listops").vocab_size)
