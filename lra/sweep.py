@@ -73,8 +73,9 @@ naming num_train_steps): give it another --sweep_dir.
 `--status` added to a sweep's command runs nothing and writes nothing: one line per run
 (finished with its test accuracy; running, with the process and the step it logged last;
 stopped at its last complete checkpoint, which the same command resumes; failed, with its
-error line; refused; not started), then the counts and the training time left at the runs' logged and
-finished steps/s (lra/runs/status.py).
+error line; refused; not started), then the counts and the training time left at the
+runs' logged and finished steps/s (lra/runs/status.py). With --finished_in, a run its
+records hold is `finished (recorded in <file>)`.
 
 Then: `python -m lra.report <sweep_dir>`.
 """

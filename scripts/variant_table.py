@@ -130,7 +130,7 @@ def kernel(name: str) -> str:
         return f"{sparse}, fused (`flash`)"
     try:
         build("pallas")
-    except (ValueError, TypeError):  # fox, moba, nsa: only a chunked form besides dense
+    except (ValueError, TypeError):  # fox, moba, nsa, path: only a chunked form besides dense
         build("flash")
         return "chunked, O(L) memory (`flash`)"
     module = type(build("pallas")).__module__

@@ -40,6 +40,10 @@ _NUMERIC_KEYS = ("test_accuracy", "train_steps_per_sec", "train_step_temp_bytes"
 # classifiers.
 OBJECTIVES = ("classify", "mlm", "causal_lm", "sequence_labels")
 
+# sequence_labels (MQAR, MAD) is a task's own metric, a run from scratch like a classifier's.
+PRETRAINING_OBJECTIVES = ("mlm", "causal_lm")
+SCRATCH, SELF_PRETRAINED, PRETRAINING = "from scratch", "self-pretrained", "pretraining"
+
 
 def last_complete_step(workdir: str | None) -> int | None:
     """The newest step in <workdir>/checkpoints/last, or None: orbax writes a step under a
@@ -48,9 +52,6 @@ def last_complete_step(workdir: str | None) -> int | None:
     if not workdir or not os.path.isdir(last):
         return None
     return max((int(d) for d in os.listdir(last) if d.isdigit()), default=None)
-# sequence_labels (MQAR, MAD) is a task's own metric, a run from scratch like a classifier's.
-PRETRAINING_OBJECTIVES = ("mlm", "causal_lm")
-SCRATCH, SELF_PRETRAINED, PRETRAINING = "from scratch", "self-pretrained", "pretraining"
 
 
 def is_number(v) -> bool:

@@ -45,9 +45,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models import decoding, layers, registry
-from models.attention import dense
+from models.attention import dense, path_flash
 from models.attention.delta import causal_conv, conv_init, l2_normalise
-from models.attention import path_flash
 
 W_RANK = 32  # fla: w_proj = Linear(D, 32) -> Linear(32, D)
 CONV_SIZE = 3  # fla: w_conv1d, kernel 3, no bias, SiLU
@@ -222,10 +221,9 @@ class PaTHAttention(dense.MultiHeadAttention):
                 "path: attention_impl='flash' (models/attention/path_flash.py) moves the "
                 f"queries through the chunk products; got impl={impl!r} (use impl='chunked', "
                 "or attention_impl='dense')")
-        self.attention_impl = attention_impl
         super().__init__(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
                          attention_dropout=attention_dropout, use_bias=False, rngs=rngs)
-        self.impl = impl
+        self.impl, self.attention_impl = impl, attention_impl
         width = self.num_heads * self.head_dim
         self.conv_size, self.chunk_size = conv_size, chunk_size
         self.w_down = layers.dense(dim, W_RANK, ("embed", None), use_bias=False, rngs=rngs)

@@ -63,9 +63,10 @@ def flash_path_attention(q_NxBxHxCxK: jax.Array, keys_BxHxNxCxK: jax.Array,
     seed = jnp.zeros((), jnp.int32) if dropout_seed is None else jnp.asarray(dropout_seed,
                                                                              jnp.int32)
     o, lse = _attention(_Config(float(scale), float(dropout_rate), bool(strict)),
-                   jnp.moveaxis(q_NxBxHxCxK.astype(jnp.float32), 0, 2),
-                   keys_BxHxNxCxK.astype(jnp.float32), prod_BxHxNxKxK.astype(jnp.float32),
-                   intra_BxHxNxCxC.astype(jnp.float32), v, cf, valid, seed)
+                        jnp.moveaxis(q_NxBxHxCxK.astype(jnp.float32), 0, 2),
+                        keys_BxHxNxCxK.astype(jnp.float32),
+                        prod_BxHxNxKxK.astype(jnp.float32),
+                        intra_BxHxNxCxC.astype(jnp.float32), v, cf, valid, seed)
     return (o.reshape(b, h, n * c, d_v)[:, :, :length],
             lse.reshape(b, h, n * c)[:, :, :length])
 
@@ -194,12 +195,10 @@ def _attention_bwd(cfg, res, cotangents):
             return (d_keys, d_prod, d_v, d_cf), (jnp.zeros((b, h, c, k_dim)), d_intra)
 
         # r_u for u = t-1 .. 0 (r[u]; the rest unused): one chunk's O(L K).
-        def chain(r, step):
+        def chain(r, step):  # emits r_u, carries r_{u-1} = r_u P_u
             u = t - 1 - step
-            r_u = r
-            r_next = jnp.where(u >= 0, jnp.einsum("bhik,bhkl->bhil", r,
-                                                  prod[:, :, jnp.maximum(u, 0)]), r)
-            return r_next, r_u
+            return jnp.where(u >= 0, jnp.einsum("bhik,bhkl->bhil", r,
+                                                prod[:, :, jnp.maximum(u, 0)]), r), r
 
         _, r_steps = lax.scan(chain, q[:, :, t], jnp.arange(n - 1))
         # r_steps[step] = r_{t-1-step}; index by u: r_of(u) = r_steps[t-1-u].

@@ -24,7 +24,7 @@ adds c_i - c_j to the logits (the cumulative log forget gates of query i and key
 O(L) memory holds; its gradient is the logits' summed over keys (for c_i) and over
 queries (for c_j), accumulated in the same backward pass.
 
-Blocks chosen by content (moba, models/attention/moba.py): `key_blocks=(chosen_BxHxQxN,
+Blocks chosen by content (moba, nsa's selected branch): `key_blocks=(chosen_BxHxQxN,
 block_size)` lets query i see key j only where chosen[..., i, j // block_size]; each
 tile gathers its rows and block columns of the table (Q x L / block_size booleans, not
 L x L), and a tile none of whose queries chose any of its blocks is skipped as a masked
@@ -93,7 +93,7 @@ def chunked_attention(q_BxHxQxK: jax.Array, k_BxHxKvxK: jax.Array, v_BxHxKvxD: j
         block_size, chosen = 0, jnp.zeros((b, 1, 1, 1), jnp.bool_)
     else:
         chosen, block_size = key_blocks
-        n_blocks = -(-kv_len // block_size)
+        n_blocks = -(-kv_len // max(block_size, 1))
         if block_size < 1 or chosen.shape not in ((b, h, q_len, n_blocks),
                                                   (b, 1, q_len, n_blocks)):
             raise ValueError(f"key_blocks: a table {chosen.shape} of blocks of {block_size}: "

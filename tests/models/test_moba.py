@@ -158,6 +158,8 @@ def test_a_key_blocks_table_of_another_shape_is_refused():
     q = normal(1, (1, 2, 10, 4))
     with pytest.raises(ValueError, match=r"key_blocks: a table \(1, 2, 10, 3\)"):
         chunked_attention(q, q, q, key_blocks=(jnp.ones((1, 2, 10, 3), bool), 3))
+    with pytest.raises(ValueError, match="a block of at least 1 key"):
+        chunked_attention(q, q, q, key_blocks=(jnp.ones((1, 2, 10, 10), bool), 0))
 
 
 def test_an_unknown_attention_impl_is_refused_by_name():
