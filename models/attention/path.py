@@ -9,7 +9,8 @@ one (w, beta) per head and position; H = I everywhere is softmax attention. As f
 `PaTHAttention` (fla/layers/path_attn.py at bc3b101) with its defaults: bias-free q/k/v/o
 projections, w from a low-rank projection (D -> 32 -> D) through a 3-tap short convolution
 and SiLU then L2-normalised per head, beta = 2 sigmoid(W_b x + b), no qk norm, no forget
-gate (`forget_gate=True` adds fla's use_forget_gate: FoX's c_i - c_j on the logits), no
+gate (`forget_gate=True` adds fla's use_forget_gate: FoX's c_i - c_j on the logits before
+their 1/sqrt(d) scale, as fla's PaTH does, where FoX adds it after), no
 position embedding (pos_emb 'none': the transforms are the positions).
 
 The logits two ways (hparam `impl`). `scan` (path_logits), as fla's decoding does it: a
@@ -251,7 +252,12 @@ class PaTHAttention(dense.MultiHeadAttention):
         beta = jnp.where(real_BxL[..., None], beta, 0.0).transpose(0, 2, 1)
         if self.forget is None:
             return beta, jnp.zeros_like(beta)
-        log_f = jax.nn.log_sigmoid(self.forget(x_BxLxD).astype(jnp.float32))
+        # fla's PaTH-FoX adds the gate before the scale, softmax((q.Hk + c_i - c_j) K^-0.5)
+        # (fla/ops/path_attn/naive.py 94-95, its kernels, `do_gate_scale` in decoding),
+        # unlike FoX's own layer: scaling log f here gives every form that convention
+        # (results/cpu/path_vs_fla.md).
+        log_f = (jax.nn.log_sigmoid(self.forget(x_BxLxD).astype(jnp.float32))
+                 / math.sqrt(self.head_dim))
         return beta, jnp.where(real_BxL[..., None], log_f, 0.0).transpose(0, 2, 1)
 
     def __call__(self, x_BxLxD: jax.Array, padding_mask: jax.Array | None = None,

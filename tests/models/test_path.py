@@ -4,7 +4,8 @@ The conformance and decoding suites check padding, causality and decoding throug
 configs; here: the logits are q_i^T H_i ... H_{j+1} k_j with the products formed
 explicitly in numpy (and the mirror for causal=False); beta = 0 is q.k; the whole causal
 layer equals the formula from its weights; decoding with the forget gate and without the
-convolution; the parameters are fla's PaTHAttention's; the O(L)-memory form
+convolution; the forget gate inside the logits' scale, as fla's PaTH-FoX; the parameters
+are fla's PaTHAttention's; the O(L)-memory form
 (attention_impl='flash') equals the dense one: outputs and gradients with and without
 the forget gate, its dropout the hashed keep mask (through the task config:
 tests/kernels/test_flash_attention.py).
@@ -115,9 +116,13 @@ def test_an_unknown_impl_is_refused_by_name():
         build(causal=True, impl="fused")
 
 
-@pytest.mark.parametrize("causal", [True, False])
-def test_layer_is_the_formula(causal):
-    mixer = build(causal=causal)
+@pytest.mark.parametrize("causal,forget_gate", [(True, False), (False, False), (True, True),
+                                                (False, True)])
+def test_layer_is_the_formula(causal, forget_gate):
+    """With the gate, fla's PaTH-FoX: softmax((q.Hk + c_i - c_j) / sqrt(d)), the bias inside
+    the scale (fla/ops/path_attn/naive.py; results/cpu/path_vs_fla.md), c the cumulative
+    log sigmoid of the forget projection; the mirror's -|c_i - c_j| likewise."""
+    mixer = build(causal=causal, forget_gate=forget_gate)
     x = normal(4, (2, 10, 16))
     y = np.asarray(run(mixer, "__call__", x))
 
@@ -126,14 +131,18 @@ def test_layer_is_the_formula(causal):
         q, k, v = m.project_qkv(x)
         raw = m.w_raw(x)
         beta, _ = m.gates(x, jnp.ones(x.shape[:2], bool))
-        return q, k, v, m.w_of(raw), m.w_of(jnp.flip(raw, 2)), beta
+        f = m.forget(x) if m.forget is not None else jnp.zeros(x.shape[:2] + (2,))
+        return q, k, v, m.w_of(raw), m.w_of(jnp.flip(raw, 2)), beta, f
 
-    q, k, v, w, w_back, beta = (np.asarray(t, np.float64) for t in pieces(mixer, x))
+    q, k, v, w, w_back, beta, f = (np.asarray(t, np.float64) for t in pieces(mixer, x))
     logits = products(q, k, w, beta)
     if not causal:  # the mirror's w: the convolution run over the reversed order
         upper = products(q, k, np.flip(w_back, 2), beta, mirror=True)
         logits = np.where(np.triu(np.ones((10, 10), bool), 1), upper, logits)
-    logits = logits / np.sqrt(8)
+    log_f = -np.logaddexp(0.0, -f) if forget_gate else np.zeros_like(f)
+    c = np.cumsum(log_f, axis=1).transpose(0, 2, 1)  # BxHxL
+    diff = c[..., :, None] - c[..., None, :]
+    logits = (logits + (diff if causal else -np.abs(diff))) / np.sqrt(8)
     if causal:
         logits = np.where(np.tril(np.ones((10, 10), bool)), logits, -np.inf)
     p = np.exp(logits - logits.max(-1, keepdims=True))
