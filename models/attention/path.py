@@ -18,11 +18,13 @@ running copy of every key, each new position s applying H_s to the keys before i
 (k~ <- k~ - beta_s (k~ . w_s) w_s) and appending its own key untransformed, so at query i,
 k~_j = H_i ... H_{j+1} k_j; a scan over the L positions (chunks of `chunk_size` steps
 rematerialised in the backward pass). `chunked` (path_logits_chunked, the default): the
-products split at chunk boundaries, C + L / C sequential steps, the products between
-chunks as K x K matmuls; the same logits up to rounding (tests/models/test_path.py). The
-layer's forward + backward (width 64, 2 heads, one CPU core, 2026-12-06): 684 -> 323 ms at
-L 128 batch 64, 2,539 -> 688 ms at L 256, 5,048 -> 867 ms at L 1024 batch 8.
-Both O(L^2) logits, the dense form: fla's fused UT-transform kernel is not ported.
+products split at chunk boundaries, each chunk's inside in closed form (the UT transform
+PaTH's kernels use: one C x C triangular solve per chunk), L / C sequential steps, the
+products between chunks as K x K matmuls; the same logits up to rounding
+(tests/models/test_path.py). The layer's forward + backward (width 64, 2 heads, one CPU
+core, 2026-12-06, when a chunk's inside was still a scan over its C positions): 684 -> 323
+ms at L 128 batch 64, 2,539 -> 688 ms at L 256, 5,048 -> 867 ms at L 1024 batch 8.
+Both O(L^2) logits, the dense form: fla's fused Triton kernels are not ported.
 attention_impl='flash' (impl chunked; the config argument every task config takes): the
 same chunk products with the query moved through them one key chunk at a time inside an
 online softmax and a custom backward, O(L) memory (models/attention/path_flash.py; with
@@ -39,6 +41,7 @@ the position scan's 7.3 / 149 ms, one shared CPU core, 2026-12-06) or `path_keys
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -91,15 +94,15 @@ def path_logits(q_BxHxLxK, k_BxHxLxK, w_BxHxLxK, beta_BxHxL, *, chunk_size: int)
 
 
 def path_logits_chunked(q_BxHxLxK, k_BxHxLxK, w_BxHxLxK, beta_BxHxL, *, chunk_size: int):
-    """path_logits by chunks of C positions: L / C + C sequential steps instead of L, the
+    """path_logits by chunks of C positions: L / C sequential steps instead of L, the
     products between chunks applied as K x K matrices (matmuls).
 
     Split H_i ... H_{j+1} at the chunk boundaries: for i in chunk t and j in an earlier chunk
     u, q_i^T (H_i ... H_{tC}) M_tu (H_{uC+C-1} ... H_{j+1}) k_j, with M_tu = P_{t-1} ... P_{u+1}
-    and P_t = H_{tC+C-1} ... H_{tC} a chunk's whole product. One scan over the C positions
-    of every chunk at once gives the keys k'_j = (H_{uC+C-1} ... H_{j+1}) k_j, the queries
-    q'_i = (H_i ... H_{tC})^T q_i (from the running product), P_t, and the logits inside a
-    chunk (the running key copy of `path_logits`); a scan over the chunks carries every
+    and P_t = H_{tC+C-1} ... H_{tC} a chunk's whole product. `_inside_chunks` gives, for
+    every chunk at once and in closed form, the keys k'_j = (H_{uC+C-1} ... H_{j+1}) k_j,
+    the queries q'_i = (H_i ... H_{tC})^T q_i, P_t and the logits inside a chunk; a scan
+    over the chunks carries every
     earlier chunk's keys through P_t: O(L^2 K^2 / C) for the products between chunks, the
     dense form's O(L^2 K) at C = K. Same values as `path_logits` up to rounding."""
     b, h, length, d = k_BxHxLxK.shape
@@ -149,41 +152,53 @@ def path_keys_chunked(k_BxHxLxK, w_BxHxLxK, beta_BxHxL, *, chunk_size: int) -> j
 
 
 def _inside_chunks(q_BxHxLxK, k_BxHxLxK, w_BxHxLxK, beta_BxHxL, chunk_size: int):
-    """The scan over the C positions of every chunk at once (path_logits_chunked): the chunk
-    size c, the number of chunks n, each chunk's keys at its end BxHxNxCxK, its product
-    BxHxNxKxK, the logits inside it BxHxNxCxC and the queries turned to its start
-    NxBxHxCxK."""
+    """Every chunk at once, in closed form (path_logits_chunked): the chunk size c, the
+    number of chunks n, each chunk's keys at its end BxHxNxCxK, its product BxHxNxKxK, the
+    logits inside it BxHxNxCxC (0 above the diagonal) and the queries turned to its start
+    NxBxHxCxK.
+
+    The UT transform (PaTH's section 3.2, as the delta rule's chunks): within a chunk,
+    H_i ... H_{j+1} = I - sum_{a, b in (j, i]} A_ab w_a w_b^T with A = (I + diag(beta)
+    tril(W W^T, -1))^-1 diag(beta), lower triangular, so a window's block of A is its own
+    (the diagonal blocks of a triangular inverse are the blocks' inverses). Then
+
+        logits  q_i.k_j - sum_{j < b <= a <= i} (q_i.w_a) A_ab (w_b.k_j)
+        keys    k_j - sum_a w_a [A (W K^T masked b > j)]_aj          (H_C ... H_{j+1} k_j)
+        queries q_i - sum_b w_b [(Q W^T masked a <= i) A]_ib          ((H_i ... H_1)^T q_i)
+        product I - W^T A W                                           (H_C ... H_1)
+
+    with one C x C unit-triangular solve per chunk: O(L (C + K)) memory per head, forward
+    and backward, where a scan over the C positions kept a K x K product per step for its
+    backward pass (O(L K^2) per head: what made path's flash form 1 GiB per 1K tokens).
+    beta = 0 (padded positions) is H = I, with nothing divided by beta."""
     b, h, length, d = k_BxHxLxK.shape
     f32 = jnp.float32
     q, k, w, beta = (t.astype(f32) for t in (q_BxHxLxK, k_BxHxLxK, w_BxHxLxK, beta_BxHxL))
     c = max(1, min(chunk_size, length))
     n = -(-length // c)
     pad = n * c - length  # padded positions: beta 0 (H = I), q = k = 0, cropped at the end
-    chunks = [jnp.pad(t, [(0, 0), (0, 0), (0, pad)] + [(0, 0)] * (t.ndim - 3)).reshape(
+    q, k, w, beta = [jnp.pad(t, [(0, 0), (0, 0), (0, pad)] + [(0, 0)] * (t.ndim - 3)).reshape(
         (b, h, n, c) + t.shape[3:]) for t in (q, k, w, beta)]
-    # Positions first, for the scan over the C positions of every chunk.
-    steps = [jnp.moveaxis(t, 3, 0) for t in chunks]
-
-    def inside(carry, xs):
-        keys_BxHxNxCxK, prod_BxHxNxKxK = carry
-        q_s, k_s, w_s, beta_s, s = xs
-        keys = keys_BxHxNxCxK - (beta_s[..., None, None]
-                                 * jnp.einsum("bhnck,bhnk->bhnc", keys_BxHxNxCxK, w_s)[..., None]
-                                 * w_s[:, :, :, None])
-        keys = jnp.where((jnp.arange(c) == s)[:, None], k_s[:, :, :, None], keys)
-        prod = prod_BxHxNxKxK - beta_s[..., None, None] * jnp.einsum(
-            "bhnk,bhnj,bhnjl->bhnkl", w_s, w_s, prod_BxHxNxKxK)  # H_s P
-        row = jnp.einsum("bhnk,bhnck->bhnc", q_s, keys)
-        q_turned = jnp.einsum("bhnkl,bhnk->bhnl", prod, q_s)  # (H_s ... H_tC)^T q_s
-        return (keys, prod), (row, q_turned)
-
-    eye = jnp.broadcast_to(jnp.eye(d, dtype=f32), (b, h, n, d, d))
-    (keys_out, prod_out), (rows_CxBxHxNxC, q_CxBxHxNxK) = jax.lax.scan(
-        jax.checkpoint(inside), (jnp.zeros((b, h, n, c, d), f32), eye),
-        (*steps, jnp.arange(c)))
-    intra_BxHxNxCxC = jnp.moveaxis(rows_CxBxHxNxC, 0, 3)
-    q_out_NxBxHxCxK = jnp.moveaxis(q_CxBxHxNxK, (0, 3), (3, 0))
-    return c, n, keys_out, prod_out, intra_BxHxNxCxC, q_out_NxBxHxCxK
+    hp = jax.lax.Precision.HIGHEST  # the solve's inputs and products: no TF32 / bf16 passes
+    ein = functools.partial(jnp.einsum, precision=hp)
+    row, col = jnp.arange(c)[:, None], jnp.arange(c)[None, :]
+    strict = (col < row).astype(f32)  # [a, b]: b < a
+    eye_c = jnp.eye(c, dtype=f32)
+    ww = ein("zhnak,zhnck->zhnac", w, w)
+    unit_lower = eye_c + beta[..., :, None] * ww * strict
+    a_mat = jax.lax.linalg.triangular_solve(  # (I + diag(beta) L)^-1 diag(beta)
+        unit_lower, jnp.broadcast_to(eye_c * beta[..., None, :], unit_lower.shape),
+        left_side=True, lower=True, unit_diagonal=True)
+    qw = ein("zhnik,zhnak->zhnia", q, w) * (col <= row)  # [i, a]: a <= i
+    wk = ein("zhnbk,zhnjk->zhnbj", w, k) * strict  # [b, j]: b > j
+    a_wk = ein("zhnab,zhnbj->zhnaj", a_mat, wk)
+    qw_a = ein("zhnia,zhnab->zhnib", qw, a_mat)
+    intra = (ein("zhnik,zhnjk->zhnij", q, k) - ein("zhnia,zhnaj->zhnij", qw, a_wk)
+             ) * (col <= row)
+    keys = k - ein("zhnaj,zhnak->zhnjk", a_wk, w)
+    q_turned = q - ein("zhnib,zhnbk->zhnik", qw_a, w)
+    prod = jnp.eye(d, dtype=f32) - ein("zhnak,zhnab,zhnbl->zhnkl", w, a_mat, w)
+    return c, n, keys, prod, intra, jnp.moveaxis(q_turned, 2, 0)
 
 
 def path_keys(k_BxHxLxK, w_BxHxLxK, beta_BxHxL, *, chunk_size: int) -> jax.Array:
