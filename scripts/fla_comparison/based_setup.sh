@@ -11,13 +11,12 @@
 #   CMP_DIR         scratch dir (default /tmp/fla_cmp): based_src/ (the copies), based_*.npz
 #   TORCH_VENV      default /tmp/torchvenv; TORCH_SPEC default torch==2.13.0
 set -euo pipefail
+source "$(dirname "$0")/setup_lib.sh"
 ZOOLOGY_MIRROR=${ZOOLOGY_MIRROR:-/work/.mirror/HazyResearch+zoology/repo}
 ZOOLOGY_COMMIT=${ZOOLOGY_COMMIT:-d88d6f5}
 FLA_MIRROR=${FLA_MIRROR:-/work/.mirror/fla-org+flash-linear-attention/repo}
 FLA_COMMIT=${FLA_COMMIT:-bc3b101dcb713ddc5bd8924b66754eb68b5ccf89}
 CMP_DIR=${CMP_DIR:-/tmp/fla_cmp}
-TORCH_VENV=${TORCH_VENV:-/tmp/torchvenv}
-TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 SRC="$CMP_DIR/based_src"
 
 ZOOLOGY_FILES=(
@@ -37,29 +36,10 @@ FLA_FILES=(
   fla/ops/based/naive.py                # naive_parallel_based, naive_chunk_based (plain torch)
   LICENSE
 )
-mkdir -p "$SRC/zoology" "$SRC/fla"
-zres=$(git -C "$ZOOLOGY_MIRROR" rev-parse "$ZOOLOGY_COMMIT^{commit}")
-for f in "${ZOOLOGY_FILES[@]}"; do
-  mkdir -p "$SRC/zoology/$(dirname "$f")"
-  git -C "$ZOOLOGY_MIRROR" show "$zres:$f" > "$SRC/zoology/$f"
-done
-fres=$(git -C "$FLA_MIRROR" rev-parse "$FLA_COMMIT^{commit}")
-for f in "${FLA_FILES[@]}"; do
-  mkdir -p "$SRC/fla/$(dirname "$f")"
-  git -C "$FLA_MIRROR" show "$fres:$f" > "$SRC/fla/$f"
-done
+zres=$(copy_files "$ZOOLOGY_MIRROR" "$ZOOLOGY_COMMIT" "$SRC/zoology" "${ZOOLOGY_FILES[@]}")
+fres=$(copy_files "$FLA_MIRROR" "$FLA_COMMIT" "$SRC/fla" "${FLA_FILES[@]}")
 echo "$zres" > "$SRC/COMMIT"
 echo "$fres" > "$SRC/FLA_COMMIT"
 echo "zoology files at $zres -> $SRC/zoology; fla's naive Based at $fres -> $SRC/fla"
 
-if [ ! -x "$TORCH_VENV/bin/python" ]; then
-  python3 -m venv "$TORCH_VENV"
-fi
-"$TORCH_VENV/bin/python" -c "import torch, einops, numpy" 2>/dev/null \
-  || "$TORCH_VENV/bin/pip" install "$TORCH_SPEC" einops numpy
-"$TORCH_VENV/bin/python" -c "import opt_einsum, pydantic" 2>/dev/null \
-  || "$TORCH_VENV/bin/pip" install opt_einsum pydantic
-"$TORCH_VENV/bin/python" -c "
-import torch, einops, numpy, opt_einsum, pydantic
-print('torch', torch.__version__, 'einops', einops.__version__, 'numpy', numpy.__version__,
-      'opt_einsum', opt_einsum.__version__, 'pydantic', pydantic.__version__)"
+torch_venv opt_einsum=opt_einsum pydantic=pydantic

@@ -9,11 +9,10 @@
 #   CMP_DIR         scratch dir (default /tmp/fla_cmp): hyena_src/ (the copies), hyena_*.npz
 #   TORCH_VENV      default /tmp/torchvenv; TORCH_SPEC default torch==2.13.0
 set -euo pipefail
+source "$(dirname "$0")/setup_lib.sh"
 ZOOLOGY_MIRROR=${ZOOLOGY_MIRROR:-/work/.mirror/HazyResearch+zoology/repo}
 ZOOLOGY_COMMIT=${ZOOLOGY_COMMIT:-d88d6f5}
 CMP_DIR=${CMP_DIR:-/tmp/fla_cmp}
-TORCH_VENV=${TORCH_VENV:-/tmp/torchvenv}
-TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 
 FILES=(
   zoology/mixers/hyena.py            # Hyena, Filter, fftconv_ref, Sin, PositionalEmbedding,
@@ -23,20 +22,7 @@ FILES=(
   LICENSE.md
 )
 SRC="$CMP_DIR/hyena_src"
-mkdir -p "$SRC"
-resolved=$(git -C "$ZOOLOGY_MIRROR" rev-parse "$ZOOLOGY_COMMIT^{commit}")
-for f in "${FILES[@]}"; do
-  mkdir -p "$SRC/$(dirname "$f")"
-  git -C "$ZOOLOGY_MIRROR" show "$resolved:$f" > "$SRC/$f"
-done
-echo "$resolved" > "$SRC/COMMIT"
+resolved=$(copy_files "$ZOOLOGY_MIRROR" "$ZOOLOGY_COMMIT" "$SRC" "${FILES[@]}")
 echo "zoology files at $resolved -> $SRC"
 
-if [ ! -x "$TORCH_VENV/bin/python" ]; then
-  python3 -m venv "$TORCH_VENV"
-fi
-"$TORCH_VENV/bin/python" -c "import torch, einops, numpy" 2>/dev/null \
-  || "$TORCH_VENV/bin/pip" install "$TORCH_SPEC" einops numpy
-"$TORCH_VENV/bin/python" -c "import pydantic" 2>/dev/null \
-  || "$TORCH_VENV/bin/pip" install pydantic  # 2.14.4 (with pydantic-core 2.50.5) was used
-"$TORCH_VENV/bin/python" -c "import torch, einops, numpy, pydantic; print('torch', torch.__version__, 'einops', einops.__version__, 'numpy', numpy.__version__, 'pydantic', pydantic.VERSION)"
+torch_venv pydantic=pydantic  # 2.14.4 (with pydantic-core 2.50.5) was used

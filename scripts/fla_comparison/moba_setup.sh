@@ -16,13 +16,12 @@
 #   TORCH_VENV   default /tmp/torchvenv; TORCH_SPEC default torch==2.13.0
 #   TRANSFORMERS_SPEC default transformers==4.48.3
 set -euo pipefail
+source "$(dirname "$0")/setup_lib.sh"
 MOBA_MIRROR=${MOBA_MIRROR:-/work/.mirror/MoonshotAI+MoBA/repo}
 MOBA_COMMIT=${MOBA_COMMIT:-61e456bc956c5a25fd9c84e5496b661329cb1b72}
 FLA_MIRROR=${FLA_MIRROR:-/work/.mirror/fla-org+flash-linear-attention/repo}
 FLA_COMMIT=${FLA_COMMIT:-bc3b101dcb713ddc5bd8924b66754eb68b5ccf89}
 CMP_DIR=${CMP_DIR:-/tmp/fla_cmp}
-TORCH_VENV=${TORCH_VENV:-/tmp/torchvenv}
-TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 TRANSFORMERS_SPEC=${TRANSFORMERS_SPEC:-transformers==4.48.3}
 
 MOBA_FILES=(
@@ -48,30 +47,10 @@ FLA_FILES=(
   LICENSE
 )
 
-copy() {  # mirror commit dest files...
-  local mirror=$1 commit=$2 dest=$3
-  shift 3
-  local resolved
-  resolved=$(git -C "$mirror" rev-parse "$commit^{commit}")
-  mkdir -p "$dest"
-  for f in "$@"; do
-    mkdir -p "$dest/$(dirname "$f")"
-    git -C "$mirror" show "$resolved:$f" > "$dest/$f"
-  done
-  echo "$resolved" > "$dest/COMMIT"
-  echo "$resolved"
-}
-m=$(copy "$MOBA_MIRROR" "$MOBA_COMMIT" "$CMP_DIR/moba_src/MoBA" "${MOBA_FILES[@]}")
-f=$(copy "$FLA_MIRROR" "$FLA_COMMIT" "$CMP_DIR/moba_src/fla" "${FLA_FILES[@]}")
+m=$(copy_files "$MOBA_MIRROR" "$MOBA_COMMIT" "$CMP_DIR/moba_src/MoBA" "${MOBA_FILES[@]}")
+f=$(copy_files "$FLA_MIRROR" "$FLA_COMMIT" "$CMP_DIR/moba_src/fla" "${FLA_FILES[@]}")
 printf 'MoonshotAI/MoBA %s\nfla-org/flash-linear-attention %s\n' "$m" "$f" \
   > "$CMP_DIR/moba_src/COMMIT"
 echo "MoBA files at $m, fla files at $f -> $CMP_DIR/moba_src"
 
-if [ ! -x "$TORCH_VENV/bin/python" ]; then
-  python3 -m venv "$TORCH_VENV"
-fi
-"$TORCH_VENV/bin/python" -c "import torch, einops, numpy" 2>/dev/null \
-  || "$TORCH_VENV/bin/pip" install "$TORCH_SPEC" einops numpy
-"$TORCH_VENV/bin/python" -c "import transformers" 2>/dev/null \
-  || "$TORCH_VENV/bin/pip" install "$TRANSFORMERS_SPEC"
-"$TORCH_VENV/bin/python" -c "import torch, einops, numpy, transformers; print('torch', torch.__version__, 'einops', einops.__version__, 'numpy', numpy.__version__, 'transformers', transformers.__version__)"
+torch_venv "transformers=$TRANSFORMERS_SPEC"

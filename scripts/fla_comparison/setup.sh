@@ -7,11 +7,10 @@
 #   CMP_DIR      scratch dir (default /tmp/fla_cmp): fla_src/ (the copies), *.npz (results)
 #   TORCH_VENV   default /tmp/torchvenv; TORCH_SPEC default torch==2.13.0
 set -euo pipefail
+source "$(dirname "$0")/setup_lib.sh"
 FLA_MIRROR=${FLA_MIRROR:-/work/.mirror/fla-org+flash-linear-attention/repo}
 FLA_COMMIT=${FLA_COMMIT:-bc3b101dcb713ddc5bd8924b66754eb68b5ccf89}
 CMP_DIR=${CMP_DIR:-/tmp/fla_cmp}
-TORCH_VENV=${TORCH_VENV:-/tmp/torchvenv}
-TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 
 FILES=(
   fla/ops/kda/naive.py           # naive_recurrent_kda, naive_chunk_kda (torch + einops)
@@ -36,18 +35,7 @@ FILES=(
   fla/layers/gated_deltaproduct.py          # GatedDeltaProduct (Triton kernels: re-written in gated_deltaproduct_fla.py)
   LICENSE
 )
-mkdir -p "$CMP_DIR/fla_src"
-resolved=$(git -C "$FLA_MIRROR" rev-parse "$FLA_COMMIT^{commit}")
-for f in "${FILES[@]}"; do
-  mkdir -p "$CMP_DIR/fla_src/$(dirname "$f")"
-  git -C "$FLA_MIRROR" show "$resolved:$f" > "$CMP_DIR/fla_src/$f"
-done
-echo "$resolved" > "$CMP_DIR/fla_src/COMMIT"
+resolved=$(copy_files "$FLA_MIRROR" "$FLA_COMMIT" "$CMP_DIR/fla_src" "${FILES[@]}")
 echo "fla files at $resolved -> $CMP_DIR/fla_src"
 
-if [ ! -x "$TORCH_VENV/bin/python" ]; then
-  python3 -m venv "$TORCH_VENV"
-fi
-"$TORCH_VENV/bin/python" -c "import torch, einops, numpy" 2>/dev/null \
-  || "$TORCH_VENV/bin/pip" install "$TORCH_SPEC" einops numpy
-"$TORCH_VENV/bin/python" -c "import torch, einops, numpy; print('torch', torch.__version__, 'einops', einops.__version__, 'numpy', numpy.__version__)"
+torch_venv
