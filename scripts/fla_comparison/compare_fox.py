@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_kda import Table, diff, grads_diff  # noqa: E402
+from compare_kda import Table, report, row  # noqa: E402
 
 CMP_DIR = os.environ.get("CMP_DIR", "/tmp/fla_cmp")
 OURS_OP = [("dense", "dense logits + forget_bias"),
@@ -28,12 +28,6 @@ OURS_OP = [("dense", "dense logits + forget_bias"),
 OURS_LAYER = {"dense": ("fox dense", "nogate"), "flash": ("fox flash", "nogate"),
               "dense_gate": ("fox dense output_gate", "gate"),
               "flash_gate": ("fox flash output_gate", "gate")}
-
-
-def row(table, src, src_pfx, fla, fla_pfx, op, label, fla_label, out_key):
-    out = diff(src[src_pfx + out_key], fla[fla_pfx + out_key])
-    g = grads_diff(src, src_pfx + "grad_", fla, fla_pfx + "grad_")
-    return table.add(op, label, fla_label, out, None, g)
 
 
 def main():
@@ -89,13 +83,7 @@ def main():
                      f"CONTROL layer L={length}", label, f"{fname} f32, forget sign flipped",
                      "y")
             expected.append((ok, False))
-    table.print()
-    bad = [i for i, (ok, must) in enumerate(expected) if ok != must]
-    print(f"\n{len(expected)} rows; {len(bad)} not as expected "
-          "(expected: every comparison within tolerance, every CONTROL outside it)")
-    for i in bad:
-        print("  not as expected: " + " | ".join(table.rows[i][:3] + table.rows[i][-1:]))
-    return 1 if bad else 0
+    return report(table, expected)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_kda import Table, diff, grads_diff  # noqa: E402
+from compare_kda import Table, diff, grads_diff, report  # noqa: E402
 
 CMP_DIR = os.environ.get("CMP_DIR", "/tmp/fla_cmp")
 NAIVE = "naive_recurrent_gated_delta_product (q K^-0.5)"
@@ -97,13 +97,7 @@ def main():
                            "CONTROL " + op, label,
                            "layer f32, weights not permuted (n, h)")
             expected.append((ok, False))
-    table.print()
-    bad = [i for i, (ok, must) in enumerate(expected) if ok != must]
-    print(f"\n{len(expected)} rows; {len(bad)} not as expected "
-          "(expected: every comparison within tolerance, every CONTROL outside it)")
-    for i in bad:
-        print("  not as expected: " + " | ".join(table.rows[i][:3] + table.rows[i][-1:]))
-    return 1 if bad else 0
+    return report(table, expected)
 
 
 if __name__ == "__main__":

@@ -88,6 +88,25 @@ class Table:
             print("| " + " | ".join(r) + " |")
 
 
+def row(table, src, src_pfx, fla, fla_pfx, op, label, fla_label, out_key):
+    """One table row: `out_key` and the worst gradient (keys `grad_*`) of src against fla."""
+    out = diff(src[src_pfx + out_key], fla[fla_pfx + out_key])
+    g = grads_diff(src, src_pfx + "grad_", fla, fla_pfx + "grad_")
+    return table.add(op, label, fla_label, out, None, g)
+
+
+def report(table, expected):
+    """Prints the table and the rows not as expected, from `expected`: (ok, must_pass) per
+    row; returns the exit status (1 if any row is not as expected)."""
+    table.print()
+    bad = [i for i, (ok, must) in enumerate(expected) if ok != must]
+    print(f"\n{len(expected)} rows; {len(bad)} not as expected "
+          "(expected: every comparison within tolerance, every CONTROL outside it)")
+    for i in bad:
+        print("  not as expected: " + " | ".join(table.rows[i][:3] + table.rows[i][-1:]))
+    return 1 if bad else 0
+
+
 def op_row(table, ours, fla, case, op, ours_impl, ours_label, fla_key, fla_label,
            ours_src=None):
     """ours_src: take 'ours' from another fla result (the rounding floor rows)."""
@@ -173,13 +192,7 @@ def main():
             g = grads_diff(src, sp + "grad_", fla, fp + "grad_")
             ok = table.add(op, label, fl, out, None, g)
             expected.append((ok, must))
-    table.print()
-    bad = [i for i, (ok, must) in enumerate(expected) if ok != must]
-    print(f"\n{len(expected)} rows; {len(bad)} not as expected "
-          "(expected: every comparison within tolerance, every CONTROL outside it)")
-    for i in bad:
-        print("  not as expected: " + " | ".join(table.rows[i][:3] + table.rows[i][-1:]))
-    return 1 if bad else 0
+    return report(table, expected)
 
 
 if __name__ == "__main__":

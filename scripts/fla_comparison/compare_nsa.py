@@ -22,15 +22,9 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_kda import Table, diff, grads_diff  # noqa: E402
+from compare_kda import Table, row  # noqa: E402
 
 CMP_DIR = os.environ.get("CMP_DIR", "/tmp/fla_cmp")
-
-
-def row(table, src, src_pfx, fla, fla_pfx, op, label, fla_label, out_key):
-    out = diff(src[src_pfx + out_key], fla[fla_pfx + out_key])
-    g = grads_diff(src, src_pfx + "grad_", fla, fla_pfx + "grad_")
-    return table.add(op, label, fla_label, out, None, g)
 
 
 def differing_sets(a, b):

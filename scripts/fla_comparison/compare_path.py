@@ -23,7 +23,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_kda import Table, diff, grads_diff  # noqa: E402
+from compare_kda import Table, report, row  # noqa: E402
 
 CMP_DIR = os.environ.get("CMP_DIR", "/tmp/fla_cmp")
 OURS_OP = [("scan", "path_logits (scan)"),
@@ -36,12 +36,6 @@ GATE_LABEL = {"nogate": "no gate (g = 0)", "gate": "forget gate"}
 # our layer form: its label
 OURS_LAYER = {"chunked_dense": "impl=chunked dense", "scan_dense": "impl=scan dense",
               "chunked_flash": "impl=chunked flash"}
-
-
-def row(table, src, src_pfx, fla, fla_pfx, op, label, fla_label, out_key):
-    out = diff(src[src_pfx + out_key], fla[fla_pfx + out_key])
-    g = grads_diff(src, src_pfx + "grad_", fla, fla_pfx + "grad_")
-    return table.add(op, label, fla_label, out, None, g)
 
 
 def main():
@@ -111,13 +105,7 @@ def main():
                      f"{fp}control_taps/f32/", "CONTROL " + tag, OURS_LAYER["chunked_dense"],
                      f"{fname} f32, conv taps reversed", "y")
             expected.append((ok, False))
-    table.print()
-    bad = [i for i, (ok, must) in enumerate(expected) if ok != must]
-    print(f"\n{len(expected)} rows; {len(bad)} not as expected "
-          "(expected: every comparison within tolerance, every CONTROL outside it)")
-    for i in bad:
-        print("  not as expected: " + " | ".join(table.rows[i][:3] + table.rows[i][-1:]))
-    return 1 if bad else 0
+    return report(table, expected)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_kda import Table, diff, grads_diff, op_row  # noqa: E402
+from compare_kda import Table, diff, grads_diff, op_row, report  # noqa: E402
 
 CMP_DIR = os.environ.get("CMP_DIR", "/tmp/fla_cmp")
 
@@ -88,13 +88,7 @@ def main():
             out = diff(src[sp + "y"], fla[fp + "y"])
             g = grads_diff(src, sp + "grad_", fla, fp + "grad_")
             expected.append((table.add(op, label, fl, out, None, g), must))
-    table.print()
-    bad = [i for i, (ok, must) in enumerate(expected) if ok != must]
-    print(f"\n{len(expected)} rows; {len(bad)} not as expected "
-          "(expected: every comparison within tolerance, every CONTROL outside it)")
-    for i in bad:
-        print("  not as expected: " + " | ".join(table.rows[i][:3] + table.rows[i][-1:]))
-    return 1 if bad else 0
+    return report(table, expected)
 
 
 if __name__ == "__main__":
