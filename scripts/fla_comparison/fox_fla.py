@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kda_fla import _SAME, _T, FLA_SRC, _read, npy, t  # noqa: E402
+from kda_fla import _SAME, _T, FLA_SRC, _read, mapped_layer, npy, t  # noqa: E402
 
 CMP_DIR = os.environ.get("CMP_DIR", "/tmp/fla_cmp")
 OP_GRADS = ("q", "k", "v", "logf")
@@ -106,21 +106,10 @@ def fla_layer_forward(P, x, dtype, use_output_gate, forget_sign=1.0):
 
 def run_layer(inp, out, variant, length, dtype, tag=None, forget_sign=1.0):
     gate = VARIANTS[variant]
-    names = [n for n in PARAM_MAP if gate or not n.startswith("gate.")]
-    P = {}
-    for ours in names:
-        name, (to_fla, _) = PARAM_MAP[ours]
-        P[name] = t(to_fla(inp["layer/param/" + ours]), dtype, grad=True)
-    missing = {k[len("layer/param/"):] for k in inp if k.startswith("layer/param/")} - set(PARAM_MAP)
-    assert not missing, f"our parameters without an fla counterpart: {missing}"
-    x = t(inp[f"layer/L{length}/x"], dtype, grad=True)
-    y = fla_layer_forward(P, x, dtype, gate, forget_sign)
-    torch.sum(t(inp[f"layer/L{length}/w_y"], dtype) * y).backward()
-    key = f"layer/{variant}/L{length}/{tag or 'naive'}/{dtype}/"
-    out[key + "y"], out[key + "grad_x"] = npy(y), npy(x.grad)
-    for ours in names:
-        name, (_, back) = PARAM_MAP[ours]
-        out[key + "grad_param/" + ours] = back(npy(P[name].grad))
+    pmap = {n: m for n, m in PARAM_MAP.items() if gate or not n.startswith("gate.")}
+    mapped_layer(inp, out, pmap, "layer/param/", length,
+                 f"layer/{variant}/L{length}/{tag or 'naive'}/{dtype}/", dtype,
+                 lambda P, x: fla_layer_forward(P, x, dtype, gate, forget_sign), known=PARAM_MAP)
 
 
 def main():

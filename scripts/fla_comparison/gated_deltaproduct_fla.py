@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kda_fla import FLA_SRC, _read, l2norm, npy, short_conv, t  # noqa: E402
+from kda_fla import FLA_SRC, _read, l2norm, mapped_layer, npy, short_conv, t  # noqa: E402
 
 CMP_DIR = os.environ.get("CMP_DIR", "/tmp/fla_cmp")
 OP_GRADS = ("q", "k", "v", "beta", "g")
@@ -213,20 +213,9 @@ def fla_layer_forward(P, x, n, dtype):
 
 
 def run_layer(inp, out, n, length, dtype, tag=None, permute=True):
-    pmap = param_map(n, permute)
-    prefix = f"layer/n{n}/param/"
-    P = {}
-    for ours, (name, (to_fla, _)) in pmap.items():
-        P[name] = t(to_fla(inp[prefix + ours]), dtype, grad=True)
-    missing = {k[len(prefix):] for k in inp if k.startswith(prefix)} - set(pmap)
-    assert not missing, f"our parameters without an fla counterpart: {missing}"
-    x = t(inp[f"layer/L{length}/x"], dtype, grad=True)
-    y = fla_layer_forward(P, x, n, dtype)
-    torch.sum(t(inp[f"layer/L{length}/w_y"], dtype) * y).backward()
-    key = f"layer/n{n}/L{length}/{tag or 'naive'}/{dtype}/"
-    out[key + "y"], out[key + "grad_x"] = npy(y), npy(x.grad)
-    for ours, (name, (_, back)) in pmap.items():
-        out[key + "grad_param/" + ours] = back(npy(P[name].grad))
+    mapped_layer(inp, out, param_map(n, permute), f"layer/n{n}/param/", length,
+                 f"layer/n{n}/L{length}/{tag or 'naive'}/{dtype}/", dtype,
+                 lambda P, x: fla_layer_forward(P, x, n, dtype))
 
 
 def main():

@@ -205,19 +205,27 @@ def fla_layer_forward(P, x, impl, dtype, reverse_taps=False):
     return F.linear(o, P["o_proj.weight"])
 
 
-def run_layer(inp, out, length, impl, dtype, tag=None, reverse_taps=False):
-    P = {}
-    for ours, (name, (to_fla, _)) in PARAM_MAP.items():
-        P[name] = t(to_fla(inp["layer/param/" + ours]), dtype, grad=True)
-    missing = {k[len("layer/param/"):] for k in inp if k.startswith("layer/param/")} - set(PARAM_MAP)
+def mapped_layer(inp, out, pmap, prefix, length, key, dtype, forward, known=None):
+    """y = forward(P, x) on our drawn weights inp[prefix + ours] mapped to fla's (pmap: ours
+    -> (fla name, (to_fla, back))), x = inp["layer/L<length>/x"]; saves y, dL/dx and every
+    dL/d(our parameter), mapped back, under `key`, for L = sum(w_y * y). Every drawn
+    parameter must have a counterpart in `known` (default: pmap's keys)."""
+    P = {name: t(to_fla(inp[prefix + ours]), dtype, grad=True)
+         for ours, (name, (to_fla, _)) in pmap.items()}
+    missing = {k[len(prefix):] for k in inp if k.startswith(prefix)} - set(known or pmap)
     assert not missing, f"our parameters without an fla counterpart: {missing}"
     x = t(inp[f"layer/L{length}/x"], dtype, grad=True)
-    y = fla_layer_forward(P, x, impl, dtype, reverse_taps)
+    y = forward(P, x)
     torch.sum(t(inp[f"layer/L{length}/w_y"], dtype) * y).backward()
-    key = f"layer/L{length}/{tag or impl}/{dtype}/"
     out[key + "y"], out[key + "grad_x"] = npy(y), npy(x.grad)
-    for ours, (name, (_, back)) in PARAM_MAP.items():
+    for ours, (name, (_, back)) in pmap.items():
         out[key + "grad_param/" + ours] = back(npy(P[name].grad))
+
+
+def run_layer(inp, out, length, impl, dtype, tag=None, reverse_taps=False):
+    mapped_layer(inp, out, PARAM_MAP, "layer/param/", length,
+                 f"layer/L{length}/{tag or impl}/{dtype}/", dtype,
+                 lambda P, x: fla_layer_forward(P, x, impl, dtype, reverse_taps))
 
 
 def main():

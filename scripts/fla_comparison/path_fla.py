@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kda_fla import _CONV, _SAME, _T, _Torch64, l2norm, npy, short_conv, t  # noqa: E402
+from kda_fla import _CONV, _SAME, _T, _Torch64, l2norm, mapped_layer, npy, short_conv, t  # noqa: E402
 
 CMP_DIR = os.environ.get("CMP_DIR", "/tmp/fla_cmp")
 PATH_SRC = os.path.join(CMP_DIR, "path_src")
@@ -155,22 +155,10 @@ def fla_layer_forward(P, x, dtype, use_forget_gate, reverse_taps=False):
 
 def run_layer(inp, out, variant, length, dtype, tag=None, reverse_taps=False):
     gate = VARIANTS[variant]
-    names = [n for n in PARAM_MAP if gate or not n.startswith("forget.")]
-    P = {}
-    for ours in names:
-        name, (to_fla, _) = PARAM_MAP[ours]
-        P[name] = t(to_fla(inp["layer/param/" + ours]), dtype, grad=True)
-    drawn = {k[len("layer/param/"):] for k in inp if k.startswith("layer/param/")}
-    missing = drawn - set(PARAM_MAP)
-    assert not missing, f"our parameters without an fla counterpart: {missing}"
-    x = t(inp[f"layer/L{length}/x"], dtype, grad=True)
-    y = fla_layer_forward(P, x, dtype, gate, reverse_taps)
-    torch.sum(t(inp[f"layer/L{length}/w_y"], dtype) * y).backward()
-    key = f"layer/{variant}/L{length}/{tag or 'naive'}/{dtype}/"
-    out[key + "y"], out[key + "grad_x"] = npy(y), npy(x.grad)
-    for ours in names:
-        name, (_, back) = PARAM_MAP[ours]
-        out[key + "grad_param/" + ours] = back(npy(P[name].grad))
+    pmap = {n: m for n, m in PARAM_MAP.items() if gate or not n.startswith("forget.")}
+    mapped_layer(inp, out, pmap, "layer/param/", length,
+                 f"layer/{variant}/L{length}/{tag or 'naive'}/{dtype}/", dtype,
+                 lambda P, x: fla_layer_forward(P, x, dtype, gate, reverse_taps), known=PARAM_MAP)
 
 
 def main():
