@@ -103,9 +103,9 @@ def path_logits_chunked(q_BxHxLxK, k_BxHxLxK, w_BxHxLxK, beta_BxHxL, *, chunk_si
     and P_t = H_{tC+C-1} ... H_{tC} a chunk's whole product. `_inside_chunks` gives, for
     every chunk at once and in closed form, the keys k'_j = (H_{uC+C-1} ... H_{j+1}) k_j,
     the queries q'_i = (H_i ... H_{tC})^T q_i, P_t and the logits inside a chunk; a scan
-    over the chunks carries every
-    earlier chunk's keys through P_t: O(L^2 K^2 / C) for the products between chunks, the
-    dense form's O(L^2 K) at C = K. Same values as `path_logits` up to rounding."""
+    over the chunks carries every earlier chunk's keys through P_t: O(L^2 K^2 / C) for the
+    products between chunks, the dense form's O(L^2 K) at C = K. Same values as
+    `path_logits` up to rounding."""
     b, h, length, d = k_BxHxLxK.shape
     f32 = jnp.float32
     c, n, keys_out, prod_out, intra_BxHxNxCxC, q_out_NxBxHxCxK = _inside_chunks(
@@ -168,9 +168,10 @@ def _inside_chunks(q_BxHxLxK, k_BxHxLxK, w_BxHxLxK, beta_BxHxL, chunk_size: int)
         queries q_i - sum_b w_b [(Q W^T masked a <= i) A]_ib          ((H_i ... H_1)^T q_i)
         product I - W^T A W                                           (H_C ... H_1)
 
-    with one C x C unit-triangular solve per chunk: O(L (C + K)) memory per head, forward
-    and backward, where a scan over the C positions kept a K x K product per step for its
-    backward pass (O(L K^2) per head: what made path's flash form 1 GiB per 1K tokens).
+    with one C x C unit-triangular solve per chunk: O(L (C + K + K^2 / C)) memory per head
+    (the last term the chunk products themselves), forward and backward, where a scan over
+    the C positions kept a K x K product per position for its backward pass (O(L K^2) per
+    head: what made path's flash form 1 GiB per 1K tokens).
     beta = 0 (padded positions) is H = I, with nothing divided by beta."""
     b, h, length, d = k_BxHxLxK.shape
     f32 = jnp.float32
