@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Needle in a haystack across the catalogue (issue 72): configs/niah.py's mini (RULER's
+# single_2 row over our tokens, trained at L 256, tested at 512, 1,024 and 2,048 and at five
+# needle depths) on its zoology scaffold (no positions, one shared 3-tap convolution, the
+# variants' own off, 2 heads, no MLP), for the 13 variants of results/cpu/mqar_grid.md, then
+# issue 71's rows. A resumable queue of lra.sweep runs, seed 0 of every variant first, then
+# seeds 1 and 2 (a seed varies data and initialisation). About 10-20 CPU-minutes a run on
+# one core, most of it the 2K tests.
+#
+#   taskset -c 1 scripts/niah_cpu_grid.sh [DIR]       # DIR default workdirs/niah_mini
+#   MODELS="gla mamba2" SEEDS="1 2" scripts/niah_cpu_grid.sh   # narrow the queue
+#   STATUS=1 scripts/niah_cpu_grid.sh [DIR]           # runs nothing: lra.sweep --status
+#   python -m lra.length_report results/cpu/niah_mini_runs.jsonl DIR --out=results/cpu/niah_mini
+#
+# The cells committed in results/cpu/niah_mini_runs.jsonl (the report's runs record) count
+# as finished (lra.sweep --finished_in): a fresh machine runs only the rest. FINISHED_IN
+# names other records (a comma list; empty: none).
+set -u
+DIR=${1:-workdirs/niah_mini}
+PY=${PYTHON:-python}
+GRID13="transformer gla deltanet gated_deltanet mamba2 retnet linear local s4d mega s5 performer lru"
+ROWS2025="kda gated_deltaproduct fox rwkv7 nsa moba loglinear_mamba2 path based hyena"
+MODELS=${MODELS:-$GRID13 $ROWS2025}
+SEEDS=${SEEDS:-0 1 2}
+RECORD=results/cpu/niah_mini_runs.jsonl
+[ -f "$RECORD" ] || RECORD=
+FINISHED_IN=${FINISHED_IN-$RECORD}
+FLAG=(); [ -n "${STATUS:-}" ] && FLAG=(--status)
+[ -n "$FINISHED_IN" ] && FLAG+=(--finished_in="$FINISHED_IN")
+[ -z "${STATUS:-}" ] && mkdir -p "$DIR"
+for seed in $SEEDS; do
+    for model in $MODELS; do
+        "$PY" -m lra.sweep --task=niah --models="$model" --config_arg=mini \
+            --seeds="$seed" --sweep_dir="$DIR" "${FLAG[@]}"
+    done
+done
