@@ -13,7 +13,10 @@ closed form: level l >= 1 of query i is the block of 2^(l-1) keys just before i 
 low l - 1 bits cleared, present when bit l - 1 of i is set. The scales are per head, per
 level and per token, lambda_t = softplus(L_h o dl_t) with dl_t = W_dl u_t (H x 15, fla's
 in_proj's last columns) and L (H x 15, ones at init; fla's `L`): 15 = fla's MAX_NUM_LEVELS,
-enough for 2^14 = 16384 positions, the longest max_len accepted. With every lambda = 1 the
+enough for 2^14 = 16384 positions. fla fixes it and refuses longer sequences; here
+`num_levels` (a model hparam, default: fla's 15, or the levels max_len needs past 16384)
+adds levels: 16 up to 32768 positions, one more lambda column per head, a model fla has
+no form of. A shorter sequence never reads the extra columns. With every lambda = 1 the
 mask is Mamba-2's (tests/models/test_loglinear.py checks it against `ssd.chunk_ssd`).
 
 The block is `ssd.Mamba2` (this class subclasses it): fla's LogLinearMamba2 as its model
@@ -62,7 +65,6 @@ from models.attention.linear_scan import _pad_to_chunks
 
 DEFAULT_CHUNK = 64  # fla's chunk_log_linear_attn: BT = 64 (its only chunk size)
 NUM_LEVELS = 15  # fla's MAX_NUM_LEVELS = ceil(log2 16384) + 1: lambda columns per head
-MAX_LENGTH = 2 ** (NUM_LEVELS - 1)  # the longest sequence whose levels have a lambda
 
 
 # ----------------------------------------------------------------------------- core math
@@ -221,14 +223,15 @@ def a_log_init(key, shape, dtype=jnp.float32):
 
 class LevelDirection(ssd.SSDDirection):
     """One scan direction: Mamba-2's convolution, dt_bias, A_log, D, and the level
-    weights L (H x NUM_LEVELS, ones: fla's `L`, no weight decay)."""
+    weights L (H x num_levels, ones: fla's `L`, no weight decay)."""
 
-    def __init__(self, *, num_heads: int, channels: int, conv_size: int, rngs: nnx.Rngs):
+    def __init__(self, *, num_heads: int, channels: int, conv_size: int, num_levels: int,
+                 rngs: nnx.Rngs):
         super().__init__(num_heads=num_heads, channels=channels, conv_size=conv_size,
                          rngs=rngs)
         self.a_log = layers.param(a_log_init, ("heads",), (num_heads,), rngs=rngs,
                                   no_weight_decay=True, keep_float32=True)
-        self.level_weight = layers.param(layers.ones, ("heads", None), (num_heads, NUM_LEVELS),
+        self.level_weight = layers.param(layers.ones, ("heads", None), (num_heads, num_levels),
                                          rngs=rngs, no_weight_decay=True, keep_float32=True)
 
     def level_scales(self, dl_xHxK: jax.Array) -> jax.Array:
@@ -241,30 +244,39 @@ class LogLinearMamba2(ssd.Mamba2):
 
     def __init__(self, *, dim: int, num_heads: int, causal: bool, max_len: int, expand: int,
                  state_size: int, conv_size: int, chunk_size: int, norm_eps: float,
-                 rngs: nnx.Rngs):
+                 num_levels: int | None = None, rngs: nnx.Rngs):
         if chunk_size <= 0 or chunk_size & (chunk_size - 1):
             raise ValueError(f"loglinear_mamba2: chunk_size ({chunk_size}) must be a power of "
                              "two (chunks are aligned blocks of the level hierarchy)")
-        if max_len > MAX_LENGTH:
-            raise ValueError(f"loglinear_mamba2: max_len {max_len} > {MAX_LENGTH}: its "
-                             f"{NUM_LEVELS} lambda columns cover 2^{NUM_LEVELS - 1} positions "
-                             "(fla's MAX_NUM_LEVELS)")
+        if num_levels is None:
+            num_levels = max(NUM_LEVELS, _levels_needed(max_len))
+        if num_levels < 1:
+            raise ValueError(f"loglinear_mamba2: num_levels ({num_levels}) must be >= 1")
+        self.num_levels = num_levels
+        self.max_length = 2 ** (num_levels - 1)
+        if max_len > self.max_length:
+            need = _levels_needed(max_len)
+            raise ValueError(f"loglinear_mamba2: max_len {max_len} > {self.max_length}: its "
+                             f"{num_levels} lambda columns cover 2^{num_levels - 1} positions "
+                             f"(fla's MAX_NUM_LEVELS is {NUM_LEVELS}); {max_len} positions "
+                             f"need num_levels={need} (or leave it unset)")
         super().__init__(dim=dim, num_heads=num_heads, causal=causal, expand=expand,
                          state_size=state_size, conv_size=conv_size, chunk_size=chunk_size,
                          norm_eps=norm_eps, rngs=rngs)
-        # fla's dl: in_proj's last H * NUM_LEVELS outputs (a projection of its own here).
-        self.levels = layers.dense(dim, num_heads * NUM_LEVELS, ("embed", None),
+        # fla's dl: in_proj's last H * num_levels outputs (a projection of its own here).
+        self.levels = layers.dense(dim, num_heads * num_levels, ("embed", None),
                                    use_bias=False, rngs=rngs)
         # Mamba2 built SSDDirections; these add L and fla's A init (the others are dropped).
         direction = dict(num_heads=num_heads, channels=self.num_heads * self.head_dim
-                         + 2 * state_size, conv_size=conv_size, rngs=rngs)
+                         + 2 * state_size, conv_size=conv_size, num_levels=num_levels,
+                         rngs=rngs)
         self.forward_scan = LevelDirection(**direction)
         self.backward_scan = None if causal else LevelDirection(**direction)
 
     def level_inputs(self, u_BxLxD: jax.Array) -> jax.Array:
         """dl, BxLxHxK."""
         dl = self.levels(u_BxLxD)
-        return dl.reshape(dl.shape[:-1] + (self.num_heads, NUM_LEVELS))
+        return dl.reshape(dl.shape[:-1] + (self.num_heads, self.num_levels))
 
     def scan(self, direction: LevelDirection, xbc_BxLxC, dt_raw_BxLxH, dl_BxLxHxK, real_BxL):
         """One direction's y + D x (BxHxLxP) and its SSD inputs (x dt, log a, B). Replaces
@@ -312,9 +324,10 @@ class LogLinearMamba2(ssd.Mamba2):
 
     def init_cache(self, batch: int, max_len: int) -> decoding.Cache:
         self._check_decodes()
-        if max_len > MAX_LENGTH:
-            raise decoding.DecodingError(f"loglinear_mamba2 decodes at most {MAX_LENGTH} "
-                                         f"positions, asked for {max_len}")
+        if max_len > self.max_length:
+            raise decoding.DecodingError(f"loglinear_mamba2 decodes at most {self.max_length} "
+                                         f"positions ({self.num_levels} levels), asked for "
+                                         f"{max_len}")
         slots = max(1, (max_len - 1).bit_length())
         channels = self.num_heads * self.head_dim + 2 * self.state_size
         return {"pos": jnp.zeros((batch,), jnp.int32),
@@ -358,9 +371,12 @@ class LogLinearMamba2(ssd.Mamba2):
 def build_loglinear_mamba2(*, dim: int, num_heads: int, max_len: int, causal: bool,
                            rngs: nnx.Rngs, expand: int = 2, state_size: int = ssd.STATE_SIZE,
                            conv_size: int = CONV_SIZE, chunk_size: int = DEFAULT_CHUNK,
-                           norm_eps: float = NORM_EPS) -> LogLinearMamba2:
+                           norm_eps: float = NORM_EPS,
+                           num_levels: int | None = None) -> LogLinearMamba2:
     """fla's LogLinearMamba2 as its model builds it (expand 2, state 128, conv 4 with bias,
-    chunk 64, a power of two here); heads are the config's. max_len <= 16384."""
+    chunk 64, a power of two here); heads are the config's. num_levels: fla's 15 (2^14 =
+    16384 positions), or what max_len needs past that; a value given must cover max_len."""
     return LogLinearMamba2(dim=dim, num_heads=num_heads, causal=causal, max_len=max_len,
                            expand=expand, state_size=state_size, conv_size=conv_size,
-                           chunk_size=chunk_size, norm_eps=norm_eps, rngs=rngs)
+                           chunk_size=chunk_size, norm_eps=norm_eps, num_levels=num_levels,
+                           rngs=rngs)

@@ -242,6 +242,40 @@ def test_parameters_and_initialisation_are_flas():
 def test_refusals():
     with pytest.raises(ValueError, match="power of two"):
         build(causal=True, chunk_size=6)
-    with pytest.raises(ValueError, match="16384"):
+    with pytest.raises(ValueError, match="16384.*num_levels=16"):
         registry.build("loglinear_mamba2", dim=16, num_heads=2, max_len=20000, causal=True,
-                       rngs=nnx.Rngs(0))
+                       rngs=nnx.Rngs(0), num_levels=15)
+    with pytest.raises(ValueError, match="num_levels"):
+        registry.build("loglinear_mamba2", dim=16, num_heads=2, max_len=1, causal=True,
+                       rngs=nnx.Rngs(0), num_levels=0)
+
+
+def test_more_levels_read_only_the_levels_a_length_needs():
+    """Past fla's 15 levels (2^14 positions) the layer takes the levels max_len needs (16 for
+    the text model's 16,384 tokens + CLS) and adds lambda columns that a shorter sequence never reads: the 15-level
+    layer's weights in a 16-level layer (anything in the new column) give its outputs."""
+    for max_len, levels in ((16384, 15), (16385, 16), (32768, 16), (32769, 17)):
+        mixer = registry.build("loglinear_mamba2", dim=16, num_heads=2, max_len=max_len,
+                               causal=True, rngs=nnx.Rngs(0))  # num_levels unset: what it needs
+        assert mixer.forward_scan.level_weight[...].shape == (2, levels)
+    small, big = build(causal=True), build(causal=True, seed=1, num_levels=16)
+    flat_small = dict(nnx.to_flat_state(nnx.state(small, nnx.Param)))
+    flat_big = dict(nnx.to_flat_state(nnx.state(big, nnx.Param)))
+    assert flat_small.keys() == flat_big.keys()
+    rng = np.random.default_rng(0)
+    widened = 0
+    for path, var in flat_big.items():
+        w = np.asarray(flat_small[path][...])
+        if w.shape != var[...].shape:  # levels' kernel D x (H * K) and L (H x K): K 15 -> 16
+            w = w.reshape(w.shape[:-1] + (2, ll.NUM_LEVELS)) if w.ndim == 2 and \
+                w.shape[-1] == 2 * ll.NUM_LEVELS else w.reshape(w.shape[:-1] + (ll.NUM_LEVELS,))
+            w = np.concatenate([w, rng.normal(size=w.shape[:-1] + (1,))], -1)
+            w = w.reshape(var[...].shape)
+            widened += 1
+        var[...] = jnp.asarray(w, var[...].dtype)
+    assert widened == 2  # the levels' projection and the forward scan's L
+    nnx.update(big, nnx.from_flat_state(flat_big))
+    x = normal(8, (2, 37, 16))
+    y = np.asarray(run(small, "__call__", x))
+    assert_close(np.asarray(run(big, "__call__", x)), y)
+    assert np.abs(y).max() > 0
