@@ -8,8 +8,11 @@ and `depth_accuracy` (config.eval_depth_buckets).
       # those two only (sources: directories and _runs.jsonl records, as synthetic_report)
 
 A panel is one task setting (the runs' configs agreeing in everything but the model, its
-presets, the seed and the width: lra.synthetic_report's settings), e.g. parity at one
-recipe; a line is one row name (the model, ` [neg_eig]` for the negative-eigenvalue
+presets, the seed, the width and the learning rate and weight decay: lra.synthetic_report's
+settings), e.g. parity at one recipe; a row's runs at several learning rates (or weight
+decays) show the one with the best validation accuracy (language models: loss), the seeds'
+mean, as lra.synthetic_report chooses, named in the table ("lr 0.001 of 3"); a line is one
+row name (the model, ` [neg_eig]` for the negative-eigenvalue
 forms, the scaffold fields a run changed: ` [pos rotary]`), its points the seeds' mean
 test accuracy at each length, error bars the seeds' min to max. For a task whose test
 split is made at the training length (niah, MQAR: no `Task.at_length`), the run's own
@@ -159,7 +162,11 @@ def cells(runs: list[dict]) -> list[dict]:
                    row_label(r, references.get(sr._setting(r))))
             groups.setdefault(key, []).append(r)
     out = []
-    for (panel, setting, width, label), group in sorted(groups.items(), key=repr):
+    for (panel, setting, width, label), runs in sorted(groups.items(), key=repr):
+        # Several learning rates (or weight decays) of one row: the one with the best
+        # validation, as lra.synthetic_report chooses (never two tunings as two seeds).
+        _, by_seed, chosen, tunings = sr.choose_tuning(runs, lower_loss=is_lm(runs[0]))
+        group = list(by_seed.values())
         by_length: dict[int, list[float]] = {}
         by_depth: dict[tuple, list[float]] = {}
         by_split: dict[str, list[float]] = {}
@@ -181,6 +188,7 @@ def cells(runs: list[dict]) -> list[dict]:
                 by_depth.setdefault(key, []).append(100 * row["accuracy"])
         out.append({
             "panel": panel, "setting": setting, "width": width, "model": label,
+            "tuned": f"{chosen} of {tunings}" if tunings > 1 else "",
             "train_length": train_length, "seeds": len(group),
             "points": {n: _stats(v) for n, v in sorted(by_length.items())},
             "depths": {k: _stats(v) for k, v in sorted(by_depth.items())},
@@ -236,7 +244,8 @@ def markdown(all_cells: list[dict], source: str) -> str:
                       + [f"{k} (at L {train})" for k in splits]) + " |",
                   "|---|---|" + "---|" * (len(lengths) + len(splits))]
         for c in sorted(group, key=_order):
-            lines.append(f"| {c['model']} | {c['params']:,} | " + " | ".join(
+            tuned = f" ({c['tuned']}, on validation)" if c.get("tuned") else ""
+            lines.append(f"| {c['model']}{tuned} | {c['params']:,} | " + " | ".join(
                 [_fmt(c["points"].get(n), digits) for n in lengths]
                 + [_fmt(c["splits"].get(k)) for k in splits]) + " |")
         lengths = lengths + splits  # the baseline rows' columns

@@ -64,6 +64,7 @@ from __future__ import annotations
 import collections
 import csv
 import json
+import math
 import os
 import re
 import statistics
@@ -258,6 +259,31 @@ def _override_notes(r: dict, notes: list[str]) -> list[str]:
     return out
 
 
+def choose_tuning(runs: list[dict], lower_loss: bool = False
+                  ) -> tuple[tuple, dict, str, int]:
+    """Zoology's rule for one cell's runs: per tuning (learning rate, weight decay) one run
+    per seed (a rerun of a seed replaces it), and the tuning with the best validation (the
+    seeds' mean of best_eval_accuracy; with `lower_loss`, of -best_eval_loss: language
+    models) chosen. Returns (tuning, {seed: run}, a note naming the chosen values of the
+    tuned fields that vary in the grid, e.g. 'lr 0.001' ('' for one tuning), how many
+    tunings ran)."""
+    grid: dict[tuple, dict] = {}
+    for r in runs:
+        tuning = tuple(r["config"].get(k) for k in TUNED)
+        grid.setdefault(tuning, {})[r["config"].get(results_lib.SEED_FIELD)] = r
+
+    def validation(tuning):  # a run without a validation number is never chosen
+        field = "best_eval_loss" if lower_loss else "best_eval_accuracy"
+        vals = [-math.inf if r.get(field) is None
+                else (-1 if lower_loss else 1) * float(r[field]) for r in grid[tuning].values()]
+        return statistics.fmean(vals)
+
+    tuning = max(sorted(grid, key=repr), key=validation)
+    chosen = ", ".join(f"{SHORT[k]} {v:g}" for k, v in zip(TUNED, tuning)
+                       if len({t[TUNED.index(k)] for t in grid}) > 1)
+    return tuning, grid[tuning], chosen, len(grid)
+
+
 def cells(results: list[dict]) -> list[dict]:
     """One dict per cell: its coordinates, setting, seeds' accuracies (%), params, state,
     scaffold card, and the card fields that keep it out of the ranking."""
@@ -275,27 +301,13 @@ def cells(results: list[dict]) -> list[dict]:
     out = []
     for key, runs in sorted(groups.items()):
         setting, length, kv, width, model = key
-        grid: dict[tuple, dict] = {}
-        for r in runs:  # per tuning, one run per seed (a rerun of a seed replaces it)
-            tuning = tuple(r["config"].get(k) for k in TUNED)
-            grid.setdefault(tuning, {})[r["config"].get(results_lib.SEED_FIELD)] = r
-
-        def validation(tuning):  # a run without a validation number is never chosen
-            vals = [-1.0 if r.get("best_eval_accuracy") is None
-                    else float(r["best_eval_accuracy"]) for r in grid[tuning].values()]
-            return statistics.fmean(vals)
-
-        tuning = max(sorted(grid, key=repr), key=validation)
-        # The tuned fields whose values differ within the cell's grid, with the chosen value.
-        chosen = ", ".join(f"{SHORT[k]} {v:g}" for k, v in zip(TUNED, tuning)
-                           if len({t[TUNED.index(k)] for t in grid}) > 1)
-        by_seed = grid[tuning]
+        tuning, by_seed, chosen, tunings = choose_tuning(runs)
         # accs[i] is seeds[i]'s (scripts/mqar_extend_cells.py matches seeds by value).
         accs = [100 * float(by_seed[seed]["test_accuracy"]) for seed in sorted(by_seed)]
         first = next(iter(by_seed.values()))
         out.append({
             "setting": setting, "L": length, "kv": kv, "width": width, "model": model,
-            **dict(zip(TUNED, tuning)), "tunings": len(grid), "chosen": chosen,
+            **dict(zip(TUNED, tuning)), "tunings": tunings, "chosen": chosen,
             "seeds": sorted(by_seed), "accs": accs, "mean": statistics.fmean(accs),
             "std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
             "min": min(accs), "max": max(accs),

@@ -477,7 +477,8 @@ def test_a_kept_knob_names_the_row_and_keeps_it_ranked(tmp_path):
 
 
 def _write_length_run(root, model, seed, lengths, *, neg_eig=False, depths=None,
-                      task="state_tracking", splits=None, scaffold=None):
+                      task="state_tracking", splits=None, scaffold=None, lr=None,
+                      validation=0.9):
     """A results.json as train_and_evaluate writes it with config.eval_lengths: the
     test weights at each length (and, for niah, per depth range); `scaffold`: fields of
     config.scaffold the run overrode."""
@@ -492,13 +493,15 @@ def _write_length_run(root, model, seed, lengths, *, neg_eig=False, depths=None,
         setattr(config.scaffold, name, value)
     config = common.resolve(config).to_dict()
     config["random_seed"] = seed
+    if lr is not None:
+        config["learning_rate"] = lr
     folder = os.path.join(root, task, model + ("-neg" if neg_eig else "")
                           + ("-" + "-".join(map(str, scaffold.values())) if scaffold else ""),
-                          f"seed{seed}")
+                          f"seed{seed}" + (f"-lr{lr}" if lr is not None else ""))
     os.makedirs(folder)
     with open(os.path.join(folder, "results.json"), "w") as f:
         json.dump({"task": task, "model": model, "test_accuracy": 0.9,
-                   "best_eval_accuracy": 0.9, "majority_baseline_accuracy": 0.5,
+                   "best_eval_accuracy": validation, "majority_baseline_accuracy": 0.5,
                    "num_params": 1234, "objective": "sequence_labels", "config": config,
                    "length_accuracy": [{"length": n, "max_length": n, "accuracy": a}
                                        for n, a in lengths.items()],
@@ -562,6 +565,26 @@ def test_a_scaffold_ablation_is_a_row_of_its_own_in_the_length_table(tmp_path):
     text = (tmp_path / "niah_lengths.md").read_text()
     assert "| transformer | 1,234 | 90.0 (1) | 100.0 (1) |" in text, text
     assert "| transformer [pos rotary] | 1,234 | 90.0 (1) | 40.0 (1) |" in text, text
+
+
+def test_a_rows_learning_rates_show_the_one_chosen_on_validation(tmp_path):
+    """Two learning rates of one row at seeds 0 and 1: the row is the lr with the better
+    validation (its two seeds), named; not four runs averaged as four seeds (as the length
+    table did before 2026-12-06: lr and weight decay are not part of a panel's setting)."""
+    from lra import length_report
+
+    runs = tmp_path / "runs"
+    for seed in (0, 1):
+        _write_length_run(runs, "gla", seed, {96: 0.03}, task="niah", lr=3e-3,
+                          validation=0.03)
+        _write_length_run(runs, "gla", seed, {96: 0.8 + 0.1 * seed}, task="niah", lr=1e-3,
+                          validation=0.95)
+    _write_length_run(runs, "deltanet", 0, {96: 0.5}, task="niah")
+    assert length_report.main(["prog", str(runs)], out=str(tmp_path / "niah")) == 0
+    text = (tmp_path / "niah_lengths.md").read_text()
+    assert ("| gla (lr 0.001 of 2, on validation) | 1,234 | 90.0 ± 0.0 (2) | 85.0 ± 7.1 (2) |"
+            in text), text
+    assert "| deltanet | 1,234 | 90.0 (1) | 50.0 (1) |" in text, text
 
 
 def test_a_rows_eigenvalue_range_follows_its_builders_default():
