@@ -9,6 +9,8 @@
 #
 #   taskset -c 1 scripts/niah_cpu_grid.sh [DIR]       # DIR default workdirs/niah_mini
 #   MODELS="gla mamba2" SEEDS="1 2" scripts/niah_cpu_grid.sh   # narrow the queue
+#   LRS="1e-3 1e-2" MODELS=gla scripts/niah_cpu_grid.sh   # other learning rates (the mini's
+#       is 3e-3); the report shows each row's best on validation (lra.length_report)
 #   STATUS=1 scripts/niah_cpu_grid.sh [DIR]           # runs nothing: lra.sweep --status
 #   python -m lra.length_report results/cpu/niah_mini_runs.jsonl DIR --out=results/cpu/niah_mini
 #
@@ -22,6 +24,7 @@ GRID13="transformer gla deltanet gated_deltanet mamba2 retnet linear local s4d m
 ROWS2025="kda gated_deltaproduct fox rwkv7 nsa moba loglinear_mamba2 path based hyena"
 MODELS=${MODELS:-$GRID13 $ROWS2025}
 SEEDS=${SEEDS:-0 1 2}
+LRS=${LRS:-}
 RECORD=results/cpu/niah_mini_runs.jsonl
 [ -f "$RECORD" ] || RECORD=
 FINISHED_IN=${FINISHED_IN-$RECORD}
@@ -30,7 +33,13 @@ FLAG=(); [ -n "${STATUS:-}" ] && FLAG=(--status)
 [ -z "${STATUS:-}" ] && mkdir -p "$DIR"
 for seed in $SEEDS; do
     for model in $MODELS; do
-        "$PY" -m lra.sweep --task=niah --models="$model" --config_arg=mini \
-            --seeds="$seed" --sweep_dir="$DIR" "${FLAG[@]}"
+        if [ -z "$LRS" ]; then
+            "$PY" -m lra.sweep --task=niah --models="$model" --config_arg=mini \
+                --seeds="$seed" --sweep_dir="$DIR" "${FLAG[@]}"
+        fi
+        for lr in $LRS; do
+            "$PY" -m lra.sweep --task=niah --models="$model" --config_arg=mini \
+                --seeds="$seed" --sweep_dir="$DIR" --override=learning_rate="$lr" "${FLAG[@]}"
+        done
     done
 done
