@@ -784,6 +784,15 @@ def test_status_says_where_each_run_stands_and_writes_nothing(listops_dir, tmp_p
                 **SWEEP)
     assert f"training left: about {run_status._duration(total / 0.01)}," in \
         run_status.summary(alone)
+    # In a fresh sweep directory (another machine), a record's finished run of the model
+    # (another seed) sets it.
+    fresh = []
+    record = ("runs.jsonl", {"task": "listops", "model": "transformer", "config": seed0,
+                             "test_accuracy": 0.9, "train_steps_per_sec": 0.05})
+    sweep.sweep(seeds=[5], sweep_dir=str(tmp_path / "fresh"), overrides=[],
+                log=lambda _: None, status=fresh, finished_in=[record], **SWEEP)
+    assert f"training left: about {run_status._duration(total / 0.05)}," in \
+        run_status.summary(fresh), run_status.summary(fresh)
     # The command: nothing is created, not even --sweep_dir.
     proc = _cli("lra.sweep", "--task=listops", "--models=transformer", "--config_arg=runlocal",
                 "--seeds=0,1", f"--sweep_dir={tmp_path / 'none'}", "--status",

@@ -15,8 +15,8 @@ A run is one of:
 The time left is training time: each unfinished run's steps left (num_train_steps less
 its last complete checkpoint) at its own last logged steps/s, else at the mean steps/s of
 its model's finished runs in this listing, else of the finished runs in its model's
-folder (other seeds and overrides of the same sweep directory), else of its model's logged
-runs; a run with none of these has no estimate and is counted apart. Evaluation is not
+folder (other seeds and overrides of the same sweep directory) and those of the same task
+and model in the --finished_in records, else of its model's logged runs; a run with none of these has no estimate and is counted apart. Evaluation is not
 counted, and runs that stop early (an early-stop accuracy) end sooner: an estimate, not a
 promise.
 """
@@ -104,8 +104,14 @@ def inspect(*, workdir: str, task: str, model: str, seed: int, config_arg: str,
                                      overrides)["num_train_steps"])
     step = last_complete_step(workdir) or 0
     logged_step, rate = _logged(workdir)
+    # Beside its model's finished runs here, those the records hold (other seeds and
+    # overrides finished on other machines) time it too.
+    recorded = [float(r["train_steps_per_sec"]) for _, r in finished_in or ()
+                if r.get("task") == task and r.get("model") == model
+                and isinstance(r.get("train_steps_per_sec"), (int, float))
+                and r["train_steps_per_sec"] > 0]
     info.update(steps_left=max(0, total - step), rate=rate,
-                folder_rates=_folder_rates(workdir))
+                folder_rates=_folder_rates(workdir) + recorded)
     at = f"step {step:,} of {total:,} saved" if step else f"no checkpoint yet of {total:,} steps"
     speed = f", {rate:.2f} steps/s" if rate else ""
     owner = _owner(workdir) if os.path.isdir(workdir) else None
