@@ -527,12 +527,28 @@ def main(argv):
              f"{', '.join(line.split(':')[0] for line in missing)} (commands above)"
              if missing else ""))
     if ready:
-        synthetic = all(t in ("mqar", "mad") for t in ready)  # Zoology's and MAD's tables
         # runs skipped as recorded are in their runs files only: the report reads those too
-        print(f"Report: python -m lra.{'synthetic_report' if synthetic else 'report'} "
-              + " ".join([*FLAGS.finished_in, FLAGS.sweep_dir]))
+        print("Report: " + report_command(ready, FLAGS.finished_in, FLAGS.sweep_dir))
     sys.exit(1 if outcome["failed"] or outcome["refused"] or outcome["blocked"] or not ready
              else 0)
+
+
+LENGTH_TASKS = ("state_tracking", "niah", "flipflop")  # tested past the training length
+
+
+def report_command(tasks: list[str], finished_in: list[str], sweep_dir: str) -> str:
+    """The command that tabulates a sweep: Zoology's and MAD's tables for MQAR and MAD,
+    accuracy against length for the length tasks (into the first record's own files,
+    which it regenerates, else beside the runs), LRA's table for the rest."""
+    sources = " ".join([*finished_in, sweep_dir])
+    if all(t in ("mqar", "mad") for t in tasks):
+        return f"python -m lra.synthetic_report {sources}"
+    if all(t in LENGTH_TASKS for t in tasks):
+        record = finished_in[0] if finished_in else ""
+        out = (record[:-len("_runs.jsonl")] if record.endswith("_runs.jsonl")
+               else os.path.join(sweep_dir, tasks[0]))
+        return f"python -m lra.length_report {sources} --out={out}"
+    return f"python -m lra.report {sources}"
 
 
 def _check_pretrain_args(task: str, models: list[str], seed: int) -> None:

@@ -883,3 +883,16 @@ def test_a_finished_in_file_that_is_not_a_runs_record_is_one_line(tmp_path):
     _one_line_error(_cli("lra.sweep", *args, f"--finished_in={bad}", cwd=REPO),
                     "bad_runs.jsonl:2: not a run's record")
     assert not os.path.exists(tmp_path / "sweep")  # refused before anything is made
+
+
+def test_the_sweep_names_its_tasks_report():
+    """The `Report:` line a sweep ends with: length tasks go to lra.length_report, into the
+    record's own files when the sweep continues one."""
+    assert sweep.report_command(["mqar"], [], "w") == "python -m lra.synthetic_report w"
+    assert sweep.report_command(["state_tracking"], ["results/cpu/st_parity_runs.jsonl"],
+                                "w/neg") == ("python -m lra.length_report "
+                                             "results/cpu/st_parity_runs.jsonl w/neg "
+                                             "--out=results/cpu/st_parity")
+    assert sweep.report_command(["niah"], [], "w") == \
+        f"python -m lra.length_report w --out={os.path.join('w', 'niah')}"
+    assert sweep.report_command(["listops", "text"], [], "w") == "python -m lra.report w"
