@@ -10,6 +10,9 @@ as LRA's Table 2 measured it). Both are measured in every run.
       --attention_impl=blocksparse --growth_check_length=4096 --csv=eff.csv
                                     (results/cpu/efficiency.md: beyond 4K only the models
                                      whose cells up to 4K grew at most as L^1.4)
+  python -m lra.benchmark --models=nsa --lengths=4096 --override=model_hparams.block_counts=12
+                                    (config overrides, as launch.py's --config.<field>: a
+                                     model_hparams field for the variants that take it)
 
 --mode=train_step (default; LRA's efficiency table): the whole training step of the
 task's model (`lra.train.make_steps`: embeddings, encoder, head, loss, gradients, optimizer
@@ -88,6 +91,12 @@ def _define_flags() -> None:
                          "cannot run in reasonable time.")
     flags.DEFINE_string("task", "text", "Task whose config (model size, presets) is used; "
                         "LRA measured on text.")
+    flags.DEFINE_multi_string("override", [], "train_step mode: config overrides "
+                              "field=value (repeatable), e.g. model_hparams.chunk_size=32 or "
+                              "block.ffn=False. A model_hparams field applies to the measured "
+                              "models whose builder takes it (refused if none does; the "
+                              "references never take another variant's), any other field to "
+                              "every model, the references included.")
     flags.DEFINE_string("config_arg", "", "train_step mode: extra get_config arguments, "
                         "e.g. 'mini' to time the mini configs' steps (how long a mini sweep "
                         "takes: steps x time per step).")
@@ -170,10 +179,12 @@ def measure_train_step(model: str, length: int, *, task: str = "text", batch_siz
                        dim: int = 0, num_heads: int = 0, num_layers: int = 0,
                        repeats: int = 3, attention_impl: str = "dense",
                        config_arg: str = "", dtype: str = "float32",
-                       attention_dropout_rate: float | None = None) -> dict:
+                       attention_dropout_rate: float | None = None,
+                       overrides: tuple[str, ...] = ()) -> dict:
     """Time (s) and compiled temporary memory (bytes) of one training step of `model` on
     `task`'s config (get_config("model=<model>,<config_arg>")) at max_length `length`
-    (sizes: the config's, unless given; `attention_dropout_rate` overrides the config's)."""
+    (sizes: the config's, unless given; `attention_dropout_rate` overrides the config's;
+    `overrides`: --override's field=value pairs, apply_overrides)."""
     import importlib
 
     import lra.tasks
@@ -191,6 +202,7 @@ def measure_train_step(model: str, length: int, *, task: str = "text", batch_siz
         if value:
             config[field] = value
     hybrid.apply_name(config, model)  # a hybrid's name: its layers at this num_layers
+    apply_overrides(config, overrides)
     task_info = lra.tasks.get(task)
     built, impl = build_model_with_impl(config, task_info, attention_impl)
     graphdef, params, rest = nnx.split(built, nnx.Param, ...)
@@ -234,6 +246,52 @@ def measure_train_step(model: str, length: int, *, task: str = "text", batch_siz
     if stats and "peak_bytes_in_use" in stats:
         row["device_peak_bytes"] = stats["peak_bytes_in_use"]
     return row
+
+
+def takes_override(model: str, override: str) -> bool:
+    """Whether --override `field=value` applies to `model`: a model_hparams field only to
+    the variants whose builder takes it, any other field to every model."""
+    field = override.partition("=")[0]
+    if not field.startswith("model_hparams."):
+        return True
+    if model == FUSED:
+        model = "transformer"
+    from lra.cache_memory import mixers_of
+
+    name = field[len("model_hparams."):]
+    return any(name in registry.accepted_hparams(m) for m in mixers_of(model))
+
+
+def apply_overrides(config, overrides) -> None:
+    """Sets each `field=value` (value as on launch.py's command line: a Python literal,
+    true/false, else text) on the config, for the overrides its model takes
+    (takes_override); a field the config lacks is refused in one line, model_hparams
+    aside (a builder argument the presets leave at its default)."""
+    from lra.errors import ConfigError
+    from lra.runs import hparams
+
+    for override in overrides:
+        field, sep, text = override.partition("=")
+        if not sep or not field:
+            raise ConfigError(f"--override={override!r}: give field=value")
+        if not takes_override(config.model, override):
+            continue
+        value = hparams.parse_value(text)
+        *parents, leaf = field.split(".")
+        node = config
+        for part in parents:
+            if part not in node:
+                raise ConfigError(f"--override={override}: the config has no field "
+                                  f"{part!r} ({field})")
+            node = node[part]
+        if parents == ["model_hparams"] and leaf not in node:
+            takes = registry.accepted_hparams(config.model)
+            with config.unlocked():
+                node[leaf] = hparams._typed(config.model, leaf, value, takes[leaf])
+        elif leaf not in node:
+            raise ConfigError(f"--override={override}: the config has no field {field!r}")
+        else:
+            node[leaf] = value
 
 
 def generated_batch(config, task_info, length: int) -> dict[str, np.ndarray]:
@@ -308,7 +366,9 @@ def too_steep(model: str, rows: list[dict], up_to: int, max_growth: float) -> st
 
 CSV_FIELDS = ["model", "length", "time_s", "temp_bytes", "device_peak_bytes", "error",
               "impl", "mode", "task", "batch_size", "dim", "num_heads", "num_layers",
-              "attention_impl", "repeats", "platform", "config_arg", "dtype"]
+              "attention_impl", "repeats", "platform", "config_arg", "dtype", "overrides"]
+# Written before --override: read as its column empty.
+_OLD_CSV_FIELDS = set(CSV_FIELDS) - {"overrides"}
 
 
 def append_csv(path: str, row: dict, settings: dict) -> None:
@@ -328,11 +388,12 @@ def read_csv(path: str, settings: dict) -> dict[tuple[str, int], dict]:
         return {}
     with open(path, newline="") as f:
         records = list(csv.DictReader(f))
-    if records and set(records[0]) != set(CSV_FIELDS):
+    if records and set(records[0]) not in (set(CSV_FIELDS), _OLD_CSV_FIELDS):
         cli.refuse(f"{path} was not written by this benchmark version; "
                    "give another --csv or delete it")
     done = {}
     for rec in records:
+        rec.setdefault("overrides", "")
         if rec["error"] or any(rec[k] != str(v) for k, v in settings.items()):
             continue
         done[(rec["model"], int(rec["length"]))] = {
@@ -357,7 +418,8 @@ def measure_cell(model: str, length: int) -> dict:
                 num_heads=FLAGS.num_heads, num_layers=FLAGS.num_layers,
                 repeats=FLAGS.repeats,
                 attention_impl="flash" if fused else FLAGS.attention_impl,
-                config_arg=FLAGS.config_arg, dtype=FLAGS.dtype)
+                config_arg=FLAGS.config_arg, dtype=FLAGS.dtype,
+                overrides=tuple(FLAGS.override))
             try:
                 row = step()
             except FlashError as e:
@@ -430,6 +492,31 @@ def check_flags() -> list[int]:
     if unknown:  # else only a table cell said so, and the run exited 0
         raise ValueError(f"--models: unknown {', '.join(unknown)}; available: "
                          f"{', '.join(registry.available())}")
+    for override in FLAGS.override:
+        if FLAGS.mode != "train_step":
+            raise ValueError("--override is for --mode=train_step (a task config's model)")
+        field, sep, _ = override.partition("=")
+        if not sep or not field:
+            raise ValueError(f"--override={override!r}: give field=value")
+        named = [m for m in hybrid.split_models(FLAGS.models) if m not in ("all", FUSED)]
+        if field.startswith("model_hparams.") and "all" not in FLAGS.models and not any(
+                takes_override(m, override) for m in named):
+            raise ValueError(f"--override={override}: none of {', '.join(named)} takes "
+                             f"{field[len('model_hparams.'):]!r}")
+    if FLAGS.override and os.path.exists(os.path.join(
+            os.path.dirname(os.path.abspath(common.__file__)), f"{FLAGS.task}.py")):
+        import importlib
+
+        from lra.errors import ConfigError
+        for model in ["transformer", *(m for m in hybrid.split_models(FLAGS.models)
+                                       if m not in ("all", FUSED))]:
+            config = importlib.import_module(f"configs.{FLAGS.task}").get_config(
+                f"model={hybrid.base_of(model)}"
+                + (f",{FLAGS.config_arg}" if FLAGS.config_arg else ""))
+            try:  # a missing field or a mistyped value: one line, not an error per cell
+                apply_overrides(config, FLAGS.override)
+            except ConfigError as e:
+                raise ValueError(str(e)) from None
     configs_dir = os.path.dirname(os.path.abspath(common.__file__))
     if not os.path.exists(os.path.join(configs_dir, f"{FLAGS.task}.py")):
         from lra import tasks
@@ -470,8 +557,11 @@ def main(argv):
     settings = {"mode": FLAGS.mode, "task": FLAGS.task, "batch_size": FLAGS.batch_size,
                 "dim": FLAGS.dim, "num_heads": FLAGS.num_heads, "num_layers": FLAGS.num_layers,
                 "attention_impl": FLAGS.attention_impl, "repeats": FLAGS.repeats,
-                "platform": platform, "config_arg": FLAGS.config_arg, "dtype": FLAGS.dtype}
-    setting_flags = [f"--{k}={v}" for k, v in settings.items() if k != "platform"]
+                "platform": platform, "config_arg": FLAGS.config_arg, "dtype": FLAGS.dtype,
+                "overrides": " ".join(FLAGS.override)}
+    setting_flags = ([f"--{k}={v}" for k, v in settings.items()
+                      if k not in ("platform", "overrides")]
+                     + [f"--override={o}" for o in FLAGS.override])
     done = read_csv(FLAGS.csv, settings) if FLAGS.csv else {}
     if done:
         print(f"{FLAGS.csv}: reusing {len(done)} cells measured with the same settings",
@@ -518,6 +608,9 @@ def main(argv):
                  "the impl column)")
     if FLAGS.mode == "train_step" and FLAGS.dtype != "float32":
         what += f", computing in {FLAGS.dtype}"
+    if FLAGS.mode == "train_step" and FLAGS.override:
+        what += (", with " + ", ".join(FLAGS.override) + " (model_hparams: the models that "
+                 "take them)")
     print(f"{what}; {sizes}; {platform}, jax {jax.__version__}. "
           f"Cells: time per step, XLA temporary memory (ratios to {FUSED}, the fused "
           "reference: cuDNN on GPU, splash on TPU, the O(L)-memory chunked form on CPU; "

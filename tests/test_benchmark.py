@@ -178,7 +178,7 @@ def _flags(**overrides):
         "dim": 16, "num_heads": 2, "num_layers": 1, "attention_impl": "dense", "repeats": 1,
         "task": "listops", "config_arg": "", "csv": None, "isolate": "false", "cell": None,
         "transformer_max_length": 0, "growth_check_length": 0, "max_growth": 1.4,
-        "dtype": "float32", **overrides})
+        "dtype": "float32", "override": [], **overrides})
 
 
 def test_attention_impl_a_variant_lacks_runs_its_own(monkeypatch, capsys, tmp_path):
@@ -322,11 +322,72 @@ def test_fused_reference_without_dropout_where_the_backend_has_none(monkeypatch)
 
 
 def test_a_variants_own_refusal_is_reported_not_the_implementation():
-    """loglinear_mamba2 refuses max_len over 16384 (its 15 level weights): a cell asked
-    with attention_impl=blocksparse reports that, not "has one implementation"."""
+    """loglinear_mamba2 at fla's 15 levels refuses max_len over 16384: a cell asked with
+    attention_impl=blocksparse reports that, not "has one implementation"."""
     import configs.text
     import lra.tasks
     config = configs.text.get_config("model=loglinear_mamba2,runlocal")
     config.max_length = 16384  # + the CLS slot: 16385 positions
-    with pytest.raises(ValueError, match="16384"):
+    benchmark.apply_overrides(config, ["model_hparams.num_levels=15"])
+    with pytest.raises(ValueError, match="16384.*num_levels=16"):
         benchmark.build_model_with_impl(config, lra.tasks.get("text"), "blocksparse")
+
+
+def test_overrides_reach_the_models_that_take_them():
+    """--override: a model_hparams field only for the variants whose builder takes it (one
+    the presets leave at its default included: fox's forget_gate), any other field for
+    every model; a field the config lacks is refused."""
+    from configs import listops
+    from lra.errors import ConfigError
+
+    fox, transformer = (listops.get_config(f"model={m},mini") for m in ("fox", "transformer"))
+    assert "forget_gate" not in fox.model_hparams
+    for config in (fox, transformer):
+        benchmark.apply_overrides(config, ["model_hparams.forget_gate=false", "num_layers=1",
+                                           "block.ffn=False"])
+        assert config.num_layers == 1 and config.block.ffn is False
+    assert fox.model_hparams.forget_gate is False
+    assert "forget_gate" not in transformer.model_hparams  # the reference takes none
+    assert benchmark.takes_override("fox", "model_hparams.forget_gate=0")
+    assert not benchmark.takes_override(efficiency.FUSED, "model_hparams.forget_gate=0")
+    with pytest.raises(ConfigError, match="no field 'not_a_field'"):
+        benchmark.apply_overrides(fox, ["not_a_field=1"])
+    with pytest.raises(ConfigError, match="forget_gate.*bool"):
+        benchmark.apply_overrides(listops.get_config("model=fox,mini"),
+                                  ["model_hparams.forget_gate=3"])
+    # It reaches the built model: fox without its gate has fewer parameters' memory.
+    with_gate, without = (benchmark.measure_train_step(
+        "fox", 32, task="listops", repeats=0, config_arg="mini", batch_size=2,
+        overrides=o) for o in ((), ("model_hparams.forget_gate=False",)))
+    assert with_gate["temp_bytes"] != without["temp_bytes"]
+
+
+def test_override_flags_are_checked_and_recorded(monkeypatch, capsys, tmp_path):
+    """An override no measured model takes is one line before anything compiles; one
+    that applies is in the table's header and the CSV's settings (a CSV written before
+    the column existed is still read)."""
+    monkeypatch.setattr(benchmark, "FLAGS", _flags(
+        models=["linear"], override=["model_hparams.forget_gate=False"]))
+    monkeypatch.setattr(benchmark, "measure_cell", lambda *a: pytest.fail("measured"))
+    with pytest.raises(SystemExit):
+        benchmark.main([])
+    assert "none of linear takes 'forget_gate'" in capsys.readouterr().err
+    monkeypatch.setattr(benchmark, "FLAGS", _flags(models=["fox"], override=["emb=3"]))
+    with pytest.raises(SystemExit):
+        benchmark.main([])
+    assert "the config has no field 'emb'" in capsys.readouterr().err
+    monkeypatch.undo()
+    path = str(tmp_path / "cells.csv")
+    monkeypatch.setattr(benchmark, "FLAGS", _flags(
+        models=["fox"], override=["model_hparams.forget_gate=False"], repeats=0, csv=path))
+    benchmark.main([])
+    assert "with model_hparams.forget_gate=False" in capsys.readouterr().out
+    settings = {"mode": "train_step", "overrides": "model_hparams.forget_gate=False"}
+    assert set(benchmark.read_csv(path, settings)) == {
+        ("transformer[flash]", 32), ("transformer", 32), ("fox", 32)}
+    assert benchmark.read_csv(path, {**settings, "overrides": ""}) == {}
+    old = tmp_path / "old.csv"  # no overrides column: cells measured without any
+    with open(path) as f:
+        lines = f.read().splitlines()
+    old.write_text("\n".join(line.rsplit(",", 1)[0] for line in lines) + "\n")
+    assert len(benchmark.read_csv(str(old), {"mode": "train_step", "overrides": ""})) == 3
