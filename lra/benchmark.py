@@ -515,8 +515,9 @@ def check_flags() -> list[int]:
                 + (f",{FLAGS.config_arg}" if FLAGS.config_arg else ""))
             try:  # a missing field or a mistyped value: one line, not an error per cell
                 apply_overrides(config, FLAGS.override)
-            except ConfigError as e:
-                raise ValueError(str(e)) from None
+            except (ConfigError, TypeError) as e:  # TypeError: ml_collections' field types
+                raise ValueError(str(e) if str(e).startswith("--override")
+                                 else f"--override: {e}") from None
     configs_dir = os.path.dirname(os.path.abspath(common.__file__))
     if not os.path.exists(os.path.join(configs_dir, f"{FLAGS.task}.py")):
         from lra import tasks
