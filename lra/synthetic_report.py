@@ -264,7 +264,7 @@ def choose_tuning(runs: list[dict], lower_loss: bool = False
     """Zoology's rule for one cell's runs: per tuning (learning rate, weight decay) one run
     per seed (a rerun of a seed replaces it), and the tuning with the best validation (the
     seeds' mean of best_eval_accuracy; with `lower_loss`, of -best_eval_loss: language
-    models) chosen. Returns (tuning, {seed: run}, a note naming the chosen values of the
+    models) chosen, among the tunings run at the most seeds. Returns (tuning, {seed: run}, a note naming the chosen values of the
     tuned fields that vary in the grid, e.g. 'lr 0.001' ('' for one tuning), how many
     tunings ran)."""
     grid: dict[tuple, dict] = {}
@@ -278,7 +278,10 @@ def choose_tuning(runs: list[dict], lower_loss: bool = False
                 else (-1 if lower_loss else 1) * float(r[field]) for r in grid[tuning].values()]
         return statistics.fmean(vals)
 
-    tuning = max(sorted(grid, key=repr), key=validation)
+    # Only the tunings run at the most seeds compete: one lucky seed of a tuning tried at
+    # one seed (a probe of a failing seed's lr) never outranks a tuning's seed mean.
+    most = max(len(seeds) for seeds in grid.values())
+    tuning = max(sorted((t for t in grid if len(grid[t]) == most), key=repr), key=validation)
     chosen = ", ".join(f"{SHORT[k]} {v:g}" for k, v in zip(TUNED, tuning)
                        if len({t[TUNED.index(k)] for t in grid}) > 1)
     return tuning, grid[tuning], chosen, len(grid)

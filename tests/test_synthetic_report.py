@@ -629,3 +629,22 @@ def test_a_record_without_overrides_takes_them_from_its_folders_hash(tmp_path):
     runs, _ = synthetic_report.load_sources([str(path)])
     assert runs[0]["overrides"] == overrides
     assert "overrides" not in runs[2]
+
+
+def test_a_tuning_tried_at_fewer_seeds_does_not_outrank_the_seed_mean():
+    """choose_tuning: lr 1e-2 probed at seed 1 alone (validation 0.9) against lr 3e-3 at
+    seeds 0-2 (mean 0.6): the tuning run at every seed is chosen; among tunings at equal
+    seed counts, the best mean (language models: the lowest loss)."""
+    def run(lr, seed, acc, loss=1.0):
+        return {"config": {"learning_rate": lr, "weight_decay": 0.1, "random_seed": seed},
+                "best_eval_accuracy": acc, "best_eval_loss": loss}
+
+    runs = [run(3e-3, 0, 0.99), run(3e-3, 1, 0.12), run(3e-3, 2, 0.7), run(1e-2, 1, 0.9)]
+    tuning, by_seed, chosen, n = synthetic_report.choose_tuning(runs)
+    assert tuning == (3e-3, 0.1) and sorted(by_seed) == [0, 1, 2]
+    assert (chosen, n) == ("lr 0.003", 2)
+    runs += [run(1e-2, 0, 0.9), run(1e-2, 2, 0.9)]
+    assert synthetic_report.choose_tuning(runs)[0] == (1e-2, 0.1)
+    lm = [run(1e-3, 0, 0.5, loss=2.0), run(3e-3, 0, 0.4, loss=1.5)]
+    assert synthetic_report.choose_tuning(lm, lower_loss=True)[0] == (3e-3, 0.1)
+    assert synthetic_report.choose_tuning(lm)[0] == (1e-3, 0.1)
