@@ -14,8 +14,8 @@ cell's seeds. A cell is (L, kv pairs, width, model) within a setting (everything
 configs record: vocabulary, steps, short_conv, ...); a directory with several settings gets
 a section per setting. The learning rate and weight decay are tuned per cell (TUNED): runs
 of a cell at several values (`lra.sweep --grid=learning_rate=...`) are its grid, and the
-values with the best validation accuracy (the seeds' mean of best_eval_accuracy) are the
-cell's, as Zoology picks the best lr per width. A model_hparams override a sweep gave a
+values with the best validation accuracy (the seeds' mean of best_eval_accuracy; among
+the values run at the most seeds) are the cell's, as Zoology picks the best lr per width. A model_hparams override a sweep gave a
 run (`--override` or `--grid=model_hparams.<name>=...`, from the run's sweep.json, kept
 in the runs record) makes another model of the variant: its own row, named by it (`fox
 [forget_gate False]`), as a capacity set away from the presets is (`local [window 32]`).
