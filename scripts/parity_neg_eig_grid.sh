@@ -5,7 +5,7 @@
 # gated_deltaproduct (its layer default is fla's allow_neg_eigval=True: [0, 1] is the override).
 # A resumable queue of lra.sweep runs, seed 0 of every cell first, then seeds 1 and 2 (a seed
 # varies data and initialisation). About 20-25 minutes a run on one core beside another
-# queue (gated_deltaproduct, with its 2 Householder steps a token, about 40: 0.9 steps/s on
+# queue (gated_deltaproduct, with its 2 Householder steps a token, about an hour: 0.6 steps/s on
 # 2026-12-06; its seed-0 runs had taken 2.5 hours each on a more crowded machine).
 # LANGUAGE=S5 (or any language of configs/state_tracking.py) runs the same ablation on that
 # word problem; MODELS and SEEDS narrow the queue.
