@@ -287,7 +287,7 @@ def apply_overrides(config, overrides) -> None:
         if parents == ["model_hparams"] and leaf not in node:
             takes = registry.accepted_hparams(config.model)
             with config.unlocked():
-                node[leaf] = hparams._typed(config.model, leaf, value, takes[leaf])
+                node[leaf] = hparams.typed(config.model, leaf, value, takes[leaf])
         elif leaf not in node:
             raise ConfigError(f"--override={override}: the config has no field {field!r}")
         else:

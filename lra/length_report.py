@@ -12,8 +12,8 @@ presets, the seed, the width and the learning rate and weight decay: lra.synthet
 settings), e.g. parity at one recipe; a row's runs at several learning rates (or weight
 decays) show the one with the best validation accuracy (language models: loss), the seeds'
 mean, as lra.synthetic_report chooses, named in the table ("lr 0.001 of 3"); a line is one
-row name (the model, ` [neg_eig]` for the negative-eigenvalue
-forms, the scaffold fields a run changed: ` [pos rotary]`), its points the seeds' mean
+row name (the model, ` [neg_eig]` for the negative-eigenvalue forms, the scaffold fields a
+run changed: ` [pos rotary]`), its points the seeds' mean
 test accuracy at each length, error bars the seeds' min to max. For a task whose test
 split is made at the training length (niah, MQAR: no `Task.at_length`), the run's own
 test is the point at its training length; a state-tracking test spans lengths (40..L)

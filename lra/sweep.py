@@ -528,22 +528,34 @@ def main(argv):
              if missing else ""))
     if ready:
         # runs skipped as recorded are in their runs files only: the report reads those too
-        print("Report: " + report_command(ready, FLAGS.finished_in, FLAGS.sweep_dir))
+        tested_at_lengths = [t for t in ready if _tests_lengths(
+            t, models[0], seeds[0], FLAGS.config_arg, FLAGS.override)]
+        print("Report: " + report_command(ready, FLAGS.finished_in, FLAGS.sweep_dir,
+                                          tested_at_lengths))
     sys.exit(1 if outcome["failed"] or outcome["refused"] or outcome["blocked"] or not ready
              else 0)
 
 
-LENGTH_TASKS = ("state_tracking", "niah", "flipflop")  # tested past the training length
+def _tests_lengths(task: str, model: str, seed: int, config_arg: str,
+                   overrides: list[str]) -> bool:
+    """Whether the task's runs, as this sweep configures them, are tested at other lengths,
+    depths or splits (config.eval_lengths, eval_depth_buckets, eval_splits): what
+    lra.length_report tabulates."""
+    config = plan.expected_config(task, model, seed, config_arg, overrides)
+    return bool(config.get("eval_lengths") or config.get("eval_depth_buckets")
+                or config.get("eval_splits"))
 
 
-def report_command(tasks: list[str], finished_in: list[str], sweep_dir: str) -> str:
+def report_command(tasks: list[str], finished_in: list[str], sweep_dir: str,
+                   tested_at_lengths: list[str] = ()) -> str:
     """The command that tabulates a sweep: Zoology's and MAD's tables for MQAR and MAD,
-    accuracy against length for the length tasks (into the first record's own files,
-    which it regenerates, else beside the runs), LRA's table for the rest."""
+    accuracy (or bits per byte) against length when every task is tested at other lengths
+    (`tested_at_lengths`; into the first record's own files, which it regenerates, else
+    beside the runs), LRA's table for the rest."""
     sources = " ".join([*finished_in, sweep_dir])
     if all(t in ("mqar", "mad") for t in tasks):
         return f"python -m lra.synthetic_report {sources}"
-    if all(t in LENGTH_TASKS for t in tasks):
+    if all(t in tested_at_lengths for t in tasks):
         record = finished_in[0] if finished_in else ""
         out = (record[:-len("_runs.jsonl")] if record.endswith("_runs.jsonl")
                else os.path.join(sweep_dir, tasks[0]))

@@ -15,10 +15,11 @@ configs record: vocabulary, steps, short_conv, ...); a directory with several se
 a section per setting. The learning rate and weight decay are tuned per cell (TUNED): runs
 of a cell at several values (`lra.sweep --grid=learning_rate=...`) are its grid, and the
 values with the best validation accuracy (the seeds' mean of best_eval_accuracy; among
-the values run at the most seeds) are the cell's, as Zoology picks the best lr per width. A model_hparams override a sweep gave a
-run (`--override` or `--grid=model_hparams.<name>=...`, from the run's sweep.json, kept
-in the runs record) makes another model of the variant: its own row, named by it (`fox
-[forget_gate False]`), as a capacity set away from the presets is (`local [window 32]`).
+the values run at the most seeds) are the cell's, as Zoology picks the best lr per width.
+A model_hparams override a sweep gave a run (`--override` or
+`--grid=model_hparams.<name>=...`, from the run's sweep.json, kept in the runs record)
+makes another model of the variant: its own row, named by it (`fox [forget_gate False]`),
+as a capacity set away from the presets is (`local [window 32]`).
 Written:
 
   <out>.md   per setting and (L, kv): test accuracy at the queried positions (%), mean ±
@@ -264,9 +265,9 @@ def choose_tuning(runs: list[dict], lower_loss: bool = False
     """Zoology's rule for one cell's runs: per tuning (learning rate, weight decay) one run
     per seed (a rerun of a seed replaces it), and the tuning with the best validation (the
     seeds' mean of best_eval_accuracy; with `lower_loss`, of -best_eval_loss: language
-    models) chosen, among the tunings run at the most seeds. Returns (tuning, {seed: run}, a note naming the chosen values of the
-    tuned fields that vary in the grid, e.g. 'lr 0.001' ('' for one tuning), how many
-    tunings ran)."""
+    models) chosen, among the tunings run at the most seeds. Returns (tuning, {seed: run},
+    a note naming the chosen values of the tuned fields that vary in the grid, e.g.
+    'lr 0.001' ('' for one tuning), how many tunings ran)."""
     grid: dict[tuple, dict] = {}
     for r in runs:
         tuning = tuple(r["config"].get(k) for k in TUNED)

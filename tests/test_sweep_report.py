@@ -886,13 +886,19 @@ def test_a_finished_in_file_that_is_not_a_runs_record_is_one_line(tmp_path):
 
 
 def test_the_sweep_names_its_tasks_report():
-    """The `Report:` line a sweep ends with: length tasks go to lra.length_report, into the
-    record's own files when the sweep continues one."""
+    """The `Report:` line a sweep ends with: tasks tested at other lengths (their config's
+    eval_lengths, as the sweep builds it) go to lra.length_report, into the record's own
+    files when the sweep continues one."""
+    assert sweep._tests_lengths("niah", "gla", 0, "runlocal", [])
+    assert sweep._tests_lengths("flipflop", "gla", 0, "runlocal", [])  # its tails: splits
+    assert not sweep._tests_lengths("enwik8", "gla", 0, "runlocal", [])
+    assert sweep._tests_lengths("enwik8", "gla", 0, "runlocal", ["eval_lengths=128"])
     assert sweep.report_command(["mqar"], [], "w") == "python -m lra.synthetic_report w"
     assert sweep.report_command(["state_tracking"], ["results/cpu/st_parity_runs.jsonl"],
-                                "w/neg") == ("python -m lra.length_report "
-                                             "results/cpu/st_parity_runs.jsonl w/neg "
-                                             "--out=results/cpu/st_parity")
-    assert sweep.report_command(["niah"], [], "w") == \
+                                "w/neg", ["state_tracking"]) == (
+        "python -m lra.length_report results/cpu/st_parity_runs.jsonl w/neg "
+        "--out=results/cpu/st_parity")
+    assert sweep.report_command(["niah"], [], "w", ["niah"]) == \
         f"python -m lra.length_report w --out={os.path.join('w', 'niah')}"
-    assert sweep.report_command(["listops", "text"], [], "w") == "python -m lra.report w"
+    assert sweep.report_command(["listops", "niah"], [], "w", ["niah"]) == \
+        "python -m lra.report w"

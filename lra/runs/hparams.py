@@ -46,14 +46,14 @@ def split(argv: list[str]) -> tuple[list[str], dict]:
         if name in config.model_hparams:
             keep.append(i)
         elif name in takes:
-            extra[name] = _typed(config.model, name, parse_value(text), takes[name])
+            extra[name] = typed(config.model, name, parse_value(text), takes[name])
         else:
             raise ConfigError(f"--config.model_hparams.{name}: {config.model} takes no "
                               f"hparam {name!r}; it takes: {', '.join(sorted(takes))}")
     return [a for i, a in enumerate(argv) if i not in found or i in keep], extra
 
 
-def _typed(model: str, name: str, value, default):
+def typed(model: str, name: str, value, default):
     """value, checked against the type of the builder's default (an int for a float is
     taken as that float); a default of None or none at all takes any value."""
     import inspect

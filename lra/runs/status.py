@@ -16,9 +16,9 @@ The time left is training time: each unfinished run's steps left (num_train_step
 its last complete checkpoint) at its own last logged steps/s, else at the mean steps/s of
 its model's finished runs in this listing, else of the finished runs in its model's
 folder (other seeds and overrides of the same sweep directory) and those of the same task
-and model in the --finished_in records, else of its model's logged runs; a run with none of these has no estimate and is counted apart. Evaluation is not
-counted, and runs that stop early (an early-stop accuracy) end sooner: an estimate, not a
-promise.
+and model in the --finished_in records, else of its model's logged runs; a run with none
+of these has no estimate and is counted apart. Evaluation is not counted, and runs that
+stop early (an early-stop accuracy) end sooner: an estimate, not a promise.
 """
 from __future__ import annotations
 

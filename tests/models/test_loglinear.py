@@ -252,8 +252,9 @@ def test_refusals():
 
 def test_more_levels_read_only_the_levels_a_length_needs():
     """Past fla's 15 levels (2^14 positions) the layer takes the levels max_len needs (16 for
-    the text model's 16,384 tokens + CLS) and adds lambda columns that a shorter sequence never reads: the 15-level
-    layer's weights in a 16-level layer (anything in the new column) give its outputs."""
+    the text model's 16,384 tokens + CLS) and adds lambda columns that a shorter sequence
+    never reads: the 15-level layer's weights in a 16-level layer (anything in the new
+    column) give its outputs."""
     for max_len, levels in ((16384, 15), (16385, 16), (32768, 16), (32769, 17)):
         mixer = registry.build("loglinear_mamba2", dim=16, num_heads=2, max_len=max_len,
                                causal=True, rngs=nnx.Rngs(0))  # num_levels unset: what it needs
@@ -267,8 +268,7 @@ def test_more_levels_read_only_the_levels_a_length_needs():
     for path, var in flat_big.items():
         w = np.asarray(flat_small[path][...])
         if w.shape != var[...].shape:  # levels' kernel D x (H * K) and L (H x K): K 15 -> 16
-            w = w.reshape(w.shape[:-1] + (2, ll.NUM_LEVELS)) if w.ndim == 2 and \
-                w.shape[-1] == 2 * ll.NUM_LEVELS else w.reshape(w.shape[:-1] + (ll.NUM_LEVELS,))
+            w = w.reshape(w.shape[:-1] + (-1, ll.NUM_LEVELS))  # ... x H x K, as level_inputs
             w = np.concatenate([w, rng.normal(size=w.shape[:-1] + (1,))], -1)
             w = w.reshape(var[...].shape)
             widened += 1
