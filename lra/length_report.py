@@ -39,7 +39,9 @@ from __future__ import annotations
 import statistics
 
 from lra import synthetic_report as sr
+from lra.reporting import ranking
 from lra.runs import cli
+from lra.runs import record
 
 
 def has_lengths(r: dict) -> bool:
@@ -207,7 +209,7 @@ def _unit(task: str) -> str:
 
 def _order(c: dict) -> tuple:
     base = c["model"].split(" ")[0].split("+")[0]
-    return (sr.ORDER.index(base) if base in sr.ORDER else len(sr.ORDER), c["model"])
+    return (ranking.ORDER.index(base) if base in ranking.ORDER else len(ranking.ORDER), c["model"])
 
 
 def _panels(all_cells: list[dict]) -> list[tuple]:
@@ -334,13 +336,13 @@ def main(argv: list[str], out: str | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
-        runs, skipped = sr.load_sources(argv[1:])
+        runs, skipped = record.load_sources(argv[1:])
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for line in skipped:
         print(f"warning: {line}", file=sys.stderr)
-    runs = [r for r in sr.dedupe(runs) if has_lengths(r)]
+    runs = [r for r in record.dedupe(runs) if has_lengths(r)]
     where = " + ".join(argv[1:])
     if not runs:
         print(f"error: no run with length_accuracy, depth_accuracy or split_accuracy under "
@@ -350,8 +352,8 @@ def main(argv: list[str], out: str | None = None) -> int:
 
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     paths = write(runs, out, where)
-    paths.append(out + sr.RUNS_SUFFIX)
-    sr.write_runs(runs, paths[-1])
+    paths.append(out + record.RUNS_SUFFIX)
+    record.write_runs(runs, paths[-1])
     print("wrote " + ", ".join(paths))
     return 0
 

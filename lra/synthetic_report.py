@@ -38,10 +38,10 @@ Written:
              model (error bars: the seeds' min to max); below, the same points against the
              decoding state's bytes (log scale).
 
-  <out>_mad.md  MAD's runs (configs/mad.py), MAD's rule (mad_scores): per difficulty
-             setting the best (lr, weight decay) by the seeds' mean of MAD's metric, the mean
-             over settings per task, the average over the six; ties per task by the seeds'
-             scores (as above); the majority label's score under MAD's metric (1 / the
+  <out>_mad.md  MAD's runs (configs/mad.py), MAD's rule (lra/reporting/mad_table.py): per
+             difficulty setting the best (lr, weight decay) by the seeds' mean of MAD's
+             metric, the mean over settings per task, the average over the six; ties per task
+             by the seeds' scores (as above); the majority label's score under MAD's metric (1 / the
              number of test label classes, from each setting's regenerated data); the
              published rows beside.
 
@@ -50,12 +50,12 @@ Written:
              line per model, the seeds' spread, and the needle-depth table
              (lra/length_report.py).
 
-  <out>_runs.jsonl  every run the tables used, one line each: its results.json without
-             the training history (a few KB a run), and `run_dir`, its folder. Committed beside
-             the tables, it is what a later machine regenerates or extends them from, as a
-             source: run folders are not committed (checkpoints) and do not outlive the
-             machine. A run read from several sources counts once: the later source wins
-             (a cell or MAD setting holds one run per seed and tuning).
+  <out>_runs.jsonl  every run the tables used (lra/runs/record.py), one line each: its
+             results.json without the training history (a few KB a run), and `run_dir`, its
+             folder. Committed beside the tables, it is what a later machine regenerates or
+             extends them from, as a source: run folders are not committed (checkpoints)
+             and do not outlive the machine. A run read from several sources counts once:
+             the later source wins (a cell or MAD setting holds one run per seed and tuning).
 
 Per-example accuracy (every query of an example right) is in each run's results.json
 (`test_example_accuracy`); the MQAR table is per position, as Zoology's figure.
@@ -67,14 +67,15 @@ import csv
 import json
 import math
 import os
-import re
 import statistics
 import sys
 
 from absl import app, flags
 
+from lra.reporting import mad_table, ranking
 from lra.runs import card as card_lib
 from lra.runs import cli
+from lra.runs import record
 from lra.runs import results as results_lib
 
 FLAGS = flags.FLAGS
@@ -88,9 +89,7 @@ _COORDS = ("max_length", "task_options.num_kv_pairs", "emb_dim", "qkv_dim", "mlp
 # best_eval_accuracy) are the cell's; the test accuracy reported is theirs.
 TUNED = ("learning_rate", "weight_decay")
 SHORT = {"learning_rate": "lr", "weight_decay": "wd"}
-# Config fields that do not make a run what it is (where it ran, how often it logged).
-_NOT_COMPARED = (*results_lib.NON_RESULT_FIELDS, "workdir", "data_dir")
-_SKIP = (results_lib.SEED_FIELD, *_NOT_COMPARED)
+_SKIP = (results_lib.SEED_FIELD, *record.NOT_COMPARED)
 # A variant's own presets (configs/presets.py: its hparams, parameter groups, positions,
 # and the block's token counts scaled to the length): they differ between models, or
 # between lengths, of one setting by design.
@@ -100,14 +99,6 @@ _SKIP = (results_lib.SEED_FIELD, *_NOT_COMPARED)
 _PRESETS = ("model_hparams", "param_groups", "hybrid", "weight_decay_exempt", "pos_emb",
             "layers", "block.segment_len", "block.mem_len", "block.short_conv", "scaffold",
             "num_heads")
-# Rows in this order (the grid's: attention, then the fixed-state families), others after.
-ORDER = ("transformer", "local", "linear", "performer", "s4d", "s5", "lru", "mega", "retnet",
-         "gla", "deltanet", "gated_deltanet", "mamba2",
-         # the 2025 rows (issue 71), Zoology's two
-         "fox", "moba", "path", "kda", "gated_deltaproduct", "based", "hyena",
-         "rwkv7", "nsa", "loglinear_mamba2")
-
-
 def _setting(r: dict) -> tuple:
     """What the cell's runs share beyond their coordinates, as sorted (field, value)
     pairs (the model's own presets aside: model_hparams differ between variants)."""
@@ -326,29 +317,6 @@ def cells(results: list[dict]) -> list[dict]:
     return out
 
 
-def ties(column: list[dict]) -> dict[str, str]:
-    """Per model of one (L, kv, width) column: among the models with two seeds or more
-    and the setting's scaffold (no undeclared card difference, `unranked`), '=' tied with
-    the best (by mean), '<' below it (its best seed under the best model's worst); the
-    others are not ranked ('')."""
-    ranked = [c for c in column if len(c["accs"]) > 1 and not c.get("unranked")]
-    marks = {c["model"]: "" for c in column}
-    if len(ranked) < 2:
-        return marks
-    best = max(ranked, key=lambda c: c["mean"])
-    marks.update({c["model"]: "=" if c["max"] >= best["min"] else "<" for c in ranked})
-    return marks
-
-
-def _ordered(models: set[str]) -> list[str]:
-    """ORDER's models, each followed by its hybrids (`gla+transformer@1`, configs/hybrid.py),
-    then the others by name."""
-    def key(name):
-        base = name.split("+")[0].split(" ")[0]
-        return (ORDER.index(base) if base in ORDER else len(ORDER), base, "+" in name, name)
-    return sorted(models, key=key)
-
-
 def _fmt_bytes(n: int | None) -> str:
     if n is None:
         return "-"
@@ -377,7 +345,7 @@ def markdown(all_cells: list[dict], source: str) -> str:
         for length, kv in sorted({(c["L"], c["kv"]) for c in mine}):
             block = [c for c in mine if (c["L"], c["kv"]) == (length, kv)]
             widths = sorted({c["width"] for c in block})
-            models = _ordered({c["model"] for c in block})
+            models = ranking.ordered({c["model"] for c in block})
             vocab, steps, stop = (block[0][k] for k in ("vocab", "steps", "early_stop"))
             stop = (f", early stop above {100 * stop:g}% validation accuracy" if stop
                     else "")
@@ -386,7 +354,7 @@ def markdown(all_cells: list[dict], source: str) -> str:
                       "| model | " + " | ".join(f"width {w}" for w in widths)
                       + " | params | state | scaffold | capacity | MFLOP/token |",
                       "|---|" + "---|" * len(widths) + "---|---|---|---|---|"]
-            marks = {w: ties([c for c in block if c["width"] == w]) for w in widths}
+            marks = {w: ranking.ties([c for c in block if c["width"] == w]) for w in widths}
             # A cell run at one (lr, wd) other than most of its table's names its values, so
             # that a column tuned apart (e.g. another width's lr) does not read as the rest.
             # (A cell whose values are not recorded, an old csv's, counts for none.)
@@ -494,7 +462,7 @@ def plot(all_cells: list[dict], path: str) -> None:
     import matplotlib.ticker
 
     panels = sorted({(c["L"], c["kv"]) for c in all_cells})
-    models = _ordered({c["model"] for c in all_cells})
+    models = ranking.ordered({c["model"] for c in all_cells})
     fig, axes = plt.subplots(2, len(panels), figsize=(4.2 * len(panels), 7.5),
                              squeeze=False)
     for j, (length, kv) in enumerate(panels):
@@ -540,272 +508,12 @@ def plot(all_cells: list[dict], path: str) -> None:
     plt.close(fig)
 
 
-# MAD (configs/mad.py): the benchmark's six tasks, columns as Yang et al. tabulate them.
-MAD_TASKS = (("compression", "Compress"), ("fuzzy_in_context_recall", "Fuzzy"),
-             ("in_context_recall", "ICR"), ("memorization", "Memorize"),
-             ("noisy_in_context_recall", "Noisy"), ("selective_copying", "SelCopy"))
-# Published per-architecture MAD scores (%), columns as MAD_TASKS, then the average: the
-# DeltaNet paper's MAD table (Yang, Wang, Zhang, Shen, Kim, NeurIPS 2024, arXiv 2406.06484;
-# "Table 1. MAD (Poli et al, 2024)" on the authors' poster, sustcsonglin/
-# sustcsonglin.github.io f88d87a assets/pdf/neurips24_poster_deltanet.pdf, and the same six
-# rows in _posts/2024-12-03-deltanet-1.md), row names as it writes them. Its caption (as
-# quoted by others; not read here) says the rows other than DeltaNet are borrowed from
-# Poli et al. 2024 (arXiv 2403.17844), MAD's protocol: dim 128, 200 epochs, every
-# difficulty setting, the best of lr {1e-4, 5e-4, 1e-3} x wd {0, 0.1}; Poli et al.'s own
-# text was not readable here. Its "Mamba" is Mamba-1 (Gu and Dao 2023), not `mamba2`;
-# "Hyena" and "Multihead Hyena" have no row of ours. Every average is its row's mean.
-PUBLISHED_MAD = {
-    "Transformer": (51.6, 29.8, 94.1, 85.2, 86.8, 99.6, 74.5),
-    "Hyena": (45.2, 7.9, 81.7, 89.5, 78.8, 93.1, 66.0),
-    "Multihead Hyena": (44.8, 14.4, 99.0, 89.4, 98.6, 93.0, 73.2),
-    "Mamba (Mamba-1)": (52.7, 6.7, 90.4, 89.5, 90.1, 86.3, 69.3),
-    "GLA": (38.8, 6.9, 80.8, 63.3, 81.6, 88.6, 60.0),
-    "DeltaNet": (42.2, 35.7, 100.0, 52.8, 100.0, 100.0, 71.8),
-}
-PUBLISHED_MAD_SOURCE = (
-    "the DeltaNet paper's MAD table (Yang et al. 2024, arXiv 2406.06484: its rows other "
-    "than DeltaNet borrowed from Poli et al. 2024, arXiv 2403.17844), names as it writes "
-    "them; MAD's protocol (dim 128, 200 epochs, every difficulty setting, the best of 6 "
-    "(lr, wd)); its Mamba is Mamba-1, not our mamba2")
-
-
-def mad_scores(results: list[dict]) -> dict[str, dict[str, dict]]:
-    """model -> MAD task -> {score, std, settings, seeds, accs, min, max, mean}: MAD's rule,
-    per difficulty setting (the data's options and length) the best (learning rate, weight
-    decay) by the seeds' mean of MAD's metric (macro accuracy, test_macro_accuracy; else
-    per-position accuracy), then the mean over settings; std is the chosen runs' seed std
-    averaged over settings (0 with one seed); accs the per-seed scores (a seed's mean over
-    the settings, for the seeds that ran every one), whose range decides ties; params the
-    model's parameter counts over its runs (they differ between tasks: vocabularies)."""
-    cells: dict = {}
-    params: dict = {}
-    for r in results:
-        task = r.get("task", "")
-        c = r.get("config")
-        if not task.startswith("mad_") or not c:
-            continue
-        setting = _mad_setting(c)
-        tuning = (c.get("learning_rate"), c.get("weight_decay"))
-        metric = r.get("test_macro_accuracy")
-        acc = 100 * float(metric if metric is not None else r["test_accuracy"])
-        row = r["model"] + mad_protocol_note(c)
-        (cells.setdefault(row, {}).setdefault(task[4:], {}).setdefault(setting, {})
-         .setdefault(tuning, {}))[c.get(results_lib.SEED_FIELD)] = acc
-        counts = params.setdefault(row, set())
-        if r.get("num_params"):  # a run without its count adds nothing, not a 0
-            counts.add(int(r["num_params"]))
-    out: dict[str, dict[str, dict]] = {}
-    for model, tasks in cells.items():
-        for task, settings in tasks.items():
-            best = []
-            for tunings in settings.values():
-                best.append(max(tunings.values(),
-                                key=lambda seeds: statistics.fmean(seeds.values())))
-            common = set.intersection(*(set(runs) for runs in best))
-            accs = [statistics.fmean(runs[s] for runs in best) for s in sorted(common, key=repr)]
-            out.setdefault(model, {})[task] = {
-                "model": model,
-                "score": statistics.fmean(statistics.fmean(runs.values()) for runs in best),
-                "std": statistics.fmean(statistics.stdev(runs.values()) if len(runs) > 1
-                                        else 0.0 for runs in best),
-                "settings": len(best), "seeds": min(len(runs) for runs in best),
-                "accs": accs, "mean": statistics.fmean(accs) if accs else 0.0,
-                "min": min(accs, default=0.0), "max": max(accs, default=0.0),
-                "params": sorted(params[model])}
-    return out
-
-
-# MAD's own evaluation (configs/mad.py): mad-lab's batch-weighted mean of per-batch macro
-# accuracies, on the last epoch's weights. A run evaluated otherwise is a row of its own.
-MAD_PROTOCOL = ("batch_mean", "last")
-
-
-def mad_protocol_note(config: dict) -> str:
-    """'' for a run evaluated as MAD evaluates; else ' [pooled macro, best checkpoint]'
-    (the rule it was measured by: the runs before 2026-12-03)."""
-    rule = (config.get("macro_accuracy", "pooled"), config.get("test_weights", "best"))
-    if rule == MAD_PROTOCOL:
-        return ""
-    macro = "pooled macro" if rule[0] == "pooled" else "batch-mean macro"
-    weights = "best checkpoint" if rule[1] == "best" else "last weights"
-    return f" [{macro}, {weights}]"
-
-
-def _mad_setting(config: dict) -> tuple:
-    """A MAD run's difficulty setting: its length and its data options."""
-    options = dict(config.get("task_options") or {})
-    if config.get("data_seed_from_run"):  # the data's seed is the run's: not a setting
-        options.pop("seed", None)
-    return int(config["max_length"]), tuple(sorted((k, repr(v)) for k, v in options.items()))
-
-
-def mad_baselines(results: list[dict]) -> dict[str, float]:
-    """MAD task -> the most frequent label's score under MAD's metric (%), averaged over
-    the task's settings that ran (mad.majority_macro_accuracy: regenerates each setting's
-    data, seconds to a minute a setting)."""
-    from lra.tasks import mad
-
-    settings: dict[str, dict] = {}
-    for r in results:
-        task, c = r.get("task", ""), r.get("config")
-        if task.startswith("mad_") and c:
-            settings.setdefault(task[4:], {})[_mad_setting(c)] = (
-                int(c["max_length"]), dict(c.get("task_options") or {}))
-    out = {}
-    for task, found in settings.items():
-        print(f"MAD {task}: the majority label's score on {len(found)} setting(s)...",
-              file=sys.stderr, flush=True)
-        out[task] = statistics.fmean(
-            100 * mad.majority_macro_accuracy(task, length, **options)
-            for length, options in found.values())
-    return out
-
-
-def mad_markdown(scores: dict[str, dict[str, dict]], source: str,
-                 baselines: dict[str, float] | None = None) -> str:
-    head = "| model | " + " | ".join(name for _, name in MAD_TASKS) + " | Avg | params |"
-    lines = [f"# MAD: score per task (%), from `{source}`", "",
-             "MAD's rule: per difficulty setting the best (lr, weight decay) by the seeds' "
-             "mean of MAD's metric (macro accuracy), then the mean over the settings; `± s` "
-             "the chosen runs' seed std averaged over settings; `(k/n)` k settings, n seeds. "
-             "`=` tied with the column's best (its seed range reaches the best model's worst "
-             "seed), `<` below it, among the models with two seeds or more (a seed's score: "
-             "its mean over the settings); a model with one seed is not ranked. "
-             "Avg only where all six tasks ran. `majority label`: always the most frequent "
-             "test label, under MAD's metric (1 / the number of label classes). Published "
-             f"rows: {PUBLISHED_MAD_SOURCE}. A row `[pooled macro, best checkpoint]` was "
-             "measured by our old rule, not MAD's (last weights, batch-mean macro).",
-             "params: the model's counts over its runs (the tasks' vocabularies differ).",
-             "", head, "|---|" + "---|" * (len(MAD_TASKS) + 2)]
-    marks = {task: ties([scores[m][task] for m in scores if task in scores[m]])
-             for task, _ in MAD_TASKS}
-    for model in _ordered(set(scores)):
-        row = []
-        for task, _ in MAD_TASKS:
-            cell = scores[model].get(task)
-            row.append("-" if cell is None else (
-                f"{cell['score']:.1f}" + (f" ± {cell['std']:.1f}" if cell["seeds"] > 1
-                                          else "")
-                + f" ({cell['settings']}/{cell['seeds']}) {marks[task][model]}").rstrip())
-        done = [scores[model][t]["score"] for t, _ in MAD_TASKS if t in scores[model]]
-        avg = f"{statistics.fmean(done):.1f}" if len(done) == len(MAD_TASKS) else "-"
-        counts = sorted({n for cell in scores[model].values() for n in cell["params"]})
-        span = ("?" if not counts else f"{counts[0]:,}"
-                + (f"-{counts[-1]:,}" if len(counts) > 1 else ""))
-        lines.append(f"| {model} | " + " | ".join(row) + f" | {avg} | {span} |")
-    if baselines:
-        lines.append("| majority label | " + " | ".join(
-            f"{baselines[t]:.1f}" if t in baselines else "-" for t, _ in MAD_TASKS)
-            + " | | |")
-    for name, values in PUBLISHED_MAD.items():
-        lines.append(f"| {name} (published) | " + " | ".join(
-            "-" if v is None else f"{v:.1f}" for v in values) + " | |")
-    return "\n".join(lines) + "\n"
-
-
-RUNS_SUFFIX = "_runs.jsonl"
-# Left out of the runs record: the per-step training history (the bulk of a results.json);
-# the evaluations' history stays (best steps are read from it).
-_NOT_RECORDED = ("train_history",)
-
-
-def load_sources(sources: list[str]) -> tuple[list[dict], list[str]]:
-    """(the usable runs of every source in order, one line per skipped record): a directory
-    is searched for results.json files (lra.runs.results.load), a `.jsonl` file holds one
-    run per line (a runs record written by `report`)."""
-    runs, skipped = [], []
-    for source in sources:
-        if not source.endswith(".jsonl"):
-            if not os.path.isdir(source):
-                raise FileNotFoundError(f"{source}: neither a directory nor a .jsonl file")
-            found, bad = results_lib.load(source)
-            for r in found:  # a sweep's run: the overrides it was given (sweep.json)
-                r.setdefault("overrides", _sweep_overrides(r["_path"]))
-            runs += found
-            skipped += bad
-            continue
-        with open(source, encoding="utf-8") as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                where = f"{source}:{number}"
-                try:
-                    r = json.loads(line)
-                except ValueError as e:
-                    skipped.append(f"{where}: not valid JSON ({e}); skipped")
-                    continue
-                problem = results_lib.unusable_reason(r)
-                if problem:
-                    skipped.append(f"{where}: {problem}; skipped")
-                    continue
-                r["_path"] = r.get("run_dir") or where
-                runs.append(r)
-    _recover_overrides(runs)
-    return runs, skipped
-
-
-_HASHED = re.compile(r"seed-?\d+-([0-9a-f]{8})(?:-pretrain(?:ed)?)?$")
-
-
-def _recover_overrides(runs: list[dict]) -> None:
-    """A record written before runs records kept `overrides` has none; its folder's name
-    (`seed<s>-<hash>`, lra.runs.plan.overrides_hash) still names them: where another run
-    holds overrides of that hash (another seed of the same sweep), they are its too, so
-    both name their row alike (_override_notes)."""
-    from lra.runs import plan
-
-    by_hash = {}
-    for r in runs:
-        m = _HASHED.search(os.path.normpath(r.get("run_dir") or r.get("_path") or ""))
-        if m and r.get("overrides") and plan.overrides_hash(r["overrides"]) == m.group(1):
-            by_hash[m.group(1)] = list(r["overrides"])
-    for r in runs:
-        if "overrides" in r:
-            continue
-        m = _HASHED.search(os.path.normpath(r.get("run_dir") or r.get("_path") or ""))
-        if m and m.group(1) in by_hash:
-            r["overrides"] = by_hash[m.group(1)]
-
-
-def _sweep_overrides(run_dir: str) -> list[str]:
-    try:
-        with open(os.path.join(run_dir, "sweep.json"), encoding="utf-8") as f:
-            return list(json.load(f).get("overrides") or [])
-    except (OSError, ValueError):
-        return []
-
-
-def _run_key(r: dict) -> str:
-    """What makes two records the same run: task, model and every config field the
-    results compare (a run's folder is not: it moves between machines)."""
-    flat = results_lib.flatten(r.get("config") or {})
-    return repr((r.get("task"), r.get("model"), sorted(
-        (k, repr(v)) for k, v in flat.items() if not k.startswith(_NOT_COMPARED))))
-
-
-def dedupe(runs: list[dict]) -> list[dict]:
-    """One record per run, the last read (a later source's) where several are the same."""
-    latest = {_run_key(r): r for r in runs}
-    return list(latest.values())
-
-
-def write_runs(runs: list[dict], path: str) -> None:
-    """The runs record: one JSON line per run (see the module's docstring)."""
-    with open(path, "w", encoding="utf-8") as f:
-        for r in sorted(runs, key=lambda r: (r.get("task", ""), r.get("model", ""),
-                                             _run_key(r))):
-            line = {k: v for k, v in r.items()
-                    if not k.startswith("_") and k not in _NOT_RECORDED}
-            line["run_dir"] = r.get("run_dir") or r.get("_path")
-            f.write(json.dumps(line, sort_keys=True) + "\n")
-
-
 def report(sources: str | list[str], out: str) -> list[str]:
     sources = [sources] if isinstance(sources, str) else list(sources)
-    runs, skipped = load_sources(sources)
-    runs = dedupe(runs)
+    runs, skipped = record.load_sources(sources)
+    runs = record.dedupe(runs)
     all_cells = cells(runs)
-    mad = mad_scores(runs)
+    mad = mad_table.mad_scores(runs)
     where = " + ".join(sources)
     from lra import length_report  # it reads this module's settings: imported here
 
@@ -826,11 +534,11 @@ def report(sources: str | list[str], out: str) -> list[str]:
     if mad:
         paths.append(out + "_mad.md")
         with open(paths[-1], "w", encoding="utf-8") as f:
-            f.write(mad_markdown(mad, where, mad_baselines(runs)))
+            f.write(mad_table.mad_markdown(mad, where, mad_table.mad_baselines(runs)))
     used = [r for r in runs if (r.get("task") == "mqar" or r.get("task", "").startswith("mad_")
                                 or length_report.has_lengths(r)) and r.get("config")]
-    paths.append(out + RUNS_SUFFIX)
-    write_runs(used, paths[-1])
+    paths.append(out + record.RUNS_SUFFIX)
+    record.write_runs(used, paths[-1])
     for line in skipped:
         print(f"warning: {line}", file=sys.stderr)
     return paths

@@ -29,6 +29,7 @@ import csv
 import statistics
 
 from lra import synthetic_report as sr
+from lra.runs import record
 
 
 def old_cells(path: str) -> list[dict]:
@@ -36,7 +37,7 @@ def old_cells(path: str) -> list[dict]:
     for row in csv.DictReader(open(path, encoding="utf-8")):
         seeds = [int(s) for s in row["seeds"].split()]
         mean, lo, hi = float(row["mean"]), float(row["min"]), float(row["max"])
-        # Only the count and the range are used for the marks (synthetic_report.ties).
+        # Only the count and the range are used for the marks (lra.reporting.ranking.ties).
         accs = [mean] if len(seeds) == 1 else [lo, hi] if len(seeds) == 2 else [lo, mean, hi]
         out.append({
             "setting": (), "L": int(row["L"]), "kv": int(row["kv"]),
@@ -129,10 +130,10 @@ def main() -> None:
     p.add_argument("sources", nargs="+", help="runs records (.jsonl) or run folders")
     p.add_argument("--out", required=True, help="output path without suffix")
     a = p.parse_args()
-    runs, skipped = sr.load_sources(a.sources)
+    runs, skipped = record.load_sources(a.sources)
     for line in skipped:
         print(line)
-    merged, lines = extend(old_cells(a.old_csv), sr.cells(sr.dedupe(runs)))
+    merged, lines = extend(old_cells(a.old_csv), sr.cells(record.dedupe(runs)))
     sr.write_csv(merged, a.out + ".csv")
     sr.plot(merged, a.out + ".png")
     with open(a.out + ".md", "w", encoding="utf-8") as f:

@@ -8,6 +8,8 @@ import pytest
 
 from configs import common, mqar
 from lra import synthetic_report
+from lra.reporting import mad_table, ranking
+from lra.runs import record
 from lra.runs import results as results_lib
 
 
@@ -55,12 +57,12 @@ def test_ties_follow_the_seed_ranges():
                 "min": min(accs), "max": max(accs)}
 
     column = [cell("a", [99, 100, 98]), cell("b", [97, 99, 90]), cell("c", [80, 85, 97.9])]
-    assert synthetic_report.ties(column) == {"a": "=", "b": "=", "c": "<"}
+    assert ranking.ties(column) == {"a": "=", "b": "=", "c": "<"}
     # A model with one seed is not ranked (not even when its one number is the highest);
     # the others still are.
-    assert synthetic_report.ties(column + [cell("d", [100])]) == {
+    assert ranking.ties(column + [cell("d", [100])]) == {
         "a": "=", "b": "=", "c": "<", "d": ""}
-    assert synthetic_report.ties([cell("a", [1, 2]), cell("d", [50])]) == {"a": "", "d": ""}
+    assert ranking.ties([cell("a", [1, 2]), cell("d", [50])]) == {"a": "", "d": ""}
 
 
 def test_report_writes_the_table_csv_and_figure(tmp_path):
@@ -168,7 +170,7 @@ def test_mad_table_follows_mads_rule(tmp_path):
         _write_mad(runs, "gla", "in_context_recall", seed, macro, vocab=64)
     # a run without its parameter count: '?', not a count of 0
     _write_mad(runs, "lru", "in_context_recall", 0, 0.3, counted=False)
-    scores = synthetic_report.mad_scores(results_lib.load(runs)[0])
+    scores = mad_table.mad_scores(results_lib.load(runs)[0])
     cell = scores["gla"]["in_context_recall"]
     assert cell["settings"] == 2 and cell["seeds"] == 2
     assert abs(cell["score"] - 65.0) < 1e-9
@@ -183,7 +185,7 @@ def test_mad_table_follows_mads_rule(tmp_path):
     assert "| DeltaNet (published) | 42.2 | 35.7 | 100.0 | 52.8 | 100.0 | 100.0 | 71.8 |" in text
     # The source's Mamba is Mamba-1, named so (not our mamba2); each average is its row's.
     assert "| Mamba (Mamba-1) (published) |" in text and "2406.06484" in text
-    for values in synthetic_report.PUBLISHED_MAD.values():
+    for values in mad_table.PUBLISHED_MAD.values():
         assert sum(values[:6]) / 6 == pytest.approx(values[6], abs=0.051)
 
 
@@ -294,7 +296,7 @@ def test_extend_cells_combines_a_one_seed_old_cell_and_refuses_the_rest(tmp_path
     _write_run(str(new_runs), "linear", 1, 0.50)  # seed 1 beside the old seed 0
     _write_run(str(new_runs), "gla", 0, 0.2)  # a cell only in the new runs
     _write_run(str(new_runs), "gla", 1, 0.3)
-    new = synthetic_report.cells(synthetic_report.load_sources([str(new_runs)])[0])
+    new = synthetic_report.cells(record.load_sources([str(new_runs)])[0])
     merged, lines = extend_cells.extend(old, new)
     by = {c["model"]: c for c in merged}
     assert by["linear"]["seeds"] == [0, 1] and by["linear"]["accs"] == [40.0, 50.0]
@@ -314,7 +316,7 @@ def test_extend_cells_combines_a_one_seed_old_cell_and_refuses_the_rest(tmp_path
     # csv's 2 decimals rounded again) and the majority label the csv lacks.
     _write_run(str(old_runs), "deltanet", 0, 0.9995)
     _write_run(str(old_runs), "deltanet", 1, 0.99944)
-    full = synthetic_report.cells(synthetic_report.load_sources([str(old_runs)])[0])
+    full = synthetic_report.cells(record.load_sources([str(old_runs)])[0])
     synthetic_report.write_csv(full, str(tmp_path / "two.csv"))
     csv_cell = next(c for c in extend_cells.old_cells(str(tmp_path / "two.csv"))
                     if c["model"] == "deltanet")
@@ -327,13 +329,13 @@ def test_extend_cells_combines_a_one_seed_old_cell_and_refuses_the_rest(tmp_path
     _write_run(str(tmp_path / "rerun"), "linear", 1, 0.55)  # the same seed, another value
     with pytest.raises(SystemExit, match="seed 1 is in the csv with another value"):
         extend_cells.extend(extend_cells.old_cells(str(tmp_path / "ext.csv")),
-                            synthetic_report.cells(synthetic_report.load_sources(
+                            synthetic_report.cells(record.load_sources(
                                 [str(tmp_path / "rerun")])[0]))
     # A two-seed cell (its values are its min and max) takes a third seed, given beside
     # the runs the csv already holds; a three-seed cell's values are not known: refused.
     _write_run(str(new_runs), "transformer", 2, 0.9)
     _write_run(str(new_runs), "linear", 2, 0.9)
-    new = synthetic_report.cells(synthetic_report.load_sources([str(new_runs)])[0])
+    new = synthetic_report.cells(record.load_sources([str(new_runs)])[0])
     assert next(c for c in new if c["model"] == "linear")["accs"] == [50.0, 90.0]  # seeds 1, 2
     merged, lines = extend_cells.extend(extend_cells.old_cells(str(tmp_path / "ext.csv")), new)
     by = {c["model"]: c for c in merged}
@@ -375,7 +377,7 @@ def test_extend_cells_combines_a_one_seed_old_cell_and_refuses_the_rest(tmp_path
         extend_cells.extend(old, [at_length(new[0], 32, steps=3600)])
     extend_cells.sr.write_csv(merged, str(tmp_path / "ext3.csv"))
     _write_run(str(new_runs), "linear", 3, 0.7)
-    new = synthetic_report.cells(synthetic_report.load_sources([str(new_runs)])[0])
+    new = synthetic_report.cells(record.load_sources([str(new_runs)])[0])
     with pytest.raises(SystemExit, match=r"seeds \[0, 1, 2\] as mean, std, min and max"):
         extend_cells.extend(extend_cells.old_cells(str(tmp_path / "ext3.csv")), new)
 
@@ -384,10 +386,10 @@ def test_figure_styles_keep_a_variant_colour_and_mark_the_hybrids():
     """The MQAR figure's lines: 13 variants in 13 colours (tab20 repeated transformer's blue
     for mamba2 and linear's orange for a hybrid); a hybrid or a changed default in its
     variant's colour, told apart by line and marker."""
-    models = synthetic_report._ordered(set(synthetic_report.ORDER[:13]) | {
+    models = ranking.ordered(set(ranking.ORDER[:13]) | {
         "gla+transformer@1", "gla+local@1", "gla+transformer@1 [pos_emb=learned]"})
     styles = {m: synthetic_report._line_style(m, models) for m in models}
-    pure = [styles[m]["color"] for m in synthetic_report.ORDER[:13]]
+    pure = [styles[m]["color"] for m in ranking.ORDER[:13]]
     assert len({str(c) for c in pure}) == 13
     assert {str(styles[m]["color"]) for m in models if m.startswith("gla")} == {
         str(styles["gla"]["color"])}
@@ -626,7 +628,7 @@ def test_a_record_without_overrides_takes_them_from_its_folders_hash(tmp_path):
                {**base, "run_dir": "w/mqar/moba/seed0-0badc0de"}]
     path = tmp_path / "old_runs.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    runs, _ = synthetic_report.load_sources([str(path)])
+    runs, _ = record.load_sources([str(path)])
     assert runs[0]["overrides"] == overrides
     assert "overrides" not in runs[2]
 

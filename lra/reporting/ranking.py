@@ -1,0 +1,35 @@
+"""How the report tables order and rank their rows: ORDER (the grid's rows, then the 2025
+ones), `ordered` (each model followed by its hybrids) and `ties` (who is tied with a
+column's best by the seeds' ranges, who is below it). One rule for lra.synthetic_report's
+MQAR table, lra.reporting.mad_table's MAD table and lra.length_report's lines."""
+from __future__ import annotations
+
+# Rows in this order (the grid's: attention, then the fixed-state families), others after.
+ORDER = ("transformer", "local", "linear", "performer", "s4d", "s5", "lru", "mega", "retnet",
+         "gla", "deltanet", "gated_deltanet", "mamba2",
+         # the 2025 rows (issue 71), Zoology's two
+         "fox", "moba", "path", "kda", "gated_deltaproduct", "based", "hyena",
+         "rwkv7", "nsa", "loglinear_mamba2")
+
+
+def ties(column: list[dict]) -> dict[str, str]:
+    """Per model of one (L, kv, width) column: among the models with two seeds or more
+    and the setting's scaffold (no undeclared card difference, `unranked`), '=' tied with
+    the best (by mean), '<' below it (its best seed under the best model's worst); the
+    others are not ranked ('')."""
+    ranked = [c for c in column if len(c["accs"]) > 1 and not c.get("unranked")]
+    marks = {c["model"]: "" for c in column}
+    if len(ranked) < 2:
+        return marks
+    best = max(ranked, key=lambda c: c["mean"])
+    marks.update({c["model"]: "=" if c["max"] >= best["min"] else "<" for c in ranked})
+    return marks
+
+
+def ordered(models: set[str]) -> list[str]:
+    """ORDER's models, each followed by its hybrids (`gla+transformer@1`, configs/hybrid.py),
+    then the others by name."""
+    def key(name):
+        base = name.split("+")[0].split(" ")[0]
+        return (ORDER.index(base) if base in ORDER else len(ORDER), base, "+" in name, name)
+    return sorted(models, key=key)

@@ -1,0 +1,111 @@
+"""Runs records: the `_runs.jsonl` files committed beside a report's tables (lra.
+synthetic_report, lra.length_report), one run's results.json a line without its training
+history, and `run_dir`, its folder. A later machine regenerates or extends the tables from
+them: run folders (checkpoints) are not committed and do not outlive the machine.
+`load_sources` reads directories of runs and records alike; `dedupe` keeps one record per
+run (the later source's); `write_runs` writes one."""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from lra.runs import results as results_lib
+
+# Config fields that do not make a run what it is (where it ran, how often it logged).
+NOT_COMPARED = (*results_lib.NON_RESULT_FIELDS, "workdir", "data_dir")
+RUNS_SUFFIX = "_runs.jsonl"
+# Left out of the runs record: the per-step training history (the bulk of a results.json);
+# the evaluations' history stays (best steps are read from it).
+_NOT_RECORDED = ("train_history",)
+
+
+def load_sources(sources: list[str]) -> tuple[list[dict], list[str]]:
+    """(the usable runs of every source in order, one line per skipped record): a directory
+    is searched for results.json files (lra.runs.results.load), a `.jsonl` file holds one
+    run per line (a runs record written by `report`)."""
+    runs, skipped = [], []
+    for source in sources:
+        if not source.endswith(".jsonl"):
+            if not os.path.isdir(source):
+                raise FileNotFoundError(f"{source}: neither a directory nor a .jsonl file")
+            found, bad = results_lib.load(source)
+            for r in found:  # a sweep's run: the overrides it was given (sweep.json)
+                r.setdefault("overrides", _sweep_overrides(r["_path"]))
+            runs += found
+            skipped += bad
+            continue
+        with open(source, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                where = f"{source}:{number}"
+                try:
+                    r = json.loads(line)
+                except ValueError as e:
+                    skipped.append(f"{where}: not valid JSON ({e}); skipped")
+                    continue
+                problem = results_lib.unusable_reason(r)
+                if problem:
+                    skipped.append(f"{where}: {problem}; skipped")
+                    continue
+                r["_path"] = r.get("run_dir") or where
+                runs.append(r)
+    _recover_overrides(runs)
+    return runs, skipped
+
+
+_HASHED = re.compile(r"seed-?\d+-([0-9a-f]{8})(?:-pretrain(?:ed)?)?$")
+
+
+def _recover_overrides(runs: list[dict]) -> None:
+    """A record written before runs records kept `overrides` has none; its folder's name
+    (`seed<s>-<hash>`, lra.runs.plan.overrides_hash) still names them: where another run
+    holds overrides of that hash (another seed of the same sweep), they are its too, so
+    both name their row alike (_override_notes)."""
+    from lra.runs import plan
+
+    by_hash = {}
+    for r in runs:
+        m = _HASHED.search(os.path.normpath(r.get("run_dir") or r.get("_path") or ""))
+        if m and r.get("overrides") and plan.overrides_hash(r["overrides"]) == m.group(1):
+            by_hash[m.group(1)] = list(r["overrides"])
+    for r in runs:
+        if "overrides" in r:
+            continue
+        m = _HASHED.search(os.path.normpath(r.get("run_dir") or r.get("_path") or ""))
+        if m and m.group(1) in by_hash:
+            r["overrides"] = by_hash[m.group(1)]
+
+
+def _sweep_overrides(run_dir: str) -> list[str]:
+    try:
+        with open(os.path.join(run_dir, "sweep.json"), encoding="utf-8") as f:
+            return list(json.load(f).get("overrides") or [])
+    except (OSError, ValueError):
+        return []
+
+
+def _run_key(r: dict) -> str:
+    """What makes two records the same run: task, model and every config field the
+    results compare (a run's folder is not: it moves between machines)."""
+    flat = results_lib.flatten(r.get("config") or {})
+    return repr((r.get("task"), r.get("model"), sorted(
+        (k, repr(v)) for k, v in flat.items() if not k.startswith(NOT_COMPARED))))
+
+
+def dedupe(runs: list[dict]) -> list[dict]:
+    """One record per run, the last read (a later source's) where several are the same."""
+    latest = {_run_key(r): r for r in runs}
+    return list(latest.values())
+
+
+def write_runs(runs: list[dict], path: str) -> None:
+    """The runs record: one JSON line per run (see the module's docstring)."""
+    with open(path, "w", encoding="utf-8") as f:
+        for r in sorted(runs, key=lambda r: (r.get("task", ""), r.get("model", ""),
+                                             _run_key(r))):
+            line = {k: v for k, v in r.items()
+                    if not k.startswith("_") and k not in _NOT_RECORDED}
+            line["run_dir"] = r.get("run_dir") or r.get("_path")
+            f.write(json.dumps(line, sort_keys=True) + "\n")
