@@ -21,6 +21,7 @@ from flax import nnx
 import lra.tasks
 from configs import image, listops
 from lra import generate, train
+from lra.reporting import samples as samples_lib
 from tests.test_tasks_train import write_cifar
 
 MAX_LEN = 32
@@ -109,12 +110,12 @@ def test_main_writes_samples_whose_prompts_are_the_test_examples(run, listops_di
     models = [line for line in text.splitlines() if line.startswith("  model:")]
     originals = [line for line in text.splitlines() if line.startswith("  original:")]
     inputs, lengths = _test_examples(listops_dir)
-    mark = f" {generate.PROMPT_MARK} "
+    mark = f" {samples_lib.PROMPT_MARK} "
     for n in range(3):
         # The default prompt: half of each example, at least one token.
         p = max(1, int(lengths[n]) // 2)
-        prompt = generate.tokens_to_text("listops", inputs[n, :p])
-        rest = generate.tokens_to_text("listops", inputs[n, p:lengths[n]])
+        prompt = samples_lib.tokens_to_text("listops", inputs[n, :p])
+        rest = samples_lib.tokens_to_text("listops", inputs[n, p:lengths[n]])
         assert models[n].split(":", 1)[1].strip().startswith(prompt + mark)
         assert originals[n].split(":", 1)[1].strip() == prompt + mark + rest
         # Every row runs to max_length (no --max_new_tokens), in the vocabulary's words.
@@ -379,17 +380,17 @@ def test_bytes_are_decoded_as_the_text_tasks_tokenizer_wrote_them():
     from lra.tasks.text import encode_bytes
 
     ids, mask = encode_bytes(["héllo <br />\tok".encode()], 40)
-    assert generate.tokens_to_text("text", ids[0][mask[0]]) == "héllo <br />\\tok"
+    assert samples_lib.tokens_to_text("text", ids[0][mask[0]]) == "héllo <br />\\tok"
     # enwik8's and text8's readers' ids (lra/tasks/enwik8.py), read back as their text.
     from lra.tasks import enwik8
     raw = "<page>Zürich</page>".encode()
-    assert generate.tokens_to_text("enwik8", enwik8.encode(raw, "enwik8")) == "<page>Zürich</page>"
-    assert generate.tokens_to_text("text8", enwik8.encode(b"the cat", "text8")) == "the cat"
+    assert samples_lib.tokens_to_text("enwik8", enwik8.encode(raw, "enwik8")) == "<page>Zürich</page>"
+    assert samples_lib.tokens_to_text("text8", enwik8.encode(b"the cat", "text8")) == "the cat"
 
 
 def test_png_grid_size_and_cells():
     rows = [[np.full((32, 32), v, np.uint8) for v in (0, 100, 200)] for _ in range(2)]
-    grid = generate.png_grid(rows)
+    grid = samples_lib.png_grid(rows)
     # 32 pixels scaled by 3 (>= 96), 4-pixel white gaps around and between the cells.
     assert grid.shape == (2 * 96 + 3 * 4, 3 * 96 + 4 * 4)
     assert grid[4 + 96 + 4 + 10, 4 + 96 + 4 + 10] == 100  # row 2, column 2
@@ -423,7 +424,7 @@ def test_image_run_writes_a_png_grid_and_follows_the_parallel_forward(image_run,
 
         original = np.concatenate([s["prompt"], s["original"]]).reshape(32, 32)
         np.testing.assert_array_equal(cell(0), original)
-        assert np.all(cell(1)[16:] == generate.BLANK)
+        assert np.all(cell(1)[16:] == samples_lib.BLANK)
         np.testing.assert_array_equal(cell(2)[16:], s["generated"].reshape(16, 32))
     s = result["samples"][0]
     expected, clear = _greedy_by_parallel_forward(

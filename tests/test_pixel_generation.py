@@ -20,6 +20,7 @@ import lra.tasks
 from configs import common, image
 from configs import mnist as mnist_config
 from lra import generate, train
+from lra.reporting import samples as samples_lib
 from lra.training import objectives
 from lra.errors import ConfigError
 from tests.tasks.test_mnist import write_mnist
@@ -134,13 +135,13 @@ def test_colour_samples_are_drawn_in_colour(tmp_path):
     rgb = np.arange(3072) % 256
     sample = {"length": 3072, "prompt": rgb[:1536], "generated": rgb[1536:],
               "original": rgb[1536:]}
-    rows = generate.pixel_rows([sample], colour=True)
+    rows = samples_lib.pixel_rows([sample], colour=True)
     assert [a.shape for a in rows[0]] == [(32, 32, 3)] * 3
     np.testing.assert_array_equal(rows[0][0], rgb.reshape(32, 32, 3))
-    assert (rows[0][1][16:] == generate.BLANK).all()  # the bottom half: not given
-    grid = generate.png_grid(rows)
+    assert (rows[0][1][16:] == samples_lib.BLANK).all()  # the bottom half: not given
+    grid = samples_lib.png_grid(rows)
     assert grid.shape == (96 + 8, 3 * 96 + 16, 3)
-    generate.write_png(str(tmp_path / "c.png"), grid)
+    samples_lib.write_png(str(tmp_path / "c.png"), grid)
     from PIL import Image
 
     with Image.open(tmp_path / "c.png") as png:
