@@ -1,0 +1,33 @@
+"""lra.sweep and lra.report without training, for the sweep tests: plan.command replaced
+by a tiny python process (fake_launch) and results.json files written by hand
+(write_run)."""
+import json
+import os
+import sys
+
+from lra.runs import plan
+
+SWEEP = dict(task="listops", config_arg="runlocal", models=["transformer"])
+
+
+def fake_launch(monkeypatch, calls, stderr_lines=(), exit_code=0):
+    """plan.command -> a tiny python process (no training): prints `stderr_lines`, exits
+    with `exit_code`, and on success writes a results.json with the expected config."""
+    def command(task, model, seed, config_arg, workdir, overrides):
+        calls.append(workdir)
+        config = plan.expected_config(task, model, seed, config_arg, overrides)
+        script = ("import json, sys\n"
+                  f"for line in {list(stderr_lines)!r}: print(line, file=sys.stderr)\n"
+                  f"if {exit_code}: sys.exit({exit_code})\n"
+                  f"json.dump({{'config': {config!r}}}, open({workdir!r} + '/results.json', 'w'))\n")
+        return [sys.executable, "-c", script]
+    monkeypatch.setattr(plan, "command", command)
+
+
+def write_run(root, folder, seed, acc, config):
+    d = os.path.join(root, "listops", folder, f"seed{seed}")
+    os.makedirs(d)
+    with open(os.path.join(d, "results.json"), "w") as f:
+        json.dump({"task": "listops", "model": config["model"], "test_accuracy": acc,
+                   "majority_baseline_accuracy": 0.17,
+                   "config": dict(config, random_seed=seed)}, f)
