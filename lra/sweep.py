@@ -73,8 +73,9 @@ naming num_train_steps): give it another --sweep_dir.
 `--status` added to a sweep's command runs nothing and writes nothing: one line per run
 (finished with its test accuracy; running, with the process and the step it logged last;
 stopped at its last complete checkpoint, which the same command resumes; failed, with its
-error line; refused; not started), then the counts and the training time left at the
-runs' logged and finished steps/s (lra/runs/status.py). With --finished_in, a run its
+error line; refused; not started), then the counts and the time left: training at the
+runs' logged and finished steps/s, with validation, test and set-up as finished runs
+recorded them (results.json's run_seconds; lra/runs/status.py). With --finished_in, a run its
 records hold is `finished (recorded in <file>)`.
 
 Then: `python -m lra.report <sweep_dir>`.
@@ -127,7 +128,7 @@ def _define_flags() -> None:
                          "config's num_train_steps (the total); default half of it.")
     flags.DEFINE_bool("status", False, "Run nothing: say where each run of this sweep "
                       "stands (finished, running, stopped at a step, failed, not started) "
-                      "and the training time left (lra/runs/status.py); writes nothing.")
+                      "and the time left (lra/runs/status.py); writes nothing.")
     flags.DEFINE_list("finished_in", [], "Runs records (the _runs.jsonl files "
                       "lra.synthetic_report / lra.length_report commit): a run whose config "
                       "one of them records counts as finished and is skipped (a grid "

@@ -166,8 +166,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     task, spec = _check(config)
     lock = processes.lock_workdir(workdir)
     try:
+        started = time.perf_counter()
         run = _set_up(config, workdir, task, spec)
         _restore(run)
+        # Wall time over every segment of the run (a resumed run adds its earlier ones'):
+        # what a queue of runs plans with (lra.sweep --status).
+        before = run.loop.get("wall_seconds", 0.0)
+        run.wall_clock = lambda: before + time.perf_counter() - started
         _compile(run)
         _train(run)
         return _write(run, *_test(run))
@@ -389,6 +394,7 @@ def _evaluate(run: _Run, weights, split: str, num_batches: int = -1, *, rows=Non
 
 
 def _save_last(run: _Run, step: int) -> None:
+    run.loop["wall_seconds"] = run.wall_clock()
     run.ckpts.save_last(step, run.state, {**run.loop, "train_iter": run.train_iter.get_state()})
     if run.diverged:  # the run went on past its divergence with the new config
         if jax.process_index() == 0 and os.path.exists(run.diverged_path):
@@ -553,9 +559,12 @@ def _train(run: _Run) -> None:
                 loop["input_seconds"] = loop.get("input_seconds", 0.0) + input_since_clock
                 _flush(run, pending, writer)
                 steps_since_clock, clock, input_since_clock = 0, time.perf_counter(), 0.0
+            paused = time.perf_counter()
             if do_eval:
                 result = _validate(run, step, writer)
             if do_save:
+                loop["evaluation_seconds"] = (loop.get("evaluation_seconds", 0.0)
+                                              + time.perf_counter() - paused)
                 _save_last(run, step)
                 clock = time.perf_counter()  # evaluation and saving are not training time
                 input_since_clock = 0.0
@@ -588,6 +597,7 @@ def _test(run: _Run) -> tuple[dict, dict, str]:
     Then the same weights at config.eval_lengths, eval_depth_buckets and eval_splits
     (lra/training/lengths.py). (test metrics, the tested step's info, which weights)."""
     config, state, loop = run.config, run.state, run.loop
+    started = time.perf_counter()
     best_step = loop["best_step"] if loop["best_step"] >= 0 else None
     test_weights = "best"
     try:
@@ -605,6 +615,8 @@ def _test(run: _Run) -> tuple[dict, dict, str]:
     test = _evaluate(run, best_weights, "test")
     run.ckpts.close()
     test.update(_test_at_lengths(run, best_weights))
+    loop["test_seconds"] = time.perf_counter() - started
+    loop["wall_seconds"] = run.wall_clock()
     return test, best_info, test_weights
 
 

@@ -576,8 +576,25 @@ def test_status_says_where_each_run_stands_and_writes_nothing(listops_dir, tmp_p
     left = (total - 4) / 0.02 + (total - 2) / 0.04 + 2 * total / 0.01
     line = run_status.summary(infos)
     assert line.startswith("6 runs: 1 finished, 1 refused, 1 running, 1 stopped, 1 failed, "
-                           "1 not started; training left: about "
+                           "1 not started; time left: about "
                            f"{run_status._duration(left)}, one run at a time"), line
+    # The finished run records no run_seconds (as runs before 2026-12-06): training only.
+    assert "with their validation" not in line
+    assert line.endswith("; 4 runs counted for training only (no finished run of "
+                         "transformer records run_seconds)"), line
+    # Where it does: validation per step left, the test, and set-up for a run not
+    # running now (wall 1000 s: 600 training, 100 validation over `total` steps, 200 test).
+    timed = {"steps": total, "run_seconds": {"wall": 1000.0, "train": 600.0,
+                                             "evaluation": 100.0, "test": 200.0}}
+    assert run_status._overhead(timed) == {"per_step": 100.0 / total, "test": 200.0,
+                                           "setup": 100.0}
+    with_times = [dict(infos[0], finished_overhead=run_status._overhead(timed)), *infos[1:]]
+    more = (4 * total - 6) * 100.0 / total + 4 * 200.0 + 3 * 100.0
+    line = run_status.summary(with_times)
+    assert (f"time left: about {run_status._duration(left + more)}, one run at a time, at "
+            "the logged and finished runs' steps/s, with their validation, test and "
+            "set-up") in line, line
+    assert "training only" not in line
     # A model with no finished or logged run: counted apart, not guessed.
     other = dict(infos[5], model="gla", folder_rates=[])
     assert run_status.summary(infos + [other]).endswith(
@@ -586,7 +603,7 @@ def test_status_says_where_each_run_stands_and_writes_nothing(listops_dir, tmp_p
     alone = []
     sweep.sweep(seeds=[5], sweep_dir=root, overrides=[], log=lambda _: None, status=alone,
                 **SWEEP)
-    assert f"training left: about {run_status._duration(total / 0.01)}," in \
+    assert f"time left: about {run_status._duration(total / 0.01)}," in \
         run_status.summary(alone)
     # In a fresh sweep directory (another machine), a record's finished run of the model
     # (another seed) sets it.
@@ -595,7 +612,7 @@ def test_status_says_where_each_run_stands_and_writes_nothing(listops_dir, tmp_p
                              "test_accuracy": 0.9, "train_steps_per_sec": 0.05})
     sweep.sweep(seeds=[5], sweep_dir=str(tmp_path / "fresh"), overrides=[],
                 log=lambda _: None, status=fresh, finished_in=[record], **SWEEP)
-    assert f"training left: about {run_status._duration(total / 0.05)}," in \
+    assert f"time left: about {run_status._duration(total / 0.05)}," in \
         run_status.summary(fresh), run_status.summary(fresh)
     # The command: nothing is created, not even --sweep_dir.
     proc = _cli("lra.sweep", "--task=listops", "--models=transformer", "--config_arg=runlocal",
@@ -604,7 +621,7 @@ def test_status_says_where_each_run_stands_and_writes_nothing(listops_dir, tmp_p
     assert proc.returncode == 0, proc.stderr
     assert not os.path.exists(tmp_path / "none")
     assert "[2/2] listops transformer seed 1: not started" in proc.stdout
-    assert ("2 runs: 2 not started; training left: no estimate yet (no finished or logged "
+    assert ("2 runs: 2 not started; time left: no estimate yet (no finished or logged "
             "run of transformer)") in proc.stdout, proc.stdout
 
 

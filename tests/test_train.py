@@ -50,6 +50,10 @@ def test_train_and_evaluate_writes_results(tiny_listops_config, listops_dir, tmp
     traces = [f for _, _, files in os.walk(tmp_path / "profile") for f in files]
     assert any(f.endswith(".xplane.pb") for f in traces), traces
     assert 0.0 <= on_disk["input_wait_fraction"] <= 1.0
+    # Where the wall time went: each part measured, inside the whole.
+    seconds = on_disk["run_seconds"]
+    assert all(seconds[k] > 0 for k in ("wall", "train", "evaluation", "test")), seconds
+    assert seconds["train"] + seconds["evaluation"] + seconds["test"] < seconds["wall"]
     for key in REQUIRED_RESULT_KEYS:
         assert key in on_disk, key
     assert on_disk["test_accuracy"] == results["test_accuracy"]

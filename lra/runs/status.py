@@ -12,13 +12,17 @@ A run is one of:
   failed       the last attempt failed (error.txt: its line); the next sweep retries it;
   not started  nothing in its workdir yet.
 
-The time left is training time: each unfinished run's steps left (num_train_steps less
-its last complete checkpoint) at its own last logged steps/s, else at the mean steps/s of
-its model's finished runs in this listing, else of the finished runs in its model's
-folder (other seeds and overrides of the same sweep directory) and those of the same task
-and model in the --finished_in records, else of its model's logged runs; a run with none
-of these has no estimate and is counted apart. Evaluation is not counted, and runs that
-stop early (an early-stop accuracy) end sooner: an estimate, not a promise.
+The time left: each unfinished run's steps left (num_train_steps less its last complete
+checkpoint) at its own last logged steps/s, else at the mean steps/s of its model's
+finished runs in this listing, else of the finished runs in its model's folder (other
+seeds and overrides of the same sweep directory) and those of the same task and model in
+the --finished_in records, else of its model's logged runs; a run with none of these has
+no estimate and is counted apart. To the training, the rest of a run's wall time as the
+same finished runs recorded it (results.json's run_seconds, lra/train.py): validation per
+step left, the test (the other lengths included), and set-up and compilation for a run
+not running now; where no finished run of the model records it (runs before 2026-12-06),
+its runs count training only, and the line says so. Runs that stop early (an early-stop
+accuracy) end sooner: an estimate, not a promise.
 """
 from __future__ import annotations
 
@@ -57,36 +61,56 @@ def _owner(workdir: str) -> dict | None:
     return checkpoint.WorkdirLock(workdir).live_owner()
 
 
-def _folder_rates(workdir: str) -> list[float]:
-    """Training steps/s of the finished runs beside this one (its model's folder)."""
-    folder, rates = os.path.dirname(os.path.abspath(workdir)), []
+def _rate(r: dict) -> float | None:
+    rate = r.get("train_steps_per_sec")
+    return float(rate) if isinstance(rate, (int, float)) and rate > 0 else None
+
+
+def _overhead(r: dict) -> dict | None:
+    """A finished run's wall time besides its timed steps (run_seconds): validation per
+    step trained, the test, and the rest (set-up, compilation); None where not recorded."""
+    seconds = r.get("run_seconds") or {}
+    parts = [seconds.get(k) for k in ("wall", "train", "evaluation", "test")]
+    steps = r.get("stopped_at_step") or r.get("steps")
+    if not steps or any(not isinstance(v, (int, float)) for v in parts):
+        return None
+    wall, train, evaluation, test = parts
+    return {"per_step": evaluation / steps, "test": test,
+            "setup": max(0.0, wall - train - evaluation - test)}
+
+
+def _folder_runs(workdir: str) -> list[dict]:
+    """The finished runs' results beside this one (its model's folder)."""
+    folder, runs = os.path.dirname(os.path.abspath(workdir)), []
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
         try:
             with open(os.path.join(folder, name, "results.json")) as f:
-                rate = json.load(f).get("train_steps_per_sec")
+                runs.append(json.load(f))
         except (OSError, ValueError):
             continue
-        if isinstance(rate, (int, float)) and rate > 0:
-            rates.append(float(rate))
-    return rates
+    return runs
 
 
 def _finished(info: dict, r: dict, where: str = "") -> dict:
-    rate = r.get("train_steps_per_sec")
+    rate = _rate(r)
     what = (f"test {100 * r['test_accuracy']:.2f}%" if r.get("test_accuracy") is not None
             else "tested")
+    wall = (r.get("run_seconds") or {}).get("wall")
+    took = f", {_duration(wall)} in all" if isinstance(wall, (int, float)) else ""
     return {**info, "state": "finished", "finished_rate": rate,
+            "finished_overhead": _overhead(r),
             "line": f"finished{where}: {what}, {r.get('steps', '?')} steps"
-                    + (f" at {rate:.2f} steps/s" if rate else "")}
+                    + (f" at {rate:.2f} steps/s" if rate else "") + took}
 
 
 def inspect(*, workdir: str, task: str, model: str, seed: int, config_arg: str,
             overrides: list[str], finished_in: list | None = None) -> dict:
     """{'state', 'line' (what to print), 'model', 'steps_left', 'rate' (steps/s or None),
-    'finished_rate' (a finished run's training steps/s), 'folder_rates' (those of the
-    finished runs in its model's folder)} for one run of the sweep."""
+    'finished_rate' (a finished run's training steps/s), 'finished_overhead' (its other
+    wall time, _overhead), 'folder_rates' and 'folder_overheads' (those of the finished
+    runs in its model's folder and the records)} for one run of the sweep."""
     info = {"model": model, "steps_left": 0, "rate": None, "finished_rate": None,
-            "folder_rates": []}
+            "finished_overhead": None, "folder_rates": [], "folder_overheads": []}
     results = os.path.join(workdir, "results.json")
     if os.path.exists(results):
         differences = plan.finished_differences(results, task, model, seed, config_arg,
@@ -106,12 +130,11 @@ def inspect(*, workdir: str, task: str, model: str, seed: int, config_arg: str,
     logged_step, rate = _logged(workdir)
     # Beside its model's finished runs here, those the records hold (other seeds and
     # overrides finished on other machines) time it too.
-    recorded = [float(r["train_steps_per_sec"]) for _, r in finished_in or ()
-                if r.get("task") == task and r.get("model") == model
-                and isinstance(r.get("train_steps_per_sec"), (int, float))
-                and r["train_steps_per_sec"] > 0]
+    beside = _folder_runs(workdir) + [r for _, r in finished_in or ()
+                                      if r.get("task") == task and r.get("model") == model]
     info.update(steps_left=max(0, total - step), rate=rate,
-                folder_rates=_folder_rates(workdir) + recorded)
+                folder_rates=[x for x in map(_rate, beside) if x],
+                folder_overheads=[x for x in map(_overhead, beside) if x])
     at = f"step {step:,} of {total:,} saved" if step else f"no checkpoint yet of {total:,} steps"
     speed = f", {rate:.2f} steps/s" if rate else ""
     owner = _owner(workdir) if os.path.isdir(workdir) else None
@@ -154,24 +177,46 @@ def summary(infos: list[dict]) -> str:
         if i["rate"] and not any(j["finished_rate"] or j["folder_rates"] for j in infos
                                  if j["model"] == i["model"]):
             by_model.setdefault(i["model"], []).append(i["rate"])
-    seconds, unknown = 0.0, []
+    overheads: dict[str, list[dict]] = {}  # the same order of sources as the rates
+    for i in infos:
+        if i["finished_overhead"]:
+            overheads.setdefault(i["model"], []).append(i["finished_overhead"])
+    for i in infos:
+        if i["model"] not in overheads and i["folder_overheads"]:
+            overheads[i["model"]] = list(i["folder_overheads"])
+    seconds, unknown, training_only = 0.0, [], []
     for i in infos:
         if i["state"] in ("finished", "refused") or not i["steps_left"]:
             continue
         rate = i["rate"] or (sum(by_model[i["model"]]) / len(by_model[i["model"]])
                              if i["model"] in by_model else None)
-        if rate:
-            seconds += i["steps_left"] / rate
-        else:
+        if not rate:
             unknown.append(i["model"])
+            continue
+        seconds += i["steps_left"] / rate
+        known = overheads.get(i["model"])
+        if not known:
+            training_only.append(i["model"])
+            continue
+        mean = {k: sum(o[k] for o in known) / len(known) for k in known[0]}
+        seconds += (i["steps_left"] * mean["per_step"] + mean["test"]
+                    + (0.0 if i["state"] == "running" else mean["setup"]))
     line = f"{len(infos)} run{'s' if len(infos) != 1 else ''}: {', '.join(counts)}"
     if any(i["steps_left"] for i in infos) and not seconds:
         names = ", ".join(dict.fromkeys(unknown))
-        line += f"; training left: no estimate yet (no finished or logged run of {names})"
+        line += f"; time left: no estimate yet (no finished or logged run of {names})"
     elif any(i["steps_left"] for i in infos):
-        line += (f"; training left: about {_duration(seconds)}, one run at a time, at the "
-                 "logged and finished runs' steps/s (evaluation not counted; early stopping "
-                 "ends runs sooner)")
+        timed = len(training_only) < sum(1 for i in infos if i["state"] not in (
+            "finished", "refused") and i["steps_left"]) - len(unknown)
+        line += (f"; time left: about {_duration(seconds)}, one run at a time, at the "
+                 "logged and finished runs' steps/s"
+                 + (", with their validation, test and set-up" if timed else "")
+                 + " (early stopping ends runs sooner)")
+        if training_only:
+            names = ", ".join(dict.fromkeys(training_only))
+            line += (f"; {len(training_only)} run{'s' if len(training_only) != 1 else ''} "
+                     f"counted for training only (no finished run of {names} records "
+                     "run_seconds)")
         if unknown:
             names = ", ".join(dict.fromkeys(unknown))
             line += (f"; {len(unknown)} run{'s' if len(unknown) != 1 else ''} without an "

@@ -162,6 +162,14 @@ def results(config: Any, loop: dict, test: dict, *, model: str, layers: list | N
         # Share of the timed training wall time the host spent getting batches (reading,
         # batching, placing on devices): near 1, the run is input-bound.
         "input_wait_fraction": input_fraction(loop),
+        # Where the run's wall time went, over all its segments (a resumed run's earlier
+        # ones too): train (the timed steps, as train_steps_per_sec), evaluation
+        # (validation and checkpoints inside the loop), test (the test split and
+        # config.eval_lengths / depths / splits), wall (all of it: set-up, compilation,
+        # the rest). lra.sweep --status times the runs of a queue from them.
+        "run_seconds": {"wall": loop.get("wall_seconds"), "train": loop["train_seconds"],
+                        "evaluation": loop.get("evaluation_seconds"),
+                        "test": loop.get("test_seconds")},
         "eval_history": loop["eval_history"],
         "train_history": loop["train_history"],
         "num_devices": jax.device_count(),
