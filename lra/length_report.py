@@ -324,6 +324,8 @@ def write(runs: list[dict], out: str, source: str) -> list[str]:
     paths = [out + "_lengths.md", out + "_lengths.png"]
     with open(paths[0], "w", encoding="utf-8") as f:
         f.write(markdown(all_cells, source))
+        compute = record.compute_line(runs)  # what the runs cost
+        f.write(f"\n{compute}\n" if compute else "")
     plot(all_cells, paths[1])
     return paths
 

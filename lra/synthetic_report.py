@@ -508,6 +508,12 @@ def plot(all_cells: list[dict], path: str) -> None:
     plt.close(fig)
 
 
+def _compute(runs: list[dict]) -> str:
+    """The table's closing line: what its runs cost (lra/runs/record.py compute_line)."""
+    line = record.compute_line(runs)
+    return f"\n{line}\n" if line else ""
+
+
 def report(sources: str | list[str], out: str) -> list[str]:
     sources = [sources] if isinstance(sources, str) else list(sources)
     runs, skipped = record.load_sources(sources)
@@ -526,15 +532,18 @@ def report(sources: str | list[str], out: str) -> list[str]:
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     paths = length_report.write(with_lengths, out, where)
     if all_cells:
-        paths += [out + ".md", out + ".csv", out + ".png"]
-        with open(paths[0], "w", encoding="utf-8") as f:
+        mqar = [out + ".md", out + ".csv", out + ".png"]
+        paths += mqar
+        with open(mqar[0], "w", encoding="utf-8") as f:
             f.write(markdown(all_cells, where))
-        write_csv(all_cells, paths[1])
-        plot(all_cells, paths[2])
+            f.write(_compute([r for r in runs if r.get("task") == "mqar"]))
+        write_csv(all_cells, mqar[1])
+        plot(all_cells, mqar[2])
     if mad:
         paths.append(out + "_mad.md")
         with open(paths[-1], "w", encoding="utf-8") as f:
             f.write(mad_table.mad_markdown(mad, where, mad_table.mad_baselines(runs)))
+            f.write(_compute([r for r in runs if r.get("task", "").startswith("mad_")]))
     used = [r for r in runs if (r.get("task") == "mqar" or r.get("task", "").startswith("mad_")
                                 or length_report.has_lengths(r)) and r.get("config")]
     paths.append(out + record.RUNS_SUFFIX)

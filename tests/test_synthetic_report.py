@@ -650,3 +650,38 @@ def test_a_tuning_tried_at_fewer_seeds_does_not_outrank_the_seed_mean():
     lm = [run(1e-3, 0, 0.5, loss=2.0), run(3e-3, 0, 0.4, loss=1.5)]
     assert synthetic_report.choose_tuning(lm, lower_loss=True)[0] == (3e-3, 0.1)
     assert synthetic_report.choose_tuning(lm)[0] == (1e-3, 0.1)
+
+
+def test_mqar_and_length_runs_in_one_source_and_what_they_cost(tmp_path):
+    """A folder with MQAR runs and length runs: each table in its own file (the MQAR
+    table once went to <out>_lengths.md and its CSV to the figure's path), each closing
+    with what its runs cost: the wall time they record (run_seconds), and for runs
+    recorded before that field, their training at their steps/s."""
+    runs = tmp_path / "runs"
+    _write_run(runs, "gla", 0, 0.9)
+    _write_length_run(runs, "deltanet", 0, {16: 1.0, 32: 0.8})
+    (path,) = [os.path.join(d, "results.json") for d, _, files in os.walk(runs / "state_tracking")
+               if "results.json" in files]
+    timed = json.load(open(path))
+    timed.update(device_kind="cpu", run_seconds={"wall": 5400.0, "train": 3600.0,
+                                                 "evaluation": 720.0, "test": 900.0})
+    json.dump(timed, open(path, "w"))
+    (path,) = [os.path.join(d, "results.json") for d, _, files in os.walk(runs / "L32-d0")
+               if "results.json" in files]
+    old = json.load(open(path))
+    json.dump(dict(old, steps=1200, train_steps_per_sec=2.0), open(path, "w"))
+    out = tmp_path / "o" / "both"
+    assert synthetic_report.main(["prog", str(runs)], out=str(out)) == 0
+    mqar_text = (tmp_path / "o" / "both.md").read_text()
+    lengths_text = (tmp_path / "o" / "both_lengths.md").read_text()
+    assert mqar_text.startswith("# MQAR") and "| gla |" in mqar_text
+    assert lengths_text.startswith("# Accuracy against the evaluation length")
+    assert (tmp_path / "o" / "both.csv").read_text().startswith("setting,")
+    assert (tmp_path / "o" / "both_lengths.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "o" / "both.png").read_bytes()[:4] == b"\x89PNG"
+    assert lengths_text.rstrip().endswith(
+        "Compute (devices: cpu): 1.5 h of wall time over 1 run (60 min training, 12 min "
+        "validation, 15 min testing, the rest set-up and compilation).")
+    assert mqar_text.rstrip().endswith(
+        "Compute: 1 run recorded before run_seconds existed, whose training alone took "
+        "10 min at their recorded steps/s.")

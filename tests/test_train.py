@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -54,6 +55,7 @@ def test_train_and_evaluate_writes_results(tiny_listops_config, listops_dir, tmp
     seconds = on_disk["run_seconds"]
     assert all(seconds[k] > 0 for k in ("wall", "train", "evaluation", "test")), seconds
     assert seconds["train"] + seconds["evaluation"] + seconds["test"] < seconds["wall"]
+    assert on_disk["device_kind"] == jax.devices()[0].device_kind  # "cpu" here
     for key in REQUIRED_RESULT_KEYS:
         assert key in on_disk, key
     assert on_disk["test_accuracy"] == results["test_accuracy"]

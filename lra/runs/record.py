@@ -109,3 +109,38 @@ def write_runs(runs: list[dict], path: str) -> None:
                     if not k.startswith("_") and k not in _NOT_RECORDED}
             line["run_dir"] = r.get("run_dir") or r.get("_path")
             f.write(json.dumps(line, sort_keys=True) + "\n")
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 90 * 60 else f"{seconds / 60:.0f} min"
+
+
+def compute_line(runs: list[dict]) -> str:
+    """What the runs of a table cost, for its reader: the wall time the runs record
+    (results.json run_seconds: set-up and compilation, training, validation, test, over
+    every segment), and for runs from before that field existed their training alone (their
+    steps at their train_steps_per_sec)."""
+    timed, untimed = [], []
+    for r in runs:
+        wall = (r.get("run_seconds") or {}).get("wall")
+        (timed if isinstance(wall, (int, float)) else untimed).append(r)
+    parts = []
+    if timed:
+        total = {k: sum(float((r["run_seconds"].get(k) or 0.0)) for r in timed)
+                 for k in ("wall", "train", "evaluation", "test")}
+        parts.append(f"{_hours(total['wall'])} of wall time over {len(timed)} run"
+                     f"{'s' if len(timed) != 1 else ''} ({_hours(total['train'])} training, "
+                     f"{_hours(total['evaluation'])} validation, {_hours(total['test'])} "
+                     "testing, the rest set-up and compilation)")
+    if untimed:
+        train = [(r.get("stopped_at_step") or r.get("steps") or 0) / r["train_steps_per_sec"]
+                 for r in untimed if isinstance(r.get("train_steps_per_sec"), (int, float))
+                 and r["train_steps_per_sec"] > 0]
+        parts.append(f"{len(untimed)} run{'s' if len(untimed) != 1 else ''} recorded before "
+                     "run_seconds existed"
+                     + (f", whose training alone took {_hours(sum(train))} at their "
+                        "recorded steps/s" if train else ""))
+    kinds = sorted({str(r["device_kind"]) for r in runs if r.get("device_kind")})
+    where = f" (devices: {', '.join(kinds)})" if kinds else ""
+    return f"Compute{where}: " + "; ".join(parts) + "." if parts else ""
+

@@ -173,6 +173,8 @@ def results(config: Any, loop: dict, test: dict, *, model: str, layers: list | N
         "eval_history": loop["eval_history"],
         "train_history": loop["train_history"],
         "num_devices": jax.device_count(),
+        # What ran it ("cpu", "NVIDIA H100 80GB HBM3", "TPU v5 lite"): the timings' device.
+        "device_kind": jax.devices()[0].device_kind,
         "mesh_shape": mesh_shape,
         "param_bytes": param_bytes[0],
         "param_bytes_per_device": param_bytes[1],
