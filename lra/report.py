@@ -84,6 +84,7 @@ from lra.reporting.tables import (PARAMS_NOTE, comparison_rows, efficiency_ratio
 # `collect` is re-exported: notebooks/compare_variants.ipynb and researchers' own
 # notebooks read runs as `report.collect(dir)`, as before lra/runs/results.py held it.
 from lra.runs import cli
+from lra.runs import record as runs_record
 from lra.runs.results import (NON_RESULT_FIELDS, SEED_FIELD, SELF_PRETRAINED,  # noqa: F401
                               annotate, collect, load, nothing_found, pretraining_warnings)
 # The protocol's pieces (published numbers, convergence counting, the locality baseline,
@@ -226,6 +227,9 @@ def report(root: str, out: str | None = None, efficiency_csv: str | None = None,
                      "configs differ in these fields are separate rows; runs are averaged "
                      f"only when their configs differ at most in {SEED_FIELD} and "
                      f"{', '.join(NON_RESULT_FIELDS)}.")
+    compute = runs_record.compute_line(results)  # what the table's runs cost
+    if compute:
+        notes.append(compute)
     notes += [f"warning: {w}" for w in warnings + repeated_seeds(results)
               + pretraining_warnings(results)]
     if skipped_here:

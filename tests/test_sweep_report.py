@@ -36,6 +36,8 @@ def test_report_table_csv_and_plot(tmp_path):
     assert "| transformer | 35.00 ± 7.07 | 60.00 | 47.50 |" in text
     assert "| linear | 20.00 | - | 20.00* |" in text  # partial row marked
     assert "| (majority class) | 20.00 | 50.00 |  |" in text
+    # What the runs cost: these record neither run_seconds nor their steps.
+    assert "\nCompute: 4 runs recorded before run_seconds existed.\n" in text
     assert open(paths["csv"]).read().splitlines()[0] == "model,listops,text,avg"
     with open(paths["plot"], "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -133,9 +133,9 @@ def compute_line(runs: list[dict]) -> str:
                      f"{_hours(total['evaluation'])} validation, {_hours(total['test'])} "
                      "testing, the rest set-up and compilation)")
     if untimed:
-        train = [(r.get("stopped_at_step") or r.get("steps") or 0) / r["train_steps_per_sec"]
+        train = [(r.get("stopped_at_step") or r["steps"]) / r["train_steps_per_sec"]
                  for r in untimed if isinstance(r.get("train_steps_per_sec"), (int, float))
-                 and r["train_steps_per_sec"] > 0]
+                 and r["train_steps_per_sec"] > 0 and r.get("steps")]
         parts.append(f"{len(untimed)} run{'s' if len(untimed) != 1 else ''} recorded before "
                      "run_seconds existed"
                      + (f", whose training alone took {_hours(sum(train))} at their "
