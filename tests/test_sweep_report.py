@@ -628,8 +628,9 @@ def test_status_says_where_each_run_stands_and_writes_nothing(listops_dir, tmp_p
 
 
 def test_a_grid_script_prints_each_sweeps_status_and_creates_nothing(tmp_path):
-    """STATUS=1 on a grid script (scripts/parity_neg_eig_grid.sh; mqar_scaffold_grid.sh and
-    mad_cpu_grid.sh take it the same way) runs each of its sweeps with --status."""
+    """STATUS=1 on a grid script (scripts/parity_neg_eig_grid.sh, state_tracking_cpu_grid.sh;
+    mqar_scaffold_grid.sh, niah_cpu_grid.sh and mad_cpu_grid.sh take it the same way) runs
+    each of its sweeps with --status."""
     env = {**os.environ, "PYTHONPATH": REPO, "PYTHON": sys.executable, "STATUS": "1",
            "MODELS": "deltanet", "SEEDS": "0", "FINISHED_IN": ""}
     script = ["bash", os.path.join(REPO, "scripts", "parity_neg_eig_grid.sh"),
@@ -647,6 +648,17 @@ def test_a_grid_script_prints_each_sweeps_status_and_creates_nothing(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("state_tracking deltanet seed 0: finished (recorded in "
                              "results/cpu/state_tracking_parity_runs.jsonl)") == 2, proc.stdout
+    # The catalogue's grid (scripts/state_tracking_cpu_grid.sh): its [0, 1] cells are the
+    # ablation's, recorded in the same runs record.
+    script = ["bash", os.path.join(REPO, "scripts", "state_tracking_cpu_grid.sh"),
+              str(tmp_path / "grid")]
+    proc = subprocess.run(script, cwd=REPO, env={**env, "MODELS": "deltanet transformer"},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert ("state_tracking deltanet seed 0: finished (recorded in "
+            "results/cpu/state_tracking_parity_runs.jsonl)") in proc.stdout, proc.stdout
+    assert "state_tracking transformer seed 0: not started" in proc.stdout, proc.stdout
+    assert not os.path.exists(tmp_path / "grid")
 
 
 def test_runs_a_committed_record_holds_count_as_finished(tmp_path, monkeypatch):
