@@ -67,8 +67,14 @@ def test_train_and_evaluate_writes_results(tiny_listops_config, listops_dir, tmp
     assert 0.0 <= on_disk["test_accuracy"] <= 1.0
     assert os.listdir(tmp_path / "tensorboard")
     # A finished run started again changes nothing.
+    from lra.training import checkpoint
+
+    saved = checkpoint.Checkpoints(str(tmp_path)).last_loop()["wall_seconds"]
+    assert 0 < saved < seconds["wall"]  # the last save came before the test
     again = train.train_and_evaluate(config, str(tmp_path))
     assert _metrics(again) == _metrics(results)
+    # ... but its wall time is the first segment's (to its last save) and this one's.
+    assert again["run_seconds"]["wall"] >= saved + again["run_seconds"]["test"]
 
 
 def test_test_accuracy_uses_best_checkpoint_not_last(tiny_listops_config, listops_dir, tmp_path,
