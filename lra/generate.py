@@ -53,6 +53,10 @@ from absl import flags
 
 from lra.errors import CheckpointError, ConfigError, DataError, UserError
 from lra.reporting import samples as samples_lib
+# Re-exported: notebooks (enwik8_samples, pixel_generation) and researchers' own read
+# samples as `generate.tokens_to_text(...)`, as before lra/reporting/samples.py held them.
+from lra.reporting.samples import (BLANK, PROMPT_MARK, png_grid, pixel_rows,  # noqa: F401
+                                   text_report, tokens_to_text, write_png)
 
 EXIT_USER_ERROR = 2
 # Tasks whose tokens are text (decoded to strings) and whose id 0 is padding, not a token.

@@ -77,6 +77,12 @@ from lra.runs import card as card_lib
 from lra.runs import cli
 from lra.runs import record
 from lra.runs import results as results_lib
+# Re-exported under the names scripts and notebooks have used (`synthetic_report.ties`,
+# `.load_sources`, `.mad_scores`, ...), from before lra/reporting/ and lra/runs/record.py
+# held them.
+from lra.reporting.mad_table import PUBLISHED_MAD, mad_scores  # noqa: F401
+from lra.reporting.ranking import ORDER, ties  # noqa: F401
+from lra.runs.record import RUNS_SUFFIX, dedupe, load_sources, write_runs  # noqa: F401
 
 FLAGS = flags.FLAGS
 # Fields that make a cell's coordinates (not its setting), and the ones derived from them
