@@ -3,7 +3,8 @@ synthetic_report, lra.length_report), one run's results.json a line without its 
 history, and `run_dir`, its folder. A later machine regenerates or extends the tables from
 them: run folders (checkpoints) are not committed and do not outlive the machine.
 `load_sources` reads directories of runs and records alike; `dedupe` keeps one record per
-run (the later source's); `write_runs` writes one."""
+run (the later source's); `write_runs` writes one; `compute_line` says what a table's runs
+cost."""
 from __future__ import annotations
 
 import json
@@ -111,8 +112,11 @@ def write_runs(runs: list[dict], path: str) -> None:
             f.write(json.dumps(line, sort_keys=True) + "\n")
 
 
-def _hours(seconds: float) -> str:
-    return f"{seconds / 3600:.1f} h" if seconds >= 90 * 60 else f"{seconds / 60:.0f} min"
+def duration(seconds: float) -> str:
+    """'25 min' under an hour and a half, else '2.3 h' (the status line's and tables')."""
+    if seconds < 90 * 60:
+        return f"{max(1, round(seconds / 60))} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def compute_line(runs: list[dict]) -> str:
@@ -128,9 +132,9 @@ def compute_line(runs: list[dict]) -> str:
     if timed:
         total = {k: sum(float((r["run_seconds"].get(k) or 0.0)) for r in timed)
                  for k in ("wall", "train", "evaluation", "test")}
-        parts.append(f"{_hours(total['wall'])} of wall time over {len(timed)} run"
-                     f"{'s' if len(timed) != 1 else ''} ({_hours(total['train'])} training, "
-                     f"{_hours(total['evaluation'])} validation, {_hours(total['test'])} "
+        parts.append(f"{duration(total['wall'])} of wall time over {len(timed)} run"
+                     f"{'s' if len(timed) != 1 else ''} ({duration(total['train'])} training, "
+                     f"{duration(total['evaluation'])} validation, {duration(total['test'])} "
                      "testing, the rest set-up and compilation)")
     if untimed:
         train = [(r.get("stopped_at_step") or r["steps"]) / r["train_steps_per_sec"]
@@ -138,7 +142,7 @@ def compute_line(runs: list[dict]) -> str:
                  and r["train_steps_per_sec"] > 0 and r.get("steps")]
         parts.append(f"{len(untimed)} run{'s' if len(untimed) != 1 else ''} recorded before "
                      "run_seconds existed"
-                     + (f", whose training alone took {_hours(sum(train))} at their "
+                     + (f", whose training alone took {duration(sum(train))} at their "
                         "recorded steps/s" if train else ""))
     kinds = sorted({str(r["device_kind"]) for r in runs if r.get("device_kind")})
     where = f" (devices: {', '.join(kinds)})" if kinds else ""

@@ -31,6 +31,7 @@ import os
 import re
 
 from lra.runs import plan
+from lra.runs.record import duration as _duration
 from lra.runs.results import last_complete_step
 
 STATES = ("finished", "refused", "running", "stopped", "failed", "not started")
@@ -154,12 +155,6 @@ def inspect(*, workdir: str, task: str, model: str, seed: int, config_arg: str,
         return {**info, "state": "stopped",
                 "line": f"stopped at {at}{speed}; the same command resumes it"}
     return {**info, "state": "not started", "line": "not started"}
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 90 * 60:
-        return f"{max(1, round(seconds / 60))} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def summary(infos: list[dict]) -> str:
