@@ -260,8 +260,23 @@ def _run_one(*, tag: str, workdir: str, task: str, model: str, seed: int, config
         return "failed"
     if os.path.exists(error_file):
         os.remove(error_file)
-    log(f"{tag}: done in {time.time() - start:.0f} s")
+    log(f"{tag}: done in {time.time() - start:.0f} s{_time_parts(workdir)}")
     return "done"
+
+
+def _time_parts(workdir: str) -> str:
+    """' (training 1100 s, validation 90 s, test 900 s)': where a finished run's time went
+    (its results.json run_seconds), or '' where it does not say."""
+    try:
+        with open(os.path.join(workdir, "results.json"), encoding="utf-8") as f:
+            seconds = json.load(f).get("run_seconds") or {}
+    except (OSError, ValueError, AttributeError):
+        return ""
+    parts = [(name, seconds.get(key)) for name, key in
+             (("training", "train"), ("validation", "evaluation"), ("test", "test"))]
+    if not all(isinstance(v, (int, float)) for _, v in parts):
+        return ""
+    return " (" + ", ".join(f"{name} {v:.0f} s" for name, v in parts) + ")"
 
 
 def _status_one(*, tag: str, workdir: str, task: str, model: str, seed: int,

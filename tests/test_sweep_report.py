@@ -1,6 +1,7 @@
 """lra.sweep runs and skips; lra.report tabulates and plots."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -90,8 +91,12 @@ def test_sweep_runs_skips_and_records_failures(listops_dir, tmp_path):
     common = dict(task="listops", seeds=[0], config_arg="runlocal", sweep_dir=str(tmp_path),
                   overrides=[f"data_dir={listops_dir}", "max_length=48",
                              "num_train_steps=2", "eval_frequency=2"], log=lambda _: None)
-    first = sweep.sweep(models=["transformer"], **common)
+    logged = []
+    first = sweep.sweep(models=["transformer"], **dict(common, log=logged.append))
     assert first["done"] == [("transformer", 0)]
+    # Where the run's time went (its results.json run_seconds), in the sweep's line.
+    assert re.search(r"seed 0: done in \d+ s \(training \d+ s, validation \d+ s, test \d+ s\)$",
+                     logged[-1]), logged
     results = os.path.join(plan.run_dir(str(tmp_path), "listops", "transformer", 0,
                                         common["overrides"]), "results.json")
     assert json.load(open(results))["steps"] == 2
