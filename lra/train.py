@@ -172,6 +172,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         # Wall time over every segment of the run (a resumed run adds its earlier ones'):
         # what a queue of runs plans with (lra.sweep --status).
         before = run.loop.get("wall_seconds", 0.0)
+        if run.start_step and "wall_seconds" not in run.loop:
+            # A checkpoint from before run_seconds existed: its segments are not counted.
+            run.loop.setdefault("wall_from_step", run.start_step)
         run.wall_clock = lambda: before + time.perf_counter() - started
         _compile(run)
         _train(run)

@@ -595,6 +595,8 @@ def test_status_says_where_each_run_stands_and_writes_nothing(listops_dir, tmp_p
                                              "evaluation": 100.0, "test": 200.0}}
     assert run_status._overhead(timed) == {"per_step": 100.0 / total, "test": 200.0,
                                            "setup": 100.0}
+    assert run_status._overhead({**timed, "run_seconds": {**timed["run_seconds"],
+                                                          "from_step": 5}}) is None
     with_times = [dict(infos[0], finished_overhead=run_status._overhead(timed)), *infos[1:]]
     more = (4 * total - 6) * 100.0 / total + 4 * 200.0 + 3 * 100.0
     line = run_status.summary(with_times)

@@ -682,6 +682,10 @@ def test_mqar_and_length_runs_in_one_source_and_what_they_cost(tmp_path):
     assert lengths_text.rstrip().endswith(
         "Compute (devices: cpu): 1.5 h of wall time over 1 run (60 min training, 12 min "
         "validation, 15 min testing, the rest set-up and compilation).")
+    # A run resumed from a checkpoint older than run_seconds: its earlier segments missing.
+    resumed = dict(timed, run_seconds=dict(timed["run_seconds"], from_step=400))
+    assert ("; 1 of them counted from the step they resumed at, their earlier segments "
+            "unrecorded)") in record.compute_line([resumed])
     assert mqar_text.rstrip().endswith(
         "Compute: 1 run recorded before run_seconds existed, whose training alone took "
         "10 min at their recorded steps/s.")

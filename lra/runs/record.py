@@ -132,10 +132,13 @@ def compute_line(runs: list[dict]) -> str:
     if timed:
         total = {k: sum(float((r["run_seconds"].get(k) or 0.0)) for r in timed)
                  for k in ("wall", "train", "evaluation", "test")}
+        partial = sum(1 for r in timed if r["run_seconds"].get("from_step"))
         parts.append(f"{duration(total['wall'])} of wall time over {len(timed)} run"
                      f"{'s' if len(timed) != 1 else ''} ({duration(total['train'])} training, "
                      f"{duration(total['evaluation'])} validation, {duration(total['test'])} "
-                     "testing, the rest set-up and compilation)")
+                     "testing, the rest set-up and compilation"
+                     + (f"; {partial} of them counted from the step they resumed at, their "
+                        "earlier segments unrecorded" if partial else "") + ")")
     if untimed:
         train = [(r.get("stopped_at_step") or r["steps"]) / r["train_steps_per_sec"]
                  for r in untimed if isinstance(r.get("train_steps_per_sec"), (int, float))

@@ -73,7 +73,8 @@ def _overhead(r: dict) -> dict | None:
     seconds = r.get("run_seconds") or {}
     parts = [seconds.get(k) for k in ("wall", "train", "evaluation", "test")]
     steps = r.get("stopped_at_step") or r.get("steps")
-    if not steps or any(not isinstance(v, (int, float)) for v in parts):
+    if not steps or any(not isinstance(v, (int, float)) for v in parts) \
+            or seconds.get("from_step"):  # some segments unrecorded: not a whole run's
         return None
     wall, train, evaluation, test = parts
     return {"per_step": evaluation / steps, "test": test,

@@ -166,10 +166,13 @@ def results(config: Any, loop: dict, test: dict, *, model: str, layers: list | N
         # ones too): train (the timed steps, as train_steps_per_sec), evaluation
         # (validation and checkpoints inside the loop), test (the test split and
         # config.eval_lengths / depths / splits), wall (all of it: set-up, compilation,
-        # the rest). lra.sweep --status times the runs of a queue from them.
+        # the rest). lra.sweep --status times the runs of a queue from them. from_step:
+        # the step wall and evaluation are counted from (not 0 where the run resumed from
+        # a checkpoint written before this field existed: its earlier segments are missing).
         "run_seconds": {"wall": loop.get("wall_seconds"), "train": loop["train_seconds"],
                         "evaluation": loop.get("evaluation_seconds"),
-                        "test": loop.get("test_seconds")},
+                        "test": loop.get("test_seconds"),
+                        "from_step": loop.get("wall_from_step", 0)},
         "eval_history": loop["eval_history"],
         "train_history": loop["train_history"],
         "num_devices": jax.device_count(),
