@@ -686,6 +686,10 @@ def test_mqar_and_length_runs_in_one_source_and_what_they_cost(tmp_path):
     resumed = dict(timed, run_seconds=dict(timed["run_seconds"], from_step=400))
     assert ("; 1 of them counted from the step they resumed at, their earlier segments "
             "unrecorded)") in record.compute_line([resumed])
+    # ... as a record written before from_step was says by its training exceeding its wall.
+    older = dict(timed, run_seconds=dict(timed["run_seconds"], train=6000.0))
+    assert "1 of them counted from the step" in record.compute_line([older])
+    assert "counted from the step" not in record.compute_line([timed])
     assert mqar_text.rstrip().endswith(
         "Compute: 1 run recorded before run_seconds existed, whose training alone took "
         "10 min at their recorded steps/s.")

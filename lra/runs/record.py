@@ -119,6 +119,15 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def resumed_unrecorded(seconds: dict) -> bool:
+    """A run_seconds whose wall misses segments: resumed from a checkpoint older than the
+    field (from_step; records of 2026-12-06 before it had from_step: their training, summed
+    over every segment as ever, exceeds the wall)."""
+    wall, train = seconds.get("wall"), seconds.get("train")
+    return bool(seconds.get("from_step")) or (
+        isinstance(wall, (int, float)) and isinstance(train, (int, float)) and train > wall)
+
+
 def compute_line(runs: list[dict]) -> str:
     """What the runs of a table cost, for its reader: the wall time the runs record
     (results.json run_seconds: set-up and compilation, training, validation, test, over
@@ -132,7 +141,7 @@ def compute_line(runs: list[dict]) -> str:
     if timed:
         total = {k: sum(float((r["run_seconds"].get(k) or 0.0)) for r in timed)
                  for k in ("wall", "train", "evaluation", "test")}
-        partial = sum(1 for r in timed if r["run_seconds"].get("from_step"))
+        partial = sum(1 for r in timed if resumed_unrecorded(r["run_seconds"]))
         parts.append(f"{duration(total['wall'])} of wall time over {len(timed)} run"
                      f"{'s' if len(timed) != 1 else ''} ({duration(total['train'])} training, "
                      f"{duration(total['evaluation'])} validation, {duration(total['test'])} "

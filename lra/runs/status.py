@@ -32,6 +32,7 @@ import re
 
 from lra.runs import plan
 from lra.runs.record import duration as _duration
+from lra.runs.record import resumed_unrecorded
 from lra.runs.results import last_complete_step
 
 STATES = ("finished", "refused", "running", "stopped", "failed", "not started")
@@ -74,7 +75,7 @@ def _overhead(r: dict) -> dict | None:
     parts = [seconds.get(k) for k in ("wall", "train", "evaluation", "test")]
     steps = r.get("stopped_at_step") or r.get("steps")
     if not steps or any(not isinstance(v, (int, float)) for v in parts) \
-            or seconds.get("from_step"):  # some segments unrecorded: not a whole run's
+            or resumed_unrecorded(seconds):  # some segments unrecorded: not a whole run's
         return None
     wall, train, evaluation, test = parts
     return {"per_step": evaluation / steps, "test": test,
