@@ -216,6 +216,23 @@ def _panels(all_cells: list[dict]) -> list[tuple]:
     return list(dict.fromkeys((c["panel"], c["setting"], c["width"]) for c in all_cells))
 
 
+def _titles(all_cells: list[dict]) -> dict[tuple, str]:
+    """Each panel's heading: its data and width, and where another panel has the same
+    ones (a run with more steps, another vocabulary: a setting of its own), the fields in
+    which its setting differs from the one with the most rows (that one unmarked)."""
+    panels = _panels(all_cells)
+    rows = {p: sum((c["panel"], c["setting"], c["width"]) == p for c in all_cells)
+            for p in panels}
+    titles = {}
+    for panel, setting, width in panels:
+        same = [p for p in panels if (p[0], p[2]) == (panel, width)]
+        main = max(same, key=lambda p: (rows[p], -panels.index(p)))
+        differ = sorted(set(setting) - set(main[1]))
+        titles[(panel, setting, width)] = f"{panel}, width {width}" + (
+            " (" + ", ".join(f"{k} {v}" for k, v in differ) + ")" if differ else "")
+    return titles
+
+
 def _fmt(s: dict | None, digits: int = 1) -> str:
     if not s:
         return "-"
@@ -229,6 +246,7 @@ def markdown(all_cells: list[dict], source: str) -> str:
              "(language modelling: bits per token), the "
              "seeds' mean ± standard deviation (n seeds); the training length is marked *. "
              "A difference inside the seeds' spread is a tie.", ""]
+    titles = _titles(all_cells)
     for panel, setting, width in _panels(all_cells):
         group = [c for c in all_cells if (c["panel"], c["setting"], c["width"])
                  == (panel, setting, width)]
@@ -237,7 +255,7 @@ def markdown(all_cells: list[dict], source: str) -> str:
         train = group[0]["train_length"]
         bits = group[0].get("metric") == "bits"
         digits = 3 if bits else 1
-        lines += [f"## {panel}, width {width}", ""]
+        lines += [f"## {titles[(panel, setting, width)]}", ""]
         if bits:
             lines += [f"Test {group[0]['unit']} (lower is better) at each length: rows of L "
                       "tokens, each target predicted from the tokens before it in its row.", ""]
@@ -283,7 +301,7 @@ def plot(all_cells: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = _panels(all_cells)
+    panels, titles = _panels(all_cells), _titles(all_cells)
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False)
     models = list(dict.fromkeys(c["model"] for c in all_cells))
     for ax, (panel, setting, width) in zip(axes[0], panels):
@@ -307,7 +325,7 @@ def plot(all_cells: list[dict], path: str) -> None:
         else:
             ax.set_ylim(0, 102)
             ax.set_ylabel("test accuracy (%)")
-        ax.set_title(f"{panel}, d {width}", fontsize=9)
+        ax.set_title(titles[(panel, setting, width)].replace(", width ", ", d "), fontsize=9)
         ax.set_xlabel("evaluation length")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)

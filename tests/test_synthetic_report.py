@@ -693,3 +693,26 @@ def test_mqar_and_length_runs_in_one_source_and_what_they_cost(tmp_path):
     assert mqar_text.rstrip().endswith(
         "Compute: 1 run recorded before run_seconds existed, whose training alone took "
         "10 min at their recorded steps/s.")
+
+
+def test_a_panel_of_another_setting_names_the_fields_it_differs_in(tmp_path):
+    """A run with more steps is a panel of its own: its heading names the field (the
+    panel with the most rows unmarked), not a second heading identical to the first."""
+    from lra import length_report
+
+    runs = tmp_path / "runs"
+    for seed in (0, 1):
+        _write_length_run(runs, "deltanet", seed, {16: 0.9, 32: 0.5})
+    _write_length_run(runs, "gla", 0, {16: 0.7, 32: 0.6})
+    (path,) = [os.path.join(d, "results.json") for d, _, files in os.walk(runs / "state_tracking"
+                                                                          / "gla")
+               if "results.json" in files]
+    longer = json.load(open(path))
+    longer["config"]["num_train_steps"] *= 3
+    json.dump(longer, open(path, "w"))
+    assert length_report.main(["prog", str(runs)], out=str(tmp_path / "o" / "st")) == 0
+    headings = [l for l in (tmp_path / "o" / "st_lengths.md").read_text().splitlines()
+                if l.startswith("## ")]
+    steps = longer["config"]["num_train_steps"]
+    assert len(headings) == 2 and not headings[0].endswith(")"), headings
+    assert headings[1] == f"{headings[0]} (num_train_steps {steps})", headings
