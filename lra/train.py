@@ -566,6 +566,8 @@ def _train(run: _Run) -> None:
             if do_eval:
                 result = _validate(run, step, writer)
             if do_save:
+                # Validation's time (the save's own is left in the wall: the checkpoint
+                # holds the loop record as it was before it was written).
                 loop["evaluation_seconds"] = (loop.get("evaluation_seconds", 0.0)
                                               + time.perf_counter() - paused)
                 _save_last(run, step)

@@ -681,7 +681,7 @@ def test_mqar_and_length_runs_in_one_source_and_what_they_cost(tmp_path):
     assert (tmp_path / "o" / "both.png").read_bytes()[:4] == b"\x89PNG"
     assert lengths_text.rstrip().endswith(
         "Compute (devices: cpu): 1.5 h of wall time over 1 run (60 min training, 12 min "
-        "validation, 15 min testing, the rest set-up and compilation).")
+        "validation, 15 min testing, the rest set-up, compilation and checkpoints).")
     # A run resumed from a checkpoint older than run_seconds: its earlier segments missing.
     resumed = dict(timed, run_seconds=dict(timed["run_seconds"], from_step=400))
     assert ("; 1 of them counted from the step they resumed at, their earlier segments "

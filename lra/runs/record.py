@@ -121,8 +121,9 @@ def duration(seconds: float) -> str:
 
 def resumed_unrecorded(seconds: dict) -> bool:
     """A run_seconds whose wall misses segments: resumed from a checkpoint older than the
-    field (from_step; records of 2026-12-06 before it had from_step: their training, summed
-    over every segment as ever, exceeds the wall)."""
+    field (from_step), or training above the wall (train sums every segment's timed steps,
+    so it exceeds the wall only where segments are missing: the records written before
+    from_step existed)."""
     wall, train = seconds.get("wall"), seconds.get("train")
     return bool(seconds.get("from_step")) or (
         isinstance(wall, (int, float)) and isinstance(train, (int, float)) and train > wall)
@@ -130,9 +131,9 @@ def resumed_unrecorded(seconds: dict) -> bool:
 
 def compute_line(runs: list[dict]) -> str:
     """What the runs of a table cost, for its reader: the wall time the runs record
-    (results.json run_seconds: set-up and compilation, training, validation, test, over
-    every segment), and for runs from before that field existed their training alone (their
-    steps at their train_steps_per_sec)."""
+    (results.json run_seconds: training, validation, test, and the rest: set-up,
+    compilation, checkpoint saves; over every segment), and for runs from before that
+    field existed their training alone (their steps at their train_steps_per_sec)."""
     timed, untimed = [], []
     for r in runs:
         wall = (r.get("run_seconds") or {}).get("wall")
@@ -145,7 +146,7 @@ def compute_line(runs: list[dict]) -> str:
         parts.append(f"{duration(total['wall'])} of wall time over {len(timed)} run"
                      f"{'s' if len(timed) != 1 else ''} ({duration(total['train'])} training, "
                      f"{duration(total['evaluation'])} validation, {duration(total['test'])} "
-                     "testing, the rest set-up and compilation"
+                     "testing, the rest set-up, compilation and checkpoints"
                      + (f"; {partial} of them counted from the step they resumed at, their "
                         "earlier segments unrecorded" if partial else "") + ")")
     if untimed:

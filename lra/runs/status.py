@@ -19,10 +19,10 @@ seeds and overrides of the same sweep directory) and those of the same task and 
 the --finished_in records, else of its model's logged runs; a run with none of these has
 no estimate and is counted apart. To the training, the rest of a run's wall time as the
 same finished runs recorded it (results.json's run_seconds, lra/train.py): validation per
-step left, the test (the other lengths included), and set-up and compilation for a run
-not running now; where no finished run of the model records it (runs before 2026-12-06),
-its runs count training only, and the line says so. Runs that stop early (an early-stop
-accuracy) end sooner: an estimate, not a promise.
+step left, the test (the other lengths included), and the rest (set-up, compilation,
+checkpoint saves) for a run not running now; where no finished run of the model records
+it (runs before 2026-12-06), its runs count training only, and the line says so. Runs that
+stop early (an early-stop accuracy) end sooner: an estimate, not a promise.
 """
 from __future__ import annotations
 
@@ -160,7 +160,7 @@ def inspect(*, workdir: str, task: str, model: str, seed: int, config_arg: str,
 
 
 def summary(infos: list[dict]) -> str:
-    """The counts per state and the training time left (module docstring)."""
+    """The counts per state and the time left (module docstring)."""
     counts = [f"{sum(i['state'] == s for i in infos)} {s}" for s in STATES
               if any(i["state"] == s for i in infos)]
     by_model: dict[str, list[float]] = {}
@@ -181,7 +181,7 @@ def summary(infos: list[dict]) -> str:
     for i in infos:
         if i["model"] not in overheads and i["folder_overheads"]:
             overheads[i["model"]] = list(i["folder_overheads"])
-    seconds, unknown, training_only = 0.0, [], []
+    seconds, unknown, training_only, timed = 0.0, [], [], 0
     for i in infos:
         if i["state"] in ("finished", "refused") or not i["steps_left"]:
             continue
@@ -198,13 +198,12 @@ def summary(infos: list[dict]) -> str:
         mean = {k: sum(o[k] for o in known) / len(known) for k in known[0]}
         seconds += (i["steps_left"] * mean["per_step"] + mean["test"]
                     + (0.0 if i["state"] == "running" else mean["setup"]))
+        timed += 1
     line = f"{len(infos)} run{'s' if len(infos) != 1 else ''}: {', '.join(counts)}"
     if any(i["steps_left"] for i in infos) and not seconds:
         names = ", ".join(dict.fromkeys(unknown))
         line += f"; time left: no estimate yet (no finished or logged run of {names})"
     elif any(i["steps_left"] for i in infos):
-        timed = len(training_only) < sum(1 for i in infos if i["state"] not in (
-            "finished", "refused") and i["steps_left"]) - len(unknown)
         line += (f"; time left: about {_duration(seconds)}, one run at a time, at the "
                  "logged and finished runs' steps/s"
                  + (", with their validation, test and set-up" if timed else "")

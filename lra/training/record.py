@@ -164,9 +164,9 @@ def results(config: Any, loop: dict, test: dict, *, model: str, layers: list | N
         "input_wait_fraction": input_fraction(loop),
         # Where the run's wall time went, over all its segments (a resumed run's earlier
         # ones too): train (the timed steps, as train_steps_per_sec), evaluation
-        # (validation and checkpoints inside the loop), test (the test split and
-        # config.eval_lengths / depths / splits), wall (all of it: set-up, compilation,
-        # the rest). lra.sweep --status times the runs of a queue from them. from_step:
+        # (validation inside the loop), test (the test split and config.eval_lengths /
+        # depths / splits), wall (all of it: set-up, compilation, checkpoint saves, the
+        # rest). lra.sweep --status times the runs of a queue from them. from_step:
         # the step wall and evaluation are counted from (not 0 where the run resumed from
         # a checkpoint written before this field existed: its earlier segments are missing).
         "run_seconds": {"wall": loop.get("wall_seconds"), "train": loop["train_seconds"],
