@@ -690,6 +690,12 @@ def test_mqar_and_length_runs_in_one_source_and_what_they_cost(tmp_path):
     older = dict(timed, run_seconds=dict(timed["run_seconds"], train=6000.0))
     assert "1 of them counted from the step" in record.compute_line([older])
     assert "counted from the step" not in record.compute_line([timed])
+    # The JAX versions the runs were made with: one named plainly, several with counts.
+    assert record.compute_line([dict(timed, jax_version="0.10.2")]).startswith(
+        "Compute (devices: cpu; JAX 0.10.2): ")
+    mixed = [dict(timed, jax_version=v) for v in ("0.12.1", "0.10.2", "0.9.0", "0.10.2")]
+    assert record.compute_line(mixed).startswith(
+        "Compute (devices: cpu; JAX 0.9.0 (1 run), 0.10.2 (2 runs), 0.12.1 (1 run)): ")
     assert mqar_text.rstrip().endswith(
         "Compute: 1 run recorded before run_seconds existed, whose training alone took "
         "10 min at their recorded steps/s.")

@@ -129,6 +129,24 @@ def resumed_unrecorded(seconds: dict) -> bool:
         isinstance(wall, (int, float)) and isinstance(train, (int, float)) and train > wall)
 
 
+def _version_key(version: str) -> tuple:
+    return tuple(int(p) if p.isdigit() else 0 for p in version.split("."))
+
+
+def jax_versions(runs: list[dict]) -> str:
+    """The JAX versions the runs were made with (results.json jax_version), oldest first:
+    '0.10.2', or '0.10.2 (20 runs), 0.12.1 (3 runs)' where a table mixes versions (a claim
+    holds for the versions it was run on); '' where no run records one."""
+    counts: dict[str, int] = {}
+    for r in runs:
+        if r.get("jax_version"):
+            counts[str(r["jax_version"])] = counts.get(str(r["jax_version"]), 0) + 1
+    if len(counts) <= 1:
+        return "".join(counts)
+    return ", ".join(f"{v} ({n} run{'s' if n != 1 else ''})"
+                     for v, n in sorted(counts.items(), key=lambda kv: _version_key(kv[0])))
+
+
 def compute_line(runs: list[dict]) -> str:
     """What the runs of a table cost, for its reader: the wall time the runs record
     (results.json run_seconds: training, validation, test, and the rest: set-up,
@@ -158,6 +176,9 @@ def compute_line(runs: list[dict]) -> str:
                      + (f", whose training alone took {duration(sum(train))} at their "
                         "recorded steps/s" if train else ""))
     kinds = sorted({str(r["device_kind"]) for r in runs if r.get("device_kind")})
-    where = f" (devices: {', '.join(kinds)})" if kinds else ""
+    what = [f"devices: {', '.join(kinds)}"] if kinds else []
+    if versions := jax_versions(runs):
+        what.append(f"JAX {versions}")
+    where = f" ({'; '.join(what)})" if what else ""
     return f"Compute{where}: " + "; ".join(parts) + "." if parts else ""
 
