@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare_kda import NONFINITE, diff, fmt, gname, grads_diff  # noqa: E402
 
 CMP_DIR = os.environ.get("CMP_DIR", "/tmp/fla_cmp")
-CAUSAL_CHUNKS = ("chunk64", "chunk16", "chunk128")
+CAUSAL_CHUNKS = ("chunk64", "chunk16", "chunk128", "quadratic")  # the causal forms
 ZVIEW = {"quadratic": "Based quadratic", "linear": "Based linear (cumsum)",
          "linear_bidir": "Based linear causal=False"}
 

@@ -2,9 +2,10 @@
 
 The conformance and decoding suites check padding, causality and the decoding contract
 through the configs; here: the Taylor features' products are 1 + q.k/sqrt(d) + (q.k)^2/(2d);
-the causal and bidirectional layers equal Zoology's quadratic train_view (the form its MQAR
-configs run) written in numpy from the weights; decoding equals the parallel form; the
-parameters are Zoology's Based's.
+the causal and bidirectional layers, in each form, equal Zoology's quadratic train_view (the
+form its MQAR configs run) written in numpy from the weights; the quadratic and chunked
+forms agree with padding and through configs/mqar.py; decoding equals the parallel form;
+the parameters are Zoology's Based's.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from flax import nnx
 from models import registry
 from models.attention import based
 
-from tests.models.helpers import check_prefill_and_steps, normal, randomize_params
+from tests.models.helpers import (assert_forms_agree, assert_forms_train_alike,
+                                  check_prefill_and_steps, normal, randomize_params)
 from tests.models.test_delta import assert_close, run
 
 
@@ -36,9 +38,11 @@ def test_taylor_kernel():
     assert based.taylor_features(x).shape == (3, 1 + 6 + 36)
 
 
-@pytest.mark.parametrize("causal", [True, False])
-def test_layer_is_zoologys_quadratic_view(causal):
-    mixer = build(causal=causal)
+@pytest.mark.parametrize("causal,impl", [(True, "chunked"), (True, "quadratic"),
+                                         (True, "auto"), (False, "auto")])
+def test_layer_is_zoologys_quadratic_view(causal, impl):
+    mixer = build(causal=causal, impl=impl)
+    assert mixer.quadratic_form(11) == (causal and impl != "chunked")
     x = normal(2, (2, 11, 16))
     y = np.asarray(run(mixer, "__call__", x))
     w = lambda lin: np.asarray(lin.kernel[...], np.float64)  # noqa: E731
@@ -68,3 +72,27 @@ def test_parameters_are_zoologys_based():
                            rngs=nnx.Rngs(0), feature_dim=f)
     count = sum(p.size for p in jax.tree.leaves(nnx.state(mixer, nnx.Param)))
     assert count == 2 * dim * f * heads + 2 * dim * dim
+
+
+def test_quadratic_and_chunked_forms_agree_with_padding():
+    """Outputs at the real positions and the gradients (parameters and input): a padded
+    key adds nothing in either form (the closed form's constant 1 is masked)."""
+    x = normal(5, (3, 13, 16))
+    mask = jnp.arange(13)[None] < jnp.array([13, 8, 3])[:, None]
+    assert_forms_agree(lambda **h: build(causal=True, **h), x, mask,
+                       {"chunked": {"impl": "chunked"}, "quadratic": {"impl": "quadratic"}})
+
+
+def test_auto_takes_the_quadratic_form_up_to_its_length_only():
+    mixer = build(causal=True)
+    assert mixer.impl == "auto" and mixer.quadratic_form(based.QUADRATIC_UP_TO)
+    assert not mixer.quadratic_form(based.QUADRATIC_UP_TO + 1)
+    with pytest.raises(ValueError, match="impl='dense'; choose one of auto, chunked"):
+        build(causal=True, impl="dense")
+
+
+def test_forms_train_alike_through_the_task_config():
+    """`configs/mqar.py:model=based,runlocal`: one training step with impl=quadratic and
+    =chunked: the same loss, gradient norm and parameter updates."""
+    assert_forms_train_alike(based.BasedLinearAttention, "impl", {
+        impl: ("model=based,runlocal", {"impl": impl}) for impl in ("quadratic", "chunked")})
