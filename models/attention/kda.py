@@ -31,7 +31,9 @@ over the chunk up to i (a vector over K),
 
 a C x C x K tensor per chunk instead of C x C (fla's `naive_chunk_kda`); the differences
 are masked before exp, so every exponent is <= 0. Its memory is L C K per head, so the
-default chunk is 32 (fla's kernel: 64, in sub-chunks of 16). Three forms, equal
+default chunk is 32 (fla's kernel: 64, in sub-chunks of 16) on an accelerator and 4 on a
+CPU (CPU_CHUNK: 3.4 times faster forward and backward at L 256 than 32, and faster at 2K
+too; results/cpu/chunk_sizes.md). Three forms, equal
 (tests/models/test_kda.py): `delta.delta_rule_reference` with a BxHxLxK decay (the scan),
 `chunk_kda`, `delta.delta_rule_step`.
 """
@@ -46,9 +48,10 @@ from flax import nnx
 
 from models import layers, registry
 from models.attention import delta
-from models.attention.linear_scan import _pad_to_chunks
+from models.attention.linear_scan import _pad_to_chunks, backend_chunk
 
 DEFAULT_CHUNK = 32  # C x C x K decays per chunk (module docstring)
+CPU_CHUNK = 4  # the default where the CPU builds the layer (linear_scan.backend_chunk)
 A_INIT_RANGE = (1.0, 16.0)  # fla's KimiDeltaAttention: A_log = log U(1, 16), per head
 
 
@@ -184,13 +187,16 @@ class KimiDeltaAttention(delta.DeltaNet):
     pos_emb="none", short_conv_hparam="conv_size"))
 def build_kda(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
               qkv_dim: int | None = None, expand_v: float = 1.0,
-              chunk_size: int = DEFAULT_CHUNK, conv_size: int = delta.CONV_SIZE,
+              chunk_size: int | None = None, conv_size: int = delta.CONV_SIZE,
               norm_eps: float = delta.NORM_EPS) -> KimiDeltaAttention:
     """fla's KimiDeltaAttention defaults (expand_v 1, conv 4, norm eps 1e-5); qkv_dim is
-    the key width (fla's head_dim x num_heads)."""
+    the key width (fla's head_dim x num_heads); chunk_size by default DEFAULT_CHUNK, or
+    CPU_CHUNK where the CPU builds it (module docstring)."""
     del max_len  # any length
     if not math.isfinite(expand_v) or expand_v <= 0:
         raise ValueError(f"expand_v must be positive, got {expand_v}")
+    if chunk_size is None:
+        chunk_size = backend_chunk(DEFAULT_CHUNK, CPU_CHUNK)
     return KimiDeltaAttention(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
                               expand_v=expand_v, chunk_size=chunk_size, conv_size=conv_size,
                               norm_eps=norm_eps, rngs=rngs)

@@ -23,6 +23,15 @@ def elu_feature_map(x: jax.Array) -> jax.Array:
     return jax.nn.elu(x) + 1.0
 
 
+def backend_chunk(accelerator: int, cpu: int) -> int:
+    """A chunked form's default chunk on the backend that builds the layer: `cpu` where
+    JAX's default backend is the CPU, else `accelerator` (fla's size, tuned for GPU tiles).
+    On a CPU core the per-chunk C x C (x K) work dominates and the scan over chunks is
+    cheap, so small chunks run faster (results/cpu/chunk_sizes.md); every chunk size
+    computes the same outputs (the forms' tests)."""
+    return cpu if jax.default_backend() == "cpu" else accelerator
+
+
 def _pad_to_chunks(x_BxHxLxF: jax.Array, chunk: int) -> jax.Array:
     """Zero-pads the length to a multiple of `chunk` and gives NxBxHxCxF (N chunks)."""
     b, h, l, f = x_BxHxLxF.shape

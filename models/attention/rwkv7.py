@@ -63,7 +63,9 @@ so U = (I - A_ab)^{-1} (A_ak V + (alpha e^{b_{i-1}}) S_0^T), solved for every ch
 k) e^{b_C - b}: fla's naive `dplr_chunkwise`, with every difference masked before exp, so
 every exponent is <= 0. Memory and time L C K per head, so the default chunk is 16 (fla's
 kernel: chunks of 64 in sub-chunks of 16); on 2 CPU cores the op's gradient at B 4, H 2,
-L 1024, K 64 took 0.39 s at C 16, 0.78 s at 32, 1.7 s at 64 and 0.23 s at 8.
+L 1024, K 64 took 0.39 s at C 16, 0.78 s at 32, 1.7 s at 64 and 0.23 s at 8. So where the
+CPU builds the layer the default is 4 (CPU_CHUNK; at L 256, B 64, H 4, K 16: 0.62 s against
+1.18 s at 16, results/cpu/chunk_sizes.md); 16 on an accelerator.
 
 Padding: inputs are zeroed at padded positions before the token shift (fla's x * mask),
 so a real token whose neighbour is padded reads zeros, as at the sequence's start; at
@@ -88,9 +90,10 @@ from flax import nnx
 
 from models import decoding, layers, registry
 from models.attention import delta
-from models.attention.linear_scan import _pad_to_chunks
+from models.attention.linear_scan import _pad_to_chunks, backend_chunk
 
 DEFAULT_CHUNK = 16  # C x C x K decays per chunk (module docstring): fla's sub-chunk
+CPU_CHUNK = 4  # the default where the CPU builds the layer (linear_scan.backend_chunk)
 DECAY_SCALE = 0.6065306597126334  # e^{-1/2}: fla's w = -e^{-1/2} sigmoid(.), w >= -0.6065
 NORM_EPS = 1e-5  # fla's norm_eps; GroupNorm's eps is head size times it
 L2_EPS = 1e-12  # F.normalize: x / max(|x|, eps)
@@ -415,13 +418,16 @@ class RWKV7Attention(nnx.Module):
                     "gives positions (RWKV-7 adds no position embedding)"),
     pos_emb="none", receptive_field="global", short_conv_hparam="token_shift"))
 def build_rwkv7(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
-                chunk_size: int = DEFAULT_CHUNK, decay_low_rank_dim: int | None = None,
+                chunk_size: int | None = None, decay_low_rank_dim: int | None = None,
                 a_low_rank_dim: int | None = None, gate_low_rank_dim: int | None = None,
                 norm_eps: float = NORM_EPS, token_shift: int = 2) -> RWKV7Attention:
     """fla's RWKV7Attention defaults: key and value widths = dim, head size dim /
     num_heads, low-rank dims by fla's rule unless given, GroupNorm eps head size x 1e-5;
-    token_shift 2 taps (0: none, a scaffold's builtin_conv=0)."""
+    token_shift 2 taps (0: none, a scaffold's builtin_conv=0); chunk_size by default
+    DEFAULT_CHUNK, or CPU_CHUNK where the CPU builds it (linear_scan.backend_chunk)."""
     del max_len  # any length
+    if chunk_size is None:
+        chunk_size = backend_chunk(DEFAULT_CHUNK, CPU_CHUNK)
     return RWKV7Attention(dim=dim, num_heads=num_heads, causal=causal, chunk_size=chunk_size,
                           decay_low_rank_dim=decay_low_rank_dim,
                           a_low_rank_dim=a_low_rank_dim, gate_low_rank_dim=gate_low_rank_dim,
