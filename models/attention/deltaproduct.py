@@ -94,7 +94,7 @@ class GatedDeltaProduct(delta.DeltaNet):
     projections, its own scan directions, the unrolled scan and an n_h-step decoding."""
 
     def __init__(self, *, dim: int, num_heads: int, causal: bool, qkv_dim: int | None,
-                 expand_v: float, chunk_size: int, conv_size: int, use_gate: bool,
+                 expand_v: float, chunk_size: int | None, conv_size: int, use_gate: bool,
                  norm_eps: float, num_householder: int, neg_eigval: bool, rngs: nnx.Rngs):
         if num_householder < 1:
             raise ValueError(f"num_householder must be at least 1, got {num_householder}")
@@ -156,12 +156,13 @@ class GatedDeltaProduct(delta.DeltaNet):
     pos_emb="none", short_conv_hparam="conv_size"))
 def build_gated_deltaproduct(*, dim: int, num_heads: int, max_len: int, causal: bool,
                              rngs: nnx.Rngs, qkv_dim: int | None = None,
-                             expand_v: float = 2.0, chunk_size: int = delta.DEFAULT_CHUNK,
+                             expand_v: float = 2.0, chunk_size: int | None = None,
                              conv_size: int = delta.CONV_SIZE, use_gate: bool = True,
                              norm_eps: float = delta.NORM_EPS, num_householder: int = 2,
                              allow_neg_eigval: bool = True) -> GatedDeltaProduct:
     """fla's GatedDeltaProduct layer defaults (num_householder 2, allow_neg_eigval, expand_v
-    2, output gate); qkv_dim is the key width (fla's head_dim x num_heads)."""
+    2, output gate); qkv_dim is the key width (fla's head_dim x num_heads); chunk_size as
+    gated_deltanet's (delta.DEFAULT_CHUNK, or delta.CPU_CHUNK where the CPU builds it)."""
     del max_len  # any length
     return GatedDeltaProduct(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
                              expand_v=expand_v, chunk_size=chunk_size, conv_size=conv_size,
