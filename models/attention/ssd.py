@@ -51,10 +51,11 @@ from flax import nnx
 
 from models import decoding, layers, registry
 from models.attention.delta import CONV_SIZE, NORM_EPS, causal_conv, conv_init, dt_bias_init
-from models.attention.linear_scan import _pad_to_chunks
+from models.attention.linear_scan import _pad_to_chunks, backend_chunk
 from models.kernels.decayed_attention import decayed_linear_attention
 
 DEFAULT_CHUNK = 256  # mamba_ssm's chunk size
+CPU_CHUNK = 32  # the default where the CPU builds the layer (results/cpu/chunk_sizes.md)
 STATE_SIZE = 128  # mamba_ssm's d_state
 A_INIT_RANGE = (1.0, 16.0)  # mamba_ssm: A ~ U(1, 16), A_log = log A
 NEG_FLOOR = 1e-20  # allow_neg_eigval: |a| below this is taken as this (log and its gradient)
@@ -373,13 +374,17 @@ class Mamba2(nnx.Module):
     pos_emb="none", short_conv_hparam="conv_size"))
 def build_mamba2(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
                  expand: int = 2, state_size: int = STATE_SIZE, conv_size: int = CONV_SIZE,
-                 chunk_size: int = DEFAULT_CHUNK, norm_eps: float = NORM_EPS,
+                 chunk_size: int | None = None, norm_eps: float = NORM_EPS,
                  attention_impl: str = "dense", allow_neg_eigval: bool = False) -> Mamba2:
     """mamba_ssm's Mamba2 defaults (expand 2, d_state 128, d_conv 4, chunk 256); the heads
     are the config's (head size expand * dim / num_heads). attention_impl: "dense"
     (chunk_ssd under XLA) or "pallas" (the decayed-attention kernels). allow_neg_eigval:
-    the decay 2 exp(dt A) - 1 in (-1, 1) (Grazzi et al. 2025; XLA form only)."""
+    the decay 2 exp(dt A) - 1 in (-1, 1) (Grazzi et al. 2025; XLA form only). chunk_size
+    (the XLA form's) by default 256, or CPU_CHUNK where the CPU builds the layer (a MAD
+    mini step 1.4 times faster than at 256 on a CPU core: results/cpu/chunk_sizes.md)."""
     del max_len  # any length
+    if chunk_size is None:
+        chunk_size = backend_chunk(DEFAULT_CHUNK, CPU_CHUNK)
     return Mamba2(dim=dim, num_heads=num_heads, causal=causal, expand=expand,
                   state_size=state_size, conv_size=conv_size, chunk_size=chunk_size,
                   norm_eps=norm_eps, rngs=rngs, attention_impl=attention_impl,

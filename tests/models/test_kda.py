@@ -219,21 +219,3 @@ def test_parameters_are_flas_kimi_delta_attention():
             + dim * head + head * hk + hk + head + hk * dim)
     count = sum(p.size for p in jax.tree.leaves(nnx.state(mixer, nnx.Param)))
     assert count == want
-
-
-@pytest.mark.parametrize("name", ["kda", "rwkv7", "deltanet", "gated_deltanet",
-                                  "gated_deltaproduct"])
-def test_the_default_chunk_follows_the_backend_that_builds_the_layer(name, monkeypatch):
-    """Small chunks where the CPU builds the layer (faster there: results/cpu/
-    chunk_sizes.md), fla's sizes elsewhere; a given chunk_size is kept."""
-    from models.attention import rwkv7
-    module = {"kda": kda, "rwkv7": rwkv7}.get(name, delta)
-
-    def chunk(**hparams):
-        layer = registry.build(name, dim=16, num_heads=2, max_len=8, causal=True,
-                               rngs=nnx.Rngs(0), **hparams)
-        return layer.chunk_size
-
-    assert chunk() == module.CPU_CHUNK < module.DEFAULT_CHUNK and chunk(chunk_size=7) == 7
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert chunk() == module.DEFAULT_CHUNK and chunk(chunk_size=7) == 7
