@@ -63,10 +63,13 @@ def quadratic(q_BxHxLxF: jax.Array, k_BxHxLxF: jax.Array, v_BxHxLxK: jax.Array,
     length = q.shape[2]
     s_BxHxLxL = jnp.einsum("bhld,bhmd->bhlm", q, k) / math.sqrt(q.shape[-1])
     keep = jnp.tril(jnp.ones((length, length), jnp.bool_))[None, None]
-    if padding_mask is not None:
-        keep = keep & padding_mask.astype(jnp.bool_)[:, None, None, :]
+    v = v_BxHxLxK.astype(jnp.float32)
+    if padding_mask is not None:  # as the chunked form's drop_padded: keys and values
+        real_Bx1x1xL = padding_mask.astype(jnp.bool_)[:, None, None, :]
+        keep = keep & real_Bx1x1xL
+        v = jnp.where(jnp.swapaxes(real_Bx1x1xL, -1, -2), v, 0.0)
     a_BxHxLxL = jnp.where(keep, 1.0 + s_BxHxLxL + 0.5 * s_BxHxLxL * s_BxHxLxL, 0.0)
-    num_BxHxLxK = jnp.einsum("bhlm,bhmk->bhlk", a_BxHxLxL, v_BxHxLxK.astype(jnp.float32))
+    num_BxHxLxK = jnp.einsum("bhlm,bhmk->bhlk", a_BxHxLxL, v)
     return num_BxHxLxK / (jnp.sum(a_BxHxLxL, axis=-1, keepdims=True) + eps)
 
 

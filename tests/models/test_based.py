@@ -96,3 +96,14 @@ def test_forms_train_alike_through_the_task_config():
     =chunked: the same loss, gradient norm and parameter updates."""
     assert_forms_train_alike(based.BasedLinearAttention, "impl", {
         impl: ("model=based,runlocal", {"impl": impl}) for impl in ("quadratic", "chunked")})
+
+
+@pytest.mark.parametrize("impl", ["quadratic", "chunked"])
+def test_padded_positions_reach_no_real_output_even_when_not_finite(impl):
+    """A padded key and its value are dropped, not weighted by 0 (0 x nan is nan)."""
+    mixer = build(causal=True, impl=impl)
+    x = normal(6, (2, 9, 16))
+    mask = jnp.arange(9)[None] < jnp.array([9, 5])[:, None]
+    y = np.asarray(mixer(x, mask))
+    y_nan = np.asarray(mixer(jnp.where(mask[..., None], x, jnp.nan), mask))
+    np.testing.assert_allclose(y_nan[np.asarray(mask)], y[np.asarray(mask)], rtol=1e-6)
