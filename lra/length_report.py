@@ -172,6 +172,7 @@ def cells(runs: list[dict]) -> list[dict]:
         by_length: dict[int, list[float]] = {}
         by_depth: dict[tuple, list[float]] = {}
         by_split: dict[str, list[float]] = {}
+        extended: dict[str, None] = {}  # hparams a variant changed past its length
         train_length = train_range(group[0]["config"])[1]
         lm = is_lm(group[0])
         for r in group:
@@ -183,6 +184,8 @@ def cells(runs: list[dict]) -> list[dict]:
                 value = row.get("bits_per_token") if lm else 100 * row["accuracy"]
                 if value is not None:
                     by_length.setdefault(int(row["length"]), []).append(value)
+                for name, v in (row.get("model_hparams") or {}).items():
+                    extended[f"{name} {v}"] = None
             for row in r.get("split_accuracy") or []:
                 by_split.setdefault(row["split"], []).append(100 * row["accuracy"])
             for row in r.get("depth_accuracy") or []:
@@ -195,6 +198,7 @@ def cells(runs: list[dict]) -> list[dict]:
             "points": {n: _stats(v) for n, v in sorted(by_length.items())},
             "depths": {k: _stats(v) for k, v in sorted(by_depth.items())},
             "splits": {k: _stats(v) for k, v in by_split.items()},
+            "extended": list(extended),
             "params": int(group[0].get("num_params") or 0),
             "majority": 100 * float(group[0].get("majority_baseline_accuracy") or 0.0),
             "chance": uniform_bits(group[0]["task"]) if lm else chance(group[0]["config"]),
@@ -268,6 +272,12 @@ def markdown(all_cells: list[dict], source: str) -> str:
             lines.append(f"| {c['model']}{tuned} | {c['params']:,} | " + " | ".join(
                 [_fmt(c["points"].get(n), digits) for n in lengths]
                 + [_fmt(c["splits"].get(k)) for k in splits]) + " |")
+        extended = [f"{c['model']} ({', '.join(c['extended'])})" for c in
+                    sorted(group, key=_order) if c.get("extended")]
+        if extended:
+            lines += ["", "Tested past the training length in their own form for longer "
+                      "inputs (lra/training/lengths.py `extension`; Mega: Mega-chunk, "
+                      "chunks of the training length): " + "; ".join(extended) + "."]
         lengths = lengths + splits  # the baseline rows' columns
         if bits:
             if group[0]["chance"] is not None:

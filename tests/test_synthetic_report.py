@@ -480,7 +480,7 @@ def test_a_kept_knob_names_the_row_and_keeps_it_ranked(tmp_path):
 
 def _write_length_run(root, model, seed, lengths, *, neg_eig=False, depths=None,
                       task="state_tracking", splits=None, scaffold=None, lr=None,
-                      validation=0.9):
+                      validation=0.9, extension=None):
     """A results.json as train_and_evaluate writes it with config.eval_lengths: the
     test weights at each length (and, for niah, per depth range); `scaffold`: fields of
     config.scaffold the run overrode."""
@@ -505,8 +505,10 @@ def _write_length_run(root, model, seed, lengths, *, neg_eig=False, depths=None,
         json.dump({"task": task, "model": model, "test_accuracy": 0.9,
                    "best_eval_accuracy": validation, "majority_baseline_accuracy": 0.5,
                    "num_params": 1234, "objective": "sequence_labels", "config": config,
-                   "length_accuracy": [{"length": n, "max_length": n, "accuracy": a}
-                                       for n, a in lengths.items()],
+                   "length_accuracy": [
+                       {"length": n, "max_length": n, "accuracy": a,
+                        **({"model_hparams": extension} if extension else {})}
+                       for n, a in lengths.items()],
                    "depth_accuracy": depths, "split_accuracy": splits}, f)
 
 
@@ -537,6 +539,19 @@ def test_length_table_and_figure_show_each_model_per_length_with_the_seeds(tmp_p
     assert "| model | params | L 32* | L 64 | sparse (at L 32) | dense (at L 32) |" in text
     assert "| gla | 1,234 | 90.0 (1) | 70.0 (1) | 55.0 (1) | 95.0 (1) |" in text
     assert len(record) == 6
+
+
+def test_a_row_tested_in_its_long_input_form_says_so(tmp_path):
+    from lra import length_report
+
+    runs = tmp_path / "runs"
+    _write_length_run(runs, "mega", 0, {96: 0.4}, task="niah",
+                      extension={"chunk_size": 48})
+    _write_length_run(runs, "gla", 0, {96: 0.5}, task="niah")
+    runs, _ = length_report.record.load_sources([str(runs)])
+    text = length_report.markdown(length_report.cells(runs), "runs")
+    assert "own form for longer inputs" in text and "mega (chunk_size 48)." in text
+    assert "gla (" not in text
 
 
 def test_length_report_command_writes_only_the_length_files(tmp_path, capsys):

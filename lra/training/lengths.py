@@ -12,7 +12,8 @@ length once, by configs/common.py finalize: a window or block stays what was tra
 takes the trained weights as they are. A variant whose parameters or state depend on the
 length (learned positions: a table per position) cannot be, and the run says so before
 it trains, naming the parameters; rotary and sinusoidal positions and none extend as they
-are.
+are. A variant with its own form for longer inputs runs in it (`extension`: Mega as
+Mega-chunk), and the rows tested so say which hparams changed (`model_hparams`).
 
 `config.eval_depth_buckets` (n > 0; NIAH) tests the same weights again at each length
 (the training length first) on test splits whose needles all lie in one of n equal depth
@@ -124,11 +125,30 @@ def split_plan(config, task) -> list[dict]:
             for name, changes in splits.items()]
 
 
+def extension(config, max_length: int) -> dict:
+    """model_hparams a variant changes to run at another length in its own long-input
+    form, the trained weights as they are ({} for most: they extend as they are).
+
+    Mega (chunk_size <= 0: one chunk of max_len, its relative bias 2 max_len - 1 entries)
+    runs as Mega-chunk with chunks of the training length: the form Mega's paper and code
+    use past the span the bias was trained for (facebookresearch/mega, `chunk_size`).
+    Inside the training length that is still one chunk, the same function as trained."""
+    hparams = config.get("model_hparams") or {}
+    if (config.model == "mega" and max_length != config.max_length
+            and int(hparams.get("chunk_size", -1)) <= 0):
+        return {"chunk_size": int(config.max_length)}
+    return {}
+
+
 def config_at(config, max_length: int):
-    """The run's config with the model at another length, its hparams as resolved."""
+    """The run's config with the model at another length, its hparams as resolved (and
+    `extension`'s changes)."""
     c = copy.deepcopy(config)
+    changes = extension(config, max_length)
     with c.unlocked():
         c.max_length = max_length
+        for name, value in changes.items():
+            c.model_hparams[name] = value
     return c
 
 
@@ -196,6 +216,8 @@ def test(plans: list[dict], config, task, *, compile_step: Callable[..., Callabl
             steps_at[key] = compile_step(entry["graphdef"], at, key[1])
         got = evaluate(rows, steps_at[key])
         row = {"length": entry["length"], "max_length": entry["max_length"], **got}
+        if extension(config, entry["max_length"]):
+            row["model_hparams"] = extension(config, entry["max_length"])
         if "split" in entry:
             out["split_accuracy"].append({"split": entry["split"], **row})
             log(f"split {entry['split']:>12} | test acc {got['accuracy']:.4f}")

@@ -149,3 +149,35 @@ def test_depth_buckets_are_refused_where_a_task_has_no_needles(tmp_path):
     c.eval_depth_buckets = 4
     with pytest.raises(ConfigError, match="no needle depth"):
         train.train_and_evaluate(c, str(tmp_path))
+
+
+def test_mega_runs_past_its_training_length_as_mega_chunk(tmp_path):
+    """Mega's relative bias spans max_len (chunk_size -1): past the training length it is
+    tested as Mega-chunk with chunks of the training length, the trained weights as they
+    are; inside it that is one chunk, the function trained (same outputs)."""
+    from flax import nnx
+
+    from lra import tasks, train
+    from lra.training import lengths
+
+    c = niah_config.get_config("model=mega,runlocal")
+    assert c.model_hparams.chunk_size == -1
+    task = tasks.get(c.task)
+    at_same = lengths.config_at(c, c.max_length)
+    assert at_same.model_hparams.chunk_size == -1 and lengths.extension(c, c.max_length) == {}
+    chunked = c.copy_and_resolve_references()
+    chunked.model_hparams.chunk_size = c.max_length  # what a longer length builds
+    full, one_chunk = train.build_model(c, task), train.build_model(chunked, task)
+    nnx.update(one_chunk, nnx.state(full, nnx.Param))
+    x = np.random.default_rng(0).integers(1, 40, (2, c.max_length))
+    np.testing.assert_allclose(np.asarray(full(x, deterministic=True)),
+                               np.asarray(one_chunk(x, deterministic=True)), atol=1e-6)
+    at_twice = lengths.config_at(c, 2 * c.max_length)
+    assert at_twice.model_hparams.chunk_size == c.max_length and at_twice.max_length == 96
+
+    c.num_train_steps, c.eval_frequency, c.checkpoint_freq = 4, 4, 4
+    train.train_and_evaluate(c, str(tmp_path))
+    r = json.load(open(os.path.join(tmp_path, "results.json")))
+    (row,) = r["length_accuracy"]
+    assert (row["length"], row["model_hparams"]) == (96, {"chunk_size": 48})
+    assert all("model_hparams" not in x for x in r["depth_accuracy"] if x["length"] == 48)
