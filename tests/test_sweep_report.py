@@ -744,3 +744,17 @@ def test_the_sweep_names_its_tasks_report():
         f"python -m lra.length_report w --out={os.path.join('w', 'niah')}"
     assert sweep.report_command(["listops", "niah"], [], "w", ["niah"]) == \
         "python -m lra.report w"
+
+
+def test_a_record_times_the_runs_of_the_task_its_config_resolves_to(tmp_path):
+    """A MAD sweep is `--task=mad` with task=<name> in its config argument; the record
+    names the resolved task (mad_compression): that record times it, another task's not."""
+    def record(task, rate):
+        return ("runs.jsonl", {"task": task, "model": "transformer", "test_accuracy": 0.5,
+                               "train_steps_per_sec": rate})
+
+    info = run_status.inspect(
+        workdir=str(tmp_path / "seed1"), task="mad", model="transformer", seed=1,
+        config_arg="task=compression,runlocal", overrides=[],
+        finished_in=[record("mad_compression", 2.0), record("mad_memorization", 9.0)])
+    assert info["state"] == "not started" and info["folder_rates"] == [2.0]

@@ -127,14 +127,17 @@ def inspect(*, workdir: str, task: str, model: str, seed: int, config_arg: str,
                                               overrides)
     if found:
         return _finished(info, found[1], f" (recorded in {found[0]})")
-    total = int(plan.expected_config(task, model, seed, config_arg,
-                                     overrides)["num_train_steps"])
+    expected = plan.expected_config(task, model, seed, config_arg, overrides)
+    total = int(expected["num_train_steps"])
     step = last_complete_step(workdir) or 0
     logged_step, rate = _logged(workdir)
     # Beside its model's finished runs here, those the records hold (other seeds and
     # overrides finished on other machines) time it too.
+    # (A record names the task its config resolved to: `mad` with task=compression is
+    # mad_compression.)
     beside = _folder_runs(workdir) + [r for _, r in finished_in or ()
-                                      if r.get("task") == task and r.get("model") == model]
+                                      if r.get("task") in (task, expected.get("task"))
+                                      and r.get("model") == model]
     info.update(steps_left=max(0, total - step), rate=rate,
                 folder_rates=[x for x in map(_rate, beside) if x],
                 folder_overheads=[x for x in map(_overhead, beside) if x])
