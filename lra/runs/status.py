@@ -15,8 +15,9 @@ A run is one of:
 The time left: each unfinished run's steps left (num_train_steps less its last complete
 checkpoint) at its own last logged steps/s, else at the mean steps/s of its model's
 finished runs in this listing, else of the finished runs in its model's folder (other
-seeds and overrides of the same sweep directory) and those of the same task and model in
-the --finished_in records, else of its model's logged runs; a run with none of these has
+seeds and overrides of the same sweep directory) and those of the same task (as the
+config resolves it: MAD's compression is mad_compression) and model in the --finished_in
+records, else of its model's logged runs; a run with none of these has
 no estimate and is counted apart. To the training, the rest of a run's wall time as the
 same finished runs recorded it (results.json's run_seconds, lra/train.py): validation per
 step left, the test (the other lengths included), and the rest (set-up, compilation,
