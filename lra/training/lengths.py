@@ -187,12 +187,17 @@ def plan(config, task, abstract_model_at: Callable[[Any], nnx.Module]) -> list[d
                      if trained.get(k) != v}
             if moved:
                 names = ", ".join(f"{k} {b} -> {a}" for k, (a, b) in list(moved.items())[:3])
+                # Learned positions are the embeddings'; anything else is the mixer's own
+                # weights (Synthesizer's dense logits), which no positions flag changes.
+                positions = all("['embeddings']" in k for k in moved)
+                fix = ("learned positions: use --config.pos_emb=rotary, sinusoidal or "
+                       f"none, or drop {length} from config.eval_lengths" if positions else
+                       f"the mixer's own weights are shaped by the length: drop {length} "
+                       "from config.eval_lengths")
                 raise ConfigError(
                     f"config.eval_lengths: {config.model} at length {max_length} has "
                     f"parameters or state shaped by the length ({names}): its trained "
-                    f"weights cannot be tested there (learned positions: use "
-                    f"--config.pos_emb=rotary, sinusoidal or none, or drop {length} from "
-                    f"config.eval_lengths)")
+                    f"weights cannot be tested there ({fix})")
         out.append({"length": length, "max_length": max_length, "options": options,
                     "graphdef": graphdef})
     return out

@@ -150,9 +150,19 @@ def test_learned_positions_are_refused_before_training(tmp_path):
 
     c = st_config.get_config("model=transformer,runlocal,scaffold=own")
     assert c.pos_emb in ("learned", "own")
-    with pytest.raises(ConfigError, match="shaped by the length"):
+    with pytest.raises(ConfigError, match="shaped by the length.*learned positions: use"):
         train.train_and_evaluate(c, str(tmp_path))
     assert not os.path.exists(os.path.join(tmp_path, "results.json"))
+
+
+def test_a_mixer_shaped_by_the_length_is_refused_without_a_positions_hint(tmp_path):
+    from configs import niah as niah_config
+    from lra import train
+
+    c = niah_config.get_config("model=synthesizer,runlocal")  # dense logits: L x L
+    with pytest.raises(ConfigError, match="dense_logits.*the mixer's own weights") as e:
+        train.train_and_evaluate(c, str(tmp_path))
+    assert "pos_emb" not in str(e.value)
 
 
 def test_eval_lengths_at_the_training_length_is_the_test(tmp_path):
