@@ -360,10 +360,16 @@ class _DecayedAttention(nnx.Module):
 
 
 class MultiScaleRetention(_DecayedAttention):
-    """RetNet's retention: a fixed decay gamma_h = 1 - 2^(-5-h) per head (no parameter)."""
+    """RetNet's retention: a fixed decay gamma_h = 1 - 2^(-5-h) per head (no parameter);
+    decay=False (an ablation) gamma = 1."""
+
+    def __init__(self, *, decay: bool = True, **kwargs):
+        super().__init__(**kwargs)
+        self.decay = bool(decay)
 
     def log_gammas(self) -> jax.Array:
-        return retnet_log_gammas(self.num_heads)
+        gammas = retnet_log_gammas(self.num_heads)
+        return gammas if self.decay else jnp.zeros_like(gammas)
 
     def log_decay(self, x_BxLxD: jax.Array) -> jax.Array:
         b, l, _ = x_BxLxD.shape
@@ -381,9 +387,11 @@ def build_retnet(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: 
                  rotary: bool = False, qkv_dim: int | None = None, expand_k: float = 1.0,
                  expand_v: float = 2.0, chunk_size: int | None = None,
                  use_bias: bool = False, group_norm: str = "rms", norm_eps: float = 1e-5,
-                 attention_impl: str = "dense") -> MultiScaleRetention:
+                 decay: bool = True, attention_impl: str = "dense") -> MultiScaleRetention:
     """expand_k, expand_v: key and value widths over qkv_dim (fla's 1 and 2: value heads
     twice the key heads, as the paper). group_norm: "rms" (fla) or "layer".
+    decay=False (ours, an ablation): gamma = 1 in every head, the layer otherwise the same
+    (no parameter changes), so a comparison changes the decay alone.
     attention_impl: "dense" (the XLA chunked form) or "pallas" (the kernels). chunk_size
     (the XLA form's) by default 64, or 16 where the CPU builds the layer (a MAD mini step
     1.3 times faster on a CPU core: results/cpu/chunk_sizes.md)."""
@@ -393,19 +401,23 @@ def build_retnet(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: 
     return MultiScaleRetention(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
                                expand_k=expand_k, expand_v=expand_v, chunk_size=chunk_size,
                                use_bias=use_bias, group_norm=group_norm, norm_eps=norm_eps,
-                               rotary=rotary, rngs=rngs, attention_impl=attention_impl)
+                               rotary=rotary, rngs=rngs, attention_impl=attention_impl,
+                               decay=decay)
 
 
 class GatedLinearAttention(_DecayedAttention):
     """GLA: log a_t = logsigmoid(W2 W1 x_t + b2) / normaliser, a diagonal gate per head."""
 
     def __init__(self, *, gate_low_rank_dim: int, gate_logit_normalizer: float,
-                 rngs: nnx.Rngs, **kwargs):
+                 rngs: nnx.Rngs, decay: bool = True, **kwargs):
         super().__init__(rngs=rngs, **kwargs)
         if gate_low_rank_dim <= 0 or gate_logit_normalizer <= 0:
             raise ValueError("gla: gate_low_rank_dim and gate_logit_normalizer must be "
                              f"positive, got {gate_low_rank_dim} and {gate_logit_normalizer}")
         self.gate_logit_normalizer = gate_logit_normalizer
+        if not decay:  # the ablation: a = 1, the gate's projections not built
+            self.alpha_down = self.alpha_up = None
+            return
         # fla's _init_weights: normal(0.02) kernels, zero bias, so the logits start near 0.
         fla_init = layers.normal(0.02)
         self.alpha_down = layers.dense(kwargs["dim"], gate_low_rank_dim, ("embed", None),
@@ -414,6 +426,9 @@ class GatedLinearAttention(_DecayedAttention):
                                      (None, "qkv"), kernel_init=fla_init, rngs=rngs)
 
     def log_decay(self, x_BxLxD: jax.Array) -> jax.Array:
+        if self.alpha_up is None:
+            b, l, _ = x_BxLxD.shape
+            return jnp.zeros((b, self.num_heads, l, self.head_k), jnp.float32)
         logits_BxLxF = self.alpha_up(self.alpha_down(x_BxLxD)).astype(jnp.float32)
         log_a_BxLxF = jax.nn.log_sigmoid(logits_BxLxF) / self.gate_logit_normalizer
         return self._split(log_a_BxLxF, self.head_k)
@@ -431,14 +446,17 @@ def build_gla(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx
               qkv_dim: int | None = None, expand_k: float = 0.5, expand_v: float = 1.0,
               gate_low_rank_dim: int = 16, gate_logit_normalizer: float = 16.0,
               chunk_size: int = 16, use_bias: bool = False, group_norm: str = "rms",
-              norm_eps: float = 1e-5, attention_impl: str = "dense") -> GatedLinearAttention:
+              norm_eps: float = 1e-5, decay: bool = True,
+              attention_impl: str = "dense") -> GatedLinearAttention:
     """fla's GatedLinearAttention defaults. attention_impl: "dense" (the XLA chunked
     form) or "pallas" (the kernels). chunk_size 16: the chunk's decay is C x C x d_k
-    (fla's chunk_gla computes its exact log-space part on sub-chunks of 16 too)."""
+    (fla's chunk_gla computes its exact log-space part on sub-chunks of 16 too).
+    decay=False (ours, an ablation): the same layer without its gate (a = 1; the gate's
+    low-rank projections not built), so a comparison changes the decay alone."""
     del max_len  # any length
     return GatedLinearAttention(dim=dim, num_heads=num_heads, causal=causal, qkv_dim=qkv_dim,
                                 expand_k=expand_k, expand_v=expand_v, chunk_size=chunk_size,
                                 use_bias=use_bias, group_norm=group_norm, norm_eps=norm_eps,
                                 rotary=False, gate_low_rank_dim=gate_low_rank_dim,
                                 gate_logit_normalizer=gate_logit_normalizer, rngs=rngs,
-                                attention_impl=attention_impl)
+                                attention_impl=attention_impl, decay=decay)

@@ -163,7 +163,7 @@ class SSDDirection(nnx.Module):
     dt_bias, A_log and D (mamba_ssm's names)."""
 
     def __init__(self, *, num_heads: int, channels: int, conv_size: int, rngs: nnx.Rngs,
-                 neg_eigval: bool = False):
+                 neg_eigval: bool = False, decay: bool = True):
         self.channels = channels
         if conv_size:
             self.conv = layers.param(conv_init(conv_size), (None, None), (conv_size, channels),
@@ -173,8 +173,10 @@ class SSDDirection(nnx.Module):
             self.conv = self.conv_bias = None
         self.dt_bias = layers.param(dt_bias_init, ("heads",), (num_heads,), rngs=rngs,
                                     no_weight_decay=True, keep_float32=True)
-        self.a_log = layers.param(a_log_init, ("heads",), (num_heads,), rngs=rngs,
-                                  no_weight_decay=True, keep_float32=True)
+        # decay=False (an ablation): A = 0, a = 1 at every step; A_log not built.
+        self.a_log = (layers.param(a_log_init, ("heads",), (num_heads,), rngs=rngs,
+                                   no_weight_decay=True, keep_float32=True)
+                      if decay else None)
         self.d = layers.param(layers.ones, ("heads",), (num_heads,), rngs=rngs,
                               no_weight_decay=True, keep_float32=True)
         self.neg_eigval = neg_eigval
@@ -190,6 +192,8 @@ class SSDDirection(nnx.Module):
         where not `real` (a padded position neither writes nor decays)."""
         dt_xH = jax.nn.softplus(dt_raw_xH.astype(jnp.float32) + self.dt_bias[...])
         dt_xH = jnp.where(real_x[..., None], dt_xH, 0.0)
+        if self.a_log is None:
+            return dt_xH, jnp.zeros_like(dt_xH)
         return dt_xH, -jnp.exp(self.a_log[...].astype(jnp.float32)) * dt_xH
 
     def transition(self, dt_raw_xH: jax.Array, real_x: jax.Array):
@@ -210,7 +214,8 @@ class Mamba2(nnx.Module):
 
     def __init__(self, *, dim: int, num_heads: int, causal: bool, expand: int,
                  state_size: int, conv_size: int, chunk_size: int, norm_eps: float,
-                 rngs: nnx.Rngs, attention_impl: str = "dense", neg_eigval: bool = False):
+                 rngs: nnx.Rngs, attention_impl: str = "dense", neg_eigval: bool = False,
+                 decay: bool = True):
         inner = expand * dim
         if num_heads <= 0 or inner % num_heads or state_size <= 0:
             raise ValueError(f"mamba2: expand * dim ({inner}) must be a positive multiple of "
@@ -222,6 +227,10 @@ class Mamba2(nnx.Module):
             raise registry.RegistryError(
                 f"attention_impl={attention_impl!r} is not available for mamba2; valid: "
                 f"{', '.join(IMPLS)}")
+        if neg_eigval and not decay:
+            raise ValueError("mamba2: allow_neg_eigval maps the decay exp(dt A) to "
+                             "2 exp(dt A) - 1; with decay=False (A = 0) that is 1 at every "
+                             "step: choose one")
         if neg_eigval and attention_impl in ("pallas", "pallas_mosaic"):
             raise registry.RegistryError(
                 "mamba2: allow_neg_eigval's signed decays are not in the Pallas "
@@ -239,7 +248,8 @@ class Mamba2(nnx.Module):
         self.out = layers.dense(inner, dim, ("qkv", "embed"), **proj)
         self.norm_scale = layers.param(layers.ones, ("qkv",), (inner,), rngs=rngs)
         direction = dict(num_heads=num_heads, channels=inner + 2 * state_size,
-                         conv_size=conv_size, rngs=rngs, neg_eigval=neg_eigval)
+                         conv_size=conv_size, rngs=rngs, neg_eigval=neg_eigval,
+                         decay=decay)
         self.forward_scan = SSDDirection(**direction)
         # Its own convolution, as DeltaNet's backward scan here (delta.py says why).
         self.backward_scan = None if causal else SSDDirection(**direction)
@@ -375,17 +385,21 @@ class Mamba2(nnx.Module):
 def build_mamba2(*, dim: int, num_heads: int, max_len: int, causal: bool, rngs: nnx.Rngs,
                  expand: int = 2, state_size: int = STATE_SIZE, conv_size: int = CONV_SIZE,
                  chunk_size: int | None = None, norm_eps: float = NORM_EPS,
-                 attention_impl: str = "dense", allow_neg_eigval: bool = False) -> Mamba2:
+                 attention_impl: str = "dense", allow_neg_eigval: bool = False,
+                 decay: bool = True) -> Mamba2:
     """mamba_ssm's Mamba2 defaults (expand 2, d_state 128, d_conv 4, chunk 256); the heads
     are the config's (head size expand * dim / num_heads). attention_impl: "dense"
     (chunk_ssd under XLA) or "pallas" (the decayed-attention kernels). allow_neg_eigval:
     the decay 2 exp(dt A) - 1 in (-1, 1) (Grazzi et al. 2025; XLA form only). chunk_size
     (the XLA form's) by default 256, or CPU_CHUNK where the CPU builds the layer (a MAD
-    mini step 1.4 times faster than at 256 on a CPU core: results/cpu/chunk_sizes.md)."""
+    mini step 1.4 times faster than at 256 on a CPU core: results/cpu/chunk_sizes.md).
+    decay=False (ours, an ablation): A = 0, so a = 1 at every step (A_log not built; dt
+    still scales each input), the layer otherwise the same: a comparison changes the decay
+    alone."""
     del max_len  # any length
     if chunk_size is None:
         chunk_size = backend_chunk(DEFAULT_CHUNK, CPU_CHUNK)
     return Mamba2(dim=dim, num_heads=num_heads, causal=causal, expand=expand,
                   state_size=state_size, conv_size=conv_size, chunk_size=chunk_size,
                   norm_eps=norm_eps, rngs=rngs, attention_impl=attention_impl,
-                  neg_eigval=bool(allow_neg_eigval))
+                  neg_eigval=bool(allow_neg_eigval), decay=bool(decay))

@@ -336,3 +336,35 @@ def test_pallas_refuses_other_impls():
     with pytest.raises(registry.RegistryError, match="attention_impl"):
         build("retnet", causal=True, attention_impl="blocksparse")
     assert build("gla", causal=False, attention_impl="pallas").attention_impl == "pallas"
+
+
+@pytest.mark.parametrize("name", ["retnet", "gla"])
+def test_without_its_decay_the_layer_is_the_same_at_a_one(name):
+    """decay=False (the ablation of the decay alone): log a = 0 at every step (gla's gate
+    projections not built), the output the decayed layer's with its decay forced to 1 (the
+    same other weights), the chunked form the step-by-step one, and decoding the forward."""
+    decayed = build(name, causal=True, chunk_size=4)
+    plain = build(name, causal=True, chunk_size=4, decay=False)
+    x = normal(5, (2, 10, DIM))
+    mask = jnp.arange(10)[None] < jnp.array([[10], [6]])
+    assert (np.asarray(plain.heads(x, mask)[3]) == 0).all()
+    if name == "gla":
+        assert plain.alpha_up is None and "alpha_up" not in dict(nnx.state(plain))
+    weights = dict(nnx.state(decayed).flat_state())
+    nnx.update(plain, nnx.State.from_flat_path(
+        {path: weights[path] for path, _ in nnx.state(plain).flat_state()}))
+    original = decayed.log_decay
+    object.__setattr__(decayed, "log_decay",
+                       lambda x_BxLxD: jnp.zeros_like(original(x_BxLxD)))
+    real = np.asarray(mask)
+    got = np.asarray(plain(x, padding_mask=mask, deterministic=True))
+    close(got[real], np.asarray(decayed(x, padding_mask=mask, deterministic=True))[real])
+    q, k, v, log_a = plain.heads(x, mask)
+    expected = plain.finish(retention.naive_gla(q, k, v, log_a, causal=True), x)
+    close(got[real], np.asarray(expected)[real])
+    assert not np.allclose(got, np.asarray(build(name, causal=True, chunk_size=4)(
+        x, padding_mask=mask, deterministic=True)))
+    from tests.models.helpers import check_prefill_and_steps
+
+    check_prefill_and_steps(plain, lambda m, method, *a: getattr(m, method)(*a),
+                            normal(12, (3, 16, DIM)), jnp.array([1, 5, 9]), 9, **TOL)

@@ -307,3 +307,26 @@ def test_pallas_prefill_keeps_the_chunked_state():
     mixer.attention_impl = "dense"
     _, cache_dense = run(mixer, "prefill", mixer.init_cache(2, 9), x, mask)
     assert_close(cache["h"], cache_dense["h"], rtol=0, atol=0)
+
+
+def test_without_its_decay_the_layer_is_the_same_at_a_one(monkeypatch):
+    """decay=False (the ablation of the decay alone): A = 0 (A_log not built), so
+    log a = 0 at every step while dt still scales the inputs; the output is the decayed
+    layer's with A forced to 0 (the same other weights); chunked equals the step-by-step
+    form and decoding the parallel one; with allow_neg_eigval it is refused."""
+    decayed = build(causal=True, chunk_size=4)
+    plain = build(causal=True, chunk_size=4, decay=False)
+    assert plain.forward_scan.a_log is None
+    dt, log_a = plain.forward_scan.steps(normal(14, (4, 32, 2)), jnp.ones((4, 32), bool))
+    assert (np.asarray(log_a) == 0).all() and (np.asarray(dt) > 0).all()
+    weights = dict(nnx.state(decayed).flat_state())
+    nnx.update(plain, nnx.State.from_flat_path(
+        {path: weights[path] for path, _ in nnx.state(plain).flat_state()}))
+    decayed.forward_scan.a_log = None  # A = 0 by hand: the same function
+    x = normal(8, (2, 11, 16))
+    assert_close(run(plain, "__call__", x), run(decayed, "__call__", x))
+    check_prefill_and_steps(plain, run, normal(12, (3, 16, 16)), jnp.array([1, 5, 9]), 9,
+                            **TOL)
+    _assert_chunked_equals_reference(plain, monkeypatch)
+    with pytest.raises(ValueError, match="decay=False"):
+        build(causal=True, decay=False, allow_neg_eigval=True)
