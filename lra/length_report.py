@@ -275,9 +275,9 @@ def markdown(all_cells: list[dict], source: str) -> str:
         extended = [f"{c['model']} ({', '.join(c['extended'])})" for c in
                     sorted(group, key=_order) if c.get("extended")]
         if extended:
-            lines += ["", "Tested past the training length in their own form for longer "
-                      "inputs (lra/training/lengths.py `extension`; Mega: Mega-chunk, "
-                      "chunks of the training length): " + "; ".join(extended) + "."]
+            lines += ["", "Tested at other lengths in their own form for longer inputs, "
+                      "the hparams set so (lra/training/lengths.py `extension`): "
+                      + "; ".join(extended) + "."]
         lengths = lengths + splits  # the baseline rows' columns
         if bits:
             if group[0]["chance"] is not None:

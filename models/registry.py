@@ -142,6 +142,12 @@ class Capabilities:
     # variant without it. A benchmark scaffold (configs/scaffold.py) sets it, so that
     # every mixer of a comparison has the same short convolution, or none.
     short_conv_hparam: str = ""
+    # The hparam whose value <= 0 makes the layer span its whole input (max_len), shaping
+    # its weights by the length (Mega's chunk_size: a relative bias of 2 max_len - 1).
+    # The length protocol (lra/training/lengths.py `extension`) tests such a layer at
+    # other lengths with it set to the training length: its own form for longer inputs,
+    # and at the training length the same function.
+    span_hparam: str = ""
 
 
 # Capabilities.decode values; "segment_memory" is decoded by the segment_recurrent stack.

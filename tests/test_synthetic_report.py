@@ -550,7 +550,7 @@ def test_a_row_tested_in_its_long_input_form_says_so(tmp_path):
     _write_length_run(runs, "gla", 0, {96: 0.5}, task="niah")
     runs, _ = length_report.record.load_sources([str(runs)])
     text = length_report.markdown(length_report.cells(runs), "runs")
-    assert "own form for longer inputs" in text and "mega (chunk_size 48)." in text
+    assert "their own form for longer inputs" in text and "mega (chunk_size 48)." in text
     assert "gla (" not in text
 
 

@@ -12,8 +12,9 @@ length once, by configs/common.py finalize: a window or block stays what was tra
 takes the trained weights as they are. A variant whose parameters or state depend on the
 length (learned positions: a table per position) cannot be, and the run says so before
 it trains, naming the parameters; rotary and sinusoidal positions and none extend as they
-are. A variant with its own form for longer inputs runs in it (`extension`: Mega as
-Mega-chunk), and the rows tested so say which hparams changed (`model_hparams`).
+are. A variant with its own form for longer inputs runs in it (`extension`, from
+`Capabilities.span_hparam`: Mega as Mega-chunk), and the rows tested so say which
+hparams changed (`model_hparams`).
 
 `config.eval_depth_buckets` (n > 0; NIAH) tests the same weights again at each length
 (the training length first) on test splits whose needles all lie in one of n equal depth
@@ -129,14 +130,23 @@ def extension(config, max_length: int) -> dict:
     """model_hparams a variant changes to run at another length in its own long-input
     form, the trained weights as they are ({} for most: they extend as they are).
 
+    A variant whose `Capabilities.span_hparam` is <= 0 spans its whole input, weights
+    shaped by max_len; at another length it runs with that hparam at the training length.
     Mega (chunk_size <= 0: one chunk of max_len, its relative bias 2 max_len - 1 entries)
-    runs as Mega-chunk with chunks of the training length: the form Mega's paper and code
-    use past the span the bias was trained for (facebookresearch/mega, `chunk_size`).
+    so runs as Mega-chunk with chunks of the training length: the form Mega's paper and
+    code use past the span the bias was trained for (facebookresearch/mega, `chunk_size`).
     Inside the training length that is still one chunk, the same function as trained."""
+    if max_length == config.max_length:
+        return {}
+    from models import registry
+
+    try:
+        knob = registry.capabilities(config.model).span_hparam
+    except Exception:  # noqa: BLE001  (an unknown model is refused where it is built)
+        return {}
     hparams = config.get("model_hparams") or {}
-    if (config.model == "mega" and max_length != config.max_length
-            and int(hparams.get("chunk_size", -1)) <= 0):
-        return {"chunk_size": int(config.max_length)}
+    if knob and int(hparams.get(knob, registry.accepted_hparams(config.model)[knob])) <= 0:
+        return {knob: int(config.max_length)}
     return {}
 
 
@@ -221,8 +231,9 @@ def test(plans: list[dict], config, task, *, compile_step: Callable[..., Callabl
             steps_at[key] = compile_step(entry["graphdef"], at, key[1])
         got = evaluate(rows, steps_at[key])
         row = {"length": entry["length"], "max_length": entry["max_length"], **got}
-        if extension(config, entry["max_length"]):
-            row["model_hparams"] = extension(config, entry["max_length"])
+        changed = extension(config, entry["max_length"])
+        if changed:
+            row["model_hparams"] = changed
         if "split" in entry:
             out["split_accuracy"].append({"split": entry["split"], **row})
             log(f"split {entry['split']:>12} | test acc {got['accuracy']:.4f}")

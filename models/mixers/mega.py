@@ -374,7 +374,7 @@ class Mega(nnx.Module):
     "gates, relative bias; softmax, laplace or relu2), chunked (linear time) for "
     "chunk_size > 0",
     causal=True, decode="kv_cache", padding=True, variable_length=True,
-    receptive_field="global", pos_emb="none", takes_residual=True,
+    receptive_field="global", pos_emb="none", takes_residual=True, span_hparam="chunk_size",
     test_hparams={"ndim": 2, "z_dim": 8, "hidden_dim": 16, "chunk_size": 4},
     rotary_refusal="its query-key products carry Mega's own relative bias (and the EMA "
     "orders the sequence)"))

@@ -17,7 +17,7 @@ from flax import nnx
 
 from models import decoding, layers, registry
 from models.attention import retention
-from tests.models.helpers import f64, normal, randomize_params
+from tests.models.helpers import check_prefill_and_steps, f64, normal, randomize_params
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 B, H, L, K, V = 2, 3, 23, 4, 5
@@ -364,7 +364,5 @@ def test_without_its_decay_the_layer_is_the_same_at_a_one(name):
     close(got[real], np.asarray(expected)[real])
     assert not np.allclose(got, np.asarray(build(name, causal=True, chunk_size=4)(
         x, padding_mask=mask, deterministic=True)))
-    from tests.models.helpers import check_prefill_and_steps
-
     check_prefill_and_steps(plain, lambda m, method, *a: getattr(m, method)(*a),
                             normal(12, (3, 16, DIM)), jnp.array([1, 5, 9]), 9, **TOL)

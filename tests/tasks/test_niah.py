@@ -175,6 +175,13 @@ def test_mega_runs_past_its_training_length_as_mega_chunk(tmp_path):
     at_twice = lengths.config_at(c, 2 * c.max_length)
     assert at_twice.model_hparams.chunk_size == c.max_length and at_twice.max_length == 96
 
+    # Capabilities.span_hparam drives it: every variant that declares one takes it.
+    from models import registry
+
+    spans = {n: registry.capabilities(n).span_hparam for n in registry.available()}
+    assert spans["mega"] == "chunk_size"
+    assert all(k in registry.accepted_hparams(n) for n, k in spans.items() if k)
+
     c.num_train_steps, c.eval_frequency, c.checkpoint_freq = 4, 4, 4
     train.train_and_evaluate(c, str(tmp_path))
     r = json.load(open(os.path.join(tmp_path, "results.json")))
