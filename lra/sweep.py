@@ -78,6 +78,12 @@ runs' logged and finished steps/s, with validation, test and set-up as finished 
 recorded them (results.json's run_seconds; lra/runs/status.py). With --finished_in, a run its
 records hold is `finished (recorded in <file>)`.
 
+The runs share XLA's persistent compilation cache, `<sweep_dir>/xla_cache` (JAX's own:
+keyed on the program, its compile options and flags, and the jax / jaxlib versions), so a
+model's further seeds and a resumed run load the programs its first run compiled
+(lra/runs/plan.py run_environment); a JAX_COMPILATION_CACHE_DIR already set is kept;
+`--compilation_cache=<folder>` names another, `--compilation_cache=none` turns it off.
+
 Then: `python -m lra.report <sweep_dir>`.
 """
 from __future__ import annotations
@@ -133,6 +139,10 @@ def _define_flags() -> None:
                       "lra.synthetic_report / lra.length_report commit): a run whose config "
                       "one of them records counts as finished and is skipped (a grid "
                       "continued on another machine does not redo its committed cells).")
+    flags.DEFINE_string("compilation_cache", plan.SWEEP_CACHE, "Where the runs keep XLA's "
+                        "compiled programs, so that a model's further seeds and resumed runs "
+                        "skip compiling: 'sweep' (<sweep_dir>/xla_cache, unless "
+                        "JAX_COMPILATION_CACHE_DIR is set), a folder, or 'none'.")
     flags.DEFINE_bool("locality_baseline", False, "Per task and seed, one more run: the "
                       "task's locality baseline (config argument `locality`: one layer that "
                       "sees a short window, MEAN pooling), into <task>/locality_baseline/.")
@@ -177,13 +187,13 @@ class SweepStopped(Exception):
     stopped; the sweep stops with 128 + the signal's number."""
 
 
-def _run_forwarding_signals(cmd: list[str], out, err, timeout: int
-                            ) -> tuple[int | None, str]:
+def _run_forwarding_signals(cmd: list[str], out, err, timeout: int,
+                            env: dict | None = None) -> tuple[int | None, str]:
     """Runs `cmd` in cli.run_root(); (exit code, or None after --timeout; the name of the SIGTERM or
     SIGINT this process received meanwhile, or ""). Either signal is forwarded to the
     child, a launch.py that saves and stops (a preempted run), and waited for: exiting at
     once would leave it training on as an orphan that writes results.json later."""
-    proc = subprocess.Popen(cmd, cwd=cli.run_root(), stdout=out, stderr=err)
+    proc = subprocess.Popen(cmd, cwd=cli.run_root(), stdout=out, stderr=err, env=env)
     received: list[str] = []
 
     def forward(signum, _frame):
@@ -211,9 +221,9 @@ def _run_forwarding_signals(cmd: list[str], out, err, timeout: int
 
 def _run_one(*, tag: str, workdir: str, task: str, model: str, seed: int, config_arg: str,
              overrides: list[str], record: dict, timeout: int, log,
-             finished_in: list | None = None) -> str:
-    """Runs (or skips, or refuses) one launch.py run in `workdir`; 'done', 'skipped',
-    'failed' or 'refused' (see sweep)."""
+             finished_in: list | None = None, env: dict | None = None) -> str:
+    """Runs (or skips, or refuses) one launch.py run in `workdir` (in the environment `env`,
+    default this process's); 'done', 'skipped', 'failed' or 'refused' (see sweep)."""
     results = os.path.join(workdir, "results.json")
     found = (None if os.path.exists(results) or not finished_in else
              plan.recorded_run(finished_in, task, model, seed, config_arg, overrides))
@@ -244,7 +254,7 @@ def _run_one(*, tag: str, workdir: str, task: str, model: str, seed: int, config
         err.flush()
         offset = err.tell()
         # stderr straight to the file: all of it is kept, also on a timeout
-        code, stopped_by = _run_forwarding_signals(cmd, out, err, timeout)
+        code, stopped_by = _run_forwarding_signals(cmd, out, err, timeout, env)
         error = (None if code == 0 else f"stopped after {timeout} s (--timeout)"
                  if code is None else _last_line(stderr_path, offset) or f"exit code {code}")
     if stopped_by:  # the run saved and stopped (or had nothing to save): not a failure
@@ -295,7 +305,8 @@ def sweep(*, task: str, models: list[str], seeds: list[int], config_arg: str, sw
           overrides: list[str], timeout: int = 0, log=print, pretrain: bool = False,
           pretrain_steps: int | None = None, locality_baseline: bool = False,
           status: list | None = None,
-          finished_in: list[tuple[str, dict]] | None = None) -> dict[str, list]:
+          finished_in: list[tuple[str, dict]] | None = None,
+          compilation_cache: str = plan.SWEEP_CACHE) -> dict[str, list]:
     """Runs what is not finished; returns {'done': [...], 'skipped': [...], 'failed': [...],
     'refused': [...], 'blocked': [...]} of (model, seed), or with `pretrain` of
     (model, seed, plan.PRETRAIN | plan.FINE_TUNE). 'refused': finished earlier with another
@@ -309,15 +320,17 @@ def sweep(*, task: str, models: list[str], seeds: list[int], config_arg: str, sw
     state (run_status.STATES) is the outcome's key.
     `finished_in`: plan.load_finished_records' (file, record) pairs; a run one of them
     records (plan.recorded_run) is finished, 'skipped', though its workdir is empty.
+    `compilation_cache`: where the runs keep XLA's compiled programs (plan.run_environment).
     """
     plan.check_locality_args(config_arg, pretrain, locality_baseline)
-    run_one = functools.partial(_run_one if status is None else
-                                functools.partial(_status_one, infos=status),
-                                finished_in=finished_in)
-    seeds = list(dict.fromkeys(seeds))
     # launch runs in cli.run_root(): a relative workdir (or init_from) would name another folder
     # there than the one this process creates and checks.
     sweep_dir = os.path.abspath(sweep_dir)
+    run_one = functools.partial(
+        functools.partial(_run_one, env=plan.run_environment(sweep_dir, compilation_cache))
+        if status is None else functools.partial(_status_one, infos=status),
+        finished_in=finished_in)
+    seeds = list(dict.fromkeys(seeds))
     outcome = collections.defaultdict(list)  # 'done', 'skipped', ... (or --status's states)
     user_overrides = plan.normalized_overrides(overrides)
     if not pretrain:
@@ -516,7 +529,7 @@ def main(argv):
                          overrides=overrides, timeout=FLAGS.timeout,
                          pretrain=FLAGS.pretrain, pretrain_steps=FLAGS.pretrain_steps,
                          locality_baseline=FLAGS.locality_baseline, status=infos,
-                         finished_in=finished_in)
+                         finished_in=finished_in, compilation_cache=FLAGS.compilation_cache)
         except OSError as e:  # a read-only or full disk under --sweep_dir
             _fail(f"cannot write {e.filename or FLAGS.sweep_dir}: {e.strerror or e}; give a "
                   "--sweep_dir you can write to")

@@ -92,8 +92,12 @@ def test_sweep_runs_skips_and_records_failures(listops_dir, tmp_path):
                   overrides=[f"data_dir={listops_dir}", "max_length=48",
                              "num_train_steps=2", "eval_frequency=2"], log=lambda _: None)
     logged = []
-    first = sweep.sweep(models=["transformer"], **dict(common, log=logged.append))
+    cache = tmp_path / "programs"
+    first = sweep.sweep(models=["transformer"], compilation_cache=str(cache),
+                        **dict(common, log=logged.append))
     assert first["done"] == [("transformer", 0)]
+    # The run kept its compiled programs where the sweep said (the tests cache every program).
+    assert cache.is_dir() and any(cache.iterdir())
     # Where the run's time went (its results.json run_seconds), in the sweep's line.
     assert re.search(r"seed 0: done in \d+ s \(training \d+ s, validation \d+ s, test \d+ s\)$",
                      logged[-1]), logged
@@ -141,6 +145,38 @@ def test_report_marks_runs_that_reduce_to_dense_attention(tmp_path):
 
 # --- lra.sweep: what a failed run leaves, which finished runs count ---------------------
 
+
+
+def test_a_sweeps_runs_share_a_compilation_cache(tmp_path, monkeypatch):
+    """Each run is started with JAX_COMPILATION_CACHE_DIR: the sweep's own folder by
+    default, the user's where it is set, another folder, or none."""
+    seen = []
+
+    def command(task, model, seed, config_arg, workdir, overrides):
+        config = plan.expected_config(task, model, seed, config_arg, overrides)
+        return [sys.executable, "-c",
+                "import json, os\n"
+                f"open({str(tmp_path / 'seen')!r}, 'a').write("
+                "repr(os.environ.get('JAX_COMPILATION_CACHE_DIR')) + '\\n')\n"
+                f"json.dump({{'config': {config!r}}}, open({workdir!r} + '/results.json', 'w'))"]
+    monkeypatch.setattr(plan, "command", command)
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    for i, cache in enumerate(["sweep", "none", str(tmp_path / "mine")]):
+        sweep_dir = tmp_path / f"sweep{i}"
+        done = sweep.sweep(**SWEEP, seeds=[0], sweep_dir=str(sweep_dir), overrides=[],
+                           log=lambda _: None, compilation_cache=cache)
+        assert done["done"] == [("transformer", 0)]
+        seen.append(str(sweep_dir / "xla_cache") if cache == "sweep" else
+                    None if cache == "none" else cache)
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/elsewhere")
+    sweep.sweep(**SWEEP, seeds=[0], sweep_dir=str(tmp_path / "sweep3"), overrides=[],
+                log=lambda _: None)
+    seen.append("/elsewhere")  # the user's cache is kept
+    lines = (tmp_path / "seen").read_text().splitlines()
+    assert lines == [repr(s) for s in seen]
+    # A relative folder is made absolute: runs run in cli.run_root(), not here.
+    env = plan.run_environment("rel", "relative_cache", environ={})
+    assert env["JAX_COMPILATION_CACHE_DIR"] == os.path.abspath("relative_cache")
 
 
 def test_sweep_keeps_the_whole_stderr_of_a_failed_run(tmp_path, monkeypatch):
