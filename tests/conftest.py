@@ -96,8 +96,8 @@ def tiny_listops_config():
 # two of them at once (4 busy processes, heartbeats late).
 _MULTI_PROCESS = "test_multihost.py"
 _LONG = ("test_train.py", "test_pretrain.py", "test_sweep_pretrain.py", "test_benchmark.py",
-         "test_reliability.py", "test_tasks_train.py", "test_notebooks.py", "test_generate.py",
-         "test_gpu_suite.py", "test_hybrid.py")
+         "test_reliability.py", "test_checkpoint_recovery.py", "test_tasks_train.py",
+         "test_notebooks.py", "test_generate.py", "test_gpu_suite.py", "test_hybrid.py")
 
 
 def pytest_collection_modifyitems(items):
