@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 import time
 from typing import Any
 
@@ -54,12 +53,14 @@ from lra.runs.spec import RunSpec, resolve
 from lra.runs.results import flatten
 from lra.training.console import log as _log
 from lra.training.console import warn as _warn
-from lra.errors import CheckpointError, ConfigError, UserError
+from lra.errors import ConfigError
 from models import precision, registry
-from models.encoder import Classifier, DualClassifier
 from lra.training.objectives import add_eval_masks, evaluate, label_slots, make_steps
-from models.autoencoder import SequenceAutoEncoder
-from models.pretrain import TokenPredictor
+# Preempted, interrupt_as_preemption, TrainingDiverged and build_model are lra.train's API
+# (launch.py, lra.generate, lra.benchmark, the tests): defined in those modules.
+from lra.training.interrupts import (  # noqa: F401
+    Preempted, TrainingDiverged, interrupt_as_preemption, interrupted)
+from lra.training.model import build_model
 
 # Written when the loss diverges; re-running the workdir may then also change the
 # optimisation (resume.AFTER_DIVERGENCE_FIELDS) and goes on from the last good checkpoint.
@@ -73,75 +74,6 @@ EXPLODED_LOSS_FACTOR = 100.0
 
 # Steps the host may dispatch ahead of the device: enough to overlap input and compute.
 MAX_STEPS_AHEAD = 2
-
-
-class Preempted(Exception):
-    """SIGTERM (or SIGINT, see interrupt_as_preemption) arrived; the state was saved.
-    Re-run the same command to resume."""
-
-
-# Ctrl-C's notes (interrupt_as_preemption): a SIGTERM that follows one is the user's.
-_INTERRUPTED: list[bool] = []
-
-
-def interrupt_as_preemption() -> None:
-    """From now on SIGINT (Ctrl-C) does what SIGTERM does: the run saves at its next step
-    and stops with one line (launch.py: exit 130). It is turned into a SIGTERM to this
-    process, so that the one-process handler below and jax's preemption sync point of a
-    multi-process run (which listens to SIGTERM) both see it; before the training loop
-    SIGTERM's default, ending the process, applies to it too, with nothing to save. A
-    KeyboardInterrupt raised inside compilation could crash the process (a segmentation
-    fault was seen)."""
-    def on_sigint(*_):
-        _INTERRUPTED.append(True)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    signal.signal(signal.SIGINT, on_sigint)
-
-
-def interrupted() -> bool:
-    """Whether a Preempted run was stopped by Ctrl-C (SIGINT) rather than SIGTERM."""
-    return bool(_INTERRUPTED)
-
-
-class TrainingDiverged(UserError):
-    """The training loss became NaN, infinite or exploded."""
-
-
-# ----------------------------------------------------------------------------- model
-
-
-def build_model(config: ml_collections.ConfigDict, task: lra.tasks.Task,
-                spec: RunSpec | None = None) -> Classifier:
-    """The classifier, or for a pretraining objective (mlm, causal_lm) the same encoder
-    with a per-position head (models/pretrain.py); retrieval's two documents go through
-    that one encoder in turn. config.start_token adds one id, vocab_size, to the
-    embedding table (and the head, whose logit for it the losses drop:
-    lra/training/objectives.py). `spec`: the config's RunSpec (lra/runs/spec.py; its
-    layer list), resolved here when not given."""
-    vocab_size = task.vocab_size
-    if config.objective == "sequence_labels" and task.autoencoder:
-        model_class, head = SequenceAutoEncoder, {}  # MAD's compression
-    elif config.objective != "classify":
-        model_class, head = TokenPredictor, {"objective": config.objective,
-                                              "lm_loss": config.lm_loss}
-        vocab_size += int(bool(config.get("start_token", False)))
-    else:
-        model_class = DualClassifier if task.dual_input else Classifier
-        head = {"num_classes": task.num_classes}
-    return model_class(
-        vocab_size=vocab_size, **head, max_len=config.max_length,
-        model=config.model, model_hparams=config.model_hparams.to_dict(),
-        emb_dim=config.emb_dim, num_heads=config.num_heads, num_layers=config.num_layers,
-        qkv_dim=config.qkv_dim, mlp_dim=config.mlp_dim, dropout_rate=config.dropout_rate,
-        attention_dropout_rate=config.attention_dropout_rate,
-        attention_impl=config.attention_impl, pooling=config.pooling,
-        pos_emb=config.pos_emb, causal=config.causal,
-        block=config.block.to_dict() if "block" in config else None,
-        # A hybrid stack's layers (configs/hybrid.py); None: config.model in every layer.
-        layers=(spec or resolve(config)).layer_list(),
-        rngs=nnx.Rngs(params=config.random_seed, dropout=config.random_seed + 1),
-    )
 
 
 # ----------------------------------------------------------------------------- helpers
