@@ -52,6 +52,11 @@ Unfinished runs resume from their last checkpoint. A failed run leaves `error.tx
 last stderr line) and `stderr.txt` (every attempt's whole stderr, appended) beside
 `log.txt` (stdout) in its workdir, and is retried by the next sweep.
 
+Two sweeps of one grid (the same command in two shells: one per core, or per machine on a
+shared disk) share its runs: a run another live process holds (launch.py's workdir lock,
+exit code 75) is left to it, `running in another process, left to it`, neither failed nor
+retried, and the sweep goes on to the next; each finished run is then skipped by the other.
+
 Self-pretraining (Amos, Berant and Gupta, ICLR 2024: pretrain on the task's own training
 inputs, then fine-tune), at the same total number of steps as a from-scratch run:
 
@@ -223,7 +228,8 @@ def _run_one(*, tag: str, workdir: str, task: str, model: str, seed: int, config
              overrides: list[str], record: dict, timeout: int, log,
              finished_in: list | None = None, env: dict | None = None) -> str:
     """Runs (or skips, or refuses) one launch.py run in `workdir` (in the environment `env`,
-    default this process's); 'done', 'skipped', 'failed' or 'refused' (see sweep)."""
+    default this process's); 'done', 'skipped', 'failed', 'refused' or 'busy' (see
+    sweep)."""
     results = os.path.join(workdir, "results.json")
     found = (None if os.path.exists(results) or not finished_in else
              plan.recorded_run(finished_in, task, model, seed, config_arg, overrides))
@@ -257,6 +263,11 @@ def _run_one(*, tag: str, workdir: str, task: str, model: str, seed: int, config
         code, stopped_by = _run_forwarding_signals(cmd, out, err, timeout, env)
         error = (None if code == 0 else f"stopped after {timeout} s (--timeout)"
                  if code is None else _last_line(stderr_path, offset) or f"exit code {code}")
+    if code == cli.EXIT_WORKDIR_BUSY and not stopped_by:
+        # Another sweep (another shell, core or machine on this disk) runs it: two sweeps
+        # of one grid share its runs. Not a failure: no error.txt, and that run is left be.
+        log(f"{tag}: running in another process, left to it ({error})")
+        return "busy"
     if stopped_by:  # the run saved and stopped (or had nothing to save): not a failure
         log(f"{tag}: stopped by {stopped_by} after {time.time() - start:.0f} s; the sweep "
             "stops too; run the same command to resume")
@@ -312,7 +323,8 @@ def sweep(*, task: str, models: list[str], seeds: list[int], config_arg: str, sw
     (model, seed, plan.PRETRAIN | plan.FINE_TUNE). 'refused': finished earlier with another
     config;
     'blocked': fine-tuning runs not started because their pretraining run failed or was
-    refused. `locality_baseline`: after the models, the task's locality baseline for each
+    refused; 'busy': runs another live process holds (launch.py's workdir lock: another
+    sweep of the same grid runs them), left to it. `locality_baseline`: after the models, the task's locality baseline for each
     seed, as the model plan.LOCALITY_BASELINE (plan.run_spec). With `pretrain`, a bad split (see
     plan.pretrain_plan) raises ValueError before anything runs, as do the combinations
     plan.check_locality_args refuses.
@@ -385,6 +397,10 @@ def sweep(*, task: str, models: list[str], seeds: list[int], config_arg: str, sw
             if state in ("failed", "refused"):
                 outcome["blocked"].append((model, seed, plan.FINE_TUNE))
                 log(f"{tag}: NOT STARTED: its pretraining run in {pre_dir} {state}")
+                continue
+            if state == "busy":  # the sweep pretraining it fine-tunes it after
+                outcome["busy"].append((model, seed, plan.FINE_TUNE))
+                log(f"{tag}: left to the process running its pretraining run")
                 continue
             fine_overrides = plan.normalized_overrides(
                 [*overrides, f"init_from={pre_dir}", f"num_train_steps={fine_steps}"])
@@ -552,6 +568,8 @@ def main(argv):
              f"{outcome['refused']}" if outcome["refused"] else "")
           + (f", {len(outcome['blocked'])} not started (pretraining run failed or refused): "
              f"{outcome['blocked']}" if outcome["blocked"] else "")
+          + (f", {len(outcome['busy'])} left to another process running them"
+             if outcome["busy"] else "")
           + (f"; {len(missing)} task(s) skipped for missing data: "
              f"{', '.join(line.split(':')[0] for line in missing)} (commands above)"
              if missing else ""))

@@ -12,6 +12,7 @@ from lra.reporting import tables
 from lra.runs import plan
 from lra.runs import status as run_status
 from lra.runs.results import collect
+from lra.training import checkpoint
 from tests.fake_launch import SWEEP, fake_launch, write_run
 
 
@@ -177,6 +178,27 @@ def test_a_sweeps_runs_share_a_compilation_cache(tmp_path, monkeypatch):
     # A relative folder is made absolute: runs run in cli.run_root(), not here.
     env = plan.run_environment("rel", "relative_cache", environ={})
     assert env["JAX_COMPILATION_CACHE_DIR"] == os.path.abspath("relative_cache")
+
+
+def test_a_run_another_process_holds_is_left_to_it(listops_dir, tmp_path):
+    """Two sweeps of one grid share its runs: launch.py refuses a workdir whose lock a live
+    run holds (exit code 75), and the sweep leaves that run to it, not failed."""
+    common = dict(task="listops", seeds=[0], config_arg="runlocal", sweep_dir=str(tmp_path),
+                  overrides=[f"data_dir={listops_dir}", "max_length=48",
+                             "num_train_steps=2", "eval_frequency=2"])
+    workdir = plan.run_dir(str(tmp_path), "listops", "transformer", 0, common["overrides"])
+    held = checkpoint.WorkdirLock(workdir)
+    held.acquire()  # this test process is the other sweep's run
+    logged = []
+    try:
+        out = sweep.sweep(models=["transformer"], log=logged.append, **common)
+    finally:
+        held.release()
+    assert out["busy"] == [("transformer", 0)] and not out["failed"], dict(out)
+    assert "running in another process, left to it" in logged[-1], logged
+    assert "in use by another run" in logged[-1], logged  # launch.py's own line, quoted
+    assert not os.path.exists(os.path.join(workdir, "error.txt"))
+    assert not os.path.exists(os.path.join(workdir, "results.json"))
 
 
 def test_sweep_keeps_the_whole_stderr_of_a_failed_run(tmp_path, monkeypatch):

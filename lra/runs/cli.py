@@ -31,6 +31,9 @@ import sys
 from typing import NoReturn, Sequence
 
 EXIT_USER_ERROR = 2
+# launch.py's exit code when another live run holds the workdir's lock (lra.sweep leaves
+# that run to the process running it).
+EXIT_WORKDIR_BUSY = 75
 
 # The folder holding the packages lra, models and configs: the checkout, or site-packages.
 PACKAGES_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
