@@ -20,6 +20,8 @@
 #   STATUS=1 scripts/mad_cpu_grid.sh DIR     # runs nothing: each sweep's lra.sweep --status
 #   FINISHED_IN=results/cpu/mad_2025_runs.jsonl scripts/mad_cpu_grid.sh DIR
 #                  # the runs that record holds count as finished (lra.sweep --finished_in)
+#   FOREGROUND=1 SEEDS="0 1" scripts/mad_cpu_grid.sh DIR   # one queue, the seeds in turn,
+#                  # printing to stdout (scripts/cpu_grids.sh: one copy per core shares it)
 set -u
 DIR=${1:-workdirs/mad_grid}
 MODELS=${MODELS:-transformer,linear,retnet,gla,deltanet,gated_deltanet,mamba2,local,s4d,s5,mega,lru,performer}
@@ -36,6 +38,7 @@ queue() {  # queue SEED
     done
 }
 for seed in ${SEEDS:-0 1}; do
-    if [ -n "${STATUS:-}" ]; then queue "$seed"; else queue "$seed" >>"$DIR/queue$seed.log" 2>&1 & fi
+    if [ -n "${STATUS:-}${FOREGROUND:-}" ]; then queue "$seed"
+    else queue "$seed" >>"$DIR/queue$seed.log" 2>&1 & fi
 done
 wait

@@ -726,6 +726,25 @@ def test_a_grid_script_prints_each_sweeps_status_and_creates_nothing(tmp_path):
     assert not os.path.exists(tmp_path / "grid")
 
 
+def test_the_queue_of_every_cpu_grid_lists_steps_that_exist(tmp_path):
+    """scripts/cpu_grids.sh (one copy per core, sharing the runs): LIST=1 prints its steps
+    in order, each a grid script of this checkout (or lra.sweep), and runs nothing."""
+    env = {**os.environ, "LIST": "1"}
+    proc = subprocess.run(["bash", os.path.join(REPO, "scripts", "cpu_grids.sh")], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines and all(re.match(rf"{i}\. issue (68|71|72): ", line)
+                         for i, line in enumerate(lines, 1)), lines
+    for line in lines:
+        scripts = re.findall(r"scripts/\S+\.sh", line)
+        assert scripts or "-m lra.sweep" in line, line
+        for script in scripts:
+            path = os.path.join(REPO, script)
+            assert os.path.exists(path), line
+            assert subprocess.run(["bash", "-n", path]).returncode == 0, script
+
+
 def test_runs_a_committed_record_holds_count_as_finished(tmp_path, monkeypatch):
     """--finished_in: a grid continued on a fresh machine (its workdirs gone) skips the
     runs whose config the committed _runs.jsonl records, whatever folder they ran in; a

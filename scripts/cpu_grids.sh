@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Every CPU grid the open issues (68, 71, 72) still hold, in the order they are to run, as
+# one queue. Start one copy per core: the copies share the runs (lra.sweep leaves a run
+# another live process holds to it and goes on to the next), so N copies work through the
+# list N runs at a time. Finished runs are skipped (their workdirs, and the committed runs
+# records each grid script passes as --finished_in: a fresh machine resumes where the
+# committed results end); stopped runs resume from their checkpoints. Each step's own
+# script says what its runs are and how to report them; results/README.md states what
+# each still costs.
+#
+#   for core in 0 1; do   # under the newest JAX: scripts/jax_env.sh run latest bash ...
+#       setsid nohup taskset -c $core bash scripts/cpu_grids.sh \
+#           > workdirs/cpu_grids.$core.log 2>&1 < /dev/null &
+#   done
+#   STATUS=1 scripts/cpu_grids.sh   # runs nothing: each sweep's lra.sweep --status
+#   LIST=1 scripts/cpu_grids.sh     # the steps, in order
+#   FROM=4 scripts/cpu_grids.sh     # from step 4 on
+#
+# Stop a copy with `kill -TERM -- -<its process group>`: its run saves and it stops.
+set -u
+cd "$(dirname "$0")/.."
+ROWS2025=kda,gated_deltaproduct,fox,rwkv7,nsa,moba,loglinear_mamba2,path,based,hyena
+# MAD's 13-variant grid (results/cpu/mad_grid_mad.md) less the two rows mad_2025 holds
+MAD_OLD=linear,retnet,gla,deltanet,mamba2,local,s4d,s5,mega,lru,performer
+n=0
+step() {  # step ISSUE WHAT -- COMMAND...: one step of the queue
+    local issue=$1 what=$2; shift 3
+    n=$((n + 1))
+    if [ -n "${LIST:-}" ]; then echo "$n. issue $issue: $what: $*"; return; fi
+    [ "$n" -lt "${FROM:-1}" ] && return
+    echo "== $(date -u +%FT%TZ) step $n (issue $issue): $what"
+    env "$@"
+}
+record() {  # record FILE: FILE when it is committed, else nothing (a first run of a grid)
+    [ -f "$1" ] && echo "$1"
+}
+step 71 "MAD, issue 71's rows with transformer and gated_deltanet, seed 1" -- \
+    FOREGROUND=1 MODELS=transformer,gated_deltanet,$ROWS2025 SEEDS=1 \
+    FINISHED_IN=results/cpu/mad_2025_runs.jsonl bash scripts/mad_cpu_grid.sh workdirs/mad_2025
+step 72 "niah, issue 71's rows, seed 0" -- \
+    MODELS="${ROWS2025//,/ }" SEEDS=0 bash scripts/niah_cpu_grid.sh workdirs/niah_mini
+step 72 "flip-flop, seed 1" -- \
+    python -m lra.sweep --task=flipflop --models=transformer,gla,mamba2,deltanet \
+    --config_arg=mini --seeds=1 --sweep_dir=workdirs/flipflop \
+    --finished_in=results/cpu/flipflop_mini_runs.jsonl ${STATUS:+--status}
+step 72 "parity across the catalogue, seed 0" -- \
+    SEEDS=0 bash scripts/state_tracking_cpu_grid.sh workdirs/st_parity/pos
+step 68 "MAD under MAD's protocol and scaffold, the 13-variant grid's other rows, seeds 0-1" -- \
+    FOREGROUND=1 MODELS=$MAD_OLD SEEDS="0 1" \
+    FINISHED_IN=$(record results/cpu/mad_protocol_runs.jsonl) \
+    bash scripts/mad_cpu_grid.sh workdirs/mad_protocol
+step 68 "MQAR under the controlled scaffold, L 128: seeds, ablations, hybrids, the lr grid" -- \
+    bash scripts/mqar_scaffold_grid.sh workdirs/mqar_scaffold queue_a
+step 68 "MQAR under the controlled scaffold, L 256 and width 128" -- \
+    bash scripts/mqar_scaffold_grid.sh workdirs/mqar_scaffold queue_b
+step 72 "niah, every row, seeds 1 and 2" -- \
+    SEEDS="1 2" bash scripts/niah_cpu_grid.sh workdirs/niah_mini
+step 72 "S5 across the catalogue, seed 0" -- \
+    LANGUAGE=S5 SEEDS=0 bash scripts/state_tracking_cpu_grid.sh workdirs/st_s5/pos
+step 71 "MAD, issue 71's rows with transformer and gated_deltanet, seed 2" -- \
+    FOREGROUND=1 MODELS=transformer,gated_deltanet,$ROWS2025 SEEDS=2 \
+    FINISHED_IN=results/cpu/mad_2025_runs.jsonl bash scripts/mad_cpu_grid.sh workdirs/mad_2025
+step 72 "parity across the catalogue, seeds 1 and 2" -- \
+    SEEDS="1 2" bash scripts/state_tracking_cpu_grid.sh workdirs/st_parity/pos
+step 72 "S5, seeds 1 and 2" -- \
+    LANGUAGE=S5 SEEDS="1 2" bash scripts/state_tracking_cpu_grid.sh workdirs/st_s5/pos
+[ -z "${LIST:-}${STATUS:-}" ] && echo "== $(date -u +%FT%TZ) every step done"
+exit 0
