@@ -324,8 +324,9 @@ def sweep(*, task: str, models: list[str], seeds: list[int], config_arg: str, sw
     config;
     'blocked': fine-tuning runs not started because their pretraining run failed or was
     refused; 'busy': runs another live process holds (launch.py's workdir lock: another
-    sweep of the same grid runs them), left to it. `locality_baseline`: after the models, the task's locality baseline for each
-    seed, as the model plan.LOCALITY_BASELINE (plan.run_spec). With `pretrain`, a bad split (see
+    sweep of the same grid runs them), left to it. `locality_baseline`: after the models,
+    the task's locality baseline for each seed, as the model plan.LOCALITY_BASELINE
+    (plan.run_spec). With `pretrain`, a bad split (see
     plan.pretrain_plan) raises ValueError before anything runs, as do the combinations
     plan.check_locality_args refuses.
     `status`: run nothing; each run's lra.runs.status record is appended to it and its
@@ -568,7 +569,7 @@ def main(argv):
              f"{outcome['refused']}" if outcome["refused"] else "")
           + (f", {len(outcome['blocked'])} not started (pretraining run failed or refused): "
              f"{outcome['blocked']}" if outcome["blocked"] else "")
-          + (f", {len(outcome['busy'])} left to another process running them"
+          + (f", {len(outcome['busy'])} left to the process holding each one's lock (above)"
              if outcome["busy"] else "")
           + (f"; {len(missing)} task(s) skipped for missing data: "
              f"{', '.join(line.split(':')[0] for line in missing)} (commands above)"
