@@ -12,7 +12,8 @@
 #       setsid nohup taskset -c $core bash scripts/cpu_grids.sh \
 #           > workdirs/cpu_grids.$core.log 2>&1 < /dev/null &
 #   done
-#   STATUS=1 scripts/cpu_grids.sh   # runs nothing: each sweep's lra.sweep --status
+#   STATUS=1 scripts/cpu_grids.sh   # runs nothing: each sweep's lra.sweep --status, then
+#                                   # each step's runs and time left, and the queue's
 #   LIST=1 scripts/cpu_grids.sh     # the steps, in order
 #   FROM=4 scripts/cpu_grids.sh     # from step 4 on
 #
@@ -29,8 +30,39 @@ step() {  # step ISSUE WHAT -- COMMAND...: one step of the queue
     if [ -n "${LIST:-}" ]; then echo "$n. issue $issue: $what: $*"; return; fi
     [ "$n" -lt "${FROM:-1}" ] && return
     echo "== $(date -u +%FT%TZ) step $n (issue $issue): $what"
-    env "$@"
+    if [ -n "${STATUS:-}" ]; then env "$@" | totals "step $n"; else env "$@"; fi
 }
+# STATUS=1: each step's runs left and time left, summed from its sweeps' --status summary
+# lines (lra/runs/status.py summary: "<n> runs: <k> finished, ...; time left: about <t>
+# (h|min) ...; <u> runs without an estimate" or "no estimate yet"), and the whole queue's.
+totals() {  # totals LABEL < status lines: the lines, then the step's sums
+    awk -v label="$1" -v file="${TOTALS:-/dev/null}" '
+        { print; fflush() }
+        /^[0-9]+ runs?: / {
+            n = $1; done = 0; rest = $0
+            while (match(rest, /[0-9]+ (finished|refused)/)) {
+                split(substr(rest, RSTART, RLENGTH), a, " "); done += a[1]
+                rest = substr(rest, RSTART + RLENGTH)
+            }
+            left += n - done
+            if (match($0, /time left: about [0-9.]+ (h|min)/)) {
+                split(substr($0, RSTART, RLENGTH), b, " ")
+                hours += (b[5] == "h") ? b[4] : b[4] / 60
+            }
+            if ($0 ~ /no estimate yet/) unknown += n - done
+            else if (match($0, /[0-9]+ runs? without an estimate/)) {
+                split(substr($0, RSTART, RLENGTH), c, " "); unknown += c[1]
+            }
+        }
+        END {
+            printf "%s: %d runs left, about %.1f h of one core for %d of them", label, left,
+                hours, left - unknown
+            if (unknown) printf "; %d without an estimate", unknown
+            printf "\n"
+            printf "%d %.2f %d\n", left, hours, unknown >> file
+        }'
+}
+[ -n "${STATUS:-}" ] && [ -z "${TOTALS:-}" ] && TOTALS=$(mktemp) && trap 'rm -f "$TOTALS"' EXIT
 record() {  # record FILE: FILE when it is committed, else nothing (a first run of a grid)
     [ -f "$1" ] && echo "$1"
 }
@@ -65,4 +97,9 @@ step 72 "parity across the catalogue, seeds 1 and 2" -- \
 step 72 "S5, seeds 1 and 2" -- \
     LANGUAGE=S5 SEEDS="1 2" bash scripts/state_tracking_cpu_grid.sh workdirs/st_s5/pos
 [ -z "${LIST:-}${STATUS:-}" ] && echo "== $(date -u +%FT%TZ) every step done"
+[ -n "${STATUS:-}" ] && awk '{ left += $1; hours += $2; unknown += $3 } END {
+    printf "every step: %d runs left, about %.1f h of one core for %d of them", left, hours,
+        left - unknown
+    if (unknown) printf "; %d without an estimate", unknown
+    printf "\n" }' "$TOTALS"
 exit 0

@@ -743,6 +743,20 @@ def test_the_queue_of_every_cpu_grid_lists_steps_that_exist(tmp_path):
             path = os.path.join(REPO, script)
             assert os.path.exists(path), line
             assert subprocess.run(["bash", "-n", path]).returncode == 0, script
+    # STATUS=1 from the last step (MODELS narrows the steps that take their script's
+    # default): each sweep's status, then the step's and the queue's sums of them.
+    env = {**os.environ, "STATUS": "1", "FROM": str(len(lines)), "MODELS": "deltanet",
+           "PYTHON": sys.executable, "PYTHONPATH": REPO}
+    proc = subprocess.run(["bash", os.path.join(REPO, "scripts", "cpu_grids.sh")], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.count("state_tracking deltanet seed ") == 2, out  # its 2 seeds
+    left = out.count(": not started") + out.count(": running") + out.count(": stopped")
+    step = re.search(rf"^step {len(lines)}: (\d+) runs left, about ([\d.]+) h", out, re.M)
+    assert step and int(step.group(1)) == left, out
+    whole = re.search(r"^every step: (\d+) runs left, about ([\d.]+) h", out, re.M)
+    assert whole and whole.groups() == step.groups(), out
 
 
 def test_runs_a_committed_record_holds_count_as_finished(tmp_path, monkeypatch):
