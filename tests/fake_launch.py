@@ -1,8 +1,9 @@
 """lra.sweep and lra.report without training, for the sweep tests: plan.command replaced
 by a tiny python process (fake_launch) and results.json files written by hand
-(write_run)."""
+(write_run); a module run as a program (cli) and its one-line error (one_line_error)."""
 import json
 import os
+import subprocess
 import sys
 
 from lra.runs import plan
@@ -31,3 +32,23 @@ def write_run(root, folder, seed, acc, config):
         json.dump({"task": "listops", "model": config["model"], "test_accuracy": acc,
                    "majority_baseline_accuracy": 0.17,
                    "config": dict(config, random_seed=seed)}, f)
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cli(module, *args, cwd):
+    """`python -m <module> <args>` from `cwd`, this checkout importable."""
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": REPO})
+
+
+def one_line_error(proc, *needles):
+    """The process failed with one `error: ...` line holding every needle, no traceback."""
+    assert proc.returncode not in (0, None), proc
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
