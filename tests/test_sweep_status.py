@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from lra import sweep
-from lra.runs import plan
+from lra.runs import args, plan
 from lra.runs import status as run_status
 from tests.fake_launch import REPO, SWEEP, fake_launch
 from tests.fake_launch import cli as _cli
@@ -255,18 +255,18 @@ def test_the_sweep_names_its_tasks_report():
     """The `Report:` line a sweep ends with: tasks tested at other lengths (their config's
     eval_lengths, as the sweep builds it) go to lra.length_report, into the record's own
     files when the sweep continues one."""
-    assert sweep._tests_lengths("niah", "gla", 0, "runlocal", [])
-    assert sweep._tests_lengths("flipflop", "gla", 0, "runlocal", [])  # its tails: splits
-    assert not sweep._tests_lengths("enwik8", "gla", 0, "runlocal", [])
-    assert sweep._tests_lengths("enwik8", "gla", 0, "runlocal", ["eval_lengths=128"])
-    assert sweep.report_command(["mqar"], [], "w") == "python -m lra.synthetic_report w"
-    assert sweep.report_command(["state_tracking"], ["results/cpu/st_parity_runs.jsonl"],
+    assert args.tests_lengths("niah", "gla", 0, "runlocal", [])
+    assert args.tests_lengths("flipflop", "gla", 0, "runlocal", [])  # its tails: splits
+    assert not args.tests_lengths("enwik8", "gla", 0, "runlocal", [])
+    assert args.tests_lengths("enwik8", "gla", 0, "runlocal", ["eval_lengths=128"])
+    assert args.report_command(["mqar"], [], "w") == "python -m lra.synthetic_report w"
+    assert args.report_command(["state_tracking"], ["results/cpu/st_parity_runs.jsonl"],
                                 "w/neg", ["state_tracking"]) == (
         "python -m lra.length_report results/cpu/st_parity_runs.jsonl w/neg "
         "--out=results/cpu/st_parity")
-    assert sweep.report_command(["niah"], [], "w", ["niah"]) == \
+    assert args.report_command(["niah"], [], "w", ["niah"]) == \
         f"python -m lra.length_report w --out={os.path.join('w', 'niah')}"
-    assert sweep.report_command(["listops", "niah"], [], "w", ["niah"]) == \
+    assert args.report_command(["listops", "niah"], [], "w", ["niah"]) == \
         "python -m lra.report w"
 
 
