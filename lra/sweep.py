@@ -243,7 +243,7 @@ def _run_one(*, tag: str, workdir: str, task: str, model: str, seed: int, config
                  if code is None else _last_line(stderr_path, offset) or f"exit code {code}")
     if code == cli.EXIT_WORKDIR_BUSY and not stopped_by:
         # Another sweep (another shell, core or machine on this disk) runs it: two sweeps
-        # of one grid share its runs. Not a failure: no error.txt, and that run is left be.
+        # of one grid share its runs. Not a failure: no error.txt, and that run is left alone.
         log(f"{tag}: running in another process, left to it ({error})")
         return "busy"
     if stopped_by:  # the run saved and stopped (or had nothing to save): not a failure
