@@ -19,18 +19,38 @@
 #
 # Stop a copy with `kill -TERM -- -<its process group>`: its run saves and it stops.
 set -u
+# The queue is one function, which bash reads whole before it runs: editing this file while
+# copies run changes only the copies started after (a plain script is read as it runs).
+main() {
 cd "$(dirname "$0")/.."
 ROWS2025=kda,gated_deltaproduct,fox,rwkv7,nsa,moba,loglinear_mamba2,path,based,hyena
 # MAD's 13-variant grid (results/cpu/mad_grid_mad.md) less the two rows mad_2025 holds
 MAD_OLD=linear,retnet,gla,deltanet,mamba2,local,s4d,s5,mega,lru,performer
+niah_ablations() {  # the rows of niah_mini.md's ablations, at seeds 1 and 2
+    python -m lra.sweep --task=niah --models=gated_deltanet,mamba2,gla,retnet \
+        --config_arg=mini --seeds=1,2 --sweep_dir=workdirs/niah_mini \
+        --override=model_hparams.decay=False \
+        --finished_in=results/cpu/niah_mini_runs.jsonl ${STATUS:+--status}
+    python -m lra.sweep --task=niah --models=transformer --config_arg=mini --seeds=1,2 \
+        --sweep_dir=workdirs/niah_rotary --override=scaffold.pos_emb=rotary \
+        --override=scaffold.ablate=positions \
+        --finished_in=results/cpu/niah_mini_runs.jsonl ${STATUS:+--status}
+}
+is_function() { [[ "$1" != *=* ]] && declare -F "$1" > /dev/null; }
 n=0
 step() {  # step ISSUE WHAT -- COMMAND...: one step of the queue
     local issue=$1 what=$2; shift 3
     n=$((n + 1))
-    if [ -n "${LIST:-}" ]; then echo "$n. issue $issue: $what: $*"; return; fi
+    if [ -n "${LIST:-}" ]; then  # a function of this script: its commands, on one line
+        local body="$*"
+        is_function "$1" && body="$1: $(declare -f "$1" | sed '1,2d;$d' |
+            tr -s ' \n\\' ' ' | sed 's/^ //')"
+        echo "$n. issue $issue: $what: $body"; return
+    fi
     [ "$n" -lt "${FROM:-1}" ] && return
     echo "== $(date -u +%FT%TZ) step $n (issue $issue): $what"
-    if [ -n "${STATUS:-}" ]; then env "$@" | totals "step $n"; else env "$@"; fi
+    local run=(env); is_function "$1" && run=()  # a function of this script runs as it is
+    if [ -n "${STATUS:-}" ]; then "${run[@]}" "$@" | totals "step $n"; else "${run[@]}" "$@"; fi
 }
 # STATUS=1: each step's runs left and time left, summed from its sweeps' --status summary
 # lines (lra/runs/status.py summary: "<n> runs: <k> finished, ...; time left: about <t>
@@ -87,6 +107,8 @@ step 68 "MQAR under the controlled scaffold, L 256 and width 128" -- \
     bash scripts/mqar_scaffold_grid.sh workdirs/mqar_scaffold queue_b
 step 72 "niah, every row, seeds 1 and 2" -- \
     SEEDS="1 2" bash scripts/niah_cpu_grid.sh workdirs/niah_mini
+step 72 "niah's ablations (decay held at 1; attention with rotary positions), seeds 1-2" -- \
+    niah_ablations
 step 72 "S5 across the catalogue, seed 0" -- \
     LANGUAGE=S5 SEEDS=0 bash scripts/state_tracking_cpu_grid.sh workdirs/st_s5/pos
 step 71 "MAD, issue 71's rows with transformer and gated_deltanet, seed 2" -- \
@@ -102,4 +124,5 @@ step 72 "S5, seeds 1 and 2" -- \
         left - unknown
     if (unknown) printf "; %d without an estimate", unknown
     printf "\n" }' "$TOTALS"
-exit 0
+}
+main "$@"; exit 0
