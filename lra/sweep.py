@@ -464,6 +464,10 @@ def main(argv):
         finished_in = plan.load_finished_records(FLAGS.finished_in)
     except ValueError as e:
         _fail(str(e))
+    try:
+        plan.run_environment(FLAGS.sweep_dir, FLAGS.compilation_cache)
+    except ValueError as e:
+        _fail(str(e))
     try:  # before the data check: an unwritable --sweep_dir is said even if data is missing
         if not FLAGS.status:  # --status writes nothing
             os.makedirs(FLAGS.sweep_dir, exist_ok=True)

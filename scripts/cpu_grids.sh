@@ -23,15 +23,20 @@ set -u
 # copies run changes only the copies started after (a plain script is read as it runs).
 main() {
 cd "$(dirname "$0")/.."
+if ! [[ "${FROM:-1}" =~ ^[1-9][0-9]*$ ]]; then
+    echo "error: FROM=${FROM} is not a step number (1, 2, ...; LIST=1 lists them)" >&2
+    exit 2
+fi
+PY=${PYTHON:-python}
 ROWS2025=kda,gated_deltaproduct,fox,rwkv7,nsa,moba,loglinear_mamba2,path,based,hyena
 # MAD's 13-variant grid (results/cpu/mad_grid_mad.md) less the two rows mad_2025 holds
 MAD_OLD=linear,retnet,gla,deltanet,mamba2,local,s4d,s5,mega,lru,performer
 niah_ablations() {  # the rows of niah_mini.md's ablations, at seeds 1 and 2
-    python -m lra.sweep --task=niah --models=gated_deltanet,mamba2,gla,retnet \
+    "$PY" -m lra.sweep --task=niah --models=gated_deltanet,mamba2,gla,retnet \
         --config_arg=mini --seeds=1,2 --sweep_dir=workdirs/niah_mini \
         --override=model_hparams.decay=False \
         --finished_in=results/cpu/niah_mini_runs.jsonl ${STATUS:+--status}
-    python -m lra.sweep --task=niah --models=transformer --config_arg=mini --seeds=1,2 \
+    "$PY" -m lra.sweep --task=niah --models=transformer --config_arg=mini --seeds=1,2 \
         --sweep_dir=workdirs/niah_rotary --override=scaffold.pos_emb=rotary \
         --override=scaffold.ablate=positions \
         --finished_in=results/cpu/niah_mini_runs.jsonl ${STATUS:+--status}
@@ -92,7 +97,7 @@ step 71 "MAD, issue 71's rows with transformer and gated_deltanet, seed 1" -- \
 step 72 "niah, issue 71's rows, seed 0" -- \
     MODELS="${ROWS2025//,/ }" SEEDS=0 bash scripts/niah_cpu_grid.sh workdirs/niah_mini
 step 72 "flip-flop, seed 1" -- \
-    python -m lra.sweep --task=flipflop --models=transformer,gla,mamba2,deltanet \
+    "$PY" -m lra.sweep --task=flipflop --models=transformer,gla,mamba2,deltanet \
     --config_arg=mini --seeds=1 --sweep_dir=workdirs/flipflop \
     --finished_in=results/cpu/flipflop_mini_runs.jsonl ${STATUS:+--status}
 step 72 "parity across the catalogue, seed 0" -- \

@@ -179,6 +179,11 @@ def test_a_sweeps_runs_share_a_compilation_cache(tmp_path, monkeypatch):
     # A relative folder is made absolute: runs run in cli.run_root(), not here.
     env = plan.run_environment("rel", "relative_cache", environ={})
     assert env["JAX_COMPILATION_CACHE_DIR"] == os.path.abspath("relative_cache")
+    # An empty value would be the folder runs start in: refused in one line, nothing run.
+    _one_line_error(_cli("lra.sweep", "--compilation_cache=", "--models=transformer",
+                         "--config_arg=runlocal", f"--sweep_dir={tmp_path / 'x'}", cwd=REPO),
+                    "--compilation_cache is empty")
+    assert not os.path.exists(tmp_path / "x")
 
 
 def test_a_run_another_process_holds_is_left_to_it(listops_dir, tmp_path):

@@ -190,6 +190,11 @@ def test_the_queue_of_every_cpu_grid_lists_steps_that_exist(tmp_path):
     assert step and int(step.group(1)) == left, out
     whole = re.search(r"^every step: (\d+) runs left, about ([\d.]+) h", out, re.M)
     assert whole and whole.groups() == step.groups(), out
+    # A FROM that is not a step number: one line, nothing run.
+    proc = subprocess.run(["bash", os.path.join(REPO, "scripts", "cpu_grids.sh")], cwd=REPO,
+                          env={**env, "FROM": "x"}, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: FROM=x"), proc.stderr
+    assert not proc.stdout, proc.stdout
 
 
 def test_runs_a_committed_record_holds_count_as_finished(tmp_path, monkeypatch):

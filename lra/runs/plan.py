@@ -256,7 +256,10 @@ def run_environment(sweep_dir: str, compilation_cache: str = SWEEP_CACHE,
     JAX_COMPILATION_CACHE_DIR set by `compilation_cache`: 'sweep' is `<sweep_dir>/xla_cache`
     unless the variable is set already (the user's cache is kept); 'none' runs without a
     cache; anything else is a folder (made absolute: runs run in cli.run_root()). JAX
-    creates the folder when it first writes."""
+    creates the folder when it first writes. ValueError (one line) for an empty value."""
+    if not compilation_cache.strip():  # abspath("") would be the folder runs start in
+        raise ValueError("--compilation_cache is empty; give 'sweep' (<sweep_dir>/xla_cache), "
+                         "a folder, or 'none'")
     env = dict(os.environ if environ is None else environ)
     if compilation_cache == "none":
         env.pop(CACHE_VARIABLE, None)
