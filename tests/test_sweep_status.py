@@ -278,12 +278,29 @@ def test_the_sweep_names_its_tasks_report():
 def test_a_record_times_the_runs_of_the_task_its_config_resolves_to(tmp_path):
     """A MAD sweep is `--task=mad` with task=<name> in its config argument; the record
     names the resolved task (mad_compression): that record times it, another task's not."""
-    def record(task, rate):
-        return ("runs.jsonl", {"task": task, "model": "transformer", "test_accuracy": 0.5,
-                               "train_steps_per_sec": rate})
+    config = plan.expected_config("mad", "transformer", 0, "task=compression,runlocal", [])
 
-    info = run_status.inspect(
-        workdir=str(tmp_path / "seed1"), task="mad", model="transformer", seed=1,
-        config_arg="task=compression,runlocal", overrides=[],
-        finished_in=[record("mad_compression", 2.0), record("mad_memorization", 9.0)])
+    def record(task, rate, **size):
+        return ("runs.jsonl", {"task": task, "model": "transformer", "test_accuracy": 0.5,
+                               "train_steps_per_sec": rate, "config": {**config, **size}})
+
+    def inspect(*records):
+        return run_status.inspect(
+            workdir=str(tmp_path / "seed1"), task="mad", model="transformer", seed=1,
+            config_arg="task=compression,runlocal", overrides=[], finished_in=list(records))
+
+    info = inspect(record("mad_compression", 2.0), record("mad_memorization", 9.0))
     assert info["state"] == "not started" and info["folder_rates"] == [2.0]
+    # Only a run of its size times it: not one twice as long, twice as wide or with
+    # another model hyperparameter (each another step time); another lr or seed does.
+    longer = record("mad_compression", 4.0, max_length=2 * config["max_length"])
+    wider = record("mad_compression", 5.0, emb_dim=2 * config["emb_dim"])
+    hparams = record("mad_compression", 6.0, model_hparams={"num_kv_heads": 1})
+    lr = record("mad_compression", 3.0, learning_rate=0.5, random_seed=7)
+    info = inspect(longer, wider, hparams, lr)
+    assert info["folder_rates"] == [3.0] and info["other_sizes"] == 3
+    info = inspect(longer)
+    assert info["folder_rates"] == [] and info["other_sizes"] == 1
+    assert run_status.summary([info]).endswith(
+        "time left: no estimate yet (no finished or logged run of transformer at this "
+        "size; runs of other sizes do not time it)"), run_status.summary([info])

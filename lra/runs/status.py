@@ -17,8 +17,10 @@ checkpoint) at its own last logged steps/s, else at the mean steps/s of its mode
 finished runs in this listing, else of the finished runs in its model's folder (other
 seeds and overrides of the same sweep directory) and those of the same task (as the
 config resolves it: MAD's compression is mad_compression) and model in the --finished_in
-records, else of its model's logged runs; a run with none of these has
-no estimate and is counted apart. To the training, the rest of a run's wall time as the
+records, else of its model's logged runs. Only runs of its size time it (SIZE_FIELDS:
+length, batch, widths, layers, heads, the model's hyperparameters): an MQAR step at L 256,
+width 128 takes several times one at L 128, width 64. A run with none of these has no
+estimate and is counted apart. To the training, the rest of a run's wall time as the
 same finished runs recorded it (results.json's run_seconds, lra/train.py): validation per
 step left, the test (the other lengths included), and the rest (set-up, compilation,
 checkpoint saves) for a run not running now; where no finished run of the model records
@@ -83,6 +85,24 @@ def _overhead(r: dict) -> dict | None:
             "setup": max(0.0, wall - train - evaluation - test)}
 
 
+# The config fields (and field prefixes) that set a training step's cost, besides the
+# model: not the seed, the learning rate or the step count.
+SIZE_FIELDS = ("max_length", "batch_size", "emb_dim", "qkv_dim", "mlp_dim", "num_layers",
+               "num_heads", "model_hparams", "block", "hybrid", "dtype", "param_dtype",
+               "task_options.vocab_size")
+
+
+def _same_size(r: dict, expected: dict) -> bool:
+    """Whether a finished run's config has the step cost of `expected`'s: no difference in
+    SIZE_FIELDS (as plan.config_differences compares configs: a field added to the code
+    since the run is not a difference)."""
+    config = r.get("config")
+    if not isinstance(config, dict):
+        return False
+    fields = [d.split(":")[0] for d in plan.config_differences(config, expected)]
+    return not any(k == f or k.startswith(f + ".") for k in fields for f in SIZE_FIELDS)
+
+
 def _folder_runs(workdir: str) -> list[dict]:
     """The finished runs' results beside this one (its model's folder)."""
     folder, runs = os.path.dirname(os.path.abspath(workdir)), []
@@ -114,7 +134,8 @@ def inspect(*, workdir: str, task: str, model: str, seed: int, config_arg: str,
     wall time, _overhead), 'folder_rates' and 'folder_overheads' (those of the finished
     runs in its model's folder and the records)} for one run of the sweep."""
     info = {"model": model, "steps_left": 0, "rate": None, "finished_rate": None,
-            "finished_overhead": None, "folder_rates": [], "folder_overheads": []}
+            "finished_overhead": None, "folder_rates": [], "folder_overheads": [],
+            "other_sizes": 0}
     results = os.path.join(workdir, "results.json")
     if os.path.exists(results):
         differences = plan.finished_differences(results, task, model, seed, config_arg,
@@ -139,9 +160,13 @@ def inspect(*, workdir: str, task: str, model: str, seed: int, config_arg: str,
     beside = _folder_runs(workdir) + [r for _, r in finished_in or ()
                                       if r.get("task") in (task, expected.get("task"))
                                       and r.get("model") == model]
+    # Only runs of this size time it (SIZE_FIELDS): another length or width is another
+    # step time.
+    same = [r for r in beside if _same_size(r, expected)]
     info.update(steps_left=max(0, total - step), rate=rate,
-                folder_rates=[x for x in map(_rate, beside) if x],
-                folder_overheads=[x for x in map(_overhead, beside) if x])
+                folder_rates=[x for x in map(_rate, same) if x],
+                folder_overheads=[x for x in map(_overhead, same) if x],
+                other_sizes=len(beside) - len(same))
     at = f"step {step:,} of {total:,} saved" if step else f"no checkpoint yet of {total:,} steps"
     speed = f", {rate:.2f} steps/s" if rate else ""
     owner = _owner(workdir) if os.path.isdir(workdir) else None
@@ -204,9 +229,11 @@ def summary(infos: list[dict]) -> str:
                     + (0.0 if i["state"] == "running" else mean["setup"]))
         timed += 1
     line = f"{len(infos)} run{'s' if len(infos) != 1 else ''}: {', '.join(counts)}"
+    untimed = ", ".join(dict.fromkeys(unknown))
+    if any(i["other_sizes"] for i in infos if i["model"] in unknown):
+        untimed += " at this size; runs of other sizes do not time it"
     if any(i["steps_left"] for i in infos) and not seconds:
-        names = ", ".join(dict.fromkeys(unknown))
-        line += f"; time left: no estimate yet (no finished or logged run of {names})"
+        line += f"; time left: no estimate yet (no finished or logged run of {untimed})"
     elif any(i["steps_left"] for i in infos):
         line += (f"; time left: about {_duration(seconds)}, one run at a time, at the "
                  "logged and finished runs' steps/s"
@@ -218,7 +245,6 @@ def summary(infos: list[dict]) -> str:
                      f"counted for training only (no finished run of {names} records "
                      "run_seconds)")
         if unknown:
-            names = ", ".join(dict.fromkeys(unknown))
             line += (f"; {len(unknown)} run{'s' if len(unknown) != 1 else ''} without an "
-                     f"estimate (no finished or logged run of {names})")
+                     f"estimate (no finished or logged run of {untimed})")
     return line
