@@ -301,6 +301,10 @@ def test_a_record_times_the_runs_of_the_task_its_config_resolves_to(tmp_path):
     assert info["folder_rates"] == [3.0] and info["other_sizes"] == 3
     info = inspect(longer)
     assert info["folder_rates"] == [] and info["other_sizes"] == 1
+    # A hybrid's record names it by its layers; its config names the model swept.
+    hybrid = ("runs.jsonl", {**lr[1], "model": "transformer+local@1",
+                             "train_steps_per_sec": 8.0})
+    assert inspect(hybrid)["folder_rates"] == [8.0]
     assert run_status.summary([info]).endswith(
         "time left: no estimate yet (no finished or logged run of transformer at this "
         "size; runs of other sizes do not time it)"), run_status.summary([info])

@@ -157,9 +157,11 @@ def inspect(*, workdir: str, task: str, model: str, seed: int, config_arg: str,
     # overrides finished on other machines) time it too.
     # (A record names the task its config resolved to: `mad` with task=compression is
     # mad_compression.)
+    # (A hybrid's record names it gla+transformer@1; its config's model is gla.)
     beside = _folder_runs(workdir) + [r for _, r in finished_in or ()
                                       if r.get("task") in (task, expected.get("task"))
-                                      and r.get("model") == model]
+                                      and model in (r.get("model"),
+                                                    (r.get("config") or {}).get("model"))]
     # Only runs of this size time it (SIZE_FIELDS): another length or width is another
     # step time.
     same = [r for r in beside if _same_size(r, expected)]
