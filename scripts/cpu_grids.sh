@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Every CPU grid the open issues (68, 71, 72) still hold, in the order they are to run, as
-# one queue. Start one copy per core: the copies share the runs (lra.sweep leaves a run
+# one queue: the issue with the fewest CPU-hours left first, so that issues close one by one
+# (71's second seed; then 72, about 60 CPU-hours; then 68, at most about 230; 71's third
+# seed last). Start one copy per core: the copies share the runs (lra.sweep leaves a run
 # another live process holds to it and goes on to the next), so N copies work through the
 # list N runs at a time. Finished runs are skipped (their workdirs, and the committed runs
 # records each grid script passes as --finished_in: a fresh machine resumes where the
@@ -16,6 +18,7 @@
 #                                   # each step's runs and time left, and the queue's
 #   LIST=1 scripts/cpu_grids.sh     # the steps, in order
 #   FROM=4 scripts/cpu_grids.sh     # from step 4 on
+#   STATUS=1 FROM=10 TO=12 scripts/cpu_grids.sh   # steps 10 to 12 only
 #
 # Stop a copy with `kill -TERM -- -<its process group>`: its run saves and it stops.
 set -u
@@ -23,10 +26,12 @@ set -u
 # copies run changes only the copies started after (a plain script is read as it runs).
 main() {
 cd "$(dirname "$0")/.."
-if ! [[ "${FROM:-1}" =~ ^[1-9][0-9]*$ ]]; then
-    echo "error: FROM=${FROM} is not a step number (1, 2, ...; LIST=1 lists them)" >&2
-    exit 2
-fi
+for bound in FROM TO; do
+    if [ -n "${!bound:-}" ] && ! [[ "${!bound}" =~ ^[1-9][0-9]*$ ]]; then
+        echo "error: $bound=${!bound} is not a step number (1, 2, ...; LIST=1 lists them)" >&2
+        exit 2
+    fi
+done
 PY=${PYTHON:-python}
 ROWS2025=kda,gated_deltaproduct,fox,rwkv7,nsa,moba,loglinear_mamba2,path,based,hyena
 # MAD's 13-variant grid (results/cpu/mad_grid_mad.md) less the two rows mad_2025 holds
@@ -53,6 +58,7 @@ step() {  # step ISSUE WHAT -- COMMAND...: one step of the queue
         echo "$n. issue $issue: $what: $body"; return
     fi
     [ "$n" -lt "${FROM:-1}" ] && return
+    [ -n "${TO:-}" ] && [ "$n" -gt "$TO" ] && return
     echo "== $(date -u +%FT%TZ) step $n (issue $issue): $what"
     local run=(env); is_function "$1" && run=()  # a function of this script runs as it is
     if [ -n "${STATUS:-}" ]; then "${run[@]}" "$@" | totals "step $n"; else "${run[@]}" "$@"; fi
@@ -102,6 +108,16 @@ step 72 "flip-flop, seed 1" -- \
     --finished_in=results/cpu/flipflop_mini_runs.jsonl ${STATUS:+--status}
 step 72 "parity across the catalogue, seed 0" -- \
     SEEDS=0 bash scripts/state_tracking_cpu_grid.sh workdirs/st_parity/pos
+step 72 "niah, every row, seeds 1 and 2" -- \
+    SEEDS="1 2" bash scripts/niah_cpu_grid.sh workdirs/niah_mini
+step 72 "niah's ablations (decay held at 1; attention with rotary positions), seeds 1-2" -- \
+    niah_ablations
+step 72 "S5 across the catalogue, seed 0" -- \
+    LANGUAGE=S5 SEEDS=0 bash scripts/state_tracking_cpu_grid.sh workdirs/st_s5/pos
+step 72 "parity across the catalogue, seeds 1 and 2" -- \
+    SEEDS="1 2" bash scripts/state_tracking_cpu_grid.sh workdirs/st_parity/pos
+step 72 "S5, seeds 1 and 2" -- \
+    LANGUAGE=S5 SEEDS="1 2" bash scripts/state_tracking_cpu_grid.sh workdirs/st_s5/pos
 step 68 "MAD under MAD's protocol and scaffold, the 13-variant grid's other rows, seeds 0-1" -- \
     FOREGROUND=1 MODELS=$MAD_OLD SEEDS="0 1" \
     FINISHED_IN=$(record results/cpu/mad_protocol_runs.jsonl) \
@@ -110,19 +126,9 @@ step 68 "MQAR under the controlled scaffold, L 128: seeds, ablations, hybrids, t
     bash scripts/mqar_scaffold_grid.sh workdirs/mqar_scaffold queue_a
 step 68 "MQAR under the controlled scaffold, L 256 and width 128" -- \
     bash scripts/mqar_scaffold_grid.sh workdirs/mqar_scaffold queue_b
-step 72 "niah, every row, seeds 1 and 2" -- \
-    SEEDS="1 2" bash scripts/niah_cpu_grid.sh workdirs/niah_mini
-step 72 "niah's ablations (decay held at 1; attention with rotary positions), seeds 1-2" -- \
-    niah_ablations
-step 72 "S5 across the catalogue, seed 0" -- \
-    LANGUAGE=S5 SEEDS=0 bash scripts/state_tracking_cpu_grid.sh workdirs/st_s5/pos
 step 71 "MAD, issue 71's rows with transformer and gated_deltanet, seed 2" -- \
     FOREGROUND=1 MODELS=transformer,gated_deltanet,$ROWS2025 SEEDS=2 \
     FINISHED_IN=results/cpu/mad_2025_runs.jsonl bash scripts/mad_cpu_grid.sh workdirs/mad_2025
-step 72 "parity across the catalogue, seeds 1 and 2" -- \
-    SEEDS="1 2" bash scripts/state_tracking_cpu_grid.sh workdirs/st_parity/pos
-step 72 "S5, seeds 1 and 2" -- \
-    LANGUAGE=S5 SEEDS="1 2" bash scripts/state_tracking_cpu_grid.sh workdirs/st_s5/pos
 [ -z "${LIST:-}${STATUS:-}" ] && echo "== $(date -u +%FT%TZ) every step done"
 [ -n "${STATUS:-}" ] && awk '{ left += $1; hours += $2; unknown += $3 } END {
     printf "every step: %d runs left, about %.1f h of one core for %d of them", left, hours,

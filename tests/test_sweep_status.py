@@ -176,25 +176,31 @@ def test_the_queue_of_every_cpu_grid_lists_steps_that_exist(tmp_path):
             path = os.path.join(REPO, script)
             assert os.path.exists(path), line
             assert subprocess.run(["bash", "-n", path]).returncode == 0, script
-    # STATUS=1 from the last step (MODELS narrows the steps that take their script's
-    # default): each sweep's status, then the step's and the queue's sums of them.
-    env = {**os.environ, "STATUS": "1", "FROM": str(len(lines)), "MODELS": "deltanet",
-           "PYTHON": sys.executable, "PYTHONPATH": REPO}
+    # STATUS=1 of the last state-tracking step alone (FROM=TO; MODELS narrows the steps
+    # that take their script's default): each sweep's status, then the step's and the
+    # queue's sums of them.
+    last = max(i for i, line in enumerate(lines, 1) if "state_tracking_cpu_grid.sh" in line)
+    env = {**os.environ, "STATUS": "1", "FROM": str(last), "TO": str(last),
+           "MODELS": "deltanet", "PYTHON": sys.executable, "PYTHONPATH": REPO}
     proc = subprocess.run(["bash", os.path.join(REPO, "scripts", "cpu_grids.sh")], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert out.count("state_tracking deltanet seed ") == 2, out  # its 2 seeds
     left = out.count(": not started") + out.count(": running") + out.count(": stopped")
-    step = re.search(rf"^step {len(lines)}: (\d+) runs left, about ([\d.]+) h", out, re.M)
+    assert out.count("\n== ") + out.startswith("== ") == 1, out  # that step alone
+    step = re.search(rf"^step {last}: (\d+) runs left, about ([\d.]+) h", out, re.M)
     assert step and int(step.group(1)) == left, out
     whole = re.search(r"^every step: (\d+) runs left, about ([\d.]+) h", out, re.M)
     assert whole and whole.groups() == step.groups(), out
-    # A FROM that is not a step number: one line, nothing run.
-    proc = subprocess.run(["bash", os.path.join(REPO, "scripts", "cpu_grids.sh")], cwd=REPO,
-                          env={**env, "FROM": "x"}, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and proc.stderr.startswith("error: FROM=x"), proc.stderr
-    assert not proc.stdout, proc.stdout
+    # A FROM or TO that is not a step number: one line, nothing run.
+    for bound in ("FROM", "TO"):
+        proc = subprocess.run(["bash", os.path.join(REPO, "scripts", "cpu_grids.sh")],
+                              cwd=REPO, env={**env, bound: "x"}, capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 2 and proc.stderr.startswith(f"error: {bound}=x"), \
+            proc.stderr
+        assert not proc.stdout, proc.stdout
 
 
 def test_runs_a_committed_record_holds_count_as_finished(tmp_path, monkeypatch):
