@@ -150,7 +150,8 @@ def _tested_at_training_length(task: str) -> bool:
 
 def _stats(values: list[float]) -> dict:
     return {"mean": statistics.fmean(values), "min": min(values), "max": max(values),
-            "std": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values)}
+            "std": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values),
+            "values": list(values)}
 
 
 def cells(runs: list[dict]) -> list[dict]:
@@ -168,7 +169,7 @@ def cells(runs: list[dict]) -> list[dict]:
         # Several learning rates (or weight decays) of one row: the one with the best
         # validation, as lra.synthetic_report chooses (never two tunings as two seeds).
         _, by_seed, chosen, tunings = sr.choose_tuning(runs, lower_loss=is_lm(runs[0]))
-        group = list(by_seed.values())
+        group = [by_seed[seed] for seed in sorted(by_seed)]  # values in seed order
         by_length: dict[int, list[float]] = {}
         by_depth: dict[tuple, list[float]] = {}
         by_split: dict[str, list[float]] = {}
@@ -237,10 +238,13 @@ def _titles(all_cells: list[dict]) -> dict[tuple, str]:
     return titles
 
 
-def _fmt(s: dict | None, digits: int = 1) -> str:
+def _fmt(s: dict | None, digits: int = 1, accuracy: bool = True) -> str:
+    """'mean ± std (n)'; an accuracy's seeds where they split (ranking.seeds_note)."""
     if not s:
         return "-"
-    return (f"{s['mean']:.{digits}f} ± {s['std']:.{digits}f} ({s['n']})" if s["n"] > 1
+    n = (ranking.seeds_note(s["values"], digits) if accuracy and "values" in s
+         else f"({s['n']})")
+    return (f"{s['mean']:.{digits}f} ± {s['std']:.{digits}f} {n}" if s["n"] > 1
             else f"{s['mean']:.{digits}f} (1)")
 
 
@@ -248,7 +252,9 @@ def markdown(all_cells: list[dict], source: str) -> str:
     lines = ["# Accuracy against the evaluation length", "",
              f"From `{source}` (lra.length_report). Test accuracy (%) at each length "
              "(language modelling: bits per token), the "
-             "seeds' mean ± standard deviation (n seeds); the training length is marked *. "
+             "seeds' mean ± standard deviation (n seeds; where an accuracy's seeds span "
+             f"more than {ranking.SPLIT_POINTS:g} points, each seed's, in seed order); the "
+             "training length is marked *. "
              "A difference inside the seeds' spread is a tie.", ""]
     titles = _titles(all_cells)
     for panel, setting, width in _panels(all_cells):
@@ -270,7 +276,7 @@ def markdown(all_cells: list[dict], source: str) -> str:
         for c in sorted(group, key=_order):
             tuned = f" ({c['tuned']}, on validation)" if c.get("tuned") else ""
             lines.append(f"| {c['model']}{tuned} | {c['params']:,} | " + " | ".join(
-                [_fmt(c["points"].get(n), digits) for n in lengths]
+                [_fmt(c["points"].get(n), digits, accuracy=not bits) for n in lengths]
                 + [_fmt(c["splits"].get(k)) for k in splits]) + " |")
         extended = [f"{c['model']} ({', '.join(c['extended'])})" for c in
                     sorted(group, key=_order) if c.get("extended")]

@@ -331,7 +331,8 @@ def _fmt_bytes(n: int | None) -> str:
 
 def markdown(all_cells: list[dict], source: str) -> str:
     lines = [f"# MQAR: test accuracy per queried position (%), from `{source}`", "",
-             "Mean ± standard deviation over seeds (n seeds); `=` tied with the column's "
+             "Mean ± standard deviation over seeds (n seeds; where they span more than "
+             f"{ranking.SPLIT_POINTS:g} points, each seed's, in seed order); `=` tied with the column's "
              "best (its seed range reaches the best model's worst seed), `<` below it "
              "(its best seed under the best's worst), among the models with two seeds or more; "
              "a model with one seed is not ranked. `[lr x of n]`: the cell ran n (learning "
@@ -382,7 +383,7 @@ def markdown(all_cells: list[dict], source: str) -> str:
                                     if c.get(k) is not None and u is not None and c[k] != u)
                     chosen = (f" [{c['chosen']} of {c['tunings']}]" if c["tunings"] > 1
                               else f" [{own}]" if own else "")
-                    row.append(f"{c['mean']:.1f}{spread} ({len(c['accs'])}) "
+                    row.append(f"{c['mean']:.1f}{spread} {ranking.seeds_note(c['accs'])} "
                                f"{marks[w][model]}".rstrip() + chosen)
                     params.append(f"{c['params']:,}")
                     state.append(_fmt_bytes(c["state_bytes"]))

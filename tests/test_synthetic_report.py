@@ -271,7 +271,7 @@ def test_runs_record_regenerates_the_tables_and_merges_with_new_runs(tmp_path, c
     merged = synthetic_report.report([record, new], str(tmp_path / "c" / "grid"))
     text = open(merged[0]).read()
     row = next(line for line in text.splitlines() if line.startswith("| linear |"))
-    assert "78.3 ± 17.6 (3)" in row  # 60, 95, 80
+    assert "78.3 ± 17.6 (3: 60.0, 95.0, 80.0)" in row  # seeds 35 points apart: each named
     assert len(open(merged[-1]).read().splitlines()) == 7
     assert "grid_runs.jsonl:7: not valid JSON" in capsys.readouterr().err
     assert synthetic_report.main(["prog", record]) == 2  # --out needed for a record
@@ -564,3 +564,18 @@ def test_mqar_and_length_runs_in_one_source_and_what_they_cost(tmp_path):
     assert mqar_text.rstrip().endswith(
         "Compute: 1 run recorded before run_seconds existed, whose training alone took "
         "10 min at their recorded steps/s.")
+
+
+def test_a_cell_whose_seeds_split_names_each_seed():
+    """Seeds more than ranking.SPLIT_POINTS apart (some learn the task, some do not): the
+    cell names each seed's score in seed order, in the MQAR and the length tables; not
+    for bits per token, whose scale is not a percentage."""
+    from lra import length_report
+    from lra.reporting import ranking
+
+    assert ranking.seeds_note([99.7, 13.2, 99.5]) == "(3: 99.7, 13.2, 99.5)"
+    assert ranking.seeds_note([95.0, 75.0]) == "(2)"  # 20 points: not a split
+    assert ranking.seeds_note([50.0]) == "(1)"
+    split = {"mean": 50.0, "std": 56.6, "n": 2, "values": [90.0, 10.0]}
+    assert length_report._fmt(split) == "50.0 ± 56.6 (2: 90.0, 10.0)"
+    assert length_report._fmt(split, 3, accuracy=False) == "50.000 ± 56.600 (2)"

@@ -1,7 +1,8 @@
 """How the report tables order and rank their rows: ORDER (the grid's rows, then the 2025
 ones), `ordered` (each model followed by its hybrids) and `ties` (who is tied with a
 column's best by the seeds' ranges, who is below it). One rule for lra.synthetic_report's
-MQAR table, lra.reporting.mad_table's MAD table and lra.length_report's lines."""
+MQAR table, lra.reporting.mad_table's MAD table and lra.length_report's lines; and
+`seeds_note`, which names each seed's score where they split."""
 from __future__ import annotations
 
 # Rows in this order (the grid's: attention, then the fixed-state families), others after.
@@ -33,3 +34,17 @@ def ordered(models: set[str]) -> list[str]:
         base = name.split("+")[0].split(" ")[0]
         return (ORDER.index(base) if base in ORDER else len(ORDER), base, "+" in name, name)
     return sorted(models, key=key)
+
+
+# Seeds further apart than this (points of accuracy) split a cell: a mean and a standard
+# deviation hide that some seeds learn the task and others do not (MQAR's delta rules at
+# L 128: 99.7, 13.2, 99.5 read as 70.8 ± 49.9).
+SPLIT_POINTS = 20.0
+
+
+def seeds_note(values: list[float], digits: int = 1) -> str:
+    """'(n)', or where the seeds span more than SPLIT_POINTS, '(n: a, b, c)': each seed's
+    value in seed order."""
+    if len(values) < 2 or max(values) - min(values) <= SPLIT_POINTS:
+        return f"({len(values)})"
+    return f"({len(values)}: " + ", ".join(f"{v:.{digits}f}" for v in values) + ")"
