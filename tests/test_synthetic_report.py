@@ -211,6 +211,8 @@ def test_mad_table_marks_ties_by_the_seeds_scores_and_shows_the_majority_label(t
     for seed, a in ((0, 0.93), (1, 0.80)):  # one setting: 93, 80, reaches 92.5
         _write_mad(runs, "linear", "in_context_recall", seed, a)
     _write_mad(runs, "retnet", "in_context_recall", 0, 0.99)  # one seed: not ranked
+    for seed, a in ((0, 0.9), (1, 0.3)):  # seeds 60 points apart: each seed's score shown
+        _write_mad(runs, "mamba2", "in_context_recall", seed, a)
     paths = synthetic_report.report(runs, str(tmp_path / "out" / "grid"))
     rows = {line.split(" | ")[0][2:]: line.split(" | ")[3]
             for line in open(paths[0]).read().splitlines() if line.startswith("| ")}
@@ -218,6 +220,7 @@ def test_mad_table_marks_ties_by_the_seeds_scores_and_shows_the_majority_label(t
     assert rows["gla"] == "65.0 ± 14.1 (2/2) <"
     assert rows["linear"] == "86.5 ± 9.2 (1/2) ="
     assert rows["retnet"] == "99.0 (1/1)"
+    assert rows["mamba2"] == "60.0 ± 42.4 (1/2: 90.0, 30.0) <"
     config = mad.get_config("task=in_context_recall,model=gla,runlocal")
     labels = []
     for vocab in (None, 64):

@@ -139,7 +139,9 @@ def mad_markdown(scores: dict[str, dict[str, dict]], source: str,
     lines = [f"# MAD: score per task (%), from `{source}`", "",
              "MAD's rule: per difficulty setting the best (lr, weight decay) by the seeds' "
              "mean of MAD's metric (macro accuracy), then the mean over the settings; `± s` "
-             "the chosen runs' seed std averaged over settings; `(k/n)` k settings, n seeds. "
+             "the chosen runs' seed std averaged over settings; `(k/n)` k settings, n seeds "
+             f"(where the seeds' scores span more than {ranking.SPLIT_POINTS:g} points, "
+             "each seed's, in seed order). "
              "`=` tied with the column's best (its seed range reaches the best model's worst "
              "seed), `<` below it, among the models with two seeds or more (a seed's score: "
              "its mean over the settings); a model with one seed is not ranked. "
@@ -158,7 +160,8 @@ def mad_markdown(scores: dict[str, dict[str, dict]], source: str,
             row.append("-" if cell is None else (
                 f"{cell['score']:.1f}" + (f" ± {cell['std']:.1f}" if cell["seeds"] > 1
                                           else "")
-                + f" ({cell['settings']}/{cell['seeds']}) {marks[task][model]}").rstrip())
+                + f" ({cell['settings']}/{cell['seeds']}"
+                + f"{ranking.split_values(cell['accs'])}) {marks[task][model]}").rstrip())
         done = [scores[model][t]["score"] for t, _ in MAD_TASKS if t in scores[model]]
         avg = f"{statistics.fmean(done):.1f}" if len(done) == len(MAD_TASKS) else "-"
         counts = sorted({n for cell in scores[model].values() for n in cell["params"]})

@@ -45,6 +45,12 @@ SPLIT_POINTS = 20.0
 def seeds_note(values: list[float], digits: int = 1) -> str:
     """'(n)', or where the seeds span more than SPLIT_POINTS, '(n: a, b, c)': each seed's
     value in seed order."""
+    return f"({len(values)}{split_values(values, digits)})"
+
+
+def split_values(values: list[float], digits: int = 1) -> str:
+    """': a, b, c' (each seed's value, in seed order) where the seeds span more than
+    SPLIT_POINTS, else ''."""
     if len(values) < 2 or max(values) - min(values) <= SPLIT_POINTS:
-        return f"({len(values)})"
-    return f"({len(values)}: " + ", ".join(f"{v:.{digits}f}" for v in values) + ")"
+        return ""
+    return ": " + ", ".join(f"{v:.{digits}f}" for v in values)
