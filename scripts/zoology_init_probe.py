@@ -1,0 +1,61 @@
+"""Probe (issue 68): the MQAR mini under Zoology's initialisation instead of ours.
+
+Zoology's LanguageModel (HazyResearch/zoology d88d6f5 zoology/model.py, `_init_weights`,
+applied to every module after the mixers are built) draws every nn.Linear weight and every
+nn.Embedding table from N(0, 0.02), zeroes the biases, rescales the weights it names
+out_proj / fc2 to N(0, 0.02 / sqrt(2 * n_layers)) and ties the LM head to the embedding.
+Ours (models/layers.py) is LRA's: xavier-uniform kernels, which at width 64 have a standard
+deviation of 0.125. This probe rebuilds our model with Zoology's draw for every nnx.Linear
+and nnx.Embed (biases zero); it does not rescale any output projection (our layers are not
+named as Zoology's) and does not tie the head: the first two of Zoology's four rules.
+
+    scripts/jax_env.sh run latest env PYTHONPATH=/repo \
+        python scripts/zoology_init_probe.py WORKDIR SEED MODEL [own]   # own: our init
+
+Until the scaffold declares an initialisation (configs/scaffold.py), this is a probe, not a
+grid setting: results/cpu/mqar_zoology_init_probe.md.
+"""
+import sys
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+import lra.train
+from configs import mqar
+from lra.training import model as model_lib
+
+
+def zoology_init(model, seed: int) -> None:
+    """Every nnx.Linear kernel and nnx.Embed table N(0, 0.02), every Linear bias 0."""
+    key = jax.random.key(1000 + seed)
+    for _, module in nnx.iter_graph(model):
+        if isinstance(module, nnx.Linear):
+            key, sub = jax.random.split(key)
+            kernel = module.kernel.value
+            module.kernel.value = 0.02 * jax.random.normal(sub, kernel.shape, kernel.dtype)
+            if module.bias is not None:
+                module.bias.value = jnp.zeros_like(module.bias.value)
+        elif isinstance(module, nnx.Embed):
+            key, sub = jax.random.split(key)
+            table = module.embedding.value
+            module.embedding.value = 0.02 * jax.random.normal(sub, table.shape, table.dtype)
+
+
+def main(workdir: str, seed: int, model: str, own: bool = False) -> None:
+    if not own:
+        build = model_lib.build_model
+
+        def build_zoology(config, task, spec=None):
+            built = build(config, task, spec)
+            zoology_init(built, int(config.random_seed))
+            return built
+
+        lra.train.build_model = build_zoology  # lra.train builds every model through it
+    config = mqar.get_config(f"model={model},mini,seq_len=128")
+    config.random_seed = seed
+    lra.train.train_and_evaluate(config, workdir)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], own=sys.argv[4:] == ["own"])
