@@ -2,13 +2,15 @@
 # Every CPU grid the open issues (68, 71, 72) still hold, in the order they are to run, as
 # one queue: the issue with the fewest CPU-hours left first, so that issues close one by one
 # (71's second seed; then 72, about 60 CPU-hours; then 68, at most about 230; 71's third
-# seed last). Start one copy per core: the copies share the runs (lra.sweep leaves a run
-# another live process holds to it and goes on to the next), so N copies work through the
-# list N runs at a time. Finished runs are skipped (their workdirs, and the committed runs
-# records each grid script passes as --finished_in: a fresh machine resumes where the
-# committed results end); stopped runs resume from their checkpoints. Each step's own
-# script says what its runs are and how to report them; results/README.md states what
-# each still costs.
+# seed last). Within 72, its own tasks (niah, flip-flop) before the state-tracking grids,
+# whose scaffold's initialisation is to be checked against fla's first
+# (results/cpu/mqar_zoology_init_probe.md). Start one copy per core: the copies share the
+# runs (lra.sweep leaves a run another live process holds to it and goes on to the next),
+# so N copies work through the list N runs at a time. Finished runs are skipped (their
+# workdirs, and the committed runs records each grid script passes as --finished_in: a
+# fresh machine resumes where the committed results end); stopped runs resume from their
+# checkpoints. Each step's own script says what its runs are and how to report them;
+# results/README.md states what each still costs.
 #
 #   for core in 0 1; do   # under the newest JAX: scripts/jax_env.sh run latest bash ...
 #       setsid nohup taskset -c $core bash scripts/cpu_grids.sh \
@@ -106,12 +108,12 @@ step 72 "flip-flop, seed 1" -- \
     "$PY" -m lra.sweep --task=flipflop --models=transformer,gla,mamba2,deltanet \
     --config_arg=mini --seeds=1 --sweep_dir=workdirs/flipflop \
     --finished_in=results/cpu/flipflop_mini_runs.jsonl ${STATUS:+--status}
-step 72 "parity across the catalogue, seed 0" -- \
-    SEEDS=0 bash scripts/state_tracking_cpu_grid.sh workdirs/st_parity/pos
 step 72 "niah, every row, seeds 1 and 2" -- \
     SEEDS="1 2" bash scripts/niah_cpu_grid.sh workdirs/niah_mini
 step 72 "niah's ablations (decay held at 1; attention with rotary positions), seeds 1-2" -- \
     niah_ablations
+step 72 "parity across the catalogue, seed 0" -- \
+    SEEDS=0 bash scripts/state_tracking_cpu_grid.sh workdirs/st_parity/pos
 step 72 "S5 across the catalogue, seed 0" -- \
     LANGUAGE=S5 SEEDS=0 bash scripts/state_tracking_cpu_grid.sh workdirs/st_s5/pos
 step 72 "parity across the catalogue, seeds 1 and 2" -- \
