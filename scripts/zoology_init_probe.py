@@ -10,7 +10,8 @@ and nnx.Embed (biases zero); it does not rescale any output projection (our laye
 named as Zoology's) and does not tie the head: the first two of Zoology's four rules.
 
     scripts/jax_env.sh run latest env PYTHONPATH=/repo \
-        python scripts/zoology_init_probe.py WORKDIR SEED MODEL [own]   # own: our init
+        python scripts/zoology_init_probe.py WORKDIR SEED MODEL [own] [lr=X]
+    # own: our initialisation; lr=X: another learning rate than the mini's 3e-3
 
 Until the scaffold declares an initialisation (configs/scaffold.py), this is a probe, not a
 grid setting: results/cpu/mqar_zoology_init_probe.md.
@@ -42,7 +43,8 @@ def zoology_init(model, seed: int) -> None:
             module.embedding.value = 0.02 * jax.random.normal(sub, table.shape, table.dtype)
 
 
-def main(workdir: str, seed: int, model: str, own: bool = False) -> None:
+def main(workdir: str, seed: int, model: str, own: bool = False,
+         learning_rate: float | None = None) -> None:
     if not own:
         build = model_lib.build_model
 
@@ -54,8 +56,13 @@ def main(workdir: str, seed: int, model: str, own: bool = False) -> None:
         lra.train.build_model = build_zoology  # lra.train builds every model through it
     config = mqar.get_config(f"model={model},mini,seq_len=128")
     config.random_seed = seed
+    if learning_rate is not None:
+        config.learning_rate = learning_rate
     lra.train.train_and_evaluate(config, workdir)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], own=sys.argv[4:] == ["own"])
+    rest = sys.argv[4:]
+    lrs = [float(a[3:]) for a in rest if a.startswith("lr=")]
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], own="own" in rest,
+         learning_rate=lrs[0] if lrs else None)
