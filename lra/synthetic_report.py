@@ -332,8 +332,8 @@ def _fmt_bytes(n: int | None) -> str:
 def markdown(all_cells: list[dict], source: str) -> str:
     lines = [f"# MQAR: test accuracy per queried position (%), from `{source}`", "",
              "Mean ± standard deviation over seeds (n seeds; where they span more than "
-             f"{ranking.SPLIT_POINTS:g} points, each seed's, in seed order); `=` tied with the column's "
-             "best (its seed range reaches the best model's worst seed), `<` below it "
+             f"{ranking.SPLIT_POINTS:g} points, each seed's, in seed order); `=` tied with "
+             "the column's best (its seed range reaches the best model's worst seed), `<` below it "
              "(its best seed under the best's worst), among the models with two seeds or more; "
              "a model with one seed is not ranked. `[lr x of n]`: the cell ran n (learning "
              "rate, weight decay) settings; the one with the best validation accuracy (the "
