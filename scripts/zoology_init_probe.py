@@ -61,8 +61,27 @@ def main(workdir: str, seed: int, model: str, own: bool = False,
     lra.train.train_and_evaluate(config, workdir)
 
 
+def parse(argv: list[str]) -> tuple:
+    """(workdir, seed, model, own, learning_rate) from argv; SystemExit with the usage
+    line for anything else."""
+    usage = "usage: zoology_init_probe.py WORKDIR SEED MODEL [own] [lr=X]"
+    if len(argv) < 4:
+        raise SystemExit(usage)
+    own, learning_rate = False, None
+    try:
+        seed = int(argv[2])
+        for arg in argv[4:]:
+            if arg == "own":
+                own = True
+            elif arg.startswith("lr="):
+                learning_rate = float(arg[3:])
+            else:
+                raise ValueError(f"{arg!r}")
+    except ValueError as e:
+        raise SystemExit(f"{usage} (not understood: {e})")
+    return argv[1], seed, argv[3], own, learning_rate
+
+
 if __name__ == "__main__":
-    rest = sys.argv[4:]
-    lrs = [float(a[3:]) for a in rest if a.startswith("lr=")]
-    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], own="own" in rest,
-         learning_rate=lrs[0] if lrs else None)
+    workdir, seed, model, own, learning_rate = parse(sys.argv)
+    main(workdir, seed, model, own=own, learning_rate=learning_rate)

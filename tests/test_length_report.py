@@ -181,3 +181,16 @@ def test_a_panel_of_another_setting_names_the_fields_it_differs_in(tmp_path):
     steps = longer["config"]["num_train_steps"]
     assert len(headings) == 2 and not headings[0].endswith(")"), headings
     assert headings[1] == f"{headings[0]} (num_train_steps {steps})", headings
+
+
+def test_a_length_whose_seeds_split_names_each_seed_in_seed_order(tmp_path):
+    """Seeds more than 20 points apart at a length: the cell names each seed's accuracy,
+    in seed order (seed 2 before seed 10, whose folder sorts first); a length where they
+    agree shows the count alone."""
+    runs = tmp_path / "runs"
+    _write_length_run(runs, "gla", 10, {16: 0.95, 32: 0.9})
+    _write_length_run(runs, "gla", 2, {16: 0.97, 32: 0.2})
+    assert synthetic_report.main(["prog", str(runs)], out=str(tmp_path / "r" / "st")) == 0
+    row = next(line for line in (tmp_path / "r" / "st_lengths.md").read_text().splitlines()
+               if line.startswith("| gla |"))
+    assert row == "| gla | 1,234 | 96.0 ± 1.4 (2) | 55.0 ± 49.5 (2: 20.0, 90.0) |", row
