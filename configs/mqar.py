@@ -30,9 +30,13 @@ Arguments after the colon (comma separated):
                     Zoology's MQAR models (models_repo.py at d88d6f5): no positions in any
                     layer, one shared short convolution of 3 taps before every mixer, the
                     variants' own short convolutions off, 2 heads (RetNet keeps its 8:
-                    its decays live in its heads), no MLP. `own`: each variant's own
-                    positions, convolutions and the config's 1 head, the setting of the
-                    runs before 2026-12-03 (results/cpu/mqar_grid.md's first tables);
+                    its decays live in its heads), no MLP, Zoology's initialisation
+                    (zoology/model.py _init_weights; models/init_schemes.py) and its LM
+                    head tied to the embedding (both since 2026-12-07: the runs before
+                    are `--config.scaffold.init=own --config.scaffold.tie_head=False`).
+                    `own`: each variant's own positions, convolutions, initialisation
+                    and the config's 1 head, the setting of the runs before 2026-12-03
+                    (results/cpu/mqar_grid.md's first tables);
                     a report does not rank its cells against each other where their
                     scaffolds differ. Per field: --config.scaffold.short_conv=0 etc.
   short_conv=<k>    the shared short causal depthwise convolution's taps (block.short_conv,

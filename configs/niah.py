@@ -28,7 +28,8 @@ Arguments after the colon (comma separated):
   scaffold=<name>  `zoology` (default; configs/scaffold.py ZOOLOGY_MQAR, the recall
                    benchmark's models: no positions in any layer, one shared short
                    convolution of 3 taps before every mixer, the variants' own off, 2
-                   heads, no MLP) or `own` (each variant's own positions, convolutions,
+                   heads, no MLP; each variant's own initialisation and an untied head,
+                   not Zoology's) or `own` (each variant's own positions, convolutions,
                    2 heads). Positions as an ablation: --config.scaffold.pos_emb=rotary
                    --config.scaffold.ablate=positions
   mini             CPU-sized: 10,000 train rows, 1,500 steps of batch 32, lr 3e-3
@@ -112,5 +113,11 @@ def get_config(arg: str | None = None):
         hybrid.apply_arg(c, arg.hybrid)
     c = common.finalize(c)
     if SCAFFOLDS[arg.scaffold] is not None:
-        c = scaffold.declare(c, SCAFFOLDS[arg.scaffold])
+        # The recall scaffold's positions, convolutions and heads, with each variant's own
+        # initialisation and an untied head: RULER has no training code to take them
+        # from, and every niah run so far was made so (Zoology's initialisation changes
+        # which MQAR rows recall: results/cpu/mqar_zoology_init_probe.md). As an
+        # ablation: --config.scaffold.init=zoology --config.scaffold.tie_head=True
+        # --config.scaffold.ablate=init,head
+        c = scaffold.declare(c, SCAFFOLDS[arg.scaffold], init="own", tie_head=False)
     return c

@@ -14,6 +14,10 @@ it into the fields the model is built from, for config.model and a hybrid's mixe
                 Capabilities.short_conv_hparam): 0 = off (fla's use_short_conv=False), -1 =
                 each variant's own (4), k = k taps -> model_hparams.<its hparam>
   num_heads     heads of every layer (0 = the task config's) -> config.num_heads
+  init          the benchmark's redraw of every mixer's built parameters
+                (models/init_schemes.py): own (each variant's) | zoology -> config.init_scheme
+  tie_head      the vocabulary head is the token embedding's transpose (Zoology's
+                LanguageModel ties them) -> config.tie_head
   keep          per variant, a knob its method lives in, kept at its paper's value against
                 the scaffold (KEEP_REASONS says why; the card shows it): RetNet's heads
                 carry its multi-scale decays, gamma_h = 1 - 2^(-5-h)
@@ -43,7 +47,8 @@ from lra.errors import ConfigError
 POS_EMBS = ("none", "learned", "sinusoidal", "rotary", "own")
 # The scaffold card's fields (lra/runs/card.py) two cells of one ranking agree on (the
 # width is a coordinate of the tables: cells of one column share it).
-CARD_FIELDS = ("positions", "short_conv", "builtin_conv", "num_heads", "ffn", "layers")
+CARD_FIELDS = ("positions", "short_conv", "builtin_conv", "num_heads", "ffn", "layers",
+               "init", "head")
 KEEP_FIELDS = ("num_heads", "pos_emb")
 # Why a variant keeps a knob against the scaffold (shown on its card).
 KEEP_REASONS = {
@@ -74,7 +79,10 @@ KEEP_REASONS = {
 # ShortConvolution, without BaseConv's projection gate), so that the two layers stay the
 # variant's; the variants' own convolutions off (Zoology keeps DeltaNet's and Gated
 # DeltaNet's conv_size 4 beside its BaseConv layer, and Mamba-2's d_conv 4 in place of
-# it: there, the scaffold differs between rows, which is what this one removes).
+# it: there, the scaffold differs between rows, which is what this one removes). Zoology's
+# initialisation (zoology/model.py _init_weights after the mixers are built: Linear and
+# Embedding N(0, 0.02), out_proj rescaled; Mamba2Block's own rule for mamba2) and its LM
+# head tied to the embedding (LanguageModel: lm_head.weight = word_embeddings.weight).
 ZOOLOGY_MQAR = {
     "name": "zoology_mqar",
     "source": "HazyResearch/zoology d88d6f5 zoology/experiments/models_repo.py, "
@@ -83,6 +91,8 @@ ZOOLOGY_MQAR = {
     "short_conv": 3,
     "builtin_conv": 0,
     "num_heads": 2,
+    "init": "zoology",
+    "tie_head": True,
     "keep": {"retnet": {"num_heads": 8, "pos_emb": "rotary"}},
     "ablate": "",
 }
@@ -102,6 +112,10 @@ MAD = {
     "short_conv": 0,
     "builtin_conv": 0,
     "num_heads": 16,
+    # mad-lab's LanguageModel keeps torch's Linear draw, zeroes biases, embeddings N(0,
+    # 0.02), head untied (1f77b94 mad/model/language_model.py): not yet a scheme here.
+    "init": "own",
+    "tie_head": False,
     "keep": {"transformer": {"pos_emb": "rotary"}, "local": {"pos_emb": "rotary"},
              "nsa": {"pos_emb": "rotary"}, "moba": {"pos_emb": "rotary"},
              "retnet": {"num_heads": 8, "pos_emb": "rotary"}},
@@ -122,12 +136,19 @@ GRAZZI_STATE_TRACKING = {
     "short_conv": 4,
     "builtin_conv": 0,
     "num_heads": 4,
+    # fla's *ForCausalLM draw N(0, 0.02) (initializer_range): not yet a scheme here.
+    "init": "own",
+    "tie_head": False,
     "keep": {"retnet": {"num_heads": 8, "pos_emb": "rotary"}},
     "ablate": "",
 }
 # The scaffolds by their names (a card names its run's).
 SCAFFOLDS = {s["name"]: s for s in (ZOOLOGY_MQAR, MAD, GRAZZI_STATE_TRACKING)}
 APPLIED = "applied"  # what resolve last wrote (JSON): tells a hand-set field from its own
+# ... for the fields added later (init, tie_head): apart, so that `applied` reads as it did
+# in the runs recorded before them (a recorded config is compared field by field).
+APPLIED_LATER = "applied_init"
+LATER_TARGETS = ("init_scheme", "tie_head")
 
 
 def declare(c: ml_collections.ConfigDict, scaffold: Mapping[str, Any], **changes: Any
@@ -135,7 +156,8 @@ def declare(c: ml_collections.ConfigDict, scaffold: Mapping[str, Any], **changes
     """Sets c.scaffold (the declaration, with `changes` over it) and resolves it."""
     spec = {**scaffold, **changes}
     keep = ml_collections.ConfigDict({m: dict(v) for m, v in spec["keep"].items()})
-    c.scaffold = ml_collections.ConfigDict({**spec, "keep": keep, APPLIED: "{}"})
+    c.scaffold = ml_collections.ConfigDict({**spec, "keep": keep, APPLIED: "{}",
+                                            APPLIED_LATER: "{}"})
     return resolve(c)
 
 
@@ -176,6 +198,12 @@ def _targets(config: Any) -> dict[str, Any]:
     if not isinstance(s.builtin_conv, int) or s.builtin_conv < -1:
         raise ConfigError(f"config.scaffold.builtin_conv={s.builtin_conv!r}: 0 (off), -1 "
                           "(each variant's own) or the taps")
+    init, tie_head = s.get("init", "own"), s.get("tie_head", False)
+    from models.init_schemes import SCHEMES
+    if init not in SCHEMES:
+        raise ConfigError(f"config.scaffold.init={init!r}; choose one of {SCHEMES}")
+    if not isinstance(tie_head, bool):
+        raise ConfigError(f"config.scaffold.tie_head={tie_head!r} must be True or False")
     bad = sorted(set(ablated(config)) - set(CARD_FIELDS))
     if bad:
         raise ConfigError(f"config.scaffold.ablate names {', '.join(bad)}; an ablation axis "
@@ -194,6 +222,7 @@ def _targets(config: Any) -> dict[str, Any]:
     if pos_emb != "own":
         out["pos_emb"] = pos_emb
     out["block.short_conv"] = int(s.short_conv)
+    out["init_scheme"], out["tie_head"] = init, tie_head
     heads = int(keep.get("num_heads") or s.num_heads)
     if heads:
         out["num_heads"] = heads
@@ -211,13 +240,14 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     ConfigError in one line when one of them was set by hand to something else."""
     if not has_scaffold(config):
         return config
-    applied = json.loads(config.scaffold.get(APPLIED) or "{}")
+    applied = {**json.loads(config.scaffold.get(APPLIED) or "{}"),
+               **json.loads(config.scaffold.get(APPLIED_LATER) or "{}")}
     targets = _targets(config)
     for field, value in targets.items():
         try:
             current = _get(config, field)
         except (KeyError, AttributeError):
-            if ".model_hparams." not in f".{field}":
+            if ".model_hparams." not in f".{field}" and field not in LATER_TARGETS:
                 raise ConfigError(f"the {config.scaffold.name} scaffold sets config.{field}, "
                                   "which this config lacks") from None
             current = None  # an hparam the presets leave at the builder's default
@@ -228,14 +258,19 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
                 f"field instead (e.g. --config.scaffold.{_scaffold_field(field)}=...), or "
                 "leave the scaffold with --config.scaffold.name=")
         _set(config, field, value)
-    config.scaffold[APPLIED] = json.dumps(targets, sort_keys=True)
+    first = {k: v for k, v in targets.items() if k not in LATER_TARGETS}
+    later = {k: v for k, v in targets.items() if k in LATER_TARGETS}
+    config.scaffold[APPLIED] = json.dumps(first, sort_keys=True)
+    with config.scaffold.unlocked():
+        config.scaffold[APPLIED_LATER] = json.dumps(later, sort_keys=True)
     return config
 
 
 def _scaffold_field(field: str) -> str:
     if field.startswith("model_hparams."):
         return "builtin_conv"
-    return {"block.short_conv": "short_conv"}.get(field, field)
+    return {"block.short_conv": "short_conv", "init_scheme": "init",
+            "tie_head": "tie_head"}.get(field, field)
 
 
 def kept(config: Any) -> dict[str, str]:
@@ -258,7 +293,9 @@ def ablated(config: Any) -> tuple[str, ...]:
 
 def declared_card(name: str) -> dict[str, Any]:
     """The scaffold card fields the scaffold `name` declares (its defaults, before any
-    override): what a report tells a run's card against. {} for an unknown name."""
+    override): what a report tells a run's card against. {} for an unknown name. Not
+    init and head: a task may declare a scaffold with its own (configs/niah.py), so the
+    reports take those two from the most common card of a setting's runs."""
     spec = SCAFFOLDS.get(name)
     if spec is None:
         return {}

@@ -46,7 +46,8 @@ class TokenPredictor(Classifier):
     pooling='CLS' put one there, is dropped): BxLxV logits, or BxL values for `l1`."""
 
     def __init__(self, *, vocab_size: int, objective: str, lm_loss: str = "xent",
-                 emb_dim: int = 512, causal: bool = False, rngs: nnx.Rngs, **kwargs: Any):
+                 emb_dim: int = 512, causal: bool = False, tie_head: bool = False,
+                 rngs: nnx.Rngs, **kwargs: Any):
         if objective not in TOKEN_OBJECTIVES:
             raise ValueError(f"objective {objective!r} is not a per-position objective; "
                              f"valid: {', '.join(TOKEN_OBJECTIVES)}")
@@ -58,6 +59,9 @@ class TokenPredictor(Classifier):
         if objective == "mlm" and causal:
             raise ValueError("objective='mlm' is bidirectional masked-token prediction; with "
                              "causal=True use objective='causal_lm'")
+        if tie_head and lm_loss != "xent":
+            raise ValueError(f"tie_head=True reads the logits off the token embedding; "
+                             f"lm_loss={lm_loss!r} predicts one value per position")
         super().__init__(vocab_size=vocab_size, num_classes=1, emb_dim=emb_dim, causal=causal,
                          rngs=rngs, **kwargs)
         del self.head  # the classifier head is not part of a pretraining model
@@ -65,9 +69,12 @@ class TokenPredictor(Classifier):
         self.lm_loss = lm_loss
         self.mask_vector = (layers.param(layers.normal(1.0), ("embed",), (emb_dim,), rngs=rngs)
                             if objective == "mlm" else None)
+        # tie_head: the logits are the token embedding's transpose times the output, no
+        # bias (Zoology's LanguageModel ties lm_head to word_embeddings; scaffold field).
         lecun = jax.nn.initializers.lecun_normal()
-        self.lm_head = layers.dense(emb_dim, vocab_size if lm_loss == "xent" else 1,
-                                    ("embed", "vocab"), kernel_init=lecun, rngs=rngs)
+        self.lm_head = None if tie_head else layers.dense(
+            emb_dim, vocab_size if lm_loss == "xent" else 1, ("embed", "vocab"),
+            kernel_init=lecun, rngs=rngs)
 
     def __call__(self, inputs_BxL: jax.Array, mask_BxL: jax.Array | None = None,
                  masked_BxL: jax.Array | None = None, *,
@@ -83,7 +90,10 @@ class TokenPredictor(Classifier):
         return self._head(encoded_BxLxD)
 
     def _head(self, encoded_BxLxD: jax.Array) -> jax.Array:
-        out_BxLxV = self.lm_head(encoded_BxLxD).astype(jnp.float32)
+        if self.lm_head is None:
+            out_BxLxV = self.encoder.embeddings.token.attend(encoded_BxLxD).astype(jnp.float32)
+        else:
+            out_BxLxV = self.lm_head(encoded_BxLxD).astype(jnp.float32)
         return out_BxLxV[..., 0] if self.lm_loss == "l1" else out_BxLxV
 
     # ---------------------------------------------------------------- decoding

@@ -8,7 +8,6 @@ import pytest
 from flax import nnx
 
 import lra.tasks
-from configs import mqar
 from lra.training import model as model_lib
 
 
@@ -23,7 +22,8 @@ def _probe():
 
 def test_zoology_init_redraws_linears_and_embeddings_only():
     probe = _probe()
-    config = mqar.get_config("model=gated_deltanet,mini,seq_len=128")
+    config = probe.config_for("gated_deltanet", 0)
+    assert (config.init_scheme, config.tie_head) == ("own", False)
     model = model_lib.build_model(config, lra.tasks.get("mqar"))
     before = {path: np.asarray(v) for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
     probe.zoology_init(model, seed=3)

@@ -13,6 +13,10 @@ it per row and ranks only cells whose cards agree (COMPARED) but in a declared a
   ffn           per layer, whether the block has a feed-forward branch
   layers, width the stack's depth and width
   capacity      the mixer's capacity hparams it has (window, state_size, num_features, ...)
+  init          the benchmark's redraw of the built parameters (config.init_scheme,
+                models/init_schemes.py: own, zoology); read from the config
+  head          tied (the token embedding's transpose) or untied for a vocabulary head
+                (MAD's autoencoder: untied), None for a model without one (classifiers)
   kept          the knobs the variant keeps against its scaffold, and why
   params        parameter count; flops_per_token: XLA's count for one forward pass of one
                 sequence at config.max_length (the head included), over its length
@@ -35,6 +39,8 @@ CAPACITY_HPARAMS = ("window", "state_size", "num_features", "feature_dim", "num_
 
 # The card field a kept config field shows in.
 KEPT_AS = {"pos_emb": "positions"}
+# Card fields added after runs recorded cards, with the value those runs had.
+IMPLIED_WHEN_ABSENT = {"init": "own"}
 
 
 def _collapse(values: list[Any]) -> Any:
@@ -71,6 +77,13 @@ def _builtin_conv(mixer: Any) -> int:
 def _heads(mixer: Any) -> int | None:
     heads = getattr(mixer, "num_heads", None)
     return int(heads) if isinstance(heads, int) and not isinstance(heads, bool) else None
+
+
+def _head(model: Any) -> str | None:
+    """tied / untied for a model with a vocabulary head (models/pretrain.py), else None."""
+    if not hasattr(model, "lm_head") or getattr(model, "lm_loss", "xent") != "xent":
+        return None
+    return "tied" if model.lm_head is None else "untied"
 
 
 def flops_per_token(model: Any, length: int) -> float | None:
@@ -132,6 +145,8 @@ def card(config: Any, model: Any, *, flops: bool = True, spec: Any = None) -> di
         "layers": len(blocks),
         "width": int(config.emb_dim),
         "capacity": _collapse(capacity),
+        "init": config.get("init_scheme") or "own",
+        "head": _head(model),
         "kept": scaffold.kept(config),
         "params": params,
         "flops_per_token": flops_per_token(model, int(config.max_length)) if flops else None,
@@ -144,7 +159,7 @@ def _per_layer(value: Any) -> list[Any]:
 
 def base_value(card: dict, field: str) -> Any:
     """The field at the card's base_layers (all of them without a per-layer list)."""
-    value = card.get(field)
+    value = card.get(field, IMPLIED_WHEN_ABSENT.get(field))
     base = card.get("base_layers")
     if not isinstance(value, list) or not base or field in ("layers", "width"):
         return value
@@ -170,7 +185,8 @@ def differences(a: dict, b: dict, allowed: tuple[str, ...] = ()) -> list[str]:
 def note(field: str, value: Any) -> str:
     """'conv 0', 'pos learned', 'own conv 4', 'heads 1' for a row's name."""
     label = {"positions": "pos", "short_conv": "conv", "builtin_conv": "own conv",
-             "num_heads": "heads", "ffn": "ffn", "layers": "layers", "width": "width"}[field]
+             "num_heads": "heads", "ffn": "ffn", "layers": "layers", "width": "width",
+             "init": "init", "head": "head"}[field]
     shown = ",".join(map(str, value)) if isinstance(value, list) else str(value)
     return f"{label} {shown}"
 
@@ -189,4 +205,8 @@ def describe(c: dict) -> str:
         parts[0] += " (kept)"
     if "num_heads" in kept:
         parts[-1] += " (kept)"
+    if c.get("init", "own") != "own":
+        parts.append(f"init {c['init']}")
+    if c.get("head") == "tied":
+        parts.append("tied head")
     return ", ".join(parts)

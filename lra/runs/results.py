@@ -28,7 +28,10 @@ IMPLIED_WHEN_ABSENT = {"dtype": "float32", "param_dtype": "float32", "recipe": "
                        "hybrid.mixer": "", "hybrid.layers": "", "hybrid.period": 0,
                        "hybrid.offset": 0, "hybrid.pattern": "", "layers": "",  # flatten: ""
                        # where the test weights are tested again (lra/training/lengths.py)
-                       "eval_lengths": "", "eval_depth_buckets": 0, "eval_splits": ""}
+                       "eval_lengths": "", "eval_depth_buckets": 0, "eval_splits": "",
+                       # a benchmark's initialisation and tied head (configs/scaffold.py)
+                       "init_scheme": "own", "tie_head": False, "scaffold.init": "own",
+                       "scaffold.tie_head": False}
 REQUIRED_KEYS = ("task", "model", "test_accuracy")
 _NUMERIC_KEYS = ("test_accuracy", "train_steps_per_sec", "train_step_temp_bytes",
                  "majority_baseline_accuracy", "num_params", "steps", "best_eval_loss",

@@ -6,8 +6,11 @@ from __future__ import annotations
 import ml_collections
 from flax import nnx
 
+from lra.errors import ConfigError
+
 import lra.tasks
 from lra.runs.spec import RunSpec, resolve
+from models import init_schemes
 from models.autoencoder import SequenceAutoEncoder
 from models.encoder import Classifier, DualClassifier
 from models.pretrain import TokenPredictor
@@ -22,16 +25,22 @@ def build_model(config: ml_collections.ConfigDict, task: lra.tasks.Task,
     lra/training/objectives.py). `spec`: the config's RunSpec (lra/runs/spec.py; its
     layer list), resolved here when not given."""
     vocab_size = task.vocab_size
+    tie_head = bool(config.get("tie_head", False))
     if config.objective == "sequence_labels" and task.autoencoder:
         model_class, head = SequenceAutoEncoder, {}  # MAD's compression
     elif config.objective != "classify":
         model_class, head = TokenPredictor, {"objective": config.objective,
-                                              "lm_loss": config.lm_loss}
+                                              "lm_loss": config.lm_loss, "tie_head": tie_head}
         vocab_size += int(bool(config.get("start_token", False)))
     else:
         model_class = DualClassifier if task.dual_input else Classifier
         head = {"num_classes": task.num_classes}
-    return model_class(
+    if tie_head and "tie_head" not in head:
+        raise ConfigError(f"config.tie_head=True ties a vocabulary head to the token "
+                          f"embedding; this {model_class.__name__} has none (objective "
+                          f"{config.objective!r}{', an autoencoder' if not head else ''})")
+    spec = spec or resolve(config)
+    model = model_class(
         vocab_size=vocab_size, **head, max_len=config.max_length,
         model=config.model, model_hparams=config.model_hparams.to_dict(),
         emb_dim=config.emb_dim, num_heads=config.num_heads, num_layers=config.num_layers,
@@ -41,6 +50,11 @@ def build_model(config: ml_collections.ConfigDict, task: lra.tasks.Task,
         pos_emb=config.pos_emb, causal=config.causal,
         block=config.block.to_dict() if "block" in config else None,
         # A hybrid stack's layers (configs/hybrid.py); None: config.model in every layer.
-        layers=(spec or resolve(config)).layer_list(),
+        layers=spec.layer_list(),
         rngs=nnx.Rngs(params=config.random_seed, dropout=config.random_seed + 1),
     )
+    # The benchmark's own redraw of the built parameters (config.init_scheme, set by the
+    # scaffold: models/init_schemes.py); `own` leaves each variant's.
+    init_schemes.apply(model, config.get("init_scheme", "own"), seed=config.random_seed,
+                       base_model=config.model, layer_models=spec.names)
+    return model

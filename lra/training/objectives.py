@@ -359,7 +359,8 @@ def _sequence_label_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformati
         loss, correct, weight, predicted, labels = _label_losses(
             model, batch, deterministic=True, label_slots=label_slots, with_predictions=True)
         rows = batch["weights"]
-        num_classes = model.lm_head.out_features
+        num_classes = (model.lm_head.out_features if model.lm_head is not None  # tied:
+                       else model.encoder.embeddings.token.num_embeddings)  # the table's
         return {"loss_sum": jnp.sum(loss * rows[:, None]),
                 **label_sums(correct, weight, rows),
                 **class_sums(predicted, labels, weight, num_classes, rows)}

@@ -1,0 +1,162 @@
+"""models/init_schemes.py through the MQAR config (configs/mqar.py: the zoology_mqar
+scaffold declares Zoology's initialisation and tied head): what each rule redraws, what
+it keeps, the tied head, the refusals, and the runs recorded before the field."""
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import lra.tasks
+from configs import mad, mqar, niah, scaffold
+from lra.errors import ConfigError
+from lra.runs import card, plan
+from lra.training import model as model_lib
+
+
+def _build(config):
+    return model_lib.build_model(config, lra.tasks.get(config.task).with_options(
+        **config.task_options.to_dict()))
+
+
+def _params(model):
+    return {tuple(p): np.asarray(v) for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+
+
+def _own(arg):
+    config = mqar.get_config(arg)
+    config.scaffold.init, config.scaffold.tie_head = "own", False
+    return scaffold.resolve(config)
+
+
+def _near(x, std, what):
+    error = 5 * std / np.sqrt(x.size)  # 5 standard errors of the mean and the sd
+    assert abs(x.mean()) < error and abs(x.std() - std) < 2 * error, (what, x.std(), std)
+
+
+@pytest.mark.parametrize("model", ["transformer", "gated_deltanet"])
+def test_zoology_redraws_linears_and_embeddings_and_rescales_out_proj(model):
+    """TransformerBlock's rule: every Linear N(0, 0.02) with zero biases, the embedding
+    N(0, 0.02), the output projection of a Zoology mixer named out_proj (MHA's, not fla's
+    o_proj) N(0, 0.02 / sqrt(2 * 2 layers)); everything else as our own build."""
+    arg = f"model={model},mini,seq_len=128"
+    zoo, own = _build(mqar.get_config(arg)), _build(_own(arg))
+    before, after = _params(own), _params(zoo)
+    redrawn = set()
+    for path, node in nnx.iter_graph(zoo):
+        path = tuple(path)
+        if isinstance(node, nnx.Linear):
+            out = model == "transformer" and path[-2:] == ("mixer", "out")
+            _near(np.asarray(node.kernel[...]), 0.01 if out else 0.02, path)
+            redrawn.add(path + ("kernel",))
+            if node.bias is not None:
+                assert not np.asarray(node.bias[...]).any(), path
+                redrawn.add(path + ("bias",))
+        elif isinstance(node, nnx.Embed):
+            _near(np.asarray(node.embedding[...]), 0.02, path)
+            redrawn.add(path + ("embedding",))
+    kept = [p for p in after if p not in redrawn]
+    assert kept and all(np.array_equal(before[p], after[p]) for p in kept)
+    # The head is the embedding's transpose: no lm_head parameters, own build has them.
+    assert zoo.lm_head is None and any(p[0] == "lm_head" for p in before)
+    assert not any(p[0] == "lm_head" for p in after)
+    if model == "gated_deltanet":  # its decay's parameters are not Linear: kept
+        assert any("a_log" in "/".join(map(str, p)).lower() for p in kept)
+
+
+def test_zoology_mamba2_keeps_torchs_linear_draw():
+    """Mamba2Block's rule: the Linear weights are torch's U(+-1/sqrt(fan_in)) (Zoology
+    does not redraw them), biases 0, out_proj's divided by sqrt(n_layers)."""
+    zoo = _build(mqar.get_config("model=mamba2,mini,seq_len=128"))
+    for path, node in nnx.iter_graph(zoo):
+        if isinstance(node, nnx.Linear):
+            kernel = np.asarray(node.kernel[...])
+            bound = 1 / np.sqrt(kernel.shape[0]) / (np.sqrt(2) if path[-1] == "out" else 1)
+            assert np.abs(kernel).max() <= bound + 1e-7, path
+            _near(kernel, bound / np.sqrt(3), path)
+        elif isinstance(node, nnx.Embed):
+            _near(np.asarray(node.embedding[...]), 0.02, path)
+
+
+def test_tied_head_logits_are_the_embedding_transpose():
+    config = mqar.get_config("model=deltanet,runlocal")
+    model = _build(config)
+    tokens = jnp.arange(16, dtype=jnp.int32).reshape(2, 8) % 7
+    logits = model(tokens, deterministic=True)
+    encoded, _ = model.encoder(tokens, None, deterministic=True)
+    table = model.encoder.embeddings.token.embedding[...]
+    np.testing.assert_allclose(logits, encoded @ table.T, rtol=1e-5, atol=1e-6)
+    assert logits.shape[-1] == table.shape[0]
+
+
+def test_init_is_seeded_and_on_the_card():
+    a = _build(mqar.get_config("model=gla,runlocal"))
+    c = mqar.get_config("model=gla,runlocal")
+    c.random_seed = 1
+    b = _build(c)
+    assert not np.array_equal(a.encoder.embeddings.token.embedding[...],
+                              b.encoder.embeddings.token.embedding[...])
+    again = _build(mqar.get_config("model=gla,runlocal"))
+    assert all(np.array_equal(x, y) for x, y in zip(_params(a).values(),
+                                                     _params(again).values()))
+    got = card.card(mqar.get_config("model=gla,runlocal"), a, flops=False)
+    assert (got["init"], got["head"]) == ("zoology", "tied")
+    assert "init zoology, tied head" in card.describe(got)
+    own = _own("model=gla,runlocal")
+    got_own = card.card(own, _build(own), flops=False)
+    assert (got_own["init"], got_own["head"]) == ("own", "untied")
+    # A report does not rank the two unless the sweep declares the axis.
+    assert card.differences(got, got_own) == ["init", "head"]
+    assert card.differences(got, got_own, allowed=("init", "head")) == []
+    # A card recorded before the field was own-initialised (and its head not named).
+    before = {k: v for k, v in got_own.items() if k not in ("init", "head")}
+    assert card.base_value(before, "init") == "own"
+    assert card.differences(before, got) == ["init"]
+
+
+def test_scaffold_init_fields_resolve_and_refuse():
+    c = mqar.get_config("model=gla,runlocal")
+    assert (c.init_scheme, c.tie_head) == ("zoology", True)
+    c.scaffold.init = "own"  # an ablation reaches the config
+    scaffold.resolve(c)
+    assert c.init_scheme == "own"
+    c = mqar.get_config("model=gla,runlocal")
+    c.init_scheme = "own"  # by hand, against the scaffold
+    with pytest.raises(ConfigError, match="scaffold.init"):
+        scaffold.resolve(c)
+    c = mqar.get_config("model=gla,runlocal")
+    c.scaffold.init = "xavier"
+    with pytest.raises(ConfigError, match="scaffold.init='xavier'"):
+        scaffold.resolve(c)
+    c = mad.get_config("task=in_context_recall,model=gla")
+    assert (c.init_scheme, c.tie_head) == ("own", False)
+    from configs import listops  # a classifier has no vocabulary head to tie
+    lc = listops.get_config("model=transformer,runlocal")
+    lc.tie_head = True
+    with pytest.raises(ConfigError, match="tie_head"):
+        _build(lc)
+    # niah keeps each variant's own initialisation under the recall scaffold
+    n = niah.get_config("model=gla,runlocal")
+    assert (n.scaffold.name, n.init_scheme, n.tie_head) == ("zoology_mqar", "own", False)
+
+
+def test_runs_recorded_before_the_field_resume_or_rerun_as_they_should():
+    """A committed MAD run (recorded before `init` existed) is still its sweep's run (own
+    initialisation, as MAD declares): the queue does not run it again. A committed MQAR
+    scaffold run is not (the scaffold now declares Zoology's initialisation)."""
+    import os
+
+    results = os.path.join(os.path.dirname(__file__), "..", "..", "results", "cpu")
+    for name, arg, want in (
+            ("mad_2025_runs.jsonl", lambda c: f"task={c['task'][4:]},mini", None),
+            ("mqar_scaffold_cells_runs.jsonl", lambda c: "mini,seq_len=128",
+             'scaffold.init: "own" -> "zoology"')):
+        with open(os.path.join(results, name), encoding="utf-8") as f:
+            recorded = json.loads(f.readline())
+        config = recorded["config"]
+        assert "init_scheme" not in config and "init" not in config["scaffold"]
+        new = plan.expected_config(config["task"] if name.startswith("mqar") else "mad",
+                                   recorded["model"], config["random_seed"], arg(config), [])
+        found = plan.config_differences(config, new)
+        assert (found == []) if want is None else (want in found), found
