@@ -160,3 +160,27 @@ def test_runs_recorded_before_the_field_resume_or_rerun_as_they_should():
                                    recorded["model"], config["random_seed"], arg(config), [])
         found = plan.config_differences(config, new)
         assert (found == []) if want is None else (want in found), found
+
+
+def test_the_comparison_with_zoologys_model_finds_every_role_and_can_fail():
+    """scripts/zoology_init/compare.py (results/cpu/zoology_init_vs_zoology.md): each of
+    its roles names parameters of our model (a renamed parameter would leave a role
+    empty), and its test tells one law from another."""
+    import importlib.util
+    import os
+    import re
+
+    spec = importlib.util.spec_from_file_location("zoology_init_compare", os.path.join(
+        os.path.dirname(__file__), "..", "..", "scripts", "zoology_init", "compare.py"))
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+    for row, roles in compare.ROLES.items():
+        params, tied = compare.ours(row, [0])
+        assert tied, row
+        for role, _, pattern in compare.COMMON + roles + [compare.SHARED_CONV] * (
+                row != "hyena"):
+            assert any(re.search(pattern + "$", k) for k in params), (row, role)
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(0, 0.02, 8192), rng.normal(0, 0.02, 8192)
+    assert compare.agrees(a, b) and not compare.agrees(a, rng.normal(0, 0.125, 8192))
+    assert not compare.agrees(a, rng.normal(0, 0.01, 8192))
