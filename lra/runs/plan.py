@@ -403,11 +403,13 @@ def recorded_run(records: list[tuple[str, dict]], task: str, model: str, seed: i
     model are the run's and its config is the one launch.py would build, fields that do
     not change results aside (config_differences): its folder does not count, runs move
     between machines. A record without a config is never the run."""
-    candidates = [(p, r) for p, r in records
-                  if r.get("task") == task and r.get("model") == model]
+    candidates = [(p, r) for p, r in records if r.get("model") == model]
     if not candidates:
         return None
     expected = expected_config(task, model, seed, config_arg, overrides)
+    # A record names the task its config resolved to (MAD's `mad_in_context_recall` for
+    # the sweep's `--task=mad --config_arg=task=in_context_recall`).
+    candidates = [(p, r) for p, r in candidates if r.get("task") in (task, expected["task"])]
     for path, r in candidates:
         if not _record_differences(r.get("config"), expected, "the record"):
             return path, r
