@@ -112,8 +112,12 @@ MAD = {
     "short_conv": 0,
     "builtin_conv": 0,
     "num_heads": 16,
-    # mad-lab's LanguageModel keeps torch's Linear draw, zeroes biases, embeddings N(0,
-    # 0.02), head untied (1f77b94 mad/model/language_model.py): not yet a scheme here.
+    # Not yet MAD's own: mad-lab's LanguageModel (0f49a45 mad/model/language_model.py
+    # _init_weights, lines 73-79) zeroes every Linear bias (but `_no_reinit` ones), draws
+    # the embedding from N(0, 0.02) and keeps each Linear weight as its layer drew it
+    # (torch's U(+-1/sqrt(fan_in)) where the layer leaves it to torch, where ours is
+    # xavier); head untied. A scheme for it must tell a weight the original leaves to
+    # torch from one it draws itself (Mamba's dt_proj), which a redraw by type cannot.
     "init": "own",
     "tie_head": False,
     "keep": {"transformer": {"pos_emb": "rotary"}, "local": {"pos_emb": "rotary"},
@@ -136,7 +140,13 @@ GRAZZI_STATE_TRACKING = {
     "short_conv": 4,
     "builtin_conv": 0,
     "num_heads": 4,
-    # fla's *ForCausalLM draw N(0, 0.02) (initializer_range): not yet a scheme here.
+    # Not yet Grazzi et al.'s own: their DeltaNet (flash-linear-attention_mod/fla/models/
+    # delta_net/modeling_delta_net.py _init_weights, lines 150-181, at df8f840) draws every
+    # Linear and Conv1d weight (the short convolutions too) and the embedding from N(0,
+    # 0.02), zeroes biases, divides o_proj and down_proj by sqrt(2 n_layers), head untied;
+    # their Mamba (mamba_dev/mamba_ssm/models/mixer_seq_simple.py _init_weights) keeps
+    # torch's Linear draw, zeroes biases, embedding N(0, 0.02), out_proj redrawn over
+    # sqrt(n_layers). Per row, as Zoology's scheme is (models/init_schemes.py): to come.
     "init": "own",
     "tie_head": False,
     "keep": {"retnet": {"num_heads": 8, "pos_emb": "rotary"}},
