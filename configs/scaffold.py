@@ -15,7 +15,8 @@ it into the fields the model is built from, for config.model and a hybrid's mixe
                 each variant's own (4), k = k taps -> model_hparams.<its hparam>
   num_heads     heads of every layer (0 = the task config's) -> config.num_heads
   init          the benchmark's redraw of every mixer's built parameters
-                (models/init_schemes.py): own (each variant's) | zoology -> config.init_scheme
+                (models/init_schemes.py): own (each variant's) | zoology | grazzi
+                -> config.init_scheme
   tie_head      the vocabulary head is the token embedding's transpose (Zoology's
                 LanguageModel ties them) -> config.tie_head
   keep          per variant, a knob its method lives in, kept at its paper's value against
@@ -140,14 +141,15 @@ GRAZZI_STATE_TRACKING = {
     "short_conv": 4,
     "builtin_conv": 0,
     "num_heads": 4,
-    # Not yet Grazzi et al.'s own: their DeltaNet (flash-linear-attention_mod/fla/models/
-    # delta_net/modeling_delta_net.py _init_weights, lines 150-181, at df8f840) draws every
-    # Linear and Conv1d weight (the short convolutions too) and the embedding from N(0,
-    # 0.02), zeroes biases, divides o_proj and down_proj by sqrt(2 n_layers), head untied;
-    # their Mamba (mamba_dev/mamba_ssm/models/mixer_seq_simple.py _init_weights) keeps
-    # torch's Linear draw, zeroes biases, embedding N(0, 0.02), out_proj redrawn over
-    # sqrt(n_layers). Per row, as Zoology's scheme is (models/init_schemes.py): to come.
-    "init": "own",
+    # Grazzi et al.'s initialisation (since 2026-12-07; models/init_schemes.py `grazzi`):
+    # their DeltaNet (flash-linear-attention_mod/fla/models/delta_net/modeling_delta_net.py
+    # _init_weights, lines 150-181) draws every Linear and Conv1d weight (the short
+    # convolutions too) and the embedding from N(0, 0.02), zeroes biases, divides o_proj
+    # and down_proj by sqrt(2 n_layers); their Mamba (mamba_dev/mamba_ssm/models/
+    # mixer_seq_simple.py _init_weights) keeps torch's Linear draw, zeroes biases, draws
+    # the embedding from N(0, 0.02), out_proj / fc2 over sqrt(residuals n_layers). Head
+    # untied in both (tie_word_embeddings False; the yaml's tie_weights: false).
+    "init": "grazzi",
     "tie_head": False,
     "keep": {"retnet": {"num_heads": 8, "pos_emb": "rotary"}},
     "ablate": "",

@@ -27,8 +27,10 @@ Arguments after the colon (comma separated):
   d_model=<d>      the width (default 128; mini 64)
   scaffold=<name>  `grazzi` (default, configs/scaffold.py GRAZZI_STATE_TRACKING: no
                    positions, one shared short convolution of 4 taps before every mixer,
-                   the variants' own off, 4 heads, the feed-forward block on) or `own`
-                   (each variant's own positions, convolutions and heads)
+                   the variants' own off, 4 heads, the feed-forward block on, Grazzi
+                   et al.'s initialisation: models/init_schemes.py `grazzi`, since
+                   2026-12-07; the runs before are --config.scaffold.init=own) or `own`
+                   (each variant's own positions, convolutions, heads, initialisation)
   mini             CPU-sized: L 127 (rows up to 128), d 64, 20,000 train rows, batch 64,
                    2,000 steps at lr 3e-3, eval_lengths 64,128,256
   runlocal         a smoke test in seconds: L 31, train rows 3..12, test 13..32,

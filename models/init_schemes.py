@@ -2,8 +2,9 @@
 
 Each variant builds its parameters as its original does (models/layers.py: LRA's
 xavier-uniform kernels and N(0, 1) token table for what the original leaves to the
-framework). A benchmark's original code may then redraw them all: Zoology's LanguageModel
-does, after the mixers are built, and that redraw decides which MQAR rows recall
+framework). A benchmark's original code may then redraw them all, after the mixers are
+built: Zoology's LanguageModel does, and so do the fla language models Grazzi et al.
+train, and that redraw decides which MQAR rows recall
 (results/cpu/mqar_zoology_init_probe.md). A scheme here is that redraw, applied to the
 built model (lra/training/model.py), so that every mixer of the benchmark starts as the
 benchmark's own models start.
@@ -21,23 +22,41 @@ benchmark's own models start.
                a = sqrt(5): U(+-1 / sqrt(fan_in))), their biases 0; nn.Embedding N(0,
                0.02); `out_proj.weight` / `fc2.weight` redrawn from torch's draw and
                divided by sqrt(n_layers) (n_residuals_per_layer 1).
-           Here: every nnx.Linear and nnx.Embed as Zoology's nn.Linear and nn.Embedding
-           (our mixers keep an original's Linear a Linear; a fused projection split into
-           several, e.g. Mamba-2's in_proj, draws each part from the same law), and the
-           rescale on the output projection of the variants whose Zoology mixer names it
-           `out_proj` (ZOOLOGY_OUT_PROJ). fla's layers, which Zoology uses for the delta
-           rules, GLA and RWKV-7, name theirs `o_proj` and Zoology's Based `proj_o`: not
-           rescaled there, so not here; a variant Zoology does not have is treated as
-           fla's layer of it (o_proj). Parameters that are not Linear or Embedding
-           (decays, gates' biases held as parameters, convolutions, norms) keep their
-           own draw, as in Zoology. The LM head tied to the embedding is a separate
-           scaffold field (config.tie_head; Zoology ties it).
+           The rescale reaches the output projection of the variants whose Zoology mixer
+           names it `out_proj` (ZOOLOGY_OUT_PROJ) and the feed-forward block's second
+           Linear (Zoology's MLP names it fc2, as ours does). fla's layers, which Zoology
+           uses for the delta rules, GLA and RWKV-7, name theirs `o_proj` and Zoology's
+           Based `proj_o`: not rescaled there, so not here; a variant Zoology does not
+           have is treated as fla's layer of it (o_proj).
+  grazzi   the language models of Grazzi et al.'s state-tracking experiments
+           (automl/unlocking_state_tracking df8f840): DeltaNet's is their fla
+           (flash-linear-attention_mod/fla/models/delta_net/modeling_delta_net.py
+           `_init_weights`, HF's post_init): every nn.Linear and nn.Conv1d weight N(0,
+           0.02) (the short convolutions too), biases 0, nn.Embedding N(0, 0.02), then
+           each module's direct `o_proj.weight` and `down_proj.weight` divided by
+           sqrt(2 n_layers); the head untied. Mamba's is mamba_ssm's
+           (mamba_dev/mamba_ssm/models/mixer_seq_simple.py `_init_weights`): Linear
+           weights as torch draws them, biases 0, Embedding N(0, 0.02), `out_proj` /
+           `fc2` redrawn from torch's draw over sqrt(n_residuals_per_layer n_layers)
+           (2 with a feed-forward block, else 1); convolutions untouched. Here: the
+           mamba2 row by the Mamba rule, every other row by DeltaNet's, with every
+           mixer's output projection (OUT_PROJ_NAMES, fla's o_proj) and the feed-forward
+           block's second Linear (fla's down_proj) rescaled, and the shared short
+           convolution and the variants' own (parameters named conv*) as fla's Conv1d.
+
+Here every nnx.Linear and nnx.Embed stands for the original's nn.Linear and nn.Embedding
+(our mixers keep an original's Linear a Linear; a fused projection split into several,
+e.g. Mamba-2's in_proj, draws each part from the same law). Parameters that are not
+Linear, Embedding or (where the scheme says so) convolutions — decays, gates' biases held
+as parameters, norms — keep their own draw, as in the originals. Whether the vocabulary
+head is the embedding's transpose is a separate scaffold field (config.tie_head).
 
 A scheme draws from its own key (the run's seed), so the mixers' own draws, and every
 other scheme's, are unchanged by adding one.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Sequence
 
@@ -45,16 +64,43 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-SCHEMES = ("own", "zoology")
-ZOOLOGY_RANGE = 0.02  # zoology/model.py _init_weights: initializer_range
+INIT_RANGE = 0.02  # initializer_range of zoology/model.py, fla's configs and mamba_ssm
 # Our variant -> the attribute of its mixer that is Zoology's `out_proj` (the rescale's
 # target): zoology/mixers/attention.py MHA.out_proj, slide_attn.py SlidingAttn.out_proj,
 # hyena.py Hyena.out_proj, mamba2.py Mamba2.out_proj (mamba_ssm's).
 ZOOLOGY_OUT_PROJ = {"transformer": "out", "local": "out", "hyena": "out_proj",
                     "mamba2": "out"}
-# The variants whose Zoology model is a Mamba2Block (models_repo.py add_mamba2).
-ZOOLOGY_MAMBA_BLOCK = ("mamba2",)
-_KEY_SALT = 0x5A00  # the scheme's stream, apart from the model's own (nnx.Rngs(seed))
+# A mixer's output projection, as fla names it o_proj: our mixers' names for it (the
+# attribute of the mixer itself; a mixer with none, e.g. S4D's GLU head, has none).
+OUT_PROJ_NAMES = ("out", "out_proj", "o_proj", "proj_out")
+FFN_OUT = ("mlp", "fc2")  # the feed-forward block's second Linear (fla's down_proj)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """One original's redraw. linear: 'normal' (N(0, INIT_RANGE)) or 'torch' (torch's
+    nn.Linear draw kept); rescale: what the output projections become, 'normal'
+    (N(0, INIT_RANGE / sqrt(residuals n_layers))) or 'torch' (torch's draw over
+    sqrt(residuals n_layers)); residuals: None = 2 with a feed-forward block, else 1."""
+    linear: str
+    rescale: str
+    residuals: int | None
+    convs: bool  # the short convolutions drawn as the Linears (fla's nn.Conv1d)
+
+
+ZOOLOGY_TRANSFORMER = Rule("normal", "normal", 2, convs=False)
+ZOOLOGY_MAMBA = Rule("torch", "torch", 1, convs=False)
+FLA_DELTANET = Rule("normal", "normal", 2, convs=True)
+MAMBA_SSM = Rule("torch", "torch", None, convs=False)
+
+
+def _rule(scheme: str, base_model: str) -> Rule:
+    if scheme == "zoology":
+        return ZOOLOGY_MAMBA if base_model == "mamba2" else ZOOLOGY_TRANSFORMER
+    return MAMBA_SSM if base_model == "mamba2" else FLA_DELTANET
+
+
+SCHEMES = ("own", "zoology", "grazzi")
 
 
 def _blocks_by_path(model: Any) -> dict[tuple, int]:
@@ -65,6 +111,33 @@ def _blocks_by_path(model: Any) -> dict[tuple, int]:
                                                        nnx.Module):
             out[tuple(path)] = len(out)
     return out
+
+
+def model_at(model: Any, path: tuple) -> Any:
+    node = model
+    for part in path:
+        node = node[part] if isinstance(part, int) else getattr(node, part)
+    return node
+
+
+def rescaled_paths(model: Any, scheme: str, layer_models: Sequence[str]) -> set[tuple]:
+    """Paths of the nnx.Linear modules the scheme's rescale reaches: per block, the
+    mixer's output projection (zoology: ZOOLOGY_OUT_PROJ for the block's variant;
+    grazzi: OUT_PROJ_NAMES) and the feed-forward block's second Linear."""
+    found = set()
+    for path, i in _blocks_by_path(model).items():
+        block = model_at(model, path)
+        variant = layer_models[i] if i < len(layer_models) else ""
+        names = ((ZOOLOGY_OUT_PROJ[variant],) if variant in ZOOLOGY_OUT_PROJ else ()
+                 ) if scheme == "zoology" else OUT_PROJ_NAMES
+        for name in names:
+            if isinstance(getattr(block.mixer, name, None), nnx.Linear):
+                found.add((*path, "mixer", name))
+                break
+        mlp = getattr(block, FFN_OUT[0], None)
+        if mlp is not None and isinstance(getattr(mlp, FFN_OUT[1], None), nnx.Linear):
+            found.add((*path, *FFN_OUT))
+    return found
 
 
 def _normal(key, like: jax.Array, std: float) -> jax.Array:
@@ -79,50 +152,62 @@ def _torch_linear(key, kernel: jax.Array, scale: float = 1.0) -> jax.Array:
     return (scale * u).astype(kernel.dtype)
 
 
-def out_proj_paths(model: Any, layer_models: Sequence[str]) -> set[tuple]:
-    """Paths of the nnx.Linear modules Zoology's rescale reaches: each block's mixer's
-    ZOOLOGY_OUT_PROJ attribute, for the block's variant (layer_models[i])."""
-    found = set()
-    for path, i in _blocks_by_path(model).items():
-        name = ZOOLOGY_OUT_PROJ.get(layer_models[i] if i < len(layer_models) else "")
-        if name and isinstance(getattr(model_at(model, path).mixer, name, None), nnx.Linear):
-            found.add((*path, "mixer", name))
+def _conv_params(model: Any) -> list[tuple[Any, str]]:
+    """(module, attribute) of every short-convolution parameter: each block's shared
+    ShortConv (weight, bias) and the mixer's own (Params named conv*, RWKV-7's shift has
+    none)."""
+    found = []
+    for path in _blocks_by_path(model):
+        block = model_at(model, path)
+        conv = getattr(block, "short_conv", None)
+        if conv is not None:
+            found += [(conv, n) for n in ("weight", "bias")
+                      if isinstance(getattr(conv, n, None), nnx.Param)]
+        for _, node in nnx.iter_graph(block.mixer):
+            if isinstance(node, nnx.Module):
+                found += [(node, n) for n, v in vars(node).items()
+                          if n.startswith("conv") and isinstance(v, nnx.Param)]
     return found
-
-
-def model_at(model: Any, path: tuple) -> Any:
-    node = model
-    for part in path:
-        node = node[part] if isinstance(part, int) else getattr(node, part)
-    return node
 
 
 def apply(model: Any, scheme: str, *, seed: int, base_model: str,
           layer_models: Sequence[str]) -> None:
     """Redraws `model`'s parameters (in place) as `scheme` does. base_model: the config's
-    model (it picks Zoology's block_type); layer_models: each block's variant."""
+    model (it picks the original's rule, e.g. Zoology's block_type); layer_models: each
+    block's variant."""
     if scheme not in SCHEMES:
         raise ValueError(f"unknown initialisation scheme {scheme!r}; valid: "
                          f"{', '.join(SCHEMES)}")
     if scheme == "own":
         return
-    n_layers = len(_blocks_by_path(model))
-    mamba = base_model in ZOOLOGY_MAMBA_BLOCK
-    rescaled = out_proj_paths(model, layer_models)
-    key = jax.random.fold_in(jax.random.key(seed), _KEY_SALT)
+    rule = _rule(scheme, base_model)
+    blocks = _blocks_by_path(model)
+    n_layers = len(blocks)
+    has_ffn = any(getattr(model_at(model, p), "mlp", None) is not None for p in blocks)
+    residuals = rule.residuals or (2 if has_ffn else 1)
+    rescaled = rescaled_paths(model, scheme, layer_models)
+    key = jax.random.fold_in(jax.random.key(seed), 0x5A00 + SCHEMES.index(scheme))
     for path, node in nnx.iter_graph(model):
         if isinstance(node, nnx.Linear):
             key, sub = jax.random.split(key)
             kernel = node.kernel[...]
             if tuple(path) in rescaled:
-                node.kernel[...] = (_torch_linear(sub, kernel, 1 / math.sqrt(n_layers))
-                                    if mamba else
-                                    _normal(sub, kernel, ZOOLOGY_RANGE / math.sqrt(2 * n_layers)))
+                scale = 1 / math.sqrt(residuals * n_layers)
+                node.kernel[...] = (_torch_linear(sub, kernel, scale) if rule.rescale == "torch"
+                                    else _normal(sub, kernel, INIT_RANGE * scale))
             else:
-                node.kernel[...] = (_torch_linear(sub, kernel) if mamba
-                                    else _normal(sub, kernel, ZOOLOGY_RANGE))
+                node.kernel[...] = (_torch_linear(sub, kernel) if rule.linear == "torch"
+                                    else _normal(sub, kernel, INIT_RANGE))
             if node.bias is not None:
                 node.bias[...] = jnp.zeros_like(node.bias[...])
         elif isinstance(node, nnx.Embed):
             key, sub = jax.random.split(key)
-            node.embedding[...] = _normal(sub, node.embedding[...], ZOOLOGY_RANGE)
+            node.embedding[...] = _normal(sub, node.embedding[...], INIT_RANGE)
+    if rule.convs:
+        for module, name in _conv_params(model):
+            param = getattr(module, name)
+            if name == "bias":
+                param[...] = jnp.zeros_like(param[...])
+            else:
+                key, sub = jax.random.split(key)
+                param[...] = _normal(sub, param[...], INIT_RANGE)

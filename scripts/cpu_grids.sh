@@ -3,8 +3,9 @@
 # one queue: the issue with the fewest CPU-hours left first, so that issues close one by one
 # (71's second seed; then 72, about 60 CPU-hours; then 68, at most about 230; 71's third
 # seed last). Within 72, its own tasks (niah, flip-flop) before the state-tracking grids,
-# whose scaffold's initialisation is to be checked against fla's first
-# (results/cpu/mqar_zoology_init_probe.md). Start one copy per core: the copies share the
+# whose scaffold declares Grazzi et al.'s initialisation since 2026-12-07 (the committed
+# parity runs, made under each variant's own, run again under it: the [-1, 1] ablation
+# first, then the catalogue). Start one copy per core: the copies share the
 # runs (lra.sweep leaves a run another live process holds to it and goes on to the next),
 # so N copies work through the list N runs at a time. Finished runs are skipped (their
 # workdirs, and the committed runs records each grid script passes as --finished_in: a
@@ -112,6 +113,8 @@ step 72 "niah, every row, seeds 1 and 2" -- \
     SEEDS="1 2" bash scripts/niah_cpu_grid.sh workdirs/niah_mini
 step 72 "niah's ablations (decay held at 1; attention with rotary positions), seeds 1-2" -- \
     niah_ablations
+step 72 "parity's [-1, 1] ablation under the scaffold's initialisation (Grazzi et al.'s), seeds 0-1" -- \
+    SEEDS="0 1" bash scripts/parity_neg_eig_grid.sh workdirs/st_parity
 step 72 "parity across the catalogue, seed 0" -- \
     SEEDS=0 bash scripts/state_tracking_cpu_grid.sh workdirs/st_parity/pos
 step 72 "S5 across the catalogue, seed 0" -- \

@@ -142,22 +142,31 @@ def test_scaffold_init_fields_resolve_and_refuse():
 
 
 def test_runs_recorded_before_the_field_resume_or_rerun_as_they_should():
-    """A committed MAD run (recorded before `init` existed) is still its sweep's run (own
-    initialisation, as MAD declares): the queue does not run it again. A committed MQAR
-    scaffold run is not (the scaffold now declares Zoology's initialisation)."""
+    """A committed MAD, flip-flop or niah run (recorded before `init` existed) is still its
+    sweep's run (own initialisation, as those configs declare): the queue does not run it
+    again. A committed MQAR scaffold or state-tracking run is not (their scaffolds now
+    declare Zoology's and Grazzi et al.'s initialisations)."""
     import os
 
     results = os.path.join(os.path.dirname(__file__), "..", "..", "results", "cpu")
+    mini = lambda c: "mini"  # noqa: E731
     for name, arg, want in (
             ("mad_2025_runs.jsonl", lambda c: f"task={c['task'][4:]},mini", None),
+            ("flipflop_mini_runs.jsonl", mini, None),
+            ("niah_mini_runs.jsonl", mini, None),
             ("mqar_scaffold_cells_runs.jsonl", lambda c: "mini,seq_len=128",
-             'scaffold.init: "own" -> "zoology"')):
+             'scaffold.init: "own" -> "zoology"'),
+            ("state_tracking_parity_runs.jsonl", mini, 'scaffold.init: "own" -> "grazzi"')):
         with open(os.path.join(results, name), encoding="utf-8") as f:
-            recorded = json.loads(f.readline())
+            # a run of the config argument alone (no override, no switch)
+            recorded = next(r for r in map(json.loads, f) if not {
+                "allow_neg_eigval", "decay"} & set(r["config"]["model_hparams"])
+                and r["config"]["learning_rate"] in (1e-3, 3e-3))
         config = recorded["config"]
         assert "init_scheme" not in config and "init" not in config["scaffold"]
-        new = plan.expected_config(config["task"] if name.startswith("mqar") else "mad",
-                                   recorded["model"], config["random_seed"], arg(config), [])
+        task = "mad" if name.startswith("mad") else config["task"]
+        new = plan.expected_config(task, recorded["model"], config["random_seed"], arg(config),
+                                   [])
         found = plan.config_differences(config, new)
         assert (found == []) if want is None else (want in found), found
 
@@ -184,3 +193,68 @@ def test_the_comparison_with_zoologys_model_finds_every_role_and_can_fail():
     a, b = rng.normal(0, 0.02, 8192), rng.normal(0, 0.02, 8192)
     assert compare.agrees(a, b) and not compare.agrees(a, rng.normal(0, 0.125, 8192))
     assert not compare.agrees(a, rng.normal(0, 0.01, 8192))
+
+
+def _st(model, **scaffold_fields):
+    from configs import state_tracking
+
+    config = state_tracking.get_config(f"model={model},mini")
+    for k, v in scaffold_fields.items():
+        config.scaffold[k] = v
+    return scaffold.resolve(config)
+
+
+def test_grazzi_draws_as_their_fla_deltanet():
+    """Grazzi et al.'s DeltaNet LM (their fla's _init_weights): every Linear and Conv1d
+    weight N(0, 0.02) (the shared short convolution and the variant's own), biases 0, the
+    embedding N(0, 0.02), o_proj and down_proj (our mixer's out, the MLP's fc2) N(0, 0.02 /
+    sqrt(2 * 2 layers)), the head untied; the delta rule's other parameters kept."""
+    config = _st("deltanet", builtin_conv=-1)  # its own convolutions on, to see them drawn
+    assert (config.init_scheme, config.tie_head) == ("grazzi", False)
+    model = _build(config)
+    own = _build(_st("deltanet", builtin_conv=-1, init="own"))
+    before, after = _params(own), _params(model)
+    redrawn = set()
+    for path, value in after.items():
+        name = "/".join(map(str, path))
+        if name.endswith("bias") and ("short_conv" in name or isinstance(
+                path[-2], str) and path[-2] in ("fc1", "fc2", "lm_head")):
+            assert not value.any(), name
+            redrawn.add(path)
+        elif name.endswith(("kernel", "embedding")) or "conv" in name:
+            rescaled = name.endswith(("mixer/out/kernel", "mlp/fc2/kernel"))
+            _near(value, 0.01 if rescaled else 0.02, name)
+            redrawn.add(path)
+    assert any("conv_q" in "/".join(map(str, p)) for p in redrawn)
+    assert any(p[0] == "lm_head" for p in redrawn)
+    kept = [p for p in after if p not in redrawn]
+    assert kept and all(np.array_equal(before[p], after[p]) for p in kept)
+
+
+def test_grazzi_draws_mamba2_as_mamba_ssm():
+    """Their Mamba LM (mamba_ssm's _init_weights): torch's Linear draw kept, biases 0, the
+    embedding N(0, 0.02), out_proj and fc2 over sqrt(2 residuals x 2 layers) (a block with
+    a feed-forward branch); the shared convolution keeps its own draw."""
+    model = _build(_st("mamba2"))
+    own = _build(_st("mamba2", init="own"))
+    for path, node in nnx.iter_graph(model):
+        if isinstance(node, nnx.Linear):
+            kernel = np.asarray(node.kernel[...])
+            rescaled = tuple(path[-2:]) in (("mixer", "out"), ("mlp", "fc2"))
+            bound = 1 / np.sqrt(kernel.shape[0]) / (2 if rescaled else 1)
+            assert np.abs(kernel).max() <= bound + 1e-7, path
+            _near(kernel, bound / np.sqrt(3), path)
+    conv = [p for p in _params(model) if "short_conv" in "/".join(map(str, p))]
+    assert conv and all(np.array_equal(_params(model)[p], _params(own)[p]) for p in conv)
+
+
+def test_which_tasks_take_which_initialisation():
+    """State tracking takes Grazzi et al.'s (their scaffold); flip-flop and niah, whose
+    committed runs were made under each variant's own, declare `own`."""
+    from configs import flipflop
+
+    assert _st("gla").init_scheme == "grazzi"
+    assert flipflop.get_config("model=gla,mini").init_scheme == "own"
+    assert niah.get_config("model=gla,mini").init_scheme == "own"
+    assert mqar.get_config("model=gla,mini").init_scheme == "zoology"
+    assert mad.get_config("task=compression,model=gla").init_scheme == "own"
