@@ -139,22 +139,34 @@ def test_a_grid_script_prints_each_sweeps_status_and_creates_nothing(tmp_path):
     assert proc.stdout.count("state_tracking deltanet seed 0: not started") == 2, proc.stdout
     assert not os.path.exists(tmp_path / "grid")
     # By default the committed cells (its report's runs record) count as finished: a
-    # fresh machine resumes the grid where the committed results end.
+    # fresh machine resumes the grid where the committed results end. The committed cells
+    # were made under each variant's own initialisation, which the scaffold no longer
+    # declares (Grazzi et al.'s since 2026-12-07): they are not this grid's runs now.
     del env["FINISHED_IN"]
     proc = subprocess.run(script, cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("state_tracking deltanet seed 0: finished (recorded in "
-                             "results/cpu/state_tracking_parity_runs.jsonl)") == 2, proc.stdout
-    # The catalogue's grid (scripts/state_tracking_cpu_grid.sh): its [0, 1] cells are the
-    # ablation's, recorded in the same runs record.
+    assert proc.stdout.count("state_tracking deltanet seed 0: not started") == 2, proc.stdout
+    # A record of this grid's config counts (FINISHED_IN: another record), and the
+    # catalogue's grid (scripts/state_tracking_cpu_grid.sh) shares the ablation's [0, 1]
+    # cells through it.
+    config = plan.expected_config("state_tracking", "deltanet", 0, "mini", [])
+    record = tmp_path / "st_runs.jsonl"
+    record.write_text(json.dumps({"task": "state_tracking", "model": "deltanet",
+                                  "test_accuracy": 0.5, "config": config}) + "\n")
+    env["FINISHED_IN"] = str(record)
+    proc = subprocess.run(script, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count(f"state_tracking deltanet seed 0: finished (recorded in "
+                             f"{record})") == 1, proc.stdout  # [0, 1]; [-1, 1] is not
     script = ["bash", os.path.join(REPO, "scripts", "state_tracking_cpu_grid.sh"),
               str(tmp_path / "grid")]
     proc = subprocess.run(script, cwd=REPO, env={**env, "MODELS": "deltanet transformer"},
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert ("state_tracking deltanet seed 0: finished (recorded in "
-            "results/cpu/state_tracking_parity_runs.jsonl)") in proc.stdout, proc.stdout
+    assert f"state_tracking deltanet seed 0: finished (recorded in {record})" in \
+        proc.stdout, proc.stdout
     assert "state_tracking transformer seed 0: not started" in proc.stdout, proc.stdout
     assert not os.path.exists(tmp_path / "grid")
 
