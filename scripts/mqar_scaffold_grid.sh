@@ -11,12 +11,15 @@
 #   scripts/mqar_scaffold_grid.sh [DIR] [STAGE]   # DIR default workdirs/mqar_scaffold
 #   STATUS=1 scripts/mqar_scaffold_grid.sh [DIR] [STAGE]   # runs nothing: each sweep's
 #                                  # lra.sweep --status (where its runs stand, time left)
-#   python -m lra.synthetic_report results/cpu/mqar_scaffold_cells_runs.jsonl DIR \
-#       --out=results/cpu/mqar_scaffold_cells
+#   python -m lra.synthetic_report DIR --out=results/cpu/mqar_scaffold_zoology_init
 #
-# The cells committed in results/cpu/mqar_scaffold_cells_runs.jsonl count as finished
-# (lra.sweep --finished_in): a fresh machine runs only the rest. FINISHED_IN names other
-# records (a comma list; empty: none).
+# The scaffold declares Zoology's initialisation and tied head since 2026-12-07
+# (scaffold.init, scaffold.tie_head): the 72 cells committed in
+# results/cpu/mqar_scaffold_cells_runs.jsonl, made before under each variant's own, are
+# not this grid's runs and run again (their report stays as it was: mqar_scaffold.md).
+# A cell committed in its report's record (above) counts as finished (lra.sweep --finished_in:
+# a fresh machine runs only the rest); FINISHED_IN names other records (a comma list;
+# empty: none).
 #
 # STAGE: all (default), or one of the functions below. Order: seed 0 of every cell at the
 # mini's lr (3e-3), the ablations, then seeds 1-2, then lr 1e-3 and 1e-2 (Zoology picks
@@ -25,7 +28,7 @@ set -u
 DIR=${1:-workdirs/mqar_scaffold}
 STAGE=${2:-all}
 PY=${PYTHON:-python}
-RECORD=results/cpu/mqar_scaffold_cells_runs.jsonl
+RECORD=results/cpu/mqar_scaffold_zoology_init_runs.jsonl  # the report above writes it
 [ -f "$RECORD" ] || RECORD=
 FINISHED_IN=${FINISHED_IN-$RECORD}
 FLAG=(); [ -n "${STATUS:-}" ] && FLAG=(--status)
