@@ -9,8 +9,8 @@ it into the fields the model is built from, for config.model and a hybrid's mixe
                 (each variant's paper's, Capabilities.pos_emb) -> config.pos_emb
   short_conv    taps of one short causal depthwise convolution on the input of every
                 layer's mixer (models/blocks.py ShortConv; 0 = none) -> config.block.short_conv
-  builtin_conv  the variants' own short convolutions (deltanet, gated_deltanet, kda, gated_deltaproduct, mamba2,
-                loglinear_mamba2, hyena, path; rwkv7's token shift:
+  builtin_conv  the variants' own short convolutions (deltanet, gated_deltanet, kda,
+                gated_deltaproduct, mamba2, loglinear_mamba2, hyena, path; rwkv7's token shift:
                 Capabilities.short_conv_hparam): 0 = off (fla's use_short_conv=False), -1 =
                 each variant's own (4), k = k taps -> model_hparams.<its hparam>
   num_heads     heads of every layer (0 = the task config's) -> config.num_heads
@@ -281,8 +281,7 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 def _scaffold_field(field: str) -> str:
     if field.startswith("model_hparams."):
         return "builtin_conv"
-    return {"block.short_conv": "short_conv", "init_scheme": "init",
-            "tie_head": "tie_head"}.get(field, field)
+    return {"block.short_conv": "short_conv", "init_scheme": "init"}.get(field, field)
 
 
 def kept(config: Any) -> dict[str, str]:

@@ -74,6 +74,9 @@ ZOOLOGY_OUT_PROJ = {"transformer": "out", "local": "out", "hyena": "out_proj",
 # attribute of the mixer itself; a mixer with none, e.g. S4D's GLU head, has none).
 OUT_PROJ_NAMES = ("out", "out_proj", "o_proj", "proj_out")
 FFN_OUT = ("mlp", "fc2")  # the feed-forward block's second Linear (fla's down_proj)
+# The rows whose original is a Mamba model (Zoology's Mamba2Block, Grazzi et al.'s
+# mamba_ssm LM), drawn by its rule; every other row by the benchmark's other rule.
+MAMBA_ROWS = ("mamba2",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,9 +98,10 @@ MAMBA_SSM = Rule("torch", "torch", None, convs=False)
 
 
 def _rule(scheme: str, base_model: str) -> Rule:
+    mamba = base_model in MAMBA_ROWS
     if scheme == "zoology":
-        return ZOOLOGY_MAMBA if base_model == "mamba2" else ZOOLOGY_TRANSFORMER
-    return MAMBA_SSM if base_model == "mamba2" else FLA_DELTANET
+        return ZOOLOGY_MAMBA if mamba else ZOOLOGY_TRANSFORMER
+    return MAMBA_SSM if mamba else FLA_DELTANET
 
 
 SCHEMES = ("own", "zoology", "grazzi")

@@ -6,9 +6,8 @@ from __future__ import annotations
 import ml_collections
 from flax import nnx
 
-from lra.errors import ConfigError
-
 import lra.tasks
+from lra.errors import ConfigError
 from lra.runs.spec import RunSpec, resolve
 from models import init_schemes
 from models.autoencoder import SequenceAutoEncoder

@@ -239,3 +239,15 @@ def test_flash_forms_decode_as_their_parallel_form(name):
     assert {m.attention_impl for _, m in model.iter_modules()
             if hasattr(m, "attention_impl") and hasattr(m, "init_cache")} == {"flash"}
     check_equal(model, lra.tasks.get("listops").vocab_size)
+
+
+@pytest.mark.parametrize("scheme", ["zoology", "grazzi"])
+def test_a_tied_head_decodes_as_its_parallel_form(scheme):
+    """config.tie_head (the logits are the token table's transpose, configs/scaffold.py
+    `tie_head`) under a benchmark's initialisation (config.init_scheme): prefill and steps
+    read the same table as the parallel forward; the model has no lm_head parameters."""
+    config = config_for("gla", tie_head=True, init_scheme=scheme)
+    model = train.build_model(config, lra.tasks.get("listops"))
+    assert model.lm_head is None
+    model = randomize_params(model, seed=7, scale=0.3)
+    check_equal(model, lra.tasks.get("listops").vocab_size)
