@@ -167,8 +167,9 @@ def base_config(*, task: str, model: str) -> ml_collections.ConfigDict:
     c.pos_emb = _default_pos_emb(model)
     c.causal = False
     # A benchmark's redraw of the built parameters (models/init_schemes.py SCHEMES): `own`
-    # (each variant's initialisation), `zoology` or `grazzi` (the originals'); and whether the
-    # vocabulary head is the token embedding's transpose (per-position objectives only).
+    # (each variant's initialisation), `zoology`, `grazzi` or `mad` (the originals'); and
+    # whether the vocabulary head is the token embedding's transpose (per-position
+    # objectives only).
     # Set by a scaffold (configs/scaffold.py `init`, `tie_head`) where a task has one.
     c.init_scheme = "own"
     c.tie_head = False

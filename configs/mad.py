@@ -26,8 +26,11 @@ Arguments after the colon (comma separated):
                  models (mad-lab benchmark.py at 0f49a45): no positions but in the
                  softmax-attention layers (transformer, local, nsa, moba: rotary, as
                  mh-attention), no short
-                 convolution (the variants' own off), 16 heads (RetNet keeps 8); `own`:
-                 each variant's own (the runs before 2026-12-03)
+                 convolution (the variants' own off), 16 heads (RetNet keeps 8),
+                 mad-lab's initialisation (init mad, since 2026-12-07: torch's draw for
+                 the Linears a layer leaves to torch, biases 0, embedding N(0, 0.02);
+                 models/init_schemes.py); `own`: each variant's own (the runs before
+                 2026-12-03)
   short_conv=<k> a shared short causal convolution of kernel k before every mixer
                  (scaffold.short_conv; default 0, none)
   runlocal       a smoke test in seconds: 64 / 16 / 16 examples (memorization: its 256

@@ -15,7 +15,7 @@ it into the fields the model is built from, for config.model and a hybrid's mixe
                 each variant's own (4), k = k taps -> model_hparams.<its hparam>
   num_heads     heads of every layer (0 = the task config's) -> config.num_heads
   init          the benchmark's redraw of every mixer's built parameters
-                (models/init_schemes.py): own (each variant's) | zoology | grazzi
+                (models/init_schemes.py): own (each variant's) | zoology | grazzi | mad
                 -> config.init_scheme
   tie_head      the vocabulary head is the token embedding's transpose (Zoology's
                 LanguageModel ties them) -> config.tie_head
@@ -113,13 +113,15 @@ MAD = {
     "short_conv": 0,
     "builtin_conv": 0,
     "num_heads": 16,
-    # Not yet MAD's own: mad-lab's LanguageModel (0f49a45 mad/model/language_model.py
-    # _init_weights, lines 73-79) zeroes every Linear bias (but `_no_reinit` ones), draws
-    # the embedding from N(0, 0.02) and keeps each Linear weight as its layer drew it
-    # (torch's U(+-1/sqrt(fan_in)) where the layer leaves it to torch, where ours is
-    # xavier); head untied. A scheme for it must tell a weight the original leaves to
-    # torch from one it draws itself (Mamba's dt_proj), which a redraw by type cannot.
-    "init": "own",
+    # mad-lab's initialisation (since 2026-12-07; models/init_schemes.py `mad`): its
+    # LanguageModel (0f49a45 mad/model/language_model.py _init_weights, lines 73-79)
+    # zeroes every Linear bias (but `_no_reinit` ones), draws the embedding from N(0,
+    # 0.02) and keeps each Linear weight as its layer drew it: torch's U(+-1/sqrt(fan_in))
+    # where the layer leaves it to torch (layers.dense's framework_kernel; xavier under
+    # `own`), the layer's own law where it has one; the AutoEncoder of compression draws
+    # every Linear from N(0, 0.02). Head untied. The MAD runs committed before (mad_2025,
+    # mad_grid) were made under `own` (results/cpu/mad_init_probe.md: what it changes).
+    "init": "mad",
     "tie_head": False,
     "keep": {"transformer": {"pos_emb": "rotary"}, "local": {"pos_emb": "rotary"},
              "nsa": {"pos_emb": "rotary"}, "moba": {"pos_emb": "rotary"},

@@ -43,6 +43,22 @@ benchmark's own models start.
            mixer's output projection (OUT_PROJ_NAMES, fla's o_proj) and the feed-forward
            block's second Linear (fla's down_proj) rescaled, and the shared short
            convolution and the variants' own (parameters named conv*) as fla's Conv1d.
+  mad      MAD's models (athms/mad-lab 0f49a45), which keep each layer's own draw:
+             LanguageModel (mad/model/language_model.py `_init_weights`, lines 73-79):
+               every nn.Linear bias 0 (but those marked `_no_reinit`: Mamba-1's
+               dt_proj, no row here), every nn.Embedding N(0, 0.02); Linear weights
+               untouched, so each is its layer's: torch's U(+-1 / sqrt(fan_in)) where
+               the layer leaves it to torch (here the kernels layers.dense marks
+               `framework_kernel`, drawn as LRA's xavier by `own`, and the unembedding,
+               lecun-normal by `own`), and a layer's own law kept: ours where the row's
+               original draws it (e.g. Hyena's torch draw, RWKV-7's orthogonal ones), and
+               mad-lab's own for the rows mad-lab has (MAD_LAYER_XAVIER: its GLA draws
+               q, k, v, g, o and the gate's two projections xavier-uniform with gain
+               2^-2.5, mad/model/layers/attention_gated_linear.py lines 72-79).
+             AutoEncoder (compression; mad/model/auto_encoder.py `_init_weights`, lines
+               132-138): every nn.Linear weight N(0, 0.02) (the layers' too), biases 0,
+               nn.Embedding N(0, 0.02).
+           Head untied in both.
 
 Here every nnx.Linear and nnx.Embed stands for the original's nn.Linear and nn.Embedding
 (our mixers keep an original's Linear a Linear; a fused projection split into several,
@@ -74,6 +90,13 @@ ZOOLOGY_OUT_PROJ = {"transformer": "out", "local": "out", "hyena": "out_proj",
 # attribute of the mixer itself; a mixer with none, e.g. S4D's GLU head, has none).
 OUT_PROJ_NAMES = ("out", "out_proj", "o_proj", "proj_out")
 FFN_OUT = ("mlp", "fc2")  # the feed-forward block's second Linear (fla's down_proj)
+# mad-lab's layers that draw their own Linears (the rest keep torch's): our row -> (gain,
+# our names for them), xavier-uniform with that gain. mad-lab's GatedLinearAttention
+# (attention_gated_linear.py reset_parameters): q_proj, k_proj, v_proj, g_proj, o_proj,
+# gk_proj[0], gk_proj[1].
+MAD_LAYER_XAVIER = {"gla": (2 ** -2.5, ("query", "key", "value", "output_gate", "out",
+                                        "alpha_down", "alpha_up"))}
+MAD_HEAD = "lm_head"  # the LanguageModel's unembedding (an nn.Linear there)
 # The rows whose original is a Mamba model (Zoology's Mamba2Block, Grazzi et al.'s
 # mamba_ssm LM), drawn by its rule; every other row by the benchmark's other rule.
 MAMBA_ROWS = ("mamba2",)
@@ -104,7 +127,7 @@ def _rule(scheme: str, base_model: str) -> Rule:
     return MAMBA_SSM if mamba else FLA_DELTANET
 
 
-SCHEMES = ("own", "zoology", "grazzi")
+SCHEMES = ("own", "zoology", "grazzi", "mad")
 
 
 def _blocks_by_path(model: Any) -> dict[tuple, int]:
@@ -174,23 +197,65 @@ def _conv_params(model: Any) -> list[tuple[Any, str]]:
     return found
 
 
+def _xavier(key, kernel: jax.Array, gain: float) -> jax.Array:
+    """torch's xavier_uniform_(gain): U(+-gain sqrt(6 / (fan_in + fan_out)))."""
+    bound = gain * math.sqrt(6.0 / (kernel.shape[0] + kernel.shape[1]))
+    return jax.random.uniform(key, kernel.shape, jnp.float32, -bound, bound
+                              ).astype(kernel.dtype)
+
+
+def mad_layer_paths(model: Any, layer_models: Sequence[str]) -> dict[tuple, float]:
+    """{path of an nnx.Linear a mad-lab layer draws itself: its xavier gain}."""
+    found = {}
+    for path, i in _blocks_by_path(model).items():
+        variant = layer_models[i] if i < len(layer_models) else ""
+        if variant in MAD_LAYER_XAVIER:
+            gain, names = MAD_LAYER_XAVIER[variant]
+            mixer = model_at(model, path).mixer
+            found.update({(*path, "mixer", n): gain for n in names
+                          if isinstance(getattr(mixer, n, None), nnx.Linear)})
+    return found
+
+
+def _apply_mad(model: Any, key: jax.Array, layer_models: Sequence[str], *,
+               autoencoder: bool) -> None:
+    own_laws = mad_layer_paths(model, layer_models)
+    for path, node in nnx.iter_graph(model):
+        if isinstance(node, nnx.Linear):
+            key, sub = jax.random.split(key)
+            kernel, path = node.kernel[...], tuple(path)
+            if autoencoder:
+                node.kernel[...] = _normal(sub, kernel, INIT_RANGE)
+            elif path in own_laws:
+                node.kernel[...] = _xavier(sub, kernel, own_laws[path])
+            elif getattr(node, "framework_kernel", False) or path[-1:] == (MAD_HEAD,):
+                node.kernel[...] = _torch_linear(sub, kernel)
+            if node.bias is not None:
+                node.bias[...] = jnp.zeros_like(node.bias[...])
+        elif isinstance(node, nnx.Embed):
+            key, sub = jax.random.split(key)
+            node.embedding[...] = _normal(sub, node.embedding[...], INIT_RANGE)
+
+
 def apply(model: Any, scheme: str, *, seed: int, base_model: str,
-          layer_models: Sequence[str]) -> None:
+          layer_models: Sequence[str], autoencoder: bool = False) -> None:
     """Redraws `model`'s parameters (in place) as `scheme` does. base_model: the config's
     model (it picks the original's rule, e.g. Zoology's block_type); layer_models: each
-    block's variant."""
+    block's variant; autoencoder: the model is MAD's compression auto-encoder."""
     if scheme not in SCHEMES:
         raise ValueError(f"unknown initialisation scheme {scheme!r}; valid: "
                          f"{', '.join(SCHEMES)}")
     if scheme == "own":
         return
+    key = jax.random.fold_in(jax.random.key(seed), 0x5A00 + SCHEMES.index(scheme))
+    if scheme == "mad":
+        return _apply_mad(model, key, layer_models, autoencoder=autoencoder)
     rule = _rule(scheme, base_model)
     blocks = _blocks_by_path(model)
     n_layers = len(blocks)
     has_ffn = any(getattr(model_at(model, p), "mlp", None) is not None for p in blocks)
     residuals = rule.residuals or (2 if has_ffn else 1)
     rescaled = rescaled_paths(model, scheme, layer_models)
-    key = jax.random.fold_in(jax.random.key(seed), 0x5A00 + SCHEMES.index(scheme))
     for path, node in nnx.iter_graph(model):
         if isinstance(node, nnx.Linear):
             key, sub = jax.random.split(key)

@@ -63,12 +63,17 @@ def param(init: Initializer, names: Names, shape: Sequence[int], *,
 
 def dense(in_features: int, out_features: int, names: tuple[str | None, str | None], *,
           rngs: nnx.Rngs, use_bias: bool = True,
-          kernel_init: Initializer = xavier_uniform,
+          kernel_init: Initializer | None = None,
           bias_init: Initializer = zeros) -> nnx.Linear:
-    """nnx.Linear whose kernel is named `names` and bias `names[1]`."""
-    return nnx.Linear(in_features, out_features, use_bias=use_bias,
-                      kernel_init=named(kernel_init, names),
-                      bias_init=named(bias_init, names[1:]), rngs=rngs)
+    """nnx.Linear whose kernel is named `names` and bias `names[1]`. kernel_init None:
+    the kernel the original leaves to its framework, drawn here as LRA's (xavier
+    uniform) and marked `framework_kernel`, so that a benchmark whose framework draws
+    it otherwise can redraw it by that law (models/init_schemes.py `mad`: torch's)."""
+    linear = nnx.Linear(in_features, out_features, use_bias=use_bias,
+                        kernel_init=named(kernel_init or xavier_uniform, names),
+                        bias_init=named(bias_init, names[1:]), rngs=rngs)
+    linear.framework_kernel = kernel_init is None
+    return linear
 
 
 def layer_norm(dim: int, *, rngs: nnx.Rngs) -> nnx.LayerNorm:

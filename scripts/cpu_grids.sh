@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Every CPU grid the open issues (68, 71, 72) still hold, in the order they are to run, as
-# one queue: the issue with the fewest CPU-hours left first, so that issues close one by one
-# (71's second seed; then 72, about 60 CPU-hours; then 68, at most about 230; 71's third
-# seed last). Within 72, its own tasks (niah, flip-flop) before the state-tracking grids,
+# Every CPU grid the open issues (68, 72) still hold, in the order they are to run, as one
+# queue: the issue with the fewest CPU-hours left first, so that issues close one by one
+# (72, about 60 CPU-hours; then 68: MAD under mad-lab's initialisation, about 60, and the
+# MQAR grid, at most about 230). Within 72, its own tasks (niah, flip-flop) before the
+# state-tracking grids,
 # whose scaffold declares Grazzi et al.'s initialisation since 2026-12-07 (the committed
 # parity runs, made under each variant's own, run again under it: the [-1, 1] ablation
 # first, then the catalogue). Start one copy per core: the copies share the
@@ -37,7 +38,7 @@ for bound in FROM TO; do
 done
 PY=${PYTHON:-python}
 ROWS2025=kda,gated_deltaproduct,fox,rwkv7,nsa,moba,loglinear_mamba2,path,based,hyena
-# MAD's 13-variant grid (results/cpu/mad_grid_mad.md) less the two rows mad_2025 holds
+# MAD's 13-variant grid (results/cpu/mad_grid_mad.md) less the two rows ROWS2025 joins
 MAD_OLD=linear,retnet,gla,deltanet,mamba2,local,s4d,s5,mega,lru,performer
 niah_ablations() {  # the rows of niah_mini.md's ablations, at seeds 1 and 2
     "$PY" -m lra.sweep --task=niah --models=gated_deltanet,mamba2,gla,retnet \
@@ -100,9 +101,6 @@ totals() {  # totals LABEL < status lines: the lines, then the step's sums
 record() {  # record FILE: FILE when it is committed, else nothing (a first run of a grid)
     [ -f "$1" ] && echo "$1"
 }
-step 71 "MAD, issue 71's rows with transformer and gated_deltanet, seed 1" -- \
-    FOREGROUND=1 MODELS=transformer,gated_deltanet,$ROWS2025 SEEDS=1 \
-    FINISHED_IN=results/cpu/mad_2025_runs.jsonl bash scripts/mad_cpu_grid.sh workdirs/mad_2025
 step 72 "niah, issue 71's rows, seed 0" -- \
     MODELS="${ROWS2025//,/ }" SEEDS=0 bash scripts/niah_cpu_grid.sh workdirs/niah_mini
 step 72 "flip-flop, seed 1" -- \
@@ -123,17 +121,17 @@ step 72 "parity across the catalogue, seeds 1 and 2" -- \
     SEEDS="1 2" bash scripts/state_tracking_cpu_grid.sh workdirs/st_parity/pos
 step 72 "S5, seeds 1 and 2" -- \
     LANGUAGE=S5 SEEDS="1 2" bash scripts/state_tracking_cpu_grid.sh workdirs/st_s5/pos
-step 68 "MAD under MAD's protocol and scaffold, the 13-variant grid's other rows, seeds 0-1" -- \
-    FOREGROUND=1 MODELS=$MAD_OLD SEEDS="0 1" \
+# MAD's scaffold declares mad-lab's initialisation since 2026-12-07: every row again under
+# it (mad_2025's 144 runs, seeds 0-1, were made under each variant's own: that grid is
+# complete and stays the `own` record), seed 0 of all 23 rows before seed 1.
+step 68 "MAD under MAD's protocol, scaffold and initialisation, all 23 rows, seeds 0-1" -- \
+    FOREGROUND=1 MODELS=transformer,gated_deltanet,$ROWS2025,$MAD_OLD SEEDS="0 1" \
     FINISHED_IN=$(record results/cpu/mad_protocol_runs.jsonl) \
     bash scripts/mad_cpu_grid.sh workdirs/mad_protocol
 step 68 "MQAR under the controlled scaffold, L 128: seeds, ablations, hybrids, the lr grid" -- \
     bash scripts/mqar_scaffold_grid.sh workdirs/mqar_scaffold queue_a
 step 68 "MQAR under the controlled scaffold, L 256 and width 128" -- \
     bash scripts/mqar_scaffold_grid.sh workdirs/mqar_scaffold queue_b
-step 71 "MAD, issue 71's rows with transformer and gated_deltanet, seed 2" -- \
-    FOREGROUND=1 MODELS=transformer,gated_deltanet,$ROWS2025 SEEDS=2 \
-    FINISHED_IN=results/cpu/mad_2025_runs.jsonl bash scripts/mad_cpu_grid.sh workdirs/mad_2025
 [ -z "${LIST:-}${STATUS:-}" ] && echo "== $(date -u +%FT%TZ) every step done"
 [ -n "${STATUS:-}" ] && awk '{ left += $1; hours += $2; unknown += $3 } END {
     printf "every step: %d runs left, about %.1f h of one core for %d of them", left, hours,

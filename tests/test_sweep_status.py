@@ -265,15 +265,22 @@ def test_runs_a_committed_record_holds_count_as_finished(tmp_path, monkeypatch):
 def test_a_committed_mad_record_counts_as_finished():
     """A MAD sweep (`--task=mad`, task=<name> in its config argument) finds its committed
     record, which names the resolved task (mad_in_context_recall): a fresh machine does
-    not run it again (it did: the record's task was told against the sweep's `mad`)."""
+    not run it again (it did: the record's task was told against the sweep's `mad`). The
+    committed runs were made under each variant's own initialisation: a sweep of that
+    (--override=scaffold.init=own) finds them, one of MAD's own (the default since
+    2026-12-07) does not."""
     records = plan.load_finished_records([os.path.join(REPO, "results", "cpu",
                                                        "mad_2025_runs.jsonl")])
-    found = plan.recorded_run(records, "mad", "kda", 1, "task=in_context_recall,mini", [])
+    own = ["scaffold.init=own"]
+    found = plan.recorded_run(records, "mad", "kda", 1, "task=in_context_recall,mini", own)
     assert found and found[1]["task"] == "mad_in_context_recall", found
     assert found[1]["config"]["random_seed"] == 1
+    assert plan.recorded_run(records, "mad", "kda", 1, "task=in_context_recall,mini",
+                             []) is None
     # Another MAD task's record of the same model and seed is not that run.
     other = [(p, r) for p, r in records if r["task"] != "mad_in_context_recall"]
-    assert plan.recorded_run(other, "mad", "kda", 1, "task=in_context_recall,mini", []) is None
+    assert plan.recorded_run(other, "mad", "kda", 1, "task=in_context_recall,mini",
+                             own) is None
 
 
 def test_a_finished_in_file_that_is_not_a_runs_record_is_one_line(tmp_path):

@@ -14,7 +14,7 @@ it per row and ranks only cells whose cards agree (COMPARED) but in a declared a
   layers, width the stack's depth and width
   capacity      the mixer's capacity hparams it has (window, state_size, num_features, ...)
   init          the benchmark's redraw of the built parameters (config.init_scheme,
-                models/init_schemes.py: own, zoology, grazzi); read from the config
+                models/init_schemes.py: own, zoology, grazzi, mad); read from the config
   head          tied (the token embedding's transpose) or untied for a vocabulary head
                 (MAD's autoencoder: untied), None for a model without one (classifiers)
   kept          the knobs the variant keeps against its scaffold, and why

@@ -55,5 +55,6 @@ def build_model(config: ml_collections.ConfigDict, task: lra.tasks.Task,
     # The benchmark's own redraw of the built parameters (config.init_scheme, set by the
     # scaffold: models/init_schemes.py); `own` leaves each variant's.
     init_schemes.apply(model, config.get("init_scheme", "own"), seed=config.random_seed,
-                       base_model=config.model, layer_models=spec.names)
+                       base_model=config.model, layer_models=spec.names,
+                       autoencoder=model_class is SequenceAutoEncoder)
     return model

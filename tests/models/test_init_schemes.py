@@ -130,7 +130,7 @@ def test_scaffold_init_fields_resolve_and_refuse():
     with pytest.raises(ConfigError, match="scaffold.init='xavier'"):
         scaffold.resolve(c)
     c = mad.get_config("task=in_context_recall,model=gla")
-    assert (c.init_scheme, c.tie_head) == ("own", False)
+    assert (c.init_scheme, c.tie_head) == ("mad", False)
     from configs import listops  # a classifier has no vocabulary head to tie
     lc = listops.get_config("model=transformer,runlocal")
     lc.tie_head = True
@@ -142,16 +142,17 @@ def test_scaffold_init_fields_resolve_and_refuse():
 
 
 def test_runs_recorded_before_the_field_resume_or_rerun_as_they_should():
-    """A committed MAD, flip-flop or niah run (recorded before `init` existed) is still its
+    """A committed flip-flop or niah run (recorded before `init` existed) is still its
     sweep's run (own initialisation, as those configs declare): the queue does not run it
-    again. A committed MQAR scaffold or state-tracking run is not (their scaffolds now
-    declare Zoology's and Grazzi et al.'s initialisations)."""
+    again. A committed MQAR scaffold, state-tracking or MAD run is not (their scaffolds
+    now declare Zoology's, Grazzi et al.'s and mad-lab's initialisations)."""
     import os
 
     results = os.path.join(os.path.dirname(__file__), "..", "..", "results", "cpu")
     mini = lambda c: "mini"  # noqa: E731
     for name, arg, want in (
-            ("mad_2025_runs.jsonl", lambda c: f"task={c['task'][4:]},mini", None),
+            ("mad_2025_runs.jsonl", lambda c: f"task={c['task'][4:]},mini",
+             'scaffold.init: "own" -> "mad"'),
             ("flipflop_mini_runs.jsonl", mini, None),
             ("niah_mini_runs.jsonl", mini, None),
             ("mqar_scaffold_cells_runs.jsonl", lambda c: "mini,seq_len=128",
@@ -249,12 +250,87 @@ def test_grazzi_draws_mamba2_as_mamba_ssm():
 
 
 def test_which_tasks_take_which_initialisation():
-    """State tracking takes Grazzi et al.'s (their scaffold); flip-flop and niah, whose
-    committed runs were made under each variant's own, declare `own`."""
+    """State tracking takes Grazzi et al.'s (their scaffold), MAD mad-lab's; flip-flop and
+    niah, whose committed runs were made under each variant's own, declare `own`."""
     from configs import flipflop
 
     assert _st("gla").init_scheme == "grazzi"
     assert flipflop.get_config("model=gla,mini").init_scheme == "own"
     assert niah.get_config("model=gla,mini").init_scheme == "own"
     assert mqar.get_config("model=gla,mini").init_scheme == "zoology"
-    assert mad.get_config("task=compression,model=gla").init_scheme == "own"
+    assert mad.get_config("task=compression,model=gla").init_scheme == "mad"
+
+
+def _mad(arg, init="mad"):
+    config = mad.get_config(arg)
+    config.scaffold.init = init
+    return _build(scaffold.resolve(config))
+
+
+@pytest.mark.parametrize("model", ["gla", "hyena"])
+def test_mad_keeps_each_layers_draw_and_gives_torchs_to_the_rest(model):
+    """mad-lab's LanguageModel: the Linears a layer leaves to the framework (layers.dense's
+    framework_kernel) and the unembedding get torch's U(+-1/sqrt(fan_in)); mad-lab's own
+    GLA draws its seven projections xavier-uniform with gain 2^-2.5; a layer's own law
+    (Hyena's torch draw, GLA's gate under ours) is kept bitwise where mad-lab has none;
+    every Linear bias 0, the embedding N(0, 0.02), everything else ours."""
+    arg = f"task=in_context_recall,model={model}"
+    ours, own = _mad(arg), _mad(arg, "own")
+    before, after = _params(own), _params(ours)
+    redrawn, xaviers, torch_draws = set(), 0, 0
+    for path, node in nnx.iter_graph(ours):
+        path = tuple(path)
+        if isinstance(node, nnx.Linear):
+            kernel = np.asarray(node.kernel[...])
+            fan_in, fan_out = kernel.shape
+            if model == "gla" and path[-2:-1] == ("mixer",):  # mad-lab's GLA: all seven
+                bound = 2 ** -2.5 * np.sqrt(6 / (fan_in + fan_out))
+                xaviers += 1
+            elif node.framework_kernel or path == ("lm_head",):
+                bound = 1 / np.sqrt(fan_in)
+                torch_draws += 1
+            else:
+                bound = None
+            if bound is not None:
+                assert np.abs(kernel).max() <= bound + 1e-7, path
+                _near(kernel, bound / np.sqrt(3), path)
+                redrawn.add(path + ("kernel",))
+            if node.bias is not None:
+                assert not np.asarray(node.bias[...]).any(), path
+                redrawn.add(path + ("bias",))
+        elif isinstance(node, nnx.Embed):
+            _near(np.asarray(node.embedding[...]), 0.02, path)
+            redrawn.add(path + ("embedding",))
+    assert torch_draws >= 5 and xaviers == (14 if model == "gla" else 0)
+    kept = [p for p in after if p not in redrawn]
+    assert kept and all(np.array_equal(before[p], after[p]) for p in kept)
+    if model == "hyena":  # its Linears are the original's torch draw: kept
+        assert ("encoder", "stack", "blocks", 0, "mixer", "in_proj", "kernel") in kept
+
+
+def test_mad_compression_draws_every_linear_as_the_autoencoder():
+    """mad-lab's AutoEncoder (compression): every Linear N(0, 0.02), the layers' too,
+    biases 0, the embedding N(0, 0.02); seeded by the run's seed."""
+    model = _mad("task=compression,model=hyena")
+    linears = 0
+    for path, node in nnx.iter_graph(model):
+        if isinstance(node, nnx.Linear):
+            linears += 1
+            if node.kernel[...].size >= 1024:  # the small filter layers: too few draws
+                _near(np.asarray(node.kernel[...]), 0.02, path)
+            if node.bias is not None:
+                assert not np.asarray(node.bias[...]).any(), path
+        elif isinstance(node, nnx.Embed):
+            _near(np.asarray(node.embedding[...]), 0.02, path)
+    assert linears >= 10
+    again, other = _params(_mad("task=compression,model=hyena")), _params(model)
+    assert all(np.array_equal(again[p], other[p]) for p in other)
+
+
+def test_a_dense_kernel_is_marked_left_to_the_framework_only_without_its_own_law():
+    from models import layers
+
+    rngs = nnx.Rngs(0)
+    assert layers.dense(4, 3, ("embed", "qkv"), rngs=rngs).framework_kernel
+    assert not layers.dense(4, 3, ("embed", "qkv"), rngs=rngs,
+                            kernel_init=layers.xavier_uniform).framework_kernel
