@@ -35,6 +35,24 @@ def _near(x, std, what):
     assert abs(x.mean()) < error and abs(x.std() - std) < 2 * error, (what, x.std(), std)
 
 
+def _zero_bias(linear, path, redrawn):
+    if linear.bias is not None:
+        assert not np.asarray(linear.bias[...]).any(), path
+        redrawn.add(path + ("bias",))
+
+
+def _embedding_redrawn(embed, path, redrawn):
+    _near(np.asarray(embed.embedding[...]), 0.02, path)
+    redrawn.add(path + ("embedding",))
+
+
+def _rest_kept(before, after, redrawn):
+    """The parameters a scheme does not redraw: bitwise our own build's."""
+    kept = [p for p in after if p not in redrawn]
+    assert kept and all(np.array_equal(before[p], after[p]) for p in kept)
+    return kept
+
+
 @pytest.mark.parametrize("model", ["transformer", "gated_deltanet"])
 def test_zoology_redraws_linears_and_embeddings_and_rescales_out_proj(model):
     """TransformerBlock's rule: every Linear N(0, 0.02) with zero biases, the embedding
@@ -50,14 +68,10 @@ def test_zoology_redraws_linears_and_embeddings_and_rescales_out_proj(model):
             out = model == "transformer" and path[-2:] == ("mixer", "out")
             _near(np.asarray(node.kernel[...]), 0.01 if out else 0.02, path)
             redrawn.add(path + ("kernel",))
-            if node.bias is not None:
-                assert not np.asarray(node.bias[...]).any(), path
-                redrawn.add(path + ("bias",))
+            _zero_bias(node, path, redrawn)
         elif isinstance(node, nnx.Embed):
-            _near(np.asarray(node.embedding[...]), 0.02, path)
-            redrawn.add(path + ("embedding",))
-    kept = [p for p in after if p not in redrawn]
-    assert kept and all(np.array_equal(before[p], after[p]) for p in kept)
+            _embedding_redrawn(node, path, redrawn)
+    kept = _rest_kept(before, after, redrawn)
     # The head is the embedding's transpose: no lm_head parameters, own build has them.
     assert zoo.lm_head is None and any(p[0] == "lm_head" for p in before)
     assert not any(p[0] == "lm_head" for p in after)
@@ -228,8 +242,7 @@ def test_grazzi_draws_as_their_fla_deltanet():
             redrawn.add(path)
     assert any("conv_q" in "/".join(map(str, p)) for p in redrawn)
     assert any(p[0] == "lm_head" for p in redrawn)
-    kept = [p for p in after if p not in redrawn]
-    assert kept and all(np.array_equal(before[p], after[p]) for p in kept)
+    _rest_kept(before, after, redrawn)
 
 
 def test_grazzi_draws_mamba2_as_mamba_ssm():
@@ -295,15 +308,11 @@ def test_mad_keeps_each_layers_draw_and_gives_torchs_to_the_rest(model):
                 assert np.abs(kernel).max() <= bound + 1e-7, path
                 _near(kernel, bound / np.sqrt(3), path)
                 redrawn.add(path + ("kernel",))
-            if node.bias is not None:
-                assert not np.asarray(node.bias[...]).any(), path
-                redrawn.add(path + ("bias",))
+            _zero_bias(node, path, redrawn)
         elif isinstance(node, nnx.Embed):
-            _near(np.asarray(node.embedding[...]), 0.02, path)
-            redrawn.add(path + ("embedding",))
+            _embedding_redrawn(node, path, redrawn)
     assert torch_draws >= 5 and xaviers == (14 if model == "gla" else 0)
-    kept = [p for p in after if p not in redrawn]
-    assert kept and all(np.array_equal(before[p], after[p]) for p in kept)
+    kept = _rest_kept(before, after, redrawn)
     if model == "hyena":  # its Linears are the original's torch draw: kept
         assert ("encoder", "stack", "blocks", 0, "mixer", "in_proj", "kernel") in kept
 
