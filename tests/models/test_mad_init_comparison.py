@@ -81,3 +81,36 @@ def test_the_law_is_compared_across_fan_in():
 def _moments(x: np.ndarray) -> tuple:
     x = np.asarray(x, np.float64)
     return x.size, x.sum(), (x * x).sum(), np.abs(x).max()
+
+
+def test_the_parts_probe_swaps_one_part_and_keeps_the_rest():
+    """scripts/mad_init/probe_parts.py: `mad` with the embedding (or the Linear kernels) of
+    `own` takes that part bitwise from the own build and keeps every other parameter."""
+    import lra.tasks
+    from flax import nnx
+
+    from lra.training import model as model_lib
+
+    spec = importlib.util.spec_from_file_location("mad_probe_parts", os.path.join(
+        os.path.dirname(__file__), "..", "..", "scripts", "mad_init", "probe_parts.py"))
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+
+    def build(init):
+        config = probe.config_for("in_context_recall", "based", 0, init)
+        return model_lib.build_model(config, lra.tasks.get(config.task).with_options(
+            **config.task_options.to_dict()))
+
+    def params(model):
+        return {tuple(p): np.asarray(v)
+                for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+
+    own, mad = params(build("own")), params(build("mad"))
+    for part, n in (("embedding", 1), ("kernels", 13)):
+        swapped = build("mad")
+        assert probe.swap(swapped, build("own"), part) == n
+        got = params(swapped)
+        moved = {p for p in got if not np.array_equal(got[p], mad[p])}
+        assert moved and all(np.array_equal(got[p], own[p]) for p in moved)
+        leaf = "embedding" if part == "embedding" else "kernel"
+        assert all(p[-1] == leaf for p in moved), moved
