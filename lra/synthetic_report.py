@@ -43,7 +43,9 @@ Written:
              metric, the mean over settings per task, the average over the six; ties per task
              by the seeds' scores (as above); the majority label's score under MAD's metric (1 / the
              number of test label classes, from each setting's regenerated data); the
-             published rows beside.
+             published rows beside. Rows are named by the scaffold card as above (a model
+             under another initialisation, say, is a row of its own, ranked only as a
+             declared ablation).
 
   <out>_lengths.md, _lengths.png  the runs with config.eval_lengths or eval_depth_buckets
              (state tracking, niah, any task): accuracy against the evaluation length, a
@@ -104,7 +106,7 @@ _SKIP = (results_lib.SEED_FIELD, *record.NOT_COMPARED)
 # table's is shown, named by the field, and not ranked unless declared an ablation.
 _PRESETS = ("model_hparams", "param_groups", "hybrid", "weight_decay_exempt", "pos_emb",
             "layers", "block.segment_len", "block.mem_len", "block.short_conv", "scaffold",
-            "num_heads")
+            "num_heads", "init_scheme", "tie_head")
 def _setting(r: dict) -> tuple:
     """What the cell's runs share beyond their coordinates, as sorted (field, value)
     pairs (the model's own presets aside: model_hparams differ between variants)."""
@@ -181,13 +183,19 @@ def reference_cards(results: list[dict]) -> dict[tuple, dict]:
             continue
         seen.add(key)
         fields = votes.setdefault(key[0], {f: collections.Counter() for f in card_lib.COMPARED})
+        # a knob the variant keeps against the scaffold (RetNet's heads) is not the setting's
+        kept = {card_lib.KEPT_AS.get(f, f) for f in c.get("kept") or {}}
         for f in card_lib.COMPARED:
-            fields[f][json.dumps(card_lib.base_value(c, f))] += 1
+            if f not in kept:
+                fields[f][json.dumps(card_lib.base_value(c, f))] += 1
     out = {setting: {f: json.loads(counter.most_common(1)[0][0])
                      for f, counter in fields.items() if counter}
            for setting, fields in votes.items()}
     # A setting whose runs name one scaffold is told against its declaration (a run that
-    # overrode a scaffold field is then the one that differs, however many there are).
+    # overrode a scaffold field is then the one that differs, however many there are), in
+    # the fields its runs do not all share: a value every run that has the field has is
+    # the setting's (MAD's mini keeps 4 heads at width 64 where the scaffold declares 16
+    # at MAD's 128; a mixer without heads has no say).
     from configs import scaffold
 
     names: dict[tuple, set] = {}
@@ -195,7 +203,9 @@ def reference_cards(results: list[dict]) -> dict[tuple, dict]:
         names.setdefault(_setting(r), set()).add(card_of(r).get("scaffold"))
     for setting, found in names.items():
         if len(found) == 1 and setting in out:
-            out[setting].update(scaffold.declared_card(next(iter(found)) or ""))
+            declared = scaffold.declared_card(next(iter(found)) or "")
+            out[setting].update({f: v for f, v in declared.items()
+                                 if len(set(votes[setting].get(f) or ()) - {"null"}) != 1})
     return out
 
 
@@ -521,12 +531,22 @@ def _compute(runs: list[dict]) -> str:
     return f"\n{line}\n" if line else ""
 
 
+def mad_scores_by_card(runs: list[dict]) -> dict[str, dict[str, dict]]:
+    """MAD's table (lra/reporting/mad_table.py) with each row named as the MQAR table's
+    are (row_name): the model and the scaffold card's fields in which it differs from its
+    setting's card, so that a model under two scaffolds (or initialisations) is two rows."""
+    mad = [r for r in runs if r.get("task", "").startswith("mad_") and r.get("config")]
+    references = reference_cards(mad)
+    return mad_table.mad_scores(mad, row_of=lambda r: row_name(
+        r, references.get(_setting(r))))
+
+
 def report(sources: str | list[str], out: str) -> list[str]:
     sources = [sources] if isinstance(sources, str) else list(sources)
     runs, skipped = record.load_sources(sources)
     runs = record.dedupe(runs)
     all_cells = cells(runs)
-    mad = mad_table.mad_scores(runs)
+    mad = mad_scores_by_card(runs)
     where = " + ".join(sources)
     from lra import length_report  # it reads this module's settings: imported here
 

@@ -142,14 +142,20 @@ def test_a_folder_of_only_corrupt_runs_names_them(tmp_path, capsys):
     assert "1 skipped" in err and str(tmp_path / "a" / "results.json") in err, err
 
 
-def _write_mad(root, model, task, seed, macro, *, lr=5e-4, vocab=None, counted=True):
-    from configs import mad
+def _write_mad(root, model, task, seed, macro, *, lr=5e-4, vocab=None, counted=True,
+               init=None, ablate=""):
+    """A MAD runlocal run; `init`: the scaffold's initialisation instead of mad-lab's."""
+    from configs import mad, scaffold
 
-    config = mad.get_config(f"task={task},model={model},runlocal").to_dict()
+    c = mad.get_config(f"task={task},model={model},runlocal")
+    if init:
+        c.scaffold.init, c.scaffold.ablate = init, ablate
+        c = scaffold.resolve(c)
+    config = c.to_dict()
     config["random_seed"], config["learning_rate"] = seed, lr
     if vocab:
         config["task_options"]["vocab_size"] = vocab
-    folder = os.path.join(root, task, model, f"s{seed}-{lr}-{vocab}")
+    folder = os.path.join(root, task, model, f"s{seed}-{lr}-{vocab}-{init}")
     os.makedirs(folder)
     with open(os.path.join(folder, "results.json"), "w") as f:
         json.dump({"task": config["task"], "model": model, "test_accuracy": 0.5,
@@ -219,7 +225,8 @@ def test_mad_table_marks_ties_by_the_seeds_scores_and_shows_the_majority_label(t
     assert rows["deltanet"] == "93.5 ± 1.4 (2/2) ="
     assert rows["gla"] == "65.0 ± 14.1 (2/2) <"
     assert rows["linear"] == "86.5 ± 9.2 (1/2) ="
-    assert rows["retnet"] == "99.0 (1/1)"
+    # RetNet's kept knobs name its row (MAD's table names rows by the scaffold card)
+    assert rows["retnet [pos rotary (kept), heads 8 (kept)]"] == "99.0 (1/1)"
     assert rows["mamba2"] == "60.0 ± 42.4 (1/2: 90.0, 30.0) <"
     config = mad.get_config("task=in_context_recall,model=gla,runlocal")
     labels = []
@@ -419,6 +426,31 @@ def test_a_cell_without_recorded_tuning_is_not_marked():
     assert "| transformer | 99.0 (1) |" in text and "| local | 10.0 (1) |" in text
     assert "| linear | 60.0 (1) |" in text and "| gla | 20.0 (1) |" in text
     assert "| s4d | 30.0 (1) [lr 0.001] |" in text
+
+
+def test_a_mad_row_under_another_initialisation_is_its_own_row(tmp_path):
+    """MAD's table names a row by its scaffold card as the MQAR table does: gla's runs under
+    each variant's own initialisation beside its runs under mad-lab's are two rows (they
+    were one cell, the later run of a seed replacing the other), the own-init row named
+    `[init own]` and ranked only where the sweep declared the ablation; a field every run
+    shares (the runlocal's 2 heads, where MAD's scaffold declares 16) names no row."""
+    for ablate, root in (("", "undeclared"), ("init", "declared")):
+        runs = str(tmp_path / root)
+        for seed in (0, 1):
+            _write_mad(runs, "gla", "in_context_recall", seed, 0.9 + 0.01 * seed)
+            _write_mad(runs, "deltanet", "in_context_recall", seed, 0.95 + 0.01 * seed)
+            _write_mad(runs, "hyena", "in_context_recall", seed, 0.5 + 0.01 * seed)
+        for seed in (0, 1):  # after the others, as a record read first would not be
+            _write_mad(runs, "gla", "in_context_recall", seed, 0.3 + 0.01 * seed,
+                       init="own", ablate=ablate)
+        text = open(synthetic_report.report(runs, str(tmp_path / root / "g"))[0]).read()
+        rows = {line.split(" | ")[0][2:]: line.split(" | ")[3]
+                for line in text.splitlines() if line.startswith("| ")}
+        assert rows["gla"] == "90.5 ± 0.7 (1/2) <", rows
+        assert rows["gla [init own]"].startswith("30.5 ± 0.7 (1/2)"), rows
+        assert rows["gla [init own]"].endswith("<") == bool(ablate), rows
+        assert ("gla [init own] (init)" in text) != bool(ablate), text
+        assert not any("heads" in name for name in rows), rows
 
 
 def test_a_scaffold_difference_is_ranked_only_as_a_declared_ablation(tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+from typing import Callable
 
 from lra.reporting import ranking
 from lra.runs import results as results_lib
@@ -41,16 +42,22 @@ PUBLISHED_MAD_SOURCE = (
     "(lr, wd)); its Mamba is Mamba-1, not our mamba2")
 
 
-def mad_scores(results: list[dict]) -> dict[str, dict[str, dict]]:
-    """model -> MAD task -> {score, std, settings, seeds, accs, min, max, mean}: MAD's rule,
+def mad_scores(results: list[dict], row_of: Callable[[dict], tuple[str, list[str]]] | None
+               = None) -> dict[str, dict[str, dict]]:
+    """row -> MAD task -> {score, std, settings, seeds, accs, min, max, mean}: MAD's rule,
     per difficulty setting (the data's options and length) the best (learning rate, weight
     decay) by the seeds' mean of MAD's metric (macro accuracy, test_macro_accuracy; else
     per-position accuracy), then the mean over settings; std is the chosen runs' seed std
     averaged over settings (0 with one seed); accs the per-seed scores (a seed's mean over
     the settings, for the seeds that ran every one), whose range decides ties; params the
-    model's parameter counts over its runs (they differ between tasks: vocabularies)."""
+    model's parameter counts over its runs (they differ between tasks: vocabularies);
+    unranked the scaffold card's fields in which the row's runs differ from their table's
+    without a declared ablation. row_of(run) -> (row name, those fields): by default the
+    model alone (lra.synthetic_report names a row by its scaffold card, so that runs of one
+    model under two initialisations, say, are two rows, never one cell)."""
     cells: dict = {}
     params: dict = {}
+    unranked: dict = {}
     for r in results:
         task = r.get("task", "")
         c = r.get("config")
@@ -60,7 +67,9 @@ def mad_scores(results: list[dict]) -> dict[str, dict[str, dict]]:
         tuning = (c.get("learning_rate"), c.get("weight_decay"))
         metric = r.get("test_macro_accuracy")
         acc = 100 * float(metric if metric is not None else r["test_accuracy"])
-        row = r["model"] + mad_protocol_note(c)
+        name, undeclared = row_of(r) if row_of else (r["model"], [])
+        row = name + mad_protocol_note(c)
+        unranked.setdefault(row, set()).update(undeclared)
         (cells.setdefault(row, {}).setdefault(task[4:], {}).setdefault(setting, {})
          .setdefault(tuning, {}))[c.get(results_lib.SEED_FIELD)] = acc
         counts = params.setdefault(row, set())
@@ -83,7 +92,7 @@ def mad_scores(results: list[dict]) -> dict[str, dict[str, dict]]:
                 "settings": len(best), "seeds": min(len(runs) for runs in best),
                 "accs": accs, "mean": statistics.fmean(accs) if accs else 0.0,
                 "min": min(accs, default=0.0), "max": max(accs, default=0.0),
-                "params": sorted(params[model])}
+                "params": sorted(params[model]), "unranked": sorted(unranked[model])}
     return out
 
 
@@ -151,12 +160,16 @@ def mad_markdown(scores: dict[str, dict[str, dict]], source: str,
              "measured by our old rule, not MAD's (last weights, batch-mean macro).",
              "params: the model's counts over its runs (the tasks' vocabularies differ).",
              "", head, "|---|" + "---|" * (len(MAD_TASKS) + 2)]
+    # ranking.ties leaves a cell with an undeclared scaffold difference unranked ('')
     marks = {task: ranking.ties([scores[m][task] for m in scores if task in scores[m]])
              for task, _ in MAD_TASKS}
+    unranked = {}
     for model in ranking.ordered(set(scores)):
         row = []
         for task, _ in MAD_TASKS:
             cell = scores[model].get(task)
+            if cell is not None and cell.get("unranked"):
+                unranked.setdefault(model, set()).update(cell["unranked"])
             row.append("-" if cell is None else (
                 f"{cell['score']:.1f}" + (f" ± {cell['std']:.1f}" if cell["seeds"] > 1
                                           else "")
@@ -175,4 +188,9 @@ def mad_markdown(scores: dict[str, dict[str, dict]], source: str,
     for name, values in PUBLISHED_MAD.items():
         lines.append(f"| {name} (published) | " + " | ".join(
             "-" if v is None else f"{v:.1f}" for v in values) + " | |")
+    if unranked:
+        lines += ["", "Not ranked (their scaffold differs from the table's in a field no "
+                  "sweep declared an ablation axis, `config.scaffold.ablate`): "
+                  + "; ".join(f"{m} ({', '.join(sorted(fs))})" for m, fs in unranked.items())
+                  + "."]
     return "\n".join(lines) + "\n"

@@ -8,7 +8,10 @@ scheme's build of the same seed:
              mad-lab's GLA's xavier 2^-2.5; own: LRA's xavier and the layers' own laws)
   biases     every Linear bias (mad: zero; own: the layers' own, e.g. Hyena's torch draw)
 
-Everything else is BASE's. Nothing here is a scheme a config can name: a probe.
+Everything else is BASE's. Nothing here is a scheme a config can name: a probe. Its
+runs record BASE's config, so a report cannot tell them from BASE's own runs: keep their
+WORKDIRs out of any folder a report reads (results/cpu/mad_init_probe.md uses
+workdirs/mad_init_parts/).
 
     scripts/jax_env.sh run latest env PYTHONPATH=/repo \
         python scripts/mad_init/probe_parts.py WORKDIR TASK MODEL SEED BASE PART
