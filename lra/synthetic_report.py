@@ -97,7 +97,11 @@ _COORDS = ("max_length", "task_options.num_kv_pairs", "emb_dim", "qkv_dim", "mlp
 # best_eval_accuracy) are the cell's; the test accuracy reported is theirs.
 TUNED = ("learning_rate", "weight_decay")
 SHORT = {"learning_rate": "lr", "weight_decay": "wd"}
-_SKIP = (results_lib.SEED_FIELD, *record.NOT_COMPARED)
+# What a run is tested on after it trains (lengths, needle depths, other splits) is not
+# its setting: a row tested at fewer lengths (hyena on niah, whose weights are shaped by
+# the length) stays in its panel, '-' where it was not tested.
+_SKIP = (results_lib.SEED_FIELD, *record.NOT_COMPARED, "eval_lengths", "eval_depth_buckets",
+         "eval_splits")
 # A variant's own presets (configs/presets.py: its hparams, parameter groups, positions,
 # and the block's token counts scaled to the length): they differ between models, or
 # between lengths, of one setting by design.

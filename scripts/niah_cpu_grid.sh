@@ -14,6 +14,11 @@
 #   STATUS=1 scripts/niah_cpu_grid.sh [DIR]           # runs nothing: lra.sweep --status
 #   python -m lra.length_report results/cpu/niah_mini_runs.jsonl DIR --out=results/cpu/niah_mini
 #
+# hyena is tested at its training length only (eval_lengths emptied; its depths at 256):
+# its implicit filter reads a trained position table z of max_len rows (Zoology registers
+# it as a parameter), so its weights are shaped by the length, as learned positions are,
+# and lra.training.lengths refuses them at 512 and past (AT_TRAINING_LENGTH names such rows).
+#
 # The cells committed in results/cpu/niah_mini_runs.jsonl (the report's runs record) count
 # as finished (lra.sweep --finished_in): a fresh machine runs only the rest. FINISHED_IN
 # names other records (a comma list; empty: none).
@@ -25,6 +30,7 @@ ROWS2025="kda gated_deltaproduct fox rwkv7 nsa moba loglinear_mamba2 path based 
 MODELS=${MODELS:-$GRID13 $ROWS2025}
 SEEDS=${SEEDS:-0 1 2}
 LRS=${LRS:-}
+AT_TRAINING_LENGTH=${AT_TRAINING_LENGTH:-hyena}
 RECORD=results/cpu/niah_mini_runs.jsonl
 [ -f "$RECORD" ] || RECORD=
 FINISHED_IN=${FINISHED_IN-$RECORD}
@@ -33,13 +39,16 @@ FLAG=(); [ -n "${STATUS:-}" ] && FLAG=(--status)
 [ -z "${STATUS:-}" ] && mkdir -p "$DIR"
 for seed in $SEEDS; do
     for model in $MODELS; do
+        ONLY=()
+        [[ " $AT_TRAINING_LENGTH " == *" $model "* ]] && ONLY=(--override=eval_lengths=)
         if [ -z "$LRS" ]; then
             "$PY" -m lra.sweep --task=niah --models="$model" --config_arg=mini \
-                --seeds="$seed" --sweep_dir="$DIR" "${FLAG[@]}"
+                --seeds="$seed" --sweep_dir="$DIR" "${ONLY[@]}" "${FLAG[@]}"
         fi
         for lr in $LRS; do
             "$PY" -m lra.sweep --task=niah --models="$model" --config_arg=mini \
-                --seeds="$seed" --sweep_dir="$DIR" --override=learning_rate="$lr" "${FLAG[@]}"
+                --seeds="$seed" --sweep_dir="$DIR" --override=learning_rate="$lr" \
+                "${ONLY[@]}" "${FLAG[@]}"
         done
     done
 done

@@ -194,3 +194,24 @@ def test_a_length_whose_seeds_split_names_each_seed_in_seed_order(tmp_path):
     row = next(line for line in (tmp_path / "r" / "st_lengths.md").read_text().splitlines()
                if line.startswith("| gla |"))
     assert row == "| gla | 1,234 | 96.0 ± 1.4 (2) | 55.0 ± 49.5 (2: 20.0, 90.0) |", row
+
+
+def test_a_row_tested_at_its_training_length_only_shares_the_panel(tmp_path):
+    """A run with eval_lengths emptied (hyena on niah: its weights are shaped by the
+    length) is a row of the same panel, '-' past its training length, not a panel of its
+    own: what a run is tested on after training is not its setting."""
+    runs = tmp_path / "runs"
+    depth = [{"length": 48, "max_length": 48, "depth_min": 0.0, "depth_max": 0.5,
+              "accuracy": 0.25}]
+    _write_length_run(runs, "gla", 0, {96: 0.5}, task="niah", depths=depth)
+    _write_length_run(runs, "hyena", 0, {}, task="niah", depths=depth)
+    (path,) = [os.path.join(d, "results.json") for d, _, files in os.walk(runs / "niah"
+                                                                          / "hyena")
+               if "results.json" in files]
+    only = json.load(open(path))
+    only["config"]["eval_lengths"] = ""
+    json.dump(only, open(path, "w"))
+    assert synthetic_report.main(["prog", str(runs)], out=str(tmp_path / "r" / "n")) == 0
+    text = (tmp_path / "r" / "n_lengths.md").read_text()
+    assert sum(line.startswith("## ") for line in text.splitlines()) == 1, text
+    assert "| hyena | 1,234 | 90.0 (1) | - |" in text, text
