@@ -28,6 +28,7 @@ GRID13="transformer gla deltanet gated_deltanet mamba2 retnet linear local s4d m
 ROWS2025="kda gated_deltaproduct fox rwkv7 nsa moba loglinear_mamba2 path based hyena"
 MODELS=${MODELS:-$GRID13 $ROWS2025}
 SEEDS=${SEEDS:-0 1 2}
+AT_TRAINING_LENGTH=${AT_TRAINING_LENGTH:-hyena}
 RECORD=results/cpu/state_tracking_${language}_runs.jsonl
 [ -f "$RECORD" ] || RECORD=
 FINISHED_IN=${FINISHED_IN-$RECORD}
@@ -41,6 +42,9 @@ for seed in $SEEDS; do
         extra=()  # DeltaProduct's layer default is fla's [-1, 1]: its [0, 1] is an override
         [ "$model" = gated_deltaproduct ] && \
             extra=(--override=model_hparams.allow_neg_eigval=False)
+        # hyena's trained position table z is shaped by the length: lengths past training
+        # are refused (lra.training.lengths), so it is tested at its training lengths only.
+        [[ " $AT_TRAINING_LENGTH " == *" $model "* ]] && extra+=(--override=eval_lengths=)
         "$PY" -m lra.sweep --task=state_tracking --models="$model" --config_arg="$ARG" \
             --seeds="$seed" --sweep_dir="$DIR" "${extra[@]}" "${FLAG[@]}"
     done

@@ -347,3 +347,45 @@ def test_a_record_times_the_runs_of_the_task_its_config_resolves_to(tmp_path):
     assert run_status.summary([info]).endswith(
         "time left: no estimate yet (no finished or logged run of transformer at this "
         "size; runs of other sizes do not time it)"), run_status.summary([info])
+
+
+def _script_words(script: str, name: str) -> set[str]:
+    """The words of a grid script's `NAME="..."` or `NAME=${NAME:-...}` default."""
+    text = open(os.path.join(REPO, "scripts", script)).read()
+    m = re.search(rf'^{name}=(?:"([^"]*)"|\$\{{{name}:-([^}}]*)\}})', text, re.M)
+    assert m, f"{script} has no {name}"
+    return set((m.group(1) or m.group(2)).split())
+
+
+def test_every_model_of_the_length_grids_is_tested_where_its_weights_can_be():
+    """The niah and state-tracking grids test each model past its training length, but
+    those their scripts name in AT_TRAINING_LENGTH (their eval_lengths emptied), and a
+    model is named there exactly when lra.training.lengths refuses its trained weights at
+    a longer length (hyena: its position table z is shaped by the length). Checked on
+    each model at the runlocal sizes, so that a grid cell does not fail after the queue
+    reaches it, and the list does not outlive its reason."""
+    from flax import nnx
+
+    from configs import common
+    from configs import niah as niah_config
+    from configs import state_tracking as st_config
+    from lra import tasks, train
+    from lra.errors import ConfigError
+    from lra.training import lengths
+
+    for script, make in (("niah_cpu_grid.sh", niah_config),
+                         ("state_tracking_cpu_grid.sh", st_config)):
+        models = _script_words(script, "GRID13") | _script_words(script, "ROWS2025")
+        only = _script_words(script, "AT_TRAINING_LENGTH")
+        assert only <= models, only - models
+        refused = set()
+        for model in sorted(models):
+            config = common.resolve(make.get_config(f"model={model},runlocal"))
+            task = tasks.get(config.task)
+            try:
+                lengths.plan(config, task,
+                             lambda c: nnx.eval_shape(lambda: train.build_model(c, task)))
+            except ConfigError as e:
+                assert "shaped by the length" in str(e), (model, str(e))
+                refused.add(model)
+        assert refused == only, (script, refused, only)
