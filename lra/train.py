@@ -567,10 +567,16 @@ def _test_at_lengths(run: _Run, weights) -> dict[str, list]:
                                                        run.batch_sharding),
                                    out_shardings=run.replicated))
 
-    return lengths.test(run.length_plan + run.depth_plan + run.split_plan, run.config,
-                        run.task, compile_step=compile_step, log=_log,
+    plans = run.length_plan + run.depth_plan + run.split_plan
+    known, remember = {}, None
+    # One process: with several, each would read its own host's file and the collectives
+    # of the tests it skips would not match.
+    if plans and jax.process_count() == 1:
+        known, remember = lengths.tested_before(run.workdir, lengths.fingerprint(weights))
+    return lengths.test(plans, run.config, run.task, compile_step=compile_step, log=_log,
                         evaluate=lambda rows, step: _evaluate(run, weights, "test",
-                                                              rows=rows, step=step))
+                                                              rows=rows, step=step),
+                        known=known, remember=remember)
 
 
 def _write(run: _Run, test: dict, best_info: dict, test_weights: str) -> dict:

@@ -26,15 +26,22 @@ test splits made with other task options (flip-flop's tails): `split_accuracy`, 
 per named split, at the training length.
 
 `plan`, `depth_plan` and `split_plan` are made before training (a length the weights
-cannot take is refused then); `test` runs them after the usual test.
+cannot take is refused then); `test` runs them after the usual test. Each entry's metrics
+go to <workdir>/length_tests.jsonl as it is tested, keyed by the test weights' digest: a
+run stopped during these tests (they take most of a niah run) resumes them where it
+stopped, and says which rows it took from the file (`tested_before`).
 """
 from __future__ import annotations
 
 import ast
 import copy
+import hashlib
+import json
+import os
 from typing import Any, Callable
 
 import jax
+import numpy as np
 from flax import nnx
 
 from lra.errors import ConfigError
@@ -213,36 +220,96 @@ def plan(config, task, abstract_model_at: Callable[[Any], nnx.Module]) -> list[d
     return out
 
 
+TESTED_FILE = "length_tests.jsonl"  # in the workdir: each entry's metrics as tested
+
+
+def fingerprint(weights) -> str:
+    """A digest of the test weights' values (dtypes and shapes too): an entry tested
+    before is taken again only from the same weights, not from the same step of another
+    training in the same workdir."""
+    digest = hashlib.blake2b(digest_size=16)
+    for leaf in jax.tree.leaves(weights):
+        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):  # dropout's rngs
+            leaf = jax.random.key_data(leaf)
+        a = np.asarray(jax.device_get(leaf))
+        digest.update(f"{a.dtype}{a.shape}".encode())
+        digest.update(np.ascontiguousarray(a).tobytes())
+    return digest.hexdigest()
+
+
+def tested_before(workdir: str, weights_id: str
+                  ) -> tuple[dict[str, dict], Callable[[str, dict], None]]:
+    """(`test`'s known, remember) kept in <workdir>/length_tests.jsonl, a line per entry
+    tested: a run stopped during its tests at lengths (the 2K niah tests take most of a
+    run's time) resumes them where they stopped. Lines of other weights are ignored, an
+    unreadable line too (a line cut by the stop)."""
+    path = os.path.join(workdir, TESTED_FILE)
+    known = {}
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    item = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(item, dict) and item.get("weights") == weights_id:
+                    known[item["entry"]] = item["metrics"]
+
+    def remember(entry_id: str, metrics: dict) -> None:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"weights": weights_id, "entry": entry_id,
+                                "metrics": {k: float(v) for k, v in metrics.items()}})
+                    + "\n")
+    return known, remember
+
+
+def entry_key(entry: dict) -> str:
+    """What makes an entry's test split and the model it runs: its length, model length,
+    depth range or split name and task options, as one string (the `known` keys)."""
+    return json.dumps({k: entry.get(k) for k in ("length", "max_length", "depth", "split",
+                                                 "options")}, sort_keys=True, default=str)
+
+
 def test(plans: list[dict], config, task, *, compile_step: Callable[..., Callable],
-         evaluate: Callable[[dict, Callable], dict], log: Callable[[str], None]
-         ) -> dict[str, list]:
+         evaluate: Callable[[dict, Callable], dict], log: Callable[[str], None],
+         known: dict[str, dict] | None = None,
+         remember: Callable[[str, dict], None] | None = None) -> dict[str, list]:
     """Each entry of the plans (plan + depth_plan + split_plan) on its test split:
     {"length_accuracy", "depth_accuracy", "split_accuracy"}, lists of rows.
     compile_step(graphdef or None (the run's), config at the length, label slots) -> the
     jitted test step, compiled once per (model length, label slots); evaluate(rows, step)
-    -> the metrics."""
+    -> the metrics. known: metrics of entries already tested with these weights, by
+    entry_key (a run stopped during its tests: lra.train keeps them in the workdir), used
+    as they are and said so; remember(key, metrics) is told each entry tested here."""
     out = {"length_accuracy": [], "depth_accuracy": [], "split_accuracy": []}
     steps_at = {}
+    known = known or {}
     for entry in plans:
-        rows = task.load(config.data_dir, "test", entry["max_length"], **entry["options"])
-        at = config_at(config, entry["max_length"])
-        key = (entry["max_length"], label_slots({"test": rows}, at))
-        if key not in steps_at:
-            steps_at[key] = compile_step(entry["graphdef"], at, key[1])
-        got = evaluate(rows, steps_at[key])
+        entry_id = entry_key(entry)
+        if entry_id in known:
+            got, earlier = known[entry_id], " (tested before the run was resumed)"
+        else:
+            rows = task.load(config.data_dir, "test", entry["max_length"], **entry["options"])
+            at = config_at(config, entry["max_length"])
+            key = (entry["max_length"], label_slots({"test": rows}, at))
+            if key not in steps_at:
+                steps_at[key] = compile_step(entry["graphdef"], at, key[1])
+            got, earlier = evaluate(rows, steps_at[key]), ""
+            if remember is not None:
+                remember(entry_id, got)
         row = {"length": entry["length"], "max_length": entry["max_length"], **got}
         changed = extension(config, entry["max_length"])
         if changed:
             row["model_hparams"] = changed
         if "split" in entry:
             out["split_accuracy"].append({"split": entry["split"], **row})
-            log(f"split {entry['split']:>12} | test acc {got['accuracy']:.4f}")
+            log(f"split {entry['split']:>12} | test acc {got['accuracy']:.4f}{earlier}")
         elif "depth" not in entry:
             out["length_accuracy"].append(row)
-            log(f"length {entry['length']:>6} | test acc {got['accuracy']:.4f}")
+            log(f"length {entry['length']:>6} | test acc {got['accuracy']:.4f}{earlier}")
         else:
             lo, hi = entry["depth"]
             out["depth_accuracy"].append({**row, "depth_min": lo, "depth_max": hi})
             log(f"length {entry['length']:>6} depth [{lo:.2f}, {hi:.2f}) | test acc "
-                f"{got['accuracy']:.4f}")
+                f"{got['accuracy']:.4f}{earlier}")
     return out

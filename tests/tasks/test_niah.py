@@ -141,6 +141,38 @@ def test_runlocal_tests_every_length_and_depth(tmp_path):
     assert all(0.0 <= x["accuracy"] <= 1.0 for x in r["depth_accuracy"])
 
 
+def test_a_run_stopped_during_its_length_tests_resumes_them_where_it_stopped(tmp_path,
+                                                                            capsys):
+    """Each length and depth test is kept in the workdir as it is tested, keyed by the
+    test weights' digest: a run stopped among them (here: the file cut after two entries
+    and mid-line, results.json gone) tests only the rest on resuming, says which rows it
+    took, and writes the results an unstopped run writes. A kept row of other weights
+    is tested again."""
+    from lra import train
+    from lra.training import lengths
+
+    c = niah_config.get_config("model=gla,runlocal")
+    c.num_train_steps, c.eval_frequency, c.checkpoint_freq = 4, 4, 4
+    train.train_and_evaluate(c, str(tmp_path))
+    first = json.load(open(tmp_path / "results.json"))
+    kept = (tmp_path / lengths.TESTED_FILE).read_text().splitlines()
+    assert len(kept) == 5  # (96) and 2 depths at 48 and at 96
+    other = json.loads(kept[1])
+    other["weights"] = "0" * 32
+    (tmp_path / lengths.TESTED_FILE).write_text(
+        "\n".join([kept[0], json.dumps(other), kept[2], kept[3][:20]]) + "\n")
+    os.remove(tmp_path / "results.json")
+    capsys.readouterr()
+    train.train_and_evaluate(c, str(tmp_path))
+    again = json.load(open(tmp_path / "results.json"))
+    for field in ("length_accuracy", "depth_accuracy"):
+        assert again[field] == first[field]
+    resumed = capsys.readouterr().out
+    reused = [line for line in resumed.splitlines() if "tested before" in line]
+    assert len(reused) == 2, resumed  # kept[0] and kept[2]; kept[1]'s weights are others
+    assert len((tmp_path / lengths.TESTED_FILE).read_text().splitlines()) == 4 + 3
+
+
 def test_depth_buckets_are_refused_where_a_task_has_no_needles(tmp_path):
     from configs import mqar
     from lra import train
