@@ -23,8 +23,12 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ENV_DIR="${JAX_ENV_DIR:-$REPO/.jax-envs}"
 ROOT="$ENV_DIR/root"
 SUITE="${JAX_ENV_SUITE:-trixie}"
-# Variables handed to commands inside the root (pip's settings, certificates, proxies, CI).
-PASS_ENV='^(PIP_[A-Z_]*|SSL_CERT_FILE|SSL_CERT_DIR|REQUESTS_CA_BUNDLE|CURL_CA_BUNDLE|[Hh][Tt][Tt][Pp][Ss]?_[Pp][Rr][Oo][Xx][Yy]|[Nn][Oo]_[Pp][Rr][Oo][Xx][Yy]|CI|TERM|JAX_[A-Z_]*|XLA_FLAGS|PYTEST_ADDOPTS|PYTHONPATH)='
+# Variables handed to commands inside the root (pip's settings, certificates, proxies, CI),
+# and the grid scripts' knobs (scripts/*grid*.sh, scripts/cpu_grids.sh): without them
+# `STATUS=1 scripts/jax_env.sh run latest bash scripts/cpu_grids.sh` would run the queue.
+# PYTHON is not: a host path means nothing inside the root.
+GRID_ENV='STATUS|LIST|FROM|TO|MODELS|SEEDS|LRS|TASKS|LANGUAGE|FINISHED_IN|FOREGROUND|AT_TRAINING_LENGTH'
+PASS_ENV="^(PIP_[A-Z_]*|SSL_CERT_FILE|SSL_CERT_DIR|REQUESTS_CA_BUNDLE|CURL_CA_BUNDLE|[Hh][Tt][Tt][Pp][Ss]?_[Pp][Rr][Oo][Xx][Yy]|[Nn][Oo]_[Pp][Rr][Oo][Xx][Yy]|CI|TERM|JAX_[A-Z_]*|XLA_FLAGS|PYTEST_ADDOPTS|PYTHONPATH|$GRID_ENV)="
 
 die() { echo "jax_env: $*" >&2; exit 1; }
 log() { echo "jax_env: $*" >&2; }

@@ -389,3 +389,19 @@ def test_every_model_of_the_length_grids_is_tested_where_its_weights_can_be():
                 assert "shaped by the length" in str(e), (model, str(e))
                 refused.add(model)
         assert refused == only, (script, refused, only)
+
+
+def test_the_newest_jax_root_hands_every_grid_knob_to_the_grids():
+    """scripts/jax_env.sh runs a command in a root with a clean environment: each knob the
+    grid scripts read (STATUS, FROM, MODELS, ...) must be in its GRID_ENV, or `STATUS=1
+    scripts/jax_env.sh run latest bash scripts/cpu_grids.sh` runs the queue instead of
+    reporting on it. PYTHON (a host path) and TOTALS (set inside) are not handed over."""
+    import glob
+
+    knobs = set()
+    for path in glob.glob(os.path.join(REPO, "scripts", "*grid*.sh")):
+        knobs |= set(re.findall(r"\$\{([A-Z_]+)[:-]", open(path).read()))
+    text = open(os.path.join(REPO, "scripts", "jax_env.sh")).read()
+    (grid_env,) = re.findall(r"^GRID_ENV='([^']*)'", text, re.M)
+    assert knobs - {"PYTHON", "TOTALS"} == set(grid_env.split("|")), (knobs, grid_env)
+    assert "$GRID_ENV" in text.split("GRID_ENV=", 1)[1]
