@@ -207,10 +207,13 @@ def plan(config, task, abstract_model_at: Callable[[Any], nnx.Module]) -> list[d
                 # Learned positions are the embeddings'; anything else is the mixer's own
                 # weights (Synthesizer's dense logits), which no positions flag changes.
                 positions = all("['embeddings']" in k for k in moved)
+                # Every length past the trained one meets the same parameters.
+                only = (f"drop every length past {config.max_length} from "
+                        "config.eval_lengths (--config.eval_lengths= tests at the training "
+                        "length only)")
                 fix = ("learned positions: use --config.pos_emb=rotary, sinusoidal or "
-                       f"none, or drop {length} from config.eval_lengths" if positions else
-                       f"the mixer's own weights are shaped by the length: drop {length} "
-                       "from config.eval_lengths")
+                       f"none, or {only}" if positions else
+                       f"the mixer's own weights are shaped by the length: {only}")
                 raise ConfigError(
                     f"config.eval_lengths: {config.model} at length {max_length} has "
                     f"parameters or state shaped by the length ({names}): its trained "
