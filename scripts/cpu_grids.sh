@@ -20,6 +20,8 @@
 #   done
 #   STATUS=1 scripts/cpu_grids.sh   # runs nothing: each sweep's lra.sweep --status, then
 #                                   # each step's runs and time left, and the queue's
+#   STATUS=1 scripts/jax_env.sh run latest bash scripts/cpu_grids.sh   # the same there
+#                                   # (jax_env.sh hands these knobs into its root)
 #   LIST=1 scripts/cpu_grids.sh     # the steps, in order
 #   FROM=4 scripts/cpu_grids.sh     # from step 4 on
 #   STATUS=1 FROM=10 TO=12 scripts/cpu_grids.sh   # steps 10 to 12 only
