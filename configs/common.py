@@ -134,6 +134,10 @@ def base_config(*, task: str, model: str) -> ml_collections.ConfigDict:
     # ... and at the training length on test splits made with other task options, named:
     # "sparse:test_p_ignore=0.98;dense:test_p_ignore=0.1" (flip-flop's tails); "" = none.
     c.eval_splits = ""
+    # These three tests in another form of the same attention (e.g. "flash": the O(L)
+    # memory chunked softmax, equal to dense within float rounding); "" = the run's
+    # config.attention_impl. Training and the usual test keep config.attention_impl.
+    c.eval_attention_impl = ""
     c.checkpoint_freq = 500
     c.log_every_steps = 50
     # Stop after the evaluation whose validation accuracy exceeds this (Zoology's early
@@ -449,6 +453,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(
             f"config.attention_impl={config.attention_impl!r}; choose one of {ATTENTION_IMPLS}"
         )
+    eval_impl = config.get("eval_attention_impl", "")
+    if eval_impl and eval_impl not in ATTENTION_IMPLS:
+        raise ConfigError(f"config.eval_attention_impl={eval_impl!r}; choose one of "
+                          f"{ATTENTION_IMPLS}, or '' for config.attention_impl")
     for name in ("batch_size", "num_train_steps", "eval_frequency", "checkpoint_freq",
                  "log_every_steps", "max_length", "emb_dim", "num_heads", "num_layers",
                  "qkv_dim", "mlp_dim"):

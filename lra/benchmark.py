@@ -67,8 +67,10 @@ FLAGS = flags.FLAGS
 def _define_flags() -> None:
     # Defined only when run as a program, so importing this module (tests, notebooks,
     # other tools) never claims global absl flag names.
-    flags.DEFINE_enum("mode", "train_step", ["train_step", "mixer"],
-                      "Time a whole training step, or one mixer's forward+backward.")
+    flags.DEFINE_enum("mode", "train_step", ["train_step", "eval_step", "mixer"],
+                      "Time a whole training step, the task's eval step (the forward "
+                      "pass its tests run, at eval_batch_size rows unless --batch_size), "
+                      "or one mixer's forward+backward.")
     flags.DEFINE_list("models", ["transformer"], "Registry names, or 'all'; in train_step "
                       "mode a hybrid by its name, e.g. gla+transformer@1,3 (configs/hybrid.py; "
                       "the layers of the task config's num_layers, or --num_layers).")
@@ -79,11 +81,11 @@ def _define_flags() -> None:
                          "256 in mixer mode).")
     flags.DEFINE_integer("num_heads", 0, "Attention heads (0: the task config's; 4 in mixer "
                          "mode).")
-    flags.DEFINE_integer("num_layers", 0, "Layers in train_step mode (0: the task config's).")
-    flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "train_step mode: "
-                      "config.dtype, the compute dtype (parameters stay float32).")
+    flags.DEFINE_integer("num_layers", 0, "Layers in the step modes (0: the task config's).")
+    flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Step modes (train_step, "
+                      "eval_step): config.dtype, the compute dtype (parameters stay float32).")
     flags.DEFINE_enum("attention_impl", "dense", list(common.ATTENTION_IMPLS),
-                      "train_step mode: config.attention_impl for the variants that have "
+                      "Step modes: config.attention_impl for the variants that have "
                       "it; the others run their own (attention_impl=dense), marked in the "
                       "table's impl column.")
     flags.DEFINE_integer("repeats", 3, "Timed calls per cell (the median is reported); 0: "
@@ -91,13 +93,13 @@ def _define_flags() -> None:
                          "cannot run in reasonable time.")
     flags.DEFINE_string("task", "text", "Task whose config (model size, presets) is used; "
                         "LRA measured on text.")
-    flags.DEFINE_multi_string("override", [], "train_step mode: config overrides "
+    flags.DEFINE_multi_string("override", [], "Step modes: config overrides "
                               "field=value (repeatable), e.g. model_hparams.chunk_size=32 or "
                               "block.ffn=False. A model_hparams field applies to the measured "
                               "models whose builder takes it (refused if none does; the "
                               "references never take another variant's), any other field to "
                               "every model, the references included.")
-    flags.DEFINE_string("config_arg", "", "train_step mode: extra get_config arguments, "
+    flags.DEFINE_string("config_arg", "", "Step modes: extra get_config arguments, "
                         "e.g. 'mini' to time the mini configs' steps (how long a mini sweep "
                         "takes: steps x time per step).")
     flags.DEFINE_string("csv", None, "Also write each cell to this CSV file as it is "
@@ -180,11 +182,13 @@ def measure_train_step(model: str, length: int, *, task: str = "text", batch_siz
                        repeats: int = 3, attention_impl: str = "dense",
                        config_arg: str = "", dtype: str = "float32",
                        attention_dropout_rate: float | None = None,
-                       overrides: tuple[str, ...] = ()) -> dict:
+                       overrides: tuple[str, ...] = (), step: str = "train") -> dict:
     """Time (s) and compiled temporary memory (bytes) of one training step of `model` on
     `task`'s config (get_config("model=<model>,<config_arg>")) at max_length `length`
     (sizes: the config's, unless given; `attention_dropout_rate` overrides the config's;
-    `overrides`: --override's field=value pairs, apply_overrides)."""
+    `overrides`: --override's field=value pairs, apply_overrides); step="eval": of its
+    eval step instead (the forward pass a test runs, batch config.eval_batch_size unless
+    `batch_size`)."""
     import importlib
 
     import lra.tasks
@@ -203,6 +207,8 @@ def measure_train_step(model: str, length: int, *, task: str = "text", batch_siz
             config[field] = value
     hybrid.apply_name(config, model)  # a hybrid's name: its layers at this num_layers
     apply_overrides(config, overrides)
+    if step == "eval" and not batch_size and config.eval_batch_size:
+        config.batch_size = config.eval_batch_size
     task_info = lra.tasks.get(task)
     built, impl = build_model_with_impl(config, task_info, attention_impl)
     graphdef, params, rest = nnx.split(built, nnx.Param, ...)
@@ -223,23 +229,34 @@ def measure_train_step(model: str, length: int, *, task: str = "text", batch_siz
     # As a run does: a sequence_labels head on the labelled positions only where they are
     # few (MQAR: 4 of 64 positions, an 8,192-wide head).
     slots = objectives.label_slots({"train": batch}, config)
-    train_step, _ = train.make_steps(graphdef, tx, schedule, task_info.num_classes, config,
-                                     task_info.vocab_size, label_slots=slots)
-    compiled = jax.jit(train_step, donate_argnums=0).lower(state, batch).compile(
-        _MEMORY_ONLY_OPTIONS if repeats == 0 else None)
+    train_step, eval_step = train.make_steps(graphdef, tx, schedule, task_info.num_classes,
+                                             config, task_info.vocab_size, label_slots=slots)
+    if step == "eval":  # weights in, sums out: nothing to donate
+        state = {"params": params, "rest": rest}
+        batch["weights"] = np.ones((b,), np.float32)
+        compiled = jax.jit(eval_step).lower(state, batch).compile(
+            _MEMORY_ONLY_OPTIONS if repeats == 0 else None)
+    else:
+        compiled = jax.jit(train_step, donate_argnums=0).lower(state, batch).compile(
+            _MEMORY_ONLY_OPTIONS if repeats == 0 else None)
     analysis = compiled.memory_analysis()
     temp = getattr(analysis, "temp_size_in_bytes", None) if analysis is not None else None
     row = {"model": model, "length": length, "time_s": None, "temp_bytes": temp,
            "impl": impl}
     if repeats == 0:  # memory only: XLA's analysis needs no run
         return row
-    state, metrics = compiled(state, batch)  # warm-up
-    jax.block_until_ready(metrics)
+    def call():
+        nonlocal state
+        if step == "eval":
+            return compiled(state, batch)
+        state, metrics = compiled(state, batch)
+        return metrics
+
+    jax.block_until_ready(call())  # warm-up
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        state, metrics = compiled(state, batch)
-        jax.block_until_ready(metrics)
+        jax.block_until_ready(call())
         times.append(time.perf_counter() - start)
     row["time_s"] = statistics.median(times)
     stats = jax.devices()[0].memory_stats()
@@ -410,7 +427,7 @@ def measure_cell(model: str, length: int) -> dict:
     """One cell under the flags' settings; a variant that cannot run at L gives an error
     row saying why instead of raising."""
     try:
-        if FLAGS.mode == "train_step":
+        if FLAGS.mode in ("train_step", "eval_step"):
             fused = model == FUSED  # the reference: transformer, attention_impl=flash
             step = functools.partial(
                 measure_train_step, "transformer" if fused else model, length,
@@ -419,7 +436,7 @@ def measure_cell(model: str, length: int) -> dict:
                 repeats=FLAGS.repeats,
                 attention_impl="flash" if fused else FLAGS.attention_impl,
                 config_arg=FLAGS.config_arg, dtype=FLAGS.dtype,
-                overrides=tuple(FLAGS.override))
+                overrides=tuple(FLAGS.override), step=FLAGS.mode.partition("_")[0])
             try:
                 row = step()
             except FlashError as e:
@@ -493,8 +510,9 @@ def check_flags() -> list[int]:
         raise ValueError(f"--models: unknown {', '.join(unknown)}; available: "
                          f"{', '.join(registry.available())}")
     for override in FLAGS.override:
-        if FLAGS.mode != "train_step":
-            raise ValueError("--override is for --mode=train_step (a task config's model)")
+        if FLAGS.mode == "mixer":
+            raise ValueError("--override is for --mode=train_step or eval_step (a task "
+                             "config's model)")
         field, sep, _ = override.partition("=")
         if not sep or not field:
             raise ValueError(f"--override={override!r}: give field=value")
@@ -596,20 +614,20 @@ def main(argv):
                     else measure_cell(model, length))
         if FLAGS.csv:  # written as cells finish: a long run that is stopped keeps them
             append_csv(FLAGS.csv, rows[-1], settings)
-    what = (f"One training step of the {FLAGS.task}"
-            f"{':' + FLAGS.config_arg if FLAGS.config_arg else ''} model"
-            if FLAGS.mode == "train_step"
-            else "Forward+backward of one mixer")
+    stepped = FLAGS.mode in ("train_step", "eval_step")
+    what = (f"One {'training' if FLAGS.mode == 'train_step' else 'eval (test)'} step of "
+            f"the {FLAGS.task}{':' + FLAGS.config_arg if FLAGS.config_arg else ''} model"
+            if stepped else "Forward+backward of one mixer")
     sizes = ", ".join(f"{k} {v}" for k, v in (
         ("batch", FLAGS.batch_size), ("dim", FLAGS.dim), ("heads", FLAGS.num_heads),
         ("layers", FLAGS.num_layers)) if v) or "the task config's sizes"
-    attention_impl = FLAGS.attention_impl if FLAGS.mode == "train_step" else "dense"
+    attention_impl = FLAGS.attention_impl if stepped else "dense"
     if attention_impl != "dense":
         what += (f" (attention_impl={attention_impl} where a variant has it, else its own: "
                  "the impl column)")
-    if FLAGS.mode == "train_step" and FLAGS.dtype != "float32":
+    if stepped and FLAGS.dtype != "float32":
         what += f", computing in {FLAGS.dtype}"
-    if FLAGS.mode == "train_step" and FLAGS.override:
+    if stepped and FLAGS.override:
         what += (", with " + ", ".join(FLAGS.override) + " (model_hparams: the models that "
                  "take them)")
     print(f"{what}; {sizes}; {platform}, jax {jax.__version__}. "

@@ -227,9 +227,13 @@ def _init_state(run: _Run) -> None:
     # What the model shares with the other mixers of a comparison, measured on it.
     run.scaffold_card = card.card(
         config, nnx.eval_shape(lambda: build_model(config, task, spec)), spec=spec)
-    # config.eval_lengths: the model at each length, checked now to take these weights.
-    run.length_plan = lengths.plan(config, task,
-                                   lambda c: nnx.eval_shape(lambda: build_model(c, task)))
+    # config.eval_lengths: the model at each length, checked now to take these weights
+    # (first in config.eval_attention_impl's form, where that is another one).
+    def abstract_model_at(c):
+        return nnx.eval_shape(lambda: build_model(c, task))
+
+    run.test_graphdef = lengths.graphdef_at_training_length(config, abstract_model_at)
+    run.length_plan = lengths.plan(config, task, abstract_model_at)
     run.depth_plan = lengths.depth_plan(config, task, run.length_plan)  # eval_depth_buckets
     run.split_plan = lengths.split_plan(config, task)  # config.eval_splits
     # A (data, model) mesh; parameters and optimizer state placed by config.sharding's
@@ -561,13 +565,18 @@ def _test_at_lengths(run: _Run, weights) -> dict[str, list]:
     """The test weights on the test split made at each config.eval_lengths length, per
     needle depth range (eval_depth_buckets) and with other task options (eval_splits)."""
     def compile_step(graphdef, at, slots):
-        _, step = make_steps(graphdef or run.graphdef, run.tx, run.schedule,
-                             run.task.num_classes, at, run.task.vocab_size, label_slots=slots)
+        _, step = make_steps(graphdef or run.test_graphdef or run.graphdef, run.tx,
+                             run.schedule, run.task.num_classes, at, run.task.vocab_size,
+                             label_slots=slots)
         return run.in_mesh(jax.jit(step, in_shardings=(run.weights_shardings,
                                                        run.batch_sharding),
                                    out_shardings=run.replicated))
 
     plans = run.length_plan + run.depth_plan + run.split_plan
+    if plans and run.test_graphdef is not None:
+        _log(f"tested in attention_impl={lengths.test_impl(run.config)} "
+             "(config.eval_attention_impl; trained in "
+             f"attention_impl={run.config.attention_impl})")
     known, remember = {}, None
     # One process: with several, each would read its own host's file and the collectives
     # of the tests it skips would not match.

@@ -83,6 +83,23 @@ def test_a_task_with_a_label_per_position_times_its_own_rows(monkeypatch):
     assert not batch["mask"].all()  # rows of 3..12 tokens, padded to 31
 
 
+def test_eval_step_mode_times_the_tests_forward_pass(monkeypatch):
+    """--mode=eval_step: the task's eval step, at its eval_batch_size (niah's runlocal: 32
+    rows where it trains on 8), weights in and sums out; less temporary memory than the
+    training step, which keeps activations for the backward pass."""
+    sizes = []
+    real = benchmark.generated_batch
+    monkeypatch.setattr(benchmark, "generated_batch",
+                        lambda config, *a: sizes.append(config.batch_size) or real(config, *a))
+    train_row, eval_row = (benchmark.measure_train_step(
+        "transformer", 48, task="niah", config_arg="runlocal", repeats=1, step=step)
+        for step in ("train", "eval"))
+    assert sizes == [8, 32]
+    assert eval_row["time_s"] > 0 and eval_row["temp_bytes"] > 0
+    per_row = [r["temp_bytes"] / n for r, n in zip((train_row, eval_row), sizes)]
+    assert per_row[1] < per_row[0]
+
+
 def test_memory_only_cells():
     rows = [benchmark.measure_train_step(m, 64, task="listops", batch_size=2, dim=16,
                                          num_heads=2, num_layers=1, repeats=0)

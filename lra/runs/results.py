@@ -14,7 +14,10 @@ import sys
 # included (another path may be other data), keeps runs apart. lra.sweep uses the same list
 # to decide that a finished run is the one it would start.
 SEED_FIELD = "random_seed"
-NON_RESULT_FIELDS = ("log_every_steps", "checkpoint_freq", "mesh_shape", "sharding")
+# eval_attention_impl: the tests at other lengths in another form of the same attention
+# (lra/training/lengths.py), equal within float rounding as sharding is.
+NON_RESULT_FIELDS = ("log_every_steps", "checkpoint_freq", "mesh_shape", "sharding",
+                     "eval_attention_impl")
 # Config fields added after runs were recorded, with the value a run that does not record
 # one had: it ran before the field existed, i.e. as the default does. lra.report fills
 # them in, so that an older run and a new one of the same config share a row (a missing
@@ -29,6 +32,7 @@ IMPLIED_WHEN_ABSENT = {"dtype": "float32", "param_dtype": "float32", "recipe": "
                        "hybrid.offset": 0, "hybrid.pattern": "", "layers": "",  # flatten: ""
                        # where the test weights are tested again (lra/training/lengths.py)
                        "eval_lengths": "", "eval_depth_buckets": 0, "eval_splits": "",
+                       "eval_attention_impl": "",
                        # a benchmark's initialisation and tied head (configs/scaffold.py)
                        "init_scheme": "own", "tie_head": False, "scaffold.init": "own",
                        "scaffold.tie_head": False}

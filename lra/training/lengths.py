@@ -157,13 +157,20 @@ def extension(config, max_length: int) -> dict:
     return {}
 
 
+def test_impl(config) -> str:
+    """The attention_impl the tests here run in: config.eval_attention_impl, else the
+    run's own."""
+    return str(config.get("eval_attention_impl", "") or config.attention_impl)
+
+
 def config_at(config, max_length: int):
     """The run's config with the model at another length, its hparams as resolved (and
-    `extension`'s changes)."""
+    `extension`'s changes), in the tests' attention_impl (`test_impl`)."""
     c = copy.deepcopy(config)
     changes = extension(config, max_length)
     with c.unlocked():
         c.max_length = max_length
+        c.attention_impl = test_impl(config)
         for name, value in changes.items():
             c.model_hparams[name] = value
     return c
@@ -221,6 +228,27 @@ def plan(config, task, abstract_model_at: Callable[[Any], nnx.Module]) -> list[d
         out.append({"length": length, "max_length": max_length, "options": options,
                     "graphdef": graphdef})
     return out
+
+
+def graphdef_at_training_length(config, abstract_model_at: Callable[[Any], nnx.Module]):
+    """The graphdef the entries at the training length (graphdef None) are tested with
+    when config.eval_attention_impl changes the form (None: the run's own), checked
+    before training to hold the trained weights as they are."""
+    if test_impl(config) == config.attention_impl:
+        return None
+    trained = _shapes(nnx.state(abstract_model_at(config)))
+    try:
+        model = abstract_model_at(config_at(config, config.max_length))
+    except ValueError as e:  # the builder's refusal: the variant has no such form
+        raise ConfigError(f"config.eval_attention_impl={test_impl(config)!r}: "
+                          f"{config.model} cannot be built so ({e}); set it to ''") from None
+    moved = [k for k, v in _shapes(nnx.state(model)).items() if trained.get(k) != v]
+    if moved or len(trained) != len(_shapes(nnx.state(model))):
+        raise ConfigError(
+            f"config.eval_attention_impl={test_impl(config)!r}: {config.model} has other "
+            f"parameters in that form than in config.attention_impl="
+            f"{config.attention_impl!r} ({', '.join(moved[:3])}); set it to ''")
+    return nnx.split(model, nnx.Param, ...)[0]
 
 
 TESTED_FILE = "length_tests.jsonl"  # in the workdir: each entry's metrics as tested

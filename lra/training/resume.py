@@ -21,9 +21,10 @@ if TYPE_CHECKING:
 # Resuming (re-running a workdir): every config field must be as the run has it, except
 # these, which change neither the model, the data order nor the optimisation
 # (eval_lengths, eval_depth_buckets, eval_splits: where the test weights are tested
-# after training):
+# after training; eval_attention_impl: in which form):
 RESUME_FREE_FIELDS = ("data_dir", "log_every_steps", "checkpoint_freq", "mesh_shape",
-                      "sharding", "eval_lengths", "eval_depth_buckets", "eval_splits")
+                      "sharding", "eval_lengths", "eval_depth_buckets", "eval_splits",
+                      "eval_attention_impl")
 # num_train_steps may change while it is not below the step the run resumes from and the
 # schedule does not depend on it (cosine_decay with steps_per_cycle=0 does): a longer or
 # shorter run of the same trajectory. The data's content is compared too (a fingerprint),

@@ -220,3 +220,81 @@ def test_mega_runs_past_its_training_length_as_mega_chunk(tmp_path):
     (row,) = r["length_accuracy"]
     assert (row["length"], row["model_hparams"]) == (96, {"chunk_size": 48})
     assert all("model_hparams" not in x for x in r["depth_accuracy"] if x["length"] == 48)
+
+
+def test_the_length_tests_run_in_the_flash_form_equal_to_dense(tmp_path, monkeypatch):
+    """configs/niah.py tests transformer's longer lengths and depths in its flash form
+    (config.eval_attention_impl), trained in dense: the flash kernel is traced only for
+    those tests, and they give what the dense form gives (accuracy equal, loss within
+    float rounding)."""
+    from lra import train
+    from models.kernels import flash_attention
+
+    calls = []
+    chunked = flash_attention._FORMS["chunked"]
+    monkeypatch.setitem(flash_attention._FORMS, "chunked",
+                        lambda *a, **k: calls.append(1) or chunked(*a, **k))
+    results = {}
+    for impl in ("flash", ""):
+        c = niah_config.get_config("model=transformer,runlocal")
+        assert c.attention_impl == "dense" and c.eval_attention_impl == "flash"
+        c.eval_attention_impl = impl
+        c.num_train_steps, c.eval_frequency, c.checkpoint_freq = 4, 4, 4
+        calls.clear()
+        train.train_and_evaluate(c, str(tmp_path / (impl or "dense")))
+        results[impl] = json.load(open(tmp_path / (impl or "dense") / "results.json"))
+        assert bool(calls) == (impl == "flash"), impl
+    flash, dense = results["flash"], results[""]
+    assert flash["test_accuracy"] == dense["test_accuracy"]
+    for field in ("length_accuracy", "depth_accuracy"):
+        assert len(flash[field]) == len(dense[field]) > 0
+        for a, b in zip(flash[field], dense[field]):
+            assert a["accuracy"] == b["accuracy"]
+            assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+
+
+def test_every_flash_tested_variant_takes_its_weights_in_that_form():
+    """FLASH_TESTED's variants build in the flash form at the mini's length with the
+    trained parameters' shapes; a variant without that form is refused before it trains,
+    and so is an unknown form."""
+    from flax import nnx
+
+    from lra import tasks, train
+    from lra.training import lengths
+
+    task = tasks.get("niah")
+
+    def at(c):
+        return nnx.eval_shape(lambda: train.build_model(c, task))
+
+    for model in niah_config.FLASH_TESTED:
+        c = niah_config.get_config(f"model={model},mini")
+        assert lengths.graphdef_at_training_length(c, at) is not None, model
+    c = niah_config.get_config("model=gla,mini")
+    assert c.eval_attention_impl == "" and lengths.graphdef_at_training_length(c, at) is None
+    c.eval_attention_impl = "flash"
+    with pytest.raises(ConfigError, match="eval_attention_impl='flash': gla cannot be built"):
+        lengths.graphdef_at_training_length(c, at)
+    c.eval_attention_impl = "fast"
+    with pytest.raises(ConfigError, match="eval_attention_impl='fast'; choose one of"):
+        from configs import common
+        common.validate(c)
+
+
+def test_the_tests_form_may_change_when_a_run_resumes():
+    """A run recorded before eval_attention_impl existed, or with another value, resumes
+    with the config's (it changes only the form the tests after training run in); a
+    field that changes the training still refuses."""
+    from lra.training import resume
+
+    config = niah_config.get_config("model=transformer,runlocal")
+    saved = config.to_dict()
+    for before in ("", None):
+        if before is None:
+            saved.pop("eval_attention_impl")
+        else:
+            saved["eval_attention_impl"] = before
+        resume.check_compatible(saved, config, "w", step=4, diverged=False)
+    config.learning_rate = 0.5
+    with pytest.raises(ConfigError, match="learning_rate"):
+        resume.check_compatible(saved, config, "w", step=4, diverged=False)
