@@ -186,6 +186,32 @@ def test_a_sweeps_runs_share_a_compilation_cache(tmp_path, monkeypatch):
     assert not os.path.exists(tmp_path / "x")
 
 
+def test_a_sweeps_runs_ask_glibc_for_huge_pages(tmp_path, monkeypatch):
+    """Each run starts with glibc.malloc.hugetlb=1 in GLIBC_TUNABLES (XLA's per-step
+    buffers without a page fault per 4 KiB), added to the user's other tunables; a
+    hugetlb value the user set is kept."""
+    def command(task, model, seed, config_arg, workdir, overrides):
+        config = plan.expected_config(task, model, seed, config_arg, overrides)
+        return [sys.executable, "-c",
+                "import json, os\n"
+                f"open({str(tmp_path / 'seen')!r}, 'a').write("
+                "repr(os.environ.get('GLIBC_TUNABLES')) + '\\n')\n"
+                f"json.dump({{'config': {config!r}}}, open({workdir!r} + '/results.json', 'w'))"]
+    monkeypatch.setattr(plan, "command", command)
+    for i, given in enumerate([None, "glibc.malloc.arena_max=2", "glibc.malloc.hugetlb=0"]):
+        if given is None:
+            monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+        else:
+            monkeypatch.setenv("GLIBC_TUNABLES", given)
+        done = sweep.sweep(**SWEEP, seeds=[0], sweep_dir=str(tmp_path / f"s{i}"),
+                           overrides=[], log=lambda _: None)
+        assert done["done"] == [("transformer", 0)]
+    lines = (tmp_path / "seen").read_text().splitlines()
+    assert lines == [repr("glibc.malloc.hugetlb=1"),
+                     repr("glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"),
+                     repr("glibc.malloc.hugetlb=0")]
+
+
 def test_a_run_another_process_holds_is_left_to_it(listops_dir, tmp_path):
     """Two sweeps of one grid share its runs: launch.py refuses a workdir whose lock a live
     run holds (exit code 75), and the sweep leaves that run to it, not failed."""
