@@ -25,6 +25,10 @@ ranges of the context (`Task.at_depth`): results.json `depth_accuracy`, one row 
 test splits made with other task options (flip-flop's tails): `split_accuracy`, one row
 per named split, at the training length.
 
+`config.eval_attention_impl` (e.g. "flash") runs all of these tests in another form of the
+same attention than the run trained in (`test_impl`, `graphdef_at_training_length`): the
+O(L)-memory form at long lengths, checked before training to take the weights as they are.
+
 `plan`, `depth_plan` and `split_plan` are made before training (a length the weights
 cannot take is refused then); `test` runs them after the usual test. Each entry's metrics
 go to <workdir>/length_tests.jsonl as it is tested, keyed by the test weights' digest: a
@@ -242,8 +246,9 @@ def graphdef_at_training_length(config, abstract_model_at: Callable[[Any], nnx.M
     except ValueError as e:  # the builder's refusal: the variant has no such form
         raise ConfigError(f"config.eval_attention_impl={test_impl(config)!r}: "
                           f"{config.model} cannot be built so ({e}); set it to ''") from None
-    moved = [k for k, v in _shapes(nnx.state(model)).items() if trained.get(k) != v]
-    if moved or len(trained) != len(_shapes(nnx.state(model))):
+    shapes = _shapes(nnx.state(model))
+    moved = sorted(k for k in trained.keys() | shapes.keys() if trained.get(k) != shapes.get(k))
+    if moved:
         raise ConfigError(
             f"config.eval_attention_impl={test_impl(config)!r}: {config.model} has other "
             f"parameters in that form than in config.attention_impl="
@@ -307,11 +312,11 @@ def test(plans: list[dict], config, task, *, compile_step: Callable[..., Callabl
          remember: Callable[[str, dict], None] | None = None) -> dict[str, list]:
     """Each entry of the plans (plan + depth_plan + split_plan) on its test split:
     {"length_accuracy", "depth_accuracy", "split_accuracy"}, lists of rows.
-    compile_step(graphdef or None (the run's), config at the length, label slots) -> the
-    jitted test step, compiled once per (model length, label slots); evaluate(rows, step)
-    -> the metrics. known: metrics of entries already tested with these weights, by
-    entry_key (a run stopped during its tests: lra.train keeps them in the workdir), used
-    as they are and said so; remember(key, metrics) is told each entry tested here."""
+    compile_step(graphdef or None (the run's, in the tests' form), config at the length,
+    label slots) -> the jitted test step, compiled once per (model length, label slots);
+    evaluate(rows, step) -> the metrics. known: metrics of entries already tested with
+    these weights, by entry_key (a run stopped during its tests: lra.train keeps them in
+    the workdir), used as they are and said so; remember(key, metrics) is told each entry tested here."""
     out = {"length_accuracy": [], "depth_accuracy": [], "split_accuracy": []}
     steps_at = {}
     known = known or {}
