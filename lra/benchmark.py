@@ -630,6 +630,11 @@ def main(argv):
     if stepped and FLAGS.override:
         what += (", with " + ", ".join(FLAGS.override) + " (model_hparams: the models that "
                  "take them)")
+    if platform == "cpu":  # 1.3-1.7x on a step (results/cpu/malloc_huge_pages.md)
+        pages = ("huge pages" if "glibc.malloc.hugetlb=1" in os.environ.get(
+            "GLIBC_TUNABLES", "") else "4 KiB pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=1 "
+            "gives huge ones)")
+        platform = f"cpu, malloc on {pages}"
     print(f"{what}; {sizes}; {platform}, jax {jax.__version__}. "
           f"Cells: time per step, XLA temporary memory (ratios to {FUSED}, the fused "
           "reference: cuDNN on GPU, splash on TPU, the O(L)-memory chunked form on CPU; "

@@ -147,6 +147,7 @@ def test_program_resumes_from_its_csv(tmp_path):
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
     assert "| linear |" in first.stdout and "x less mem" in first.stdout
+    assert "cpu, malloc on " in first.stdout  # the page size its times were measured with
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stderr[-2000:]
     assert "reusing 3 cells" in second.stderr and "L=32" not in second.stderr  # no progress
