@@ -149,19 +149,23 @@ def test_report_marks_runs_that_reduce_to_dense_attention(tmp_path):
 
 
 
-def test_a_sweeps_runs_share_a_compilation_cache(tmp_path, monkeypatch):
-    """Each run is started with JAX_COMPILATION_CACHE_DIR: the sweep's own folder by
-    default, the user's where it is set, another folder, or none."""
-    seen = []
-
+def _runs_write_down(variable, path, monkeypatch):
+    """Each run the sweep starts appends repr(os.environ.get(variable)) to `path` and
+    writes a results.json of the expected config, in place of training."""
     def command(task, model, seed, config_arg, workdir, overrides):
         config = plan.expected_config(task, model, seed, config_arg, overrides)
         return [sys.executable, "-c",
                 "import json, os\n"
-                f"open({str(tmp_path / 'seen')!r}, 'a').write("
-                "repr(os.environ.get('JAX_COMPILATION_CACHE_DIR')) + '\\n')\n"
+                f"open({str(path)!r}, 'a').write(repr(os.environ.get({variable!r})) + '\\n')\n"
                 f"json.dump({{'config': {config!r}}}, open({workdir!r} + '/results.json', 'w'))"]
     monkeypatch.setattr(plan, "command", command)
+
+
+def test_a_sweeps_runs_share_a_compilation_cache(tmp_path, monkeypatch):
+    """Each run is started with JAX_COMPILATION_CACHE_DIR: the sweep's own folder by
+    default, the user's where it is set, another folder, or none."""
+    seen = []
+    _runs_write_down("JAX_COMPILATION_CACHE_DIR", tmp_path / "seen", monkeypatch)
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
     for i, cache in enumerate(["sweep", "none", str(tmp_path / "mine")]):
         sweep_dir = tmp_path / f"sweep{i}"
@@ -190,14 +194,7 @@ def test_a_sweeps_runs_ask_glibc_for_huge_pages(tmp_path, monkeypatch):
     """Each run starts with glibc.malloc.hugetlb=1 in GLIBC_TUNABLES (XLA's per-step
     buffers without a page fault per 4 KiB), added to the user's other tunables; a
     hugetlb value the user set is kept."""
-    def command(task, model, seed, config_arg, workdir, overrides):
-        config = plan.expected_config(task, model, seed, config_arg, overrides)
-        return [sys.executable, "-c",
-                "import json, os\n"
-                f"open({str(tmp_path / 'seen')!r}, 'a').write("
-                "repr(os.environ.get('GLIBC_TUNABLES')) + '\\n')\n"
-                f"json.dump({{'config': {config!r}}}, open({workdir!r} + '/results.json', 'w'))"]
-    monkeypatch.setattr(plan, "command", command)
+    _runs_write_down("GLIBC_TUNABLES", tmp_path / "seen", monkeypatch)
     for i, given in enumerate([None, "glibc.malloc.arena_max=2", "glibc.malloc.hugetlb=0"]):
         if given is None:
             monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
