@@ -381,7 +381,9 @@ def _lost_peer(error: Exception, workdir: str) -> None:
 
 
 def run() -> None:
-    """The command: `python -m lra.launch`, `python launch.py`, `lra-launch`."""
+    """The command: `python -m lra.launch`, `python launch.py`, `lra-launch`; run again
+    with glibc's malloc on huge pages where it is not (cli.exec_with_huge_pages)."""
+    cli.exec_with_huge_pages("lra.launch")
     supervise(sys.argv)
     app.run(main, flags_parser=parse_flags)
 

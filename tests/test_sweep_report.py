@@ -209,6 +209,41 @@ def test_a_sweeps_runs_ask_glibc_for_huge_pages(tmp_path, monkeypatch):
                      repr("glibc.malloc.hugetlb=0")]
 
 
+def test_launch_runs_itself_again_with_huge_pages(tmp_path, monkeypatch):
+    """`launch.py` (lra.launch.run) first runs itself again, same pid and arguments, with
+    glibc.malloc.hugetlb=1 where GLIBC_TUNABLES does not choose it (glibc reads tunables
+    only at a process's start); a value the user chose is kept, and it runs once."""
+    import subprocess
+
+    from lra import launch
+    from lra.runs import cli
+
+    (tmp_path / "probe.py").write_text(
+        "import os, sys\n"
+        "from lra.runs import cli\n"
+        "print('start', os.getpid(), flush=True)\n"
+        "cli.exec_with_huge_pages('probe')\n"
+        "print(repr(os.environ.get('GLIBC_TUNABLES')), os.getpid(), sys.argv[1:])\n")
+    for given, expected in ((None, "glibc.malloc.hugetlb=1"),
+                            ("glibc.malloc.hugetlb=0", "glibc.malloc.hugetlb=0")):
+        env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+        env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), REPO])
+        if given:
+            env["GLIBC_TUNABLES"] = given
+        out = subprocess.run([sys.executable, "-m", "probe", "a", "--b=1"], cwd=tmp_path,
+                             env=env, capture_output=True, text=True, timeout=120).stdout
+        lines = out.splitlines()
+        starts = [line.split()[1] for line in lines if line.startswith("start ")]
+        assert lines[-1] == f"{expected!r} {starts[0]} ['a', '--b=1']", out
+        assert len(starts) == (2 if given is None else 1) and len(set(starts)) == 1
+    seen = []
+    monkeypatch.setattr(cli, "exec_with_huge_pages", seen.append)
+    monkeypatch.setattr(launch, "supervise", lambda argv: None)
+    monkeypatch.setattr(launch.app, "run", lambda *a, **k: None)
+    launch.run()
+    assert seen == ["lra.launch"]
+
+
 def test_a_run_another_process_holds_is_left_to_it(listops_dir, tmp_path):
     """Two sweeps of one grid share its runs: launch.py refuses a workdir whose lock a live
     run holds (exit code 75), and the sweep leaves that run to it, not failed."""

@@ -250,26 +250,6 @@ SWEEP_CACHE = "sweep"
 CACHE_VARIABLE = "JAX_COMPILATION_CACHE_DIR"
 
 
-# glibc's malloc (2.35 and later) asks for transparent huge pages for its heap and its
-# mmapped chunks. XLA on CPU allocates and frees its large temporary buffers every step;
-# with 4 KiB pages each new buffer is page-faulted in and zeroed again, a third of a run's
-# CPU time in the kernel on the lab's machine. With this tunable niah's training steps
-# ran 1.3-1.7x faster (results/cpu/malloc_huge_pages.md); results are unchanged (memory
-# placement only). Older glibc, non-glibc systems and THP set to never ignore it.
-HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"
-TUNABLES_VARIABLE = "GLIBC_TUNABLES"
-
-
-def with_huge_pages(env: dict) -> dict:
-    """`env` with HUGE_PAGES_TUNABLE added to GLIBC_TUNABLES, unless the user chose a
-    glibc.malloc.hugetlb value there already (kept, e.g. =0 to turn this off)."""
-    tunables = env.get(TUNABLES_VARIABLE, "")
-    if "glibc.malloc.hugetlb=" in tunables:
-        return env
-    env[TUNABLES_VARIABLE] = ":".join(filter(None, [tunables, HUGE_PAGES_TUNABLE]))
-    return env
-
-
 def run_environment(sweep_dir: str, compilation_cache: str = SWEEP_CACHE,
                     environ: dict | None = None) -> dict:
     """The environment of a sweep's runs: this process's (`environ`), with
@@ -277,11 +257,11 @@ def run_environment(sweep_dir: str, compilation_cache: str = SWEEP_CACHE,
     unless the variable is set already (the user's cache is kept); 'none' runs without a
     cache; anything else is a folder (made absolute: runs run in cli.run_root()). JAX
     creates the folder when it first writes. ValueError (one line) for an empty value.
-    glibc's malloc is asked for huge pages (`with_huge_pages`)."""
+    glibc's malloc is asked for huge pages (`cli.with_huge_pages`)."""
     if not compilation_cache.strip():  # abspath("") would be the folder runs start in
         raise ValueError("--compilation_cache is empty; give 'sweep' (<sweep_dir>/xla_cache), "
                          "a folder, or 'none'")
-    env = with_huge_pages(dict(os.environ if environ is None else environ))
+    env = cli.with_huge_pages(dict(os.environ if environ is None else environ))
     if compilation_cache == "none":
         env.pop(CACHE_VARIABLE, None)
     elif compilation_cache == SWEEP_CACHE:
