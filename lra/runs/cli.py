@@ -65,10 +65,9 @@ def exec_with_huge_pages(module: str) -> None:
     command again as `python -m <module> <argv>` in this process (exec: same pid, nothing
     printed yet) with `with_huge_pages`' environment: glibc reads its tunables only when
     a process starts. Returns where there is nothing to do or exec fails."""
-    if not sys.platform.startswith("linux") or "glibc.malloc.hugetlb=" in os.environ.get(
-            TUNABLES_VARIABLE, ""):
-        return
     env = with_huge_pages(dict(os.environ))
+    if not sys.platform.startswith("linux") or env == dict(os.environ):
+        return
     # As a module, whichever way it was started (a script, -m, a console script).
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [PACKAGES_ROOT, env.get("PYTHONPATH")]))
     sys.stdout.flush()

@@ -316,7 +316,8 @@ def test(plans: list[dict], config, task, *, compile_step: Callable[..., Callabl
     label slots) -> the jitted test step, compiled once per (model length, label slots);
     evaluate(rows, step) -> the metrics. known: metrics of entries already tested with
     these weights, by entry_key (a run stopped during its tests: lra.train keeps them in
-    the workdir), used as they are and said so; remember(key, metrics) is told each entry tested here."""
+    the workdir), used as they are and said so; remember(key, metrics) is told each entry
+    tested here."""
     out = {"length_accuracy": [], "depth_accuracy": [], "split_accuracy": []}
     steps_at = {}
     known = known or {}
