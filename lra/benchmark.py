@@ -631,9 +631,9 @@ def main(argv):
         what += (", with " + ", ".join(FLAGS.override) + " (model_hparams: the models that "
                  "take them)")
     if platform == "cpu":  # 1.3-1.7x on a step (results/cpu/malloc_huge_pages.md)
-        pages = ("huge pages" if "glibc.malloc.hugetlb=1" in os.environ.get(
-            "GLIBC_TUNABLES", "") else "4 KiB pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=1 "
-            "gives huge ones)")
+        pages = cli.malloc_pages(dict(os.environ))
+        if pages != "huge pages":
+            pages = f"{pages} (GLIBC_TUNABLES={cli.HUGE_PAGES_TUNABLE} gives huge ones)"
         platform = f"cpu, malloc on {pages}"
     print(f"{what}; {sizes}; {platform}, jax {jax.__version__}. "
           f"Cells: time per step, XLA temporary memory (ratios to {FUSED}, the fused "

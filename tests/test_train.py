@@ -1,6 +1,7 @@
 """The training loop end to end: results, resume after SIGKILL, SIGTERM, divergence, errors."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from lra import train
+from lra.runs import cli
 from lra.training import optim
 from lra.errors import ConfigError, DataError
 from models import registry
@@ -56,6 +58,10 @@ def test_train_and_evaluate_writes_results(tiny_listops_config, listops_dir, tmp
     assert all(seconds[k] > 0 for k in ("wall", "train", "evaluation", "test")), seconds
     assert seconds["train"] + seconds["evaluation"] + seconds["test"] < seconds["wall"]
     assert on_disk["device_kind"] == jax.devices()[0].device_kind  # "cpu" here
+    # The malloc pages this process has (steps/s compare only under the same pages).
+    assert on_disk["host_malloc"] == cli.malloc_pages(dict(os.environ))
+    assert on_disk["host_malloc"] is None or re.fullmatch(r"huge pages|\d+ KiB pages",
+                                                           on_disk["host_malloc"])
     for key in REQUIRED_RESULT_KEYS:
         assert key in on_disk, key
     assert on_disk["test_accuracy"] == results["test_accuracy"]

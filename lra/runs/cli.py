@@ -60,6 +60,24 @@ def with_huge_pages(env: dict) -> dict:
     return env
 
 
+def malloc_pages(env: dict) -> str | None:
+    """The pages glibc's malloc gives a process started with `env`: 'huge pages' where
+    GLIBC_TUNABLES sets glibc.malloc.hugetlb to 1 or 2 (the last setting counts), else the
+    machine's base page ('4 KiB pages'); None off Linux. results.json records it
+    (host_malloc) beside its steps/s, lra.benchmark names it in its header, and
+    lra.sweep --status times a run by the finished runs made under the pages it will get."""
+    if not sys.platform.startswith("linux"):
+        return None
+    value = ""
+    for item in env.get(TUNABLES_VARIABLE, "").split(":"):
+        name, _, setting = item.partition("=")
+        if name == "glibc.malloc.hugetlb":
+            value = setting
+    if value in ("1", "2"):
+        return "huge pages"
+    return f"{os.sysconf('SC_PAGE_SIZE') // 1024} KiB pages"
+
+
 def exec_with_huge_pages(module: str) -> None:
     """On Linux, when GLIBC_TUNABLES does not choose glibc.malloc.hugetlb, runs this
     command again as `python -m <module> <argv>` in this process (exec: same pid, nothing

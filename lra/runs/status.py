@@ -26,6 +26,9 @@ step left, the test (the other lengths included), and the rest (set-up, compilat
 checkpoint saves) for a run not running now; where no finished run of the model records
 it (runs before 2026-12-06), its runs count training only, and the line says so. Runs that
 stop early (an early-stop accuracy) end sooner: an estimate, not a promise.
+Of a model's finished runs, those made under the JAX version and malloc pages its runs will
+get now (results.json jax_version and host_malloc: huge pages made CPU steps 1.3-1.7x
+faster) time it where there are any; runs of other versions or pages otherwise.
 """
 from __future__ import annotations
 
@@ -64,6 +67,24 @@ def _owner(workdir: str) -> dict | None:
     from lra.training import checkpoint  # orbax: only when a lock is there
 
     return checkpoint.WorkdirLock(workdir).live_owner()
+
+
+def current_environment() -> tuple[str | None, str | None]:
+    """The JAX version and malloc pages a run started now gets (lra.sweep starts every run
+    with `cli.with_huge_pages`), as results.json records them."""
+    from importlib import metadata
+
+    from lra.runs import cli
+
+    try:
+        version = metadata.version("jax")
+    except metadata.PackageNotFoundError:
+        version = None
+    return version, cli.malloc_pages(cli.with_huge_pages(dict(os.environ)))
+
+
+def _current(r: dict, now: tuple) -> bool:
+    return (r.get("jax_version"), r.get("host_malloc")) == now
 
 
 def _rate(r: dict) -> float | None:
@@ -123,6 +144,7 @@ def _finished(info: dict, r: dict, where: str = "") -> dict:
     took = f", {_duration(wall)} in all" if isinstance(wall, (int, float)) else ""
     return {**info, "state": "finished", "finished_rate": rate,
             "finished_overhead": _overhead(r),
+            "finished_current": _current(r, current_environment()),
             "line": f"finished{where}: {what}, {r.get('steps', '?')} steps"
                     + (f" at {rate:.2f} steps/s" if rate else "") + took}
 
@@ -165,6 +187,8 @@ def inspect(*, workdir: str, task: str, model: str, seed: int, config_arg: str,
     # Only runs of this size time it (SIZE_FIELDS): another length or width is another
     # step time.
     same = [r for r in beside if _same_size(r, expected)]
+    now = current_environment()
+    same = [r for r in same if _current(r, now)] or same  # this JAX and malloc's first
     info.update(steps_left=max(0, total - step), rate=rate,
                 folder_rates=[x for x in map(_rate, same) if x],
                 folder_overheads=[x for x in map(_overhead, same) if x],
@@ -195,9 +219,11 @@ def summary(infos: list[dict]) -> str:
     counts = [f"{sum(i['state'] == s for i in infos)} {s}" for s in STATES
               if any(i["state"] == s for i in infos)]
     by_model: dict[str, list[float]] = {}
-    for i in infos:
-        if i["finished_rate"]:
-            by_model.setdefault(i["model"], []).append(i["finished_rate"])
+    finished = [i for i in infos if i["finished_rate"]]
+    for m in dict.fromkeys(i["model"] for i in finished):  # this JAX and malloc's first
+        runs = [i for i in finished if i["model"] == m]
+        runs = [i for i in runs if i.get("finished_current")] or runs
+        by_model[m] = [i["finished_rate"] for i in runs]
     for i in infos:  # a model with no finished run here: those beside its runs
         if i["model"] not in by_model and i["folder_rates"]:
             by_model[i["model"]] = list(i["folder_rates"])
@@ -206,9 +232,10 @@ def summary(infos: list[dict]) -> str:
                                  if j["model"] == i["model"]):
             by_model.setdefault(i["model"], []).append(i["rate"])
     overheads: dict[str, list[dict]] = {}  # the same order of sources as the rates
-    for i in infos:
-        if i["finished_overhead"]:
-            overheads.setdefault(i["model"], []).append(i["finished_overhead"])
+    for m in dict.fromkeys(i["model"] for i in infos if i["finished_overhead"]):
+        runs = [i for i in infos if i["model"] == m and i["finished_overhead"]]
+        runs = [i for i in runs if i.get("finished_current")] or runs
+        overheads[m] = [i["finished_overhead"] for i in runs]
     for i in infos:
         if i["model"] not in overheads and i["folder_overheads"]:
             overheads[i["model"]] = list(i["folder_overheads"])
