@@ -214,15 +214,22 @@ def inspect(*, workdir: str, task: str, model: str, seed: int, config_arg: str,
     return {**info, "state": "not started", "line": "not started"}
 
 
+def _by_model_current_first(infos: list[dict], key: str) -> dict[str, list[dict]]:
+    """The finished runs with `key` set, by model: of each model's, those made under this
+    JAX and malloc (finished_current) where there are any, else all."""
+    runs: dict[str, list[dict]] = {}
+    for i in infos:
+        if i[key]:
+            runs.setdefault(i["model"], []).append(i)
+    return {m: [i for i in rs if i.get("finished_current")] or rs for m, rs in runs.items()}
+
+
 def summary(infos: list[dict]) -> str:
     """The counts per state and the time left (module docstring)."""
     counts = [f"{sum(i['state'] == s for i in infos)} {s}" for s in STATES
               if any(i["state"] == s for i in infos)]
     by_model: dict[str, list[float]] = {}
-    finished = [i for i in infos if i["finished_rate"]]
-    for m in dict.fromkeys(i["model"] for i in finished):  # this JAX and malloc's first
-        runs = [i for i in finished if i["model"] == m]
-        runs = [i for i in runs if i.get("finished_current")] or runs
+    for m, runs in _by_model_current_first(infos, "finished_rate").items():
         by_model[m] = [i["finished_rate"] for i in runs]
     for i in infos:  # a model with no finished run here: those beside its runs
         if i["model"] not in by_model and i["folder_rates"]:
@@ -232,9 +239,7 @@ def summary(infos: list[dict]) -> str:
                                  if j["model"] == i["model"]):
             by_model.setdefault(i["model"], []).append(i["rate"])
     overheads: dict[str, list[dict]] = {}  # the same order of sources as the rates
-    for m in dict.fromkeys(i["model"] for i in infos if i["finished_overhead"]):
-        runs = [i for i in infos if i["model"] == m and i["finished_overhead"]]
-        runs = [i for i in runs if i.get("finished_current")] or runs
+    for m, runs in _by_model_current_first(infos, "finished_overhead").items():
         overheads[m] = [i["finished_overhead"] for i in runs]
     for i in infos:
         if i["model"] not in overheads and i["folder_overheads"]:
