@@ -50,11 +50,22 @@ HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"
 TUNABLES_VARIABLE = "GLIBC_TUNABLES"
 
 
+def _hugetlb(env: dict) -> str | None:
+    """The glibc.malloc.hugetlb value GLIBC_TUNABLES sets in `env` (the last counts), or
+    None where it sets none."""
+    value = None
+    for item in env.get(TUNABLES_VARIABLE, "").split(":"):
+        name, _, setting = item.partition("=")
+        if name == "glibc.malloc.hugetlb":
+            value = setting
+    return value
+
+
 def with_huge_pages(env: dict) -> dict:
     """`env` with HUGE_PAGES_TUNABLE added to GLIBC_TUNABLES, unless the user chose a
     glibc.malloc.hugetlb value there already (kept, e.g. =0 to turn this off)."""
     tunables = env.get(TUNABLES_VARIABLE, "")
-    if "glibc.malloc.hugetlb=" in tunables:
+    if _hugetlb(env) is not None:
         return env
     env[TUNABLES_VARIABLE] = ":".join(filter(None, [tunables, HUGE_PAGES_TUNABLE]))
     return env
@@ -68,12 +79,7 @@ def malloc_pages(env: dict) -> str | None:
     lra.sweep --status times a run by the finished runs made under the pages it will get."""
     if not sys.platform.startswith("linux"):
         return None
-    value = ""
-    for item in env.get(TUNABLES_VARIABLE, "").split(":"):
-        name, _, setting = item.partition("=")
-        if name == "glibc.malloc.hugetlb":
-            value = setting
-    if value in ("1", "2"):
+    if _hugetlb(env) in ("1", "2"):
         return "huge pages"
     return f"{os.sysconf('SC_PAGE_SIZE') // 1024} KiB pages"
 

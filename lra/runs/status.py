@@ -35,8 +35,9 @@ from __future__ import annotations
 import json
 import os
 import re
+from importlib import metadata
 
-from lra.runs import plan
+from lra.runs import cli, plan
 from lra.runs.record import duration as _duration
 from lra.runs.record import resumed_unrecorded
 from lra.runs.results import last_complete_step
@@ -72,10 +73,6 @@ def _owner(workdir: str) -> dict | None:
 def current_environment() -> tuple[str | None, str | None]:
     """The JAX version and malloc pages a run started now gets (lra.sweep starts every run
     with `cli.with_huge_pages`), as results.json records them."""
-    from importlib import metadata
-
-    from lra.runs import cli
-
     try:
         version = metadata.version("jax")
     except metadata.PackageNotFoundError:
